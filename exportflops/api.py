@@ -1,0 +1,68 @@
+"""analyze(): wires capture -> walk -> count -> attribution -> aggregate, and checks arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from . import __version__
+from .aggregate import build_report
+from .attribution import module_tree
+from .capture import capture
+from .count import count_node
+from .formulas import FORMULAS, FormulaTable
+from .records import Report, TensorSpec
+from .walk import size_hints, walk
+
+
+def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
+            dynamic_shapes: Any = None, strict: bool = False,
+            formulas: Mapping | FormulaTable | None = None) -> Report:
+    """Count the FLOPs, MACs and bytes of one call ``model(*args, **kwargs)``.
+
+    ``model`` is an ``nn.Module`` (exported here with ``torch.export.export``), an
+    ``ExportedProgram``, or the path of one saved with ``torch.export.save``. ``formulas`` maps
+    ops to ``(OpCall) -> Cost`` functions that extend or replace the built-in table for this
+    call. ``strict=True`` raises `UncountedOpError` at the first op that cannot be counted.
+    Sizes made dynamic with ``dynamic_shapes`` are counted at the example inputs' sizes.
+    """
+    table = _table(formulas)
+    captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    graph = captured.program.graph
+    calls = list(walk(graph))
+    hints = size_hints(graph)
+    nodes = [count_node(call, table, hints, strict=strict) for call in calls]
+    tree, tied = module_tree(calls, captured.program, captured.module, _type_name(captured))
+    return build_report(
+        nodes, tree, tied,
+        model=captured.name,
+        inputs=_input_specs(captured.args, captured.kwargs),
+        torch_version=torch.__version__,
+        exportflops_version=__version__,
+    )
+
+
+def _table(formulas: Mapping | FormulaTable | None) -> FormulaTable:
+    if isinstance(formulas, FormulaTable):
+        return formulas
+    if formulas is None or isinstance(formulas, Mapping):
+        return FORMULAS.with_overrides(formulas)
+    raise TypeError(f"formulas must be a dict {{op: (OpCall) -> Cost}} or a FormulaTable, "
+                    f"got {type(formulas).__name__}")
+
+
+def _type_name(captured) -> str:
+    if captured.module is None:
+        return ""
+    cls = type(captured.module)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _input_specs(args: tuple, kwargs: dict) -> list[TensorSpec]:
+    leaves = pytree.tree_leaves((args, kwargs))
+    return [TensorSpec(shape=[d if isinstance(d, int) else str(d) for d in leaf.shape],
+                       dtype=str(leaf.dtype).removeprefix("torch."))
+            for leaf in leaves if isinstance(leaf, torch.Tensor)]

@@ -1,0 +1,90 @@
+"""Module attribution: the module tree, call counts and parameters per module.
+
+Paths are ``named_modules()`` names, taken from each node's ``nn_module_stack``; parameters come
+from the exported program's state dict, where a tied parameter is one tensor under two names.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from .walk import NodeCall
+
+
+@dataclass
+class ModuleInfo:
+    """What the tree knows of one module before costs are added."""
+
+    path: str
+    type_name: str = ""
+    calls: int = 0
+    params: int = 0
+    own_params: int = 0
+    tied_params: list[str] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return 0 if self.path == "" else self.path.count(".") + 1
+
+
+def ancestors(path: str) -> list[str]:
+    """``"a.b"`` -> ``["", "a", "a.b"]``: the path and every module above it, root first."""
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+
+
+def parent(path: str) -> str:
+    return path.rpartition(".")[0]
+
+
+def module_tree(nodes: Iterable[NodeCall], program: torch.export.ExportedProgram,
+                model: torch.nn.Module | None, model_type: str) -> tuple[dict[str, ModuleInfo], dict[str, str]]:
+    """Modules by path, parents before children, and the tied parameters (name -> counted name)."""
+    tree: dict[str, ModuleInfo] = {"": ModuleInfo("", model_type)}
+    call_keys: dict[str, set[str]] = defaultdict(set)
+
+    def add(path: str) -> ModuleInfo:
+        for p in ancestors(path):
+            tree.setdefault(p, ModuleInfo(p))
+        return tree[path]
+
+    if model is not None:
+        for path, module in model.named_modules(remove_duplicate=False):
+            add(path).type_name = _qualname(type(module))
+    for node in nodes:
+        for frame in node.stack:
+            info = add(frame.path)
+            info.type_name = info.type_name or frame.type_name
+            call_keys[frame.path].add(frame.call_key)
+    for path, keys in call_keys.items():
+        tree[path].calls = len(keys)
+    tree[""].calls = max(tree[""].calls, 1)
+
+    tied = _count_params(program, add)
+    return dict(sorted(tree.items(), key=lambda item: (item[1].depth, item[0]))), tied
+
+
+def _count_params(program: torch.export.ExportedProgram, add) -> dict[str, str]:
+    counted_as: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    state = program.state_dict
+    for name in program.graph_signature.parameters:
+        tensor = state[name]
+        owner_path = parent(name)
+        if id(tensor) in counted_as:
+            tied[name] = counted_as[id(tensor)]
+            add(owner_path).tied_params.append(name.rpartition(".")[2])
+            continue
+        counted_as[id(tensor)] = name
+        add(owner_path).own_params += tensor.numel()
+        for path in ancestors(owner_path):
+            add(path).params += tensor.numel()
+    return tied
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

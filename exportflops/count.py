@@ -1,0 +1,61 @@
+"""Apply the formula table to walked nodes: one `NodeRecord` per node, never a silent zero."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+import sympy
+
+from .errors import UncountedOpError
+from .formulas.registry import Cost, FormulaTable, TensorMeta
+from .records import Counts, NodeRecord, TensorSpec
+from .walk import NodeCall
+
+NO_FORMULA = "no formula"
+
+
+def count_node(node: NodeCall, table: FormulaTable, hints: dict, *, strict: bool) -> NodeRecord:
+    """Count one node; ``strict`` turns an uncounted node into `UncountedOpError`."""
+    entry = table.lookup(node.op)
+    status, cost, note = "counted", Cost(), ""
+    if entry is None:
+        status, note = "uncounted", NO_FORMULA
+    else:
+        try:
+            cost = entry.formula(node.call)
+        except Exception as error:  # a user's formula may raise anything; the node says which
+            status, note = "error", f"{type(error).__name__}: {error}"
+        else:
+            if entry.zero_reason is not None:
+                status, note = "zero", entry.zero_reason
+    if strict and status in ("uncounted", "error"):
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    return NodeRecord(
+        name=node.name,
+        op=node.op_name,
+        module=node.module,
+        status=status,
+        inputs=[_spec(t) for t in node.call.tensor_inputs()],
+        outputs=[_spec(t) for t in node.call.outputs],
+        cost=to_counts(cost, hints),
+        note=note,
+    )
+
+
+def to_counts(cost: Cost, hints: dict) -> Counts:
+    """Concrete counts; a symbolic value is evaluated at the example inputs' sizes."""
+    return Counts(**{f.name: _concrete(getattr(cost, f.name), hints) for f in fields(Cost)})
+
+
+def _concrete(value: Any, hints: dict) -> int:
+    if isinstance(value, sympy.Basic):
+        value = value.subs(hints)
+    return int(value)
+
+
+def _spec(tensor: TensorMeta) -> TensorSpec:
+    return TensorSpec(
+        shape=[d if isinstance(d, int) else str(d) for d in tensor.shape],
+        dtype=str(tensor.dtype).removeprefix("torch."),
+    )

@@ -1,0 +1,18 @@
+"""The formula table. Importing this package registers every built-in formula."""
+
+from . import (  # noqa: F401  (each module registers its formulas on import)
+    attention,
+    conv,
+    embedding,
+    interpolate,
+    matmul,
+    norm,
+    pointwise,
+    pool,
+    reduce,
+    zero,
+)
+from .registry import FLOPS_PER_MAC, FORMULAS, Cost, FormulaTable, OpCall, TensorMeta, register_formula
+
+__all__ = ["FLOPS_PER_MAC", "FORMULAS", "Cost", "FormulaTable", "OpCall", "TensorMeta",
+           "register_formula"]

@@ -1,0 +1,31 @@
+"""Embedding lookups: no arithmetic; the bytes are the rows gathered, not the whole table."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Cost, OpCall, register_formula
+
+aten = torch.ops.aten
+
+#: EmbeddingBag's ``mode`` argument: 0 sum, 1 mean, 2 max (torch.nn.functional.embedding_bag).
+_MEAN = 1
+
+
+@register_formula(aten.embedding)
+def embedding(call: OpCall) -> Cost:
+    indices, out = call["indices"], call.out
+    return Cost(bytes_read=indices.nbytes + out.nbytes, bytes_written=out.nbytes)
+
+
+@register_formula(aten.embedding_bag, aten._embedding_bag)
+def embedding_bag(call: OpCall) -> Cost:
+    weight, indices, out = call["weight"], call["indices"], call.outputs[0]
+    width = weight.shape[-1]
+    gathered = indices.numel * width
+    weighted = gathered if call.get("per_sample_weights") is not None else 0
+    # Combining n rows into one bag takes n - 1 adds (or compares) per column; rounded up to n,
+    # as `reduce.reduction` counts; mean divides once per output element.
+    flops = gathered + weighted + (out.numel if call.get("mode", 0) == _MEAN else 0)
+    return Cost(flops=flops, bytes_read=indices.nbytes + gathered * weight.dtype.itemsize,
+                bytes_written=out.nbytes)

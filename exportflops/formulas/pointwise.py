@@ -1,0 +1,69 @@
+"""Elementwise ops: FLOPs per *output* element, one table line per op.
+
+The convention is 1 FLOP per output element: transcendental functions (exp, tanh, erf), compares
+and activations count as one operation, as fvcore, DeepSpeed and torchinfo count them. The few
+entries above 1 are compositions of such operations, named in their comment.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Cost, OpCall, register_formula
+
+aten = torch.ops.aten
+
+FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
+    # arithmetic
+    "add": 1, "sub": 1, "rsub": 1, "mul": 1, "div": 1, "neg": 1, "abs": 1, "reciprocal": 1,
+    "square": 1, "pow": 1, "sqrt": 1, "rsqrt": 1, "remainder": 1, "fmod": 1, "floor_divide": 1,
+    "sign": 1, "sgn": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1, "frac": 1,
+    "maximum": 1, "minimum": 1, "fmax": 1, "fmin": 1, "copysign": 1, "hypot": 1,
+    "addcmul": 2,  # multiply, add
+    "addcdiv": 2,  # divide, add
+    "lerp": 3,  # subtract, multiply, add
+    "xlogy": 2,  # log, multiply
+    # transcendental
+    "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1,
+    "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1, "atan2": 1,
+    "sinh": 1, "cosh": 1, "tanh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
+    "erf": 1, "erfc": 1, "erfinv": 1, "sigmoid": 1, "logit": 1, "lgamma": 1, "digamma": 1,
+    # activations
+    "relu": 1, "relu6": 1, "gelu": 1, "silu": 1, "mish": 1, "elu": 1, "selu": 1, "celu": 1,
+    "leaky_relu": 1, "hardtanh": 1, "hardswish": 1, "hardsigmoid": 1, "softplus": 1,
+    "softshrink": 1, "hardshrink": 1, "threshold": 1, "prelu": 1, "_prelu_kernel": 1,
+    "rrelu": 1, "log_sigmoid": 1, "log_sigmoid_forward": 1,
+    "glu": 2,  # sigmoid of one half, multiply by the other; per output element
+    # compares, logic, selection and clamping
+    "eq": 1, "ne": 1, "lt": 1, "le": 1, "gt": 1, "ge": 1, "isnan": 1, "isinf": 1,
+    "isfinite": 1, "isposinf": 1, "isneginf": 1, "logical_and": 1, "logical_or": 1,
+    "logical_not": 1, "logical_xor": 1, "bitwise_and": 1, "bitwise_or": 1, "bitwise_xor": 1,
+    "bitwise_not": 1, "bitwise_left_shift": 1, "bitwise_right_shift": 1, "where": 1,
+    "masked_fill": 1, "clamp": 1, "clamp_min": 1, "clamp_max": 1, "clip": 1,
+    "nan_to_num": 1, "heaviside": 1,
+}
+
+
+def _per_element(flops_per_element: int):
+    def pointwise(call: OpCall) -> Cost:
+        return call.cost(flops=flops_per_element * call.out.numel)
+
+    pointwise.__qualname__ = f"pointwise[{flops_per_element} per output element]"
+    return pointwise
+
+
+def _register_table() -> None:
+    # The table names packets; an in-place variant (add_) is the same work.
+    for name, flops in FLOPS_PER_OUTPUT_ELEMENT.items():
+        ops = [getattr(aten, n) for n in (name, f"{name}_") if hasattr(aten, n)]
+        register_formula(*ops)(_per_element(flops))
+
+
+_register_table()
+
+
+@register_formula(aten.dropout, aten.native_dropout, aten.feature_dropout, aten.alpha_dropout)
+def dropout(call: OpCall) -> Cost:
+    # Training: draw a keep mask (1) and scale the kept values (1) per element; eval: identity.
+    training = call.get("train", True)
+    return call.cost(flops=2 * call.out.numel if training else 0, moves_data=bool(training))

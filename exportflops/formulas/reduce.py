@@ -1,0 +1,70 @@
+"""Reductions, scans, softmax and accumulating scatters: FLOPs per element *read*."""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import Cost, OpCall, register_formula
+
+aten = torch.ops.aten
+
+#: max (1) + subtract (1) + exp (1) + sum (1) + divide (1), per element: the ops softmax
+#: decomposes into (torch._decomp's _softmax), so a fused softmax and its decomposition agree.
+SOFTMAX_FLOPS_PER_ELEMENT = 5
+
+
+@register_formula(aten.sum, aten.prod, aten.amax, aten.amin, aten.max, aten.min, aten.argmax,
+                  aten.argmin, aten.any, aten.all, aten.count_nonzero, aten.nansum, aten.cumsum,
+                  aten.cumprod, aten.cummax, aten.cummin)
+def reduction(call: OpCall) -> Cost:
+    # One add, multiply or compare per element read (n-1 for n elements, rounded up to n as
+    # fvcore and torchinfo do). Binary max/min (elementwise) have two inputs and are pointwise.
+    inputs = list(call.tensor_inputs())
+    if len(inputs) == 2:
+        return call.cost(flops=call.out.numel)
+    return call.cost(flops=inputs[0].numel)
+
+
+@register_formula(aten.mean, aten.nanmean)
+def mean(call: OpCall) -> Cost:
+    # Sum every element read, then one divide per output element.
+    return call.cost(flops=call["self"].numel + call.out.numel)
+
+
+@register_formula(aten.var, aten.std, aten.var_mean, aten.std_mean)
+def variance(call: OpCall) -> Cost:
+    # mean (1 add), subtract the mean (1), square (1), sum (1) per element; std adds a sqrt per
+    # output, var_mean/std_mean a divide per output for the mean they also return.
+    return call.cost(flops=4 * call["self"].numel + call.out.numel)
+
+
+@register_formula(aten.linalg_vector_norm, aten.norm, aten.frobenius_norm)
+def vector_norm(call: OpCall) -> Cost:
+    # |x|^p (1) and sum (1) per element, the p-th root per output.
+    return call.cost(flops=2 * call["self"].numel + call.out.numel)
+
+
+@register_formula(aten.logsumexp)
+def logsumexp(call: OpCall) -> Cost:
+    # max (1), subtract (1), exp (1), sum (1) per element; log and add-back per output.
+    return call.cost(flops=4 * call["self"].numel + 2 * call.out.numel)
+
+
+@register_formula(aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax,
+                  aten._safe_softmax)
+def softmax(call: OpCall) -> Cost:
+    # log_softmax: max, subtract, exp, sum, then subtract log(sum): also 5 per element.
+    return call.cost(flops=SOFTMAX_FLOPS_PER_ELEMENT * call["self"].numel)
+
+
+@register_formula(aten.scatter_add, aten.scatter_add_, aten.index_add, aten.index_add_,
+                  aten.scatter_reduce, aten.scatter_reduce_, aten.index_reduce,
+                  aten.index_reduce_)
+def accumulating_scatter(call: OpCall) -> Cost:
+    # One add (or reduce step) per source element.
+    return call.cost(flops=call.get("src", call.get("source")).numel)
+
+
+@register_formula(aten.index_put, aten.index_put_, aten._index_put_impl_)
+def index_put(call: OpCall) -> Cost:
+    return call.cost(flops=call["values"].numel if call.get("accumulate") else 0)

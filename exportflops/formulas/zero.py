@@ -1,0 +1,67 @@
+"""Ops declared free of arithmetic, each group with the reason reports show for it."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .registry import FORMULAS
+
+aten = torch.ops.aten
+
+
+def _ops(*names: str) -> list:
+    """The packets (and their in-place variants) of the aten ops named, where this torch has them."""
+    return [getattr(aten, n) for name in names for n in (name, f"{name}_") if hasattr(aten, n)]
+
+
+FORMULAS.register_zero(
+    _ops("view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "permute",
+         "transpose", "t", "squeeze", "unsqueeze", "slice", "select", "narrow", "as_strided",
+         "alias", "detach", "flatten", "unflatten", "unbind", "split", "split_with_sizes",
+         "chunk", "tensor_split", "view_as", "unfold", "diagonal", "movedim", "swapaxes",
+         "swapdims", "view_as_real", "view_as_complex", "real", "imag", "lift_fresh",
+         "_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_size", "sym_numel",
+         "sym_stride", "sym_storage_offset", "sym_constrain_range",
+         "sym_constrain_range_for_size", "_functional_sym_constrain_range_for_size",
+         "_functional_assert_async", "_local_scalar_dense", "item", "set_grad_enabled"),
+    "view or metadata: aliases its input, reads no tensor data",
+    moves="nothing",
+)
+FORMULAS.register_zero(
+    [operator.getitem, operator.add, operator.sub, operator.mul, operator.floordiv,
+     operator.truediv, operator.mod, operator.neg, operator.pow, operator.eq, operator.ne,
+     operator.lt, operator.le, operator.gt, operator.ge, operator.and_, operator.or_,
+     operator.not_, torch.sym_int, torch.sym_float, torch.sym_max, torch.sym_min,
+     torch.sym_not, torch.sym_sum],
+    "Python arithmetic on sizes or tuple unpacking, no tensor work",
+    moves="nothing",
+)
+FORMULAS.register_zero(
+    _ops("clone", "copy", "_to_copy", "to", "contiguous", "cat", "stack", "hstack", "vstack",
+         "index", "index_select", "gather", "scatter", "masked_select", "masked_scatter",
+         "take", "take_along_dim", "slice_scatter", "select_scatter", "diagonal_scatter",
+         "as_strided_scatter", "constant_pad_nd", "pad", "reflection_pad1d", "reflection_pad2d",
+         "reflection_pad3d", "replication_pad1d", "replication_pad2d", "replication_pad3d",
+         "repeat", "repeat_interleave", "roll", "flip", "tril", "triu", "nonzero",
+         "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+         "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+         "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
+         "im2col", "col2im", "lift_fresh_copy", "resize", "_unsafe_index", "_unsafe_index_put",
+         "view_copy", "expand_copy", "permute_copy", "transpose_copy", "unsqueeze_copy",
+         "squeeze_copy", "slice_copy", "select_copy", "alias_copy", "split_copy",
+         "split_with_sizes_copy", "unbind_copy", "t_copy", "diagonal_copy", "as_strided_copy",
+         "detach_copy", "_reshape_copy", "unfold_copy"),
+    "data movement: copies, gathers or rearranges elements without arithmetic",
+    moves="copy",
+)
+FORMULAS.register_zero(
+    _ops("empty", "empty_like", "empty_strided", "empty_permuted", "zeros", "zeros_like",
+         "ones", "ones_like", "full", "full_like", "new_empty", "new_empty_strided",
+         "new_zeros", "new_ones", "new_full", "scalar_tensor", "arange", "linspace", "logspace",
+         "eye", "fill", "zero", "rand", "rand_like", "randn", "randn_like", "randint",
+         "randint_like", "randperm", "bernoulli", "normal", "uniform"),
+    "creation: fills a new tensor, reads no tensor data",
+    moves="write",
+)
