@@ -71,9 +71,12 @@ def module_tree(nodes: Iterable[NodeCall], program: torch.export.ExportedProgram
 def _count_params(program: torch.export.ExportedProgram, add) -> dict[str, str]:
     counted_as: dict[int, str] = {}
     tied: dict[str, str] = {}
-    state = program.state_dict
-    for name in program.graph_signature.parameters:
-        tensor = state[name]
+    parameters = set(program.graph_signature.parameters)
+    # state_dict keeps named_parameters() order, so the first name of a tied tensor is the one
+    # named_parameters() keeps too.
+    for name, tensor in program.state_dict.items():
+        if name not in parameters:
+            continue
         owner_path = parent(name)
         if id(tensor) in counted_as:
             tied[name] = counted_as[id(tensor)]

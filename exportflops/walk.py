@@ -69,7 +69,9 @@ def size_hints(graph: torch.fx.Graph) -> dict[sympy.Symbol, int]:
             if shape_env is None:
                 return {}
             # torch >= 2.10 renamed var_to_val (kept as a deprecated alias) to backed_var_to_val.
-            return dict(getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val)
+            if hasattr(shape_env, "backed_var_to_val"):
+                return dict(shape_env.backed_var_to_val)
+            return dict(shape_env.var_to_val)
     return {}
 
 
