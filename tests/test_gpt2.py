@@ -7,7 +7,7 @@ Source: karpathy/nanoGPT transformer_sizing.ipynb, forward FLOPs of one 1024-tok
 import pytest
 
 from exportflops import analyze
-from exportflops.examples import gpt2
+from exportflops.examples.gpt2 import gpt2
 
 T, C, V, L = 1024, 768, 50304, 12
 

@@ -1,4 +1,4 @@
-"""Built-in example models, constructed with no download.
+"""GPT-2 124M as nanoGPT writes it.
 
 `GPT` follows nanoGPT's ``model.py`` (karpathy/nanoGPT): pre-norm blocks, fused qkv projection,
 causal SDPA, GELU MLP of width 4 x n_embd, biases, a head tied to the token embedding and, at
@@ -103,5 +103,3 @@ def gpt2(device: str | torch.device = "meta", seq_len: int = 1024,
         idx = torch.zeros((batch, seq_len), dtype=torch.long)
     return model, (idx,)
 
-
-EXAMPLES = {"gpt2": gpt2}

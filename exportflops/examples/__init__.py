@@ -1,0 +1,11 @@
+"""Built-in example models, constructed with no download.
+
+Each example is a factory ``(device="meta", ...) -> (model, args)``; the CLI and the README's
+first command run them by name.
+"""
+
+from __future__ import annotations
+
+from .gpt2 import gpt2
+
+EXAMPLES = {"gpt2": gpt2}
