@@ -157,6 +157,11 @@ class FormulaTable:
         for op in ops:
             self._add(op, Entry(zero, zero_reason=reason), replace=False)
 
+    def remove(self, op: OpKey) -> None:
+        """Forget the formula registered for exactly ``op``."""
+        if self.entries.pop(op, None) is None:
+            raise KeyError(f"{op} has no formula of its own in this table")
+
     def lookup(self, op: OpKey) -> Entry | None:
         entry = self.entries.get(op)
         if entry is None and isinstance(op, torch._ops.OpOverload):
