@@ -14,8 +14,8 @@ from .attribution import module_tree
 from .capture import capture
 from .count import count_node
 from .formulas import FORMULAS, FormulaTable
-from .records import Report, TensorSpec
-from .walk import size_hints, walk
+from .records import Report, SizeSymbolRecord, TensorSpec
+from .walk import read_graph
 
 
 def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -27,21 +27,22 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     ``ExportedProgram``, or the path of one saved with ``torch.export.save``. ``formulas`` maps
     ops to ``(OpCall) -> Cost`` functions that extend or replace the built-in table for this
     call. ``strict=True`` raises `UncountedOpError` at the first op that cannot be counted.
-    Sizes made dynamic with ``dynamic_shapes`` are counted at the example inputs' sizes.
+    Sizes made dynamic with ``dynamic_shapes`` (``torch.export.Dim``) make the counts sympy
+    expressions in the Dims' names; ``report.evaluate(seq=...)`` sets them.
     """
     table = _table(formulas)
     captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes)
-    graph = captured.program.graph
-    calls = list(walk(graph))
-    hints = size_hints(graph)
-    nodes = [count_node(call, table, hints, strict=strict) for call in calls]
-    tree, tied = module_tree(calls, captured.program, captured.module, _type_name(captured))
+    graph = read_graph(captured.program.graph)
+    nodes = [count_node(call, table, strict=strict) for call in graph.nodes]
+    tree, tied = module_tree(graph.nodes, captured.program, captured.module, _type_name(captured))
     return build_report(
         nodes, tree, tied,
         model=captured.name,
         inputs=_input_specs(captured.args, captured.kwargs),
         torch_version=torch.__version__,
         exportflops_version=__version__,
+        symbols=[SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max)
+                 for s in graph.symbols],
     )
 
 

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Any
-
-import sympy
-
 from .errors import UncountedOpError
 from .formulas.registry import Cost, FormulaTable, TensorMeta
 from .records import Counts, NodeRecord, TensorSpec
@@ -15,7 +11,8 @@ from .walk import NodeCall
 NO_FORMULA = "no formula"
 
 
-def count_node(node: NodeCall, table: FormulaTable, hints: dict, *, strict: bool) -> NodeRecord:
+def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str = "forward",
+               differentiates: str = "") -> NodeRecord:
     """Count one node; ``strict`` turns an uncounted node into `UncountedOpError`."""
     entry = table.lookup(node.op)
     status, cost, note = "counted", Cost(), ""
@@ -38,20 +35,16 @@ def count_node(node: NodeCall, table: FormulaTable, hints: dict, *, strict: bool
         status=status,
         inputs=[_spec(t) for t in node.call.tensor_inputs()],
         outputs=[_spec(t) for t in node.call.outputs],
-        cost=to_counts(cost, hints),
+        cost=to_counts(cost),
         note=note,
+        phase=phase,
+        differentiates=differentiates,
     )
 
 
-def to_counts(cost: Cost, hints: dict) -> Counts:
-    """Concrete counts; a symbolic value is evaluated at the example inputs' sizes."""
-    return Counts(**{f.name: _concrete(getattr(cost, f.name), hints) for f in fields(Cost)})
-
-
-def _concrete(value: Any, hints: dict) -> int:
-    if isinstance(value, sympy.Basic):
-        value = value.subs(hints)
-    return int(value)
+def to_counts(cost: Cost) -> Counts:
+    """The record of a cost: ints, or sympy expressions of dynamic sizes."""
+    return Counts(**{f.name: getattr(cost, f.name) for f in fields(Cost)})
 
 
 def _spec(tensor: TensorMeta) -> TensorSpec:

@@ -6,9 +6,10 @@ saved report renders and queries without the model.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+import sympy
+from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
 SCHEMA_VERSION = 1
 
@@ -20,21 +21,48 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+def size_symbol(name: str) -> sympy.Symbol:
+    """The one symbol a dynamic size named ``name`` becomes: a positive integer."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def parse_count(value: Any) -> int | sympy.Expr:
+    """An int, or a sympy expression in the user's size names (from JSON: its string)."""
+    if isinstance(value, bool):
+        raise TypeError("a count is an integer or an expression, not a bool")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        value = sympy.sympify(value)
+        value = value.xreplace({s: size_symbol(s.name) for s in value.free_symbols})
+    if isinstance(value, sympy.Basic):
+        return int(value) if value.is_Integer else value
+    raise TypeError(f"a count is an integer or an expression, got {type(value).__name__}")
+
+
+def _dump_count(value: int | sympy.Expr) -> int | str:
+    return value if isinstance(value, int) else str(value)
+
+
+Count = Annotated[Any, PlainValidator(parse_count), PlainSerializer(_dump_count)]
+"""An integer, or for dynamic sizes a sympy expression serialized as its string."""
+
+
 class Counts(Record):
     """Work of one node, module or model: FLOPs, MACs and bytes from tensor sizes x itemsize."""
 
-    flops: int = 0
+    flops: Count = 0
     """All floating-point operations: 2 per multiply-accumulate, 1 per pointwise output element
     unless the op's formula documents otherwise."""
-    macs: int = 0
+    macs: Count = 0
     """Multiply-accumulates of contractions (matmul, linear, einsum, conv, attention)."""
-    bytes_read: int = 0
+    bytes_read: Count = 0
     """Bytes of the tensors the ops read, each input counted once per op."""
-    bytes_written: int = 0
+    bytes_written: Count = 0
     """Bytes of the tensors the ops write."""
-    masked_flops: int = 0
+    masked_flops: Count = 0
     """The part of ``flops`` spent on (query, key) pairs a causal mask discards."""
-    masked_macs: int = 0
+    masked_macs: Count = 0
     """The part of ``macs`` spent on (query, key) pairs a causal mask discards."""
 
     @property
@@ -49,6 +77,10 @@ class Counts(Record):
 
     def __add__(self, other: Counts) -> Counts:
         return Counts(**{name: getattr(self, name) + getattr(other, name)
+                         for name in Counts.model_fields})
+
+    def __sub__(self, other: Counts) -> Counts:
+        return Counts(**{name: getattr(self, name) - getattr(other, name)
                          for name in Counts.model_fields})
 
 
@@ -84,15 +116,23 @@ class NodeRecord(Record):
     """Zero for uncounted and error nodes."""
     note: str = ""
     """Why a zero op is free, or the error of a formula that raised."""
+    phase: Literal["forward", "backward"] = "forward"
+    """``backward`` for the ops that compute gradients (``mode="train"``)."""
+    differentiates: str = ""
+    """For a backward op: the forward node whose gradient it computes."""
 
 
 class OperatorStats(Record):
     """Calls and cost of one op."""
 
     calls: int
-    """Number of nodes calling the op."""
+    """Number of nodes calling the op, forward and backward."""
     cost: Counts
     """Summed cost of those nodes."""
+    backward_calls: int = 0
+    """How many of the calls compute gradients."""
+    backward: Counts = Counts()
+    """The part of ``cost`` spent computing gradients."""
 
 
 class ModuleRecord(Record):
@@ -114,7 +154,10 @@ class ModuleRecord(Record):
     tied_params: list[str] = []
     """This module's parameter names that are tied to a parameter counted at another name."""
     inclusive: Counts
-    """Cost of the module's own ops and of its children's."""
+    """Cost of the module's own ops and of its children's (forward and, in train mode,
+    backward)."""
+    backward: Counts = Counts()
+    """The part of ``inclusive`` spent computing gradients (``mode="train"``)."""
     exclusive: Counts
     """Cost of the ops that ran in this module itself (its functionals), not in a child."""
     operators: dict[str, OperatorStats] = {}
@@ -211,6 +254,19 @@ class RuntimeProfile(Record):
     """``achieved_flop_per_s / peak_flop_per_s``; None without a peak."""
 
 
+class SizeSymbolRecord(Record):
+    """A dynamic size of the exported graph: counts are expressions in these names."""
+
+    name: str
+    """The ``torch.export.Dim`` name (torch's own ``s0`` when the user gave none)."""
+    example: int | None
+    """Its value in the example inputs; None for a data-dependent size."""
+    min: int | None
+    """Smallest value export allows, when bounded."""
+    max: int | None
+    """Largest value export allows, when bounded."""
+
+
 class Report(Record):
     """The analysis of one model call: per node, per module, per op, and in total."""
 
@@ -224,8 +280,14 @@ class Report(Record):
     """torch that exported the graph."""
     exportflops_version: str
     """exportflops that counted it."""
+    mode: Literal["forward", "train"] = "forward"
+    """``train`` when the backward ops were counted too."""
     total: Counts
-    """The whole model: the sum over every node."""
+    """The whole model: the sum over every node (forward and, in train mode, backward)."""
+    backward: Counts = Counts()
+    """The part of ``total`` spent computing gradients."""
+    symbols: list[SizeSymbolRecord] = []
+    """Dynamic sizes; counts that depend on them are expressions in their names."""
     params: int
     """Parameters of the model, tied ones counted once."""
     tied_parameters: list[TiedParameter] = []
@@ -240,6 +302,37 @@ class Report(Record):
     """Every call_function node, in graph order."""
     runtime: RuntimeProfile | None = None
     """Measured latencies, when `exportflops.profile` ran the graph."""
+
+    @property
+    def forward(self) -> Counts:
+        """The forward pass alone."""
+        return self.total - self.backward
+
+    @property
+    def backward_ratio(self) -> float | None:
+        """Backward FLOPs / forward FLOPs (None before a forward FLOP is counted)."""
+        forward = self.forward.flops
+        return None if forward == 0 else self.backward.flops / forward
+
+    def evaluate(self, **sizes: int) -> Report:
+        """This report with every dynamic size set: ``report.evaluate(seq=2048)``.
+
+        Sizes not given keep their example value. No re-export: the expressions are evaluated.
+        """
+        from .symbolic import evaluate_report
+
+        return evaluate_report(self, sizes)
+
+    def sweep(self, **sizes: list[int]) -> list[Report]:
+        """One evaluated report per value: ``report.sweep(seq=[512, 1024, 2048])``.
+
+        Several names sweep together, element by element (their lists must be equally long).
+        """
+        lengths = {len(values) for values in sizes.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"sweep() lists must be equally long, got lengths "
+                             f"{ {k: len(v) for k, v in sizes.items()} }")
+        return [self.evaluate(**dict(zip(sizes, point))) for point in zip(*sizes.values())]
 
     @property
     def coverage(self) -> float:

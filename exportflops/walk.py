@@ -15,6 +15,7 @@ import torch
 import torch.fx
 
 from .formulas.registry import OpCall, TensorMeta
+from .records import size_symbol
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,33 @@ class NodeCall:
         return self.stack[-1].path if self.stack else ""
 
 
-def walk(graph: torch.fx.Graph) -> Iterator[NodeCall]:
-    for node in graph.nodes:
-        if node.op == "call_function":
-            yield NodeCall(node.name, node.target, op_name(node.target), _op_call(node),
-                           _module_stack(node))
+@dataclass(frozen=True)
+class SizeSymbol:
+    """A dynamic size of the graph, under the user's ``torch.export.Dim`` name."""
+
+    symbol: sympy.Symbol
+    example: int | None
+    """Its value for the example inputs (None for data-dependent sizes)."""
+    min: int | None
+    max: int | None
+
+
+@dataclass(frozen=True)
+class GraphRead:
+    nodes: list[NodeCall]
+    symbols: list[SizeSymbol]
+
+
+def read_graph(graph: torch.fx.Graph) -> GraphRead:
+    """Every call_function node, with dynamic sizes renamed after the user's Dims."""
+    shape_env = _shape_env(graph)
+    renames = _symbol_names(shape_env) if shape_env is not None else {}
+    nodes = [
+        NodeCall(node.name, node.target, op_name(node.target), _op_call(node, renames),
+                 _module_stack(node))
+        for node in graph.nodes if node.op == "call_function"
+    ]
+    return GraphRead(nodes, _symbols(shape_env, renames) if shape_env is not None else [])
 
 
 def op_name(target: Any) -> str:
@@ -60,29 +83,54 @@ def op_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def size_hints(graph: torch.fx.Graph) -> dict[sympy.Symbol, int]:
-    """The example inputs' value of every symbolic size in the graph."""
+def _shape_env(graph: torch.fx.Graph):
     for node in graph.nodes:
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
-            shape_env = val.fake_mode.shape_env
-            if shape_env is None:
-                return {}
-            # torch >= 2.10 renamed var_to_val (kept as a deprecated alias) to backed_var_to_val.
-            if hasattr(shape_env, "backed_var_to_val"):
-                return dict(shape_env.backed_var_to_val)
-            return dict(shape_env.var_to_val)
-    return {}
+            return val.fake_mode.shape_env
+    return None
 
 
-def _op_call(node: torch.fx.Node) -> OpCall:
+def _symbol_names(shape_env) -> dict[sympy.Symbol, sympy.Symbol]:
+    """torch's ``s0``, ``s77`` -> the name of the ``Dim`` the user gave that size."""
+    debug_names = getattr(shape_env, "source_name_to_debug_name", {})
+    renames = {}
+    for symbol, sources in getattr(shape_env, "var_to_sources", {}).items():
+        names = [debug_names.get(source.name) for source in sources]
+        name = next((n for n in names if n), None)
+        renames[symbol] = size_symbol(name or str(symbol))
+    return renames
+
+
+def _symbols(shape_env, renames: dict) -> list[SizeSymbol]:
+    # torch >= 2.10 renamed var_to_val (kept as a deprecated alias) to backed_var_to_val.
+    examples = getattr(shape_env, "backed_var_to_val", None)
+    if examples is None:
+        examples = shape_env.var_to_val
+    symbols = []
+    for symbol, renamed in renames.items():
+        bounds = shape_env.var_to_range.get(symbol)
+        symbols.append(SizeSymbol(
+            renamed,
+            int(examples[symbol]) if symbol in examples else None,
+            _bound(bounds.lower) if bounds is not None else None,
+            _bound(bounds.upper) if bounds is not None else None,
+        ))
+    return symbols
+
+
+def _bound(value) -> int | None:
+    return int(value) if getattr(value, "is_finite", True) and value.is_number else None
+
+
+def _op_call(node: torch.fx.Node, renames: dict) -> OpCall:
     schema = getattr(node.target, "_schema", None)
     if schema is None:
         named = {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
     else:
         named = _bind(schema, node.args, node.kwargs)
-    args = {name: _meta(value) for name, value in named.items()}
-    return OpCall(node.target, args, tuple(_tensors(node.meta.get("val"))))
+    args = {name: _meta(value, renames) for name, value in named.items()}
+    return OpCall(node.target, args, tuple(_tensors(node.meta.get("val"), renames)))
 
 
 def _bind(schema: torch.FunctionSchema, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -99,39 +147,45 @@ def _bind(schema: torch.FunctionSchema, args: tuple, kwargs: dict) -> dict[str, 
     return named
 
 
-def _meta(value: Any) -> Any:
+def _meta(value: Any, renames: dict) -> Any:
     """An fx argument as a formula sees it: tensors as TensorMeta, sizes as int or sympy."""
     if isinstance(value, torch.fx.Node):
-        return _meta(value.meta.get("val"))
+        return _meta(value.meta.get("val"), renames)
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(_size(d) for d in value.shape), value.dtype)
+        return TensorMeta(tuple(_size(d, renames) for d in value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_meta(v) for v in value)
+        return type(value)(_meta(v, renames) for v in value)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return _size(value)
+        return _size(value, renames)
     return value
 
 
-def _size(value: Any) -> Any:
+def _size(value: Any, renames: dict) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         expr = value.node.expr
         if expr.is_number:
             return int(expr) if isinstance(value, torch.SymInt) else expr
-        return expr
+        return expr.xreplace(renames)
     return value
 
 
-def _tensors(val: Any) -> Iterator[TensorMeta]:
+def _tensors(val: Any, renames: dict) -> Iterator[TensorMeta]:
     if isinstance(val, torch.Tensor):
-        yield _meta(val)
+        yield _meta(val, renames)
     elif isinstance(val, (list, tuple)):
         for v in val:
-            yield from _tensors(v)
+            yield from _tensors(v, renames)
+
+
+#: Export's placeholder stack for nodes its own passes insert (torch/_export/passes/
+#: _node_metadata_hook.py); such nodes belong to the root.
+_EXPORT_PLACEHOLDER_STACK = "_empty_nn_module_stack_from_metadata_hook"
 
 
 def _module_stack(node: torch.fx.Node) -> tuple[ModuleFrame, ...]:
     stack = node.meta.get("nn_module_stack") or {}
-    return tuple(ModuleFrame(path, _type_name(type_), key) for key, (path, type_) in stack.items())
+    return tuple(ModuleFrame(path, _type_name(type_), key) for key, (path, type_) in stack.items()
+                 if key != _EXPORT_PLACEHOLDER_STACK)
 
 
 def _type_name(type_: Any) -> str:
