@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.utils._pytree as pytree
@@ -12,28 +12,36 @@ from . import __version__
 from .aggregate import build_report
 from .attribution import module_tree
 from .capture import capture
-from .count import count_node
+from .backward import trace_backward
+from .count import count_node, untraced_backward
 from .formulas import FORMULAS, FormulaTable
-from .records import Report, SizeSymbolRecord, TensorSpec
+from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .walk import read_graph
 
 
 def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             dynamic_shapes: Any = None, strict: bool = False,
-            formulas: Mapping | FormulaTable | None = None) -> Report:
+            formulas: Mapping | FormulaTable | None = None,
+            mode: Literal["forward", "train"] = "forward") -> Report:
     """Count the FLOPs, MACs and bytes of one call ``model(*args, **kwargs)``.
 
     ``model`` is an ``nn.Module`` (exported here with ``torch.export.export``), an
     ``ExportedProgram``, or the path of one saved with ``torch.export.save``. ``formulas`` maps
     ops to ``(OpCall) -> Cost`` functions that extend or replace the built-in table for this
     call. ``strict=True`` raises `UncountedOpError` at the first op that cannot be counted.
+    ``mode="train"`` also counts the backward: each forward op's vector-Jacobian product is
+    traced through autograd on fake tensors, for the parameters and inputs that require grad.
     Sizes made dynamic with ``dynamic_shapes`` (``torch.export.Dim``) make the counts sympy
     expressions in the Dims' names; ``report.evaluate(seq=...)`` sets them.
     """
+    if mode not in ("forward", "train"):
+        raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     table = _table(formulas)
     captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes)
     graph = read_graph(captured.program.graph)
     nodes = [count_node(call, table, strict=strict) for call in graph.nodes]
+    if mode == "train":
+        nodes += _backward_records(captured.program, graph, table, strict)
     tree, tied = module_tree(graph.nodes, captured.program, captured.module, _type_name(captured))
     return build_report(
         nodes, tree, tied,
@@ -41,9 +49,20 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
         inputs=_input_specs(captured.args, captured.kwargs),
         torch_version=torch.__version__,
         exportflops_version=__version__,
+        mode=mode,
         symbols=[SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max)
                  for s in graph.symbols],
     )
+
+
+def _backward_records(program, graph, table: FormulaTable, strict: bool) -> list[NodeRecord]:
+    records = []
+    for traced in trace_backward(program, graph.nodes, graph.renames):
+        if traced.failure:
+            records.append(untraced_backward(traced.forward, traced.failure, strict=strict))
+        records += [count_node(call, table, strict=strict, phase="backward",
+                               differentiates=traced.forward.name) for call in traced.calls]
+    return records
 
 
 def _table(formulas: Mapping | FormulaTable | None) -> FormulaTable:

@@ -42,6 +42,17 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
     )
 
 
+def untraced_backward(node: NodeCall, reason: str, *, strict: bool) -> NodeRecord:
+    """The record of a forward node whose backward could not be traced: missing, not zero."""
+    note = f"backward not traced: {reason}"
+    if strict:
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    return NodeRecord(name=f"{node.name}.backward", op=node.op_name, module=node.module,
+                      status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
+                      outputs=[], cost=Counts(), note=note, phase="backward",
+                      differentiates=node.name)
+
+
 def to_counts(cost: Cost) -> Counts:
     """The record of a cost: ints, or sympy expressions of dynamic sizes."""
     return Counts(**{f.name: getattr(cost, f.name) for f in fields(Cost)})

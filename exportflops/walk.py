@@ -59,6 +59,8 @@ class SizeSymbol:
 class GraphRead:
     nodes: list[NodeCall]
     symbols: list[SizeSymbol]
+    renames: dict[sympy.Symbol, sympy.Symbol]
+    """torch's size symbols -> the user's Dim names, for calls read later (backward ops)."""
 
 
 def read_graph(graph: torch.fx.Graph) -> GraphRead:
@@ -70,7 +72,8 @@ def read_graph(graph: torch.fx.Graph) -> GraphRead:
                  _module_stack(node))
         for node in graph.nodes if node.op == "call_function"
     ]
-    return GraphRead(nodes, _symbols(shape_env, renames) if shape_env is not None else [])
+    return GraphRead(nodes, _symbols(shape_env, renames) if shape_env is not None else [],
+                     renames)
 
 
 def op_name(target: Any) -> str:
@@ -124,13 +127,19 @@ def _bound(value) -> int | None:
 
 
 def _op_call(node: torch.fx.Node, renames: dict) -> OpCall:
-    schema = getattr(node.target, "_schema", None)
+    return op_call(node.target, node.args, node.kwargs, node.meta.get("val"), renames)
+
+
+def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict) -> OpCall:
+    """The `OpCall` of one call: arguments are fx nodes (read from their ``meta["val"]``) or
+    the (fake) values themselves, as the backward tracer records them."""
+    schema = getattr(target, "_schema", None)
     if schema is None:
-        named = {f"arg{i}": a for i, a in enumerate(node.args)} | dict(node.kwargs)
+        named = {f"arg{i}": a for i, a in enumerate(args)} | dict(kwargs)
     else:
-        named = _bind(schema, node.args, node.kwargs)
-    args = {name: _meta(value, renames) for name, value in named.items()}
-    return OpCall(node.target, args, tuple(_tensors(node.meta.get("val"), renames)))
+        named = _bind(schema, args, kwargs)
+    metas = {name: _meta(value, renames) for name, value in named.items()}
+    return OpCall(target, metas, tuple(_tensors(result, renames)))
 
 
 def _bind(schema: torch.FunctionSchema, args: tuple, kwargs: dict) -> dict[str, Any]:

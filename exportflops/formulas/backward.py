@@ -1,0 +1,192 @@
+"""Backward kernels: the ops autograd dispatches for the gradients of the forward families.
+
+Contractions (``mm``, ``bmm``, convolutions as ``convolution_backward``) keep the forward's
+convention, 2 FLOPs per MAC. Attention kernels count the four gradient contractions
+(dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q): twice the forward MACs, the model-FLOPs
+convention of PaLM's appendix B. Fused flash kernels also recompute q . k from the saved
+log-sum-exp; that recompute is hardware work, not counted here (torch.utils.flop_counter counts
+it: 5 contractions where this counts 4). Elementwise gradients are FLOPs per element with their
+composition in the comment, in the forward's convention (a transcendental is 1).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .attention import _nonzero, causal_pairs
+from .matmul import contraction
+from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula
+
+aten = torch.ops.aten
+
+#: FLOPs per gradient element: the local derivative (from the saved input or output) times the
+#: incoming gradient.
+ACTIVATION_BACKWARD_FLOPS: dict[str, int] = {
+    "threshold_backward": 1,  # select the gradient where the input passed the threshold (relu)
+    "hardtanh_backward": 1,  # select inside the bounds
+    "leaky_relu_backward": 2,  # select the slope, multiply
+    "gelu_backward": 2,  # derivative (1), times the gradient (1)
+    "silu_backward": 2,
+    "mish_backward": 2,
+    "elu_backward": 2,
+    "softplus_backward": 2,
+    "hardswish_backward": 2,
+    "hardsigmoid_backward": 2,
+    "log_sigmoid_backward": 2,
+    "sigmoid_backward": 3,  # y * (1 - y): subtract, multiply; times the gradient
+    "tanh_backward": 3,  # 1 - y^2: square, subtract; times the gradient
+    "native_dropout_backward": 2,  # gradient times the keep mask, times the scale
+}
+#: softmax: dx = y * (g - sum(g * y)): multiply, sum, subtract, multiply. log_softmax:
+#: dx = g - exp(y) * sum(g): sum, exp, multiply, subtract.
+SOFTMAX_BACKWARD_FLOPS = 4
+#: Per normalized element: recompute x_hat = (x - mean) * rstd (2); input gradient
+#: rstd * (g - mean(g) - x_hat * mean(g * x_hat)) (multiply, two sums, multiply, two subtracts,
+#: scale = 6, one more when a weight scales g first); weight gradient sum(g * x_hat) (2);
+#: bias gradient sum(g) (1).
+NORM_X_HAT_FLOPS = 2
+NORM_INPUT_GRAD_FLOPS = 6
+NORM_WEIGHT_GRAD_FLOPS = 2
+NORM_BIAS_GRAD_FLOPS = 1
+#: Batch norm in eval mode: the statistics are constants, dx = g * weight * invstd.
+FROZEN_STATS_INPUT_GRAD_FLOPS = 2
+
+
+def _per_element(flops_per_element: int):
+    def activation_backward(call: OpCall) -> Cost:
+        return call.cost(flops=flops_per_element * call.out.numel)
+
+    activation_backward.__qualname__ = f"activation_backward[{flops_per_element} per element]"
+    return activation_backward
+
+
+def _register_activations() -> None:
+    for name, flops in ACTIVATION_BACKWARD_FLOPS.items():
+        if hasattr(aten, name):
+            register_formula(getattr(aten, name))(_per_element(flops))
+
+
+_register_activations()
+
+
+@register_formula(aten._softmax_backward_data, aten._log_softmax_backward_data)
+def softmax_backward(call: OpCall) -> Cost:
+    return call.cost(flops=SOFTMAX_BACKWARD_FLOPS * call["grad_output"].numel)
+
+
+def _norm_backward(call: OpCall, x_elements, output_mask, *, weighted: bool,
+                   frozen_stats: bool = False) -> Cost:
+    input_grad, weight_grad, bias_grad = output_mask
+    if frozen_stats:
+        per_element = FROZEN_STATS_INPUT_GRAD_FLOPS * input_grad
+    else:
+        per_element = (NORM_X_HAT_FLOPS * (input_grad or weight_grad)
+                       + (NORM_INPUT_GRAD_FLOPS + weighted) * input_grad)
+    per_element += NORM_WEIGHT_GRAD_FLOPS * weight_grad + NORM_BIAS_GRAD_FLOPS * bias_grad
+    return call.cost(flops=per_element * x_elements)
+
+
+@register_formula(aten.native_layer_norm_backward)
+def layer_norm_backward(call: OpCall) -> Cost:
+    return _norm_backward(call, call["input"].numel, call["output_mask"],
+                          weighted=call.get("weight") is not None)
+
+
+@register_formula(aten.native_group_norm_backward)
+def group_norm_backward(call: OpCall) -> Cost:
+    return _norm_backward(call, call["input"].numel, call["output_mask"],
+                          weighted=call.get("weight") is not None)
+
+
+@register_formula(aten.native_batch_norm_backward, aten.cudnn_batch_norm_backward,
+                  aten.miopen_batch_norm_backward)
+def batch_norm_backward(call: OpCall) -> Cost:
+    mask = call.get("output_mask", (True, True, True))
+    training = call.get("train", call.get("training", True))
+    return _norm_backward(call, call["input"].numel, mask,
+                          weighted=call.get("weight") is not None, frozen_stats=not training)
+
+
+@register_formula(aten.embedding_dense_backward)
+def embedding_backward(call: OpCall) -> Cost:
+    # Each gradient row is added into the weight row its index picked: one add per element.
+    return call.cost(flops=call["grad_output"].numel)
+
+
+@register_formula(aten.convolution_backward)
+def convolution_backward(call: OpCall) -> Cost:
+    """The input gradient is a transposed convolution, the weight gradient a correlation of
+    input and gradient: each has the forward's MACs. The bias gradient sums the gradient."""
+    grad, x, weight = call["grad_output"], call["input"], call["weight"]
+    input_grad, weight_grad, bias_grad = call["output_mask"]
+    positions = x.numel if call["transposed"] else grad.numel
+    forward_macs = positions * math.prod(weight.shape[1:])
+    return contraction(call, forward_macs * (input_grad + weight_grad),
+                       bias_elements=grad.numel if bias_grad else 0)
+
+
+def _attention_backward(heads, q_len, kv_len, qk_dim, v_dim, *, causal: bool, dropout) -> Cost:
+    """Per (query, key) pair: the four gradient contractions, the softmax gradient, the scale
+    and, with dropout, the mask; pairs a causal mask discards are also ``masked_*``."""
+    scores = heads * q_len * kv_len
+    masked_scores = heads * (q_len * kv_len - causal_pairs(q_len, kv_len)) if causal else 0
+    macs_per_score = 2 * (qk_dim + v_dim)
+    flops_per_score = (FLOPS_PER_MAC * macs_per_score + SOFTMAX_BACKWARD_FLOPS + 1
+                       + (2 if _nonzero(dropout) else 0))
+    return Cost(flops=scores * flops_per_score, macs=scores * macs_per_score,
+                masked_flops=masked_scores * flops_per_score,
+                masked_macs=masked_scores * macs_per_score)
+
+
+def _bhld_backward(call: OpCall) -> Cost:
+    q, k, v = call["query"], call["key"], call["value"]
+    heads = math.prod(q.shape[:-2])
+    return _attention_backward(heads, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
+                               causal=bool(call.get("is_causal")),
+                               dropout=call.get("dropout_p")) + call.cost()
+
+
+register_formula(
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)(_bhld_backward)
+
+
+@register_formula(aten._flash_attention_backward, aten._efficient_attention_backward)
+def attention_kernel_backward(call: OpCall) -> Cost:
+    """The CUDA kernels take (batch, seq, heads, dim)."""
+    q, k, v = call["query"], call["key"], call["value"]
+    batch, q_len, heads, qk_dim = q.shape
+    causal = bool(call.get("is_causal")) or call.get("custom_mask_type", 0) == 1
+    return _attention_backward(batch * heads, q_len, k.shape[1], qk_dim, v.shape[-1],
+                               causal=causal, dropout=call.get("dropout_p")) + call.cost()
+
+
+@register_formula(aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward)
+def max_pool_backward(call: OpCall) -> Cost:
+    # Each gradient element is added at the input position its index saved.
+    return call.cost(flops=call["grad_output"].numel)
+
+
+@register_formula(aten.avg_pool2d_backward, aten.avg_pool3d_backward)
+def avg_pool_backward(call: OpCall) -> Cost:
+    # Each gradient element, divided by the window size, is added at every window position.
+    window = math.prod(call["kernel_size"]) if call["kernel_size"] else 1
+    return call.cost(flops=call["grad_output"].numel * (1 + window))
+
+
+@register_formula(aten._adaptive_avg_pool2d_backward, aten._adaptive_avg_pool3d_backward)
+def adaptive_avg_pool_backward(call: OpCall) -> Cost:
+    # Each input position gathers the gradients of the windows covering it, divided by their size.
+    return call.cost(flops=2 * call.out.numel)
+
+
+FORMULAS.register_zero(
+    [aten.select_backward, aten.slice_backward, aten.diagonal_backward],
+    "the gradient of a view: the incoming gradient copied into zeros of the input's shape",
+    moves="copy",
+)
