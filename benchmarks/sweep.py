@@ -1,0 +1,113 @@
+"""FLOPs of GPT-2 124M (on meta) at 64 sequence lengths, three ways, timed in one run:
+
+1. symbolic: one ``analyze`` with a dynamic ``seq`` (torch.export.Dim), then the 64 points,
+   either as 64 full ``report.evaluate(seq=...)`` (every module, operator and node) or as the
+   total FLOPs polynomial evaluated 64 times;
+2. 64 concrete ``analyze`` calls (one export each);
+3. 64 runs of ``torch.utils.flop_counter.FlopCounterMode`` over the model's forward.
+
+Target (issue 4): the symbolic way at least 20x faster than FlopCounterMode. Every way's totals
+are checked against each other: ours equal each other at every point; FlopCounterMode counts
+matmul FLOPs only (and on meta SDPA runs its math path, two bmm), so it is compared with our
+``matmul_flops``.
+
+    python benchmarks/sweep.py [--points 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.export import Dim
+from torch.utils.flop_counter import FlopCounterMode
+
+import exportflops
+from exportflops import analyze
+from exportflops.examples.gpt2 import gpt2
+
+TARGET = 20.0
+
+
+def seq_lengths(points: int) -> list[int]:
+    return [16 * (i + 1) for i in range(points)]  # 16 .. 1024 for 64 points
+
+
+def symbolic(lengths: list[int]) -> tuple[dict[str, float], list[int], list[int]]:
+    start = time.perf_counter()
+    model, args = gpt2("meta", seq_len=lengths[0])
+    program = torch.export.export(model, args, dynamic_shapes=({1: Dim("seq", max=1024)},))
+    exported = time.perf_counter()
+    report = analyze(program)
+    analyzed = time.perf_counter()
+    full = [report.evaluate(seq=n).total.matmul_flops for n in lengths]
+    evaluated = time.perf_counter()
+    polynomial = report.total.matmul_flops
+    seq = next(iter(polynomial.free_symbols))
+    totals = [int(polynomial.subs(seq, n)) for n in lengths]
+    done = time.perf_counter()
+    times = {"torch.export once": exported - start,
+             "analyze the program once": analyzed - exported,
+             "64 full evaluate()": evaluated - analyzed,
+             "64 total-polynomial evaluations": done - evaluated}
+    return times, full, totals
+
+
+def concrete(lengths: list[int]) -> tuple[float, list[int]]:
+    start = time.perf_counter()
+    totals = [analyze(*gpt2("meta", seq_len=n)).total.matmul_flops for n in lengths]
+    return time.perf_counter() - start, totals
+
+
+def flop_counter(lengths: list[int]) -> tuple[float, list[int]]:
+    start = time.perf_counter()
+    totals = []
+    for n in lengths:
+        model, (idx,) = gpt2("meta", seq_len=n)
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model(idx)
+        totals.append(counter.get_total_flops())
+    return time.perf_counter() - start, totals
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=64)
+    lengths = seq_lengths(parser.parse_args().points)
+
+    analyze(*gpt2("meta", seq_len=8))  # torch's one-time imports and caches, billed to no one
+    sym_times, sym_full, sym_totals = symbolic(lengths)
+    concrete_s, concrete_totals = concrete(lengths)
+    counter_s, counter_totals = flop_counter(lengths)
+
+    agree = sym_full == sym_totals == concrete_totals == counter_totals
+    once = sym_times["torch.export once"] + sym_times["analyze the program once"]
+    symbolic_full_s = once + sym_times["64 full evaluate()"]
+    symbolic_totals_s = once + sym_times["64 total-polynomial evaluations"]
+    print(f"torch {torch.__version__}, exportflops {exportflops.__version__}, "
+          f"{torch.get_num_threads()} threads, GPT-2 124M on meta, {len(lengths)} sequence "
+          f"lengths {lengths[0]}..{lengths[-1]}")
+    rows = [
+        ("symbolic: " + name, seconds) for name, seconds in sym_times.items()
+    ] + [
+        ("symbolic, full reports (export, analyze, evaluate)", symbolic_full_s),
+        ("symbolic, totals only (export, analyze, polynomial)", symbolic_totals_s),
+        ("concrete analyze x64", concrete_s),
+        ("FlopCounterMode x64", counter_s),
+    ]
+    for name, seconds in rows:
+        print(f"  {name:<52} {seconds:8.3f} s   FlopCounterMode / this = "
+              f"{counter_s / seconds:6.2f}x")
+    print(f"  all four ways agree on matmul FLOPs at every length: {agree}")
+    speedup = counter_s / symbolic_totals_s
+    verdict = "PASS" if speedup >= TARGET and agree else "FAIL"
+    print(f"{verdict}: symbolic (totals) is {speedup:.2f}x FlopCounterMode; target >= {TARGET:.0f}x")
+    export_share = sym_times["torch.export once"] / symbolic_totals_s
+    print(f"  torch.export alone is {export_share:.0%} of the symbolic way; at most "
+          f"{counter_s / TARGET:.3f} s is allowed for {TARGET:.0f}x")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
