@@ -12,6 +12,18 @@ from .records import (Counts, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 
 
+#: Field order of `Counts`; a node's cost is read once into a tuple in this order.
+_FIELDS = tuple(Counts.model_fields)
+
+
+#: The counts of no node; records are frozen, so every empty sum shares it.
+_NOTHING = Counts()
+
+
+def _values(counts: Counts) -> tuple:
+    return tuple(getattr(counts, name) for name in _FIELDS)
+
+
 class _Sum:
     """Running sum of counts: ints added as they come, symbolic terms added once at the end
     (one sympy.Add of many terms is far cheaper than many two-term sums)."""
@@ -20,22 +32,26 @@ class _Sum:
 
     def __init__(self) -> None:
         self.calls = 0
-        self.ints = [0] * len(Counts.model_fields)
-        self.terms: list[list] = [[] for _ in Counts.model_fields]
+        self.ints = [0] * len(_FIELDS)
+        self.terms: list[list] = [[] for _ in _FIELDS]
 
-    def add(self, counts: Counts) -> None:
+    def add(self, values: tuple) -> None:
         self.calls += 1
-        for i, name in enumerate(Counts.model_fields):
-            value = getattr(counts, name)
-            if isinstance(value, int):
-                self.ints[i] += value
+        ints = self.ints
+        for i, value in enumerate(values):
+            if type(value) is int:
+                ints[i] += value
             else:
                 self.terms[i].append(value)
 
     def counts(self) -> Counts:
-        return Counts(**{name: self.ints[i] + sympy.expand(sympy.Add(*self.terms[i]))
-                         if self.terms[i] else self.ints[i]
-                         for i, name in enumerate(Counts.model_fields)})
+        if self.calls == 0:
+            return _NOTHING
+        # Values are already ints or sympy expressions: no validation needed.
+        return Counts.model_construct(**{
+            name: self.ints[i] + sympy.expand(sympy.Add(*self.terms[i])) if self.terms[i]
+            else self.ints[i]
+            for i, name in enumerate(_FIELDS)})
 
 
 class _Phases:
@@ -46,13 +62,13 @@ class _Phases:
     def __init__(self) -> None:
         self.all, self.backward = _Sum(), _Sum()
 
-    def add(self, node: NodeRecord) -> None:
-        self.all.add(node.cost)
-        if node.phase == "backward":
-            self.backward.add(node.cost)
+    def add(self, values: tuple, backward: bool) -> None:
+        self.all.add(values)
+        if backward:
+            self.backward.add(values)
 
     def stats(self) -> OperatorStats:
-        return OperatorStats(calls=self.all.calls, cost=self.all.counts(),
+        return OperatorStats.model_construct(calls=self.all.calls, cost=self.all.counts(),
                              backward_calls=self.backward.calls, backward=self.backward.counts())
 
 
@@ -64,15 +80,19 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
     exclusive: dict[str, _Sum] = defaultdict(_Sum)
     module_ops: dict[str, dict[str, _Phases]] = defaultdict(lambda: defaultdict(_Phases))
     operators: dict[str, _Phases] = defaultdict(_Phases)
+    lineage: dict[str, list[str]] = {}
     for node in nodes:
-        exclusive[node.module].add(node.cost)
-        operators[node.op].add(node)
-        for path in ancestors(node.module):
-            inclusive[path].add(node)
-            module_ops[path][node.op].add(node)
+        values, backward = _values(node.cost), node.phase == "backward"
+        exclusive[node.module].add(values)
+        operators[node.op].add(values, backward)
+        if node.module not in lineage:
+            lineage[node.module] = ancestors(node.module)
+        for path in lineage[node.module]:
+            inclusive[path].add(values, backward)
+            module_ops[path][node.op].add(values, backward)
 
     modules = [
-        ModuleRecord(
+        ModuleRecord.model_construct(
             path=info.path, type=info.type_name, depth=info.depth, calls=info.calls,
             params=info.params, own_params=info.own_params, tied_params=info.tied_params,
             inclusive=inclusive[info.path].all.counts(), exclusive=exclusive[info.path].counts(),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+import gc
+from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -38,6 +40,11 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     table = _table(formulas)
     captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    with _collector_paused():
+        return _count(captured, table, strict=strict, mode=mode)
+
+
+def _count(captured, table: FormulaTable, *, strict: bool, mode: str) -> Report:
     graph = read_graph(captured.program.graph)
     nodes = [count_node(call, table, strict=strict) for call in graph.nodes]
     if mode == "train":
@@ -53,6 +60,21 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
         symbols=[SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max)
                  for s in graph.symbols],
     )
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off while counting. Export leaves some 10^5-10^6 objects
+    behind (fake tensors, fx nodes, sympy); the records counting allocates would trigger full
+    collections that traverse all of them, costing more than the counting (benchmarks/
+    overhead.py). Counting makes no reference cycles worth collecting early."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _backward_records(program, graph, table: FormulaTable, strict: bool) -> list[NodeRecord]:

@@ -55,11 +55,11 @@ def module_tree(nodes: Iterable[NodeCall], program: torch.export.ExportedProgram
     if model is not None:
         for path, module in model.named_modules(remove_duplicate=False):
             add(path).type_name = _qualname(type(module))
-    for node in nodes:
-        for frame in node.stack:
-            info = add(frame.path)
-            info.type_name = info.type_name or frame.type_name
-            call_keys[frame.path].add(frame.call_key)
+    frames = {frame for node in nodes for frame in node.stack}
+    for frame in frames:
+        info = add(frame.path)
+        info.type_name = info.type_name or frame.type_name
+        call_keys[frame.path].add(frame.call_key)
     for path, keys in call_keys.items():
         tree[path].calls = len(keys)
     tree[""].calls = max(tree[""].calls, 1)

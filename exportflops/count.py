@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import fields
+
 from .errors import UncountedOpError
 from .formulas.registry import Cost, FormulaTable, TensorMeta
 from .records import Counts, NodeRecord, TensorSpec
@@ -28,7 +30,8 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
                 status, note = "zero", entry.zero_reason
     if strict and status in ("uncounted", "error"):
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
-    return NodeRecord(
+    # Every field but the cost (validated in to_counts) is built here: no validation needed.
+    return NodeRecord.model_construct(
         name=node.name,
         op=node.op_name,
         module=node.module,
@@ -58,8 +61,10 @@ def to_counts(cost: Cost) -> Counts:
     return Counts(**{f.name: getattr(cost, f.name) for f in fields(Cost)})
 
 
+@functools.lru_cache(maxsize=4096)
 def _spec(tensor: TensorMeta) -> TensorSpec:
-    return TensorSpec(
+    # A transformer repeats the same few shapes in every layer; records are frozen, so shared.
+    return TensorSpec.model_construct(
         shape=[d if isinstance(d, int) else str(d) for d in tensor.shape],
         dtype=str(tensor.dtype).removeprefix("torch."),
     )

@@ -6,6 +6,7 @@ arguments are named by the op's schema, and symbolic sizes pass through as sympy
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -67,8 +68,10 @@ def read_graph(graph: torch.fx.Graph) -> GraphRead:
     """Every call_function node, with dynamic sizes renamed after the user's Dims."""
     shape_env = _shape_env(graph)
     renames = _symbol_names(shape_env) if shape_env is not None else {}
+    read: dict[torch.fx.Node, Any] = {}  # each node's value, read once for all its consumers
     nodes = [
-        NodeCall(node.name, node.target, op_name(node.target), _op_call(node, renames),
+        NodeCall(node.name, node.target, op_name(node.target),
+                 op_call(node.target, node.args, node.kwargs, node.meta.get("val"), renames, read),
                  _module_stack(node))
         for node in graph.nodes if node.op == "call_function"
     ]
@@ -126,19 +129,17 @@ def _bound(value) -> int | None:
     return int(value) if getattr(value, "is_finite", True) and value.is_number else None
 
 
-def _op_call(node: torch.fx.Node, renames: dict) -> OpCall:
-    return op_call(node.target, node.args, node.kwargs, node.meta.get("val"), renames)
-
-
-def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict) -> OpCall:
-    """The `OpCall` of one call: arguments are fx nodes (read from their ``meta["val"]``) or
-    the (fake) values themselves, as the backward tracer records them."""
+def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict,
+            read: dict | None = None) -> OpCall:
+    """The `OpCall` of one call: arguments are fx nodes (read from their ``meta["val"]``, and
+    kept in ``read``) or the (fake) values themselves, as the backward tracer records them."""
     schema = getattr(target, "_schema", None)
     if schema is None:
         named = {f"arg{i}": a for i, a in enumerate(args)} | dict(kwargs)
     else:
         named = _bind(schema, args, kwargs)
-    metas = {name: _meta(value, renames) for name, value in named.items()}
+    read = {} if read is None else read
+    metas = {name: _meta(value, renames, read) for name, value in named.items()}
     return OpCall(target, metas, tuple(_tensors(result, renames)))
 
 
@@ -156,14 +157,16 @@ def _bind(schema: torch.FunctionSchema, args: tuple, kwargs: dict) -> dict[str, 
     return named
 
 
-def _meta(value: Any, renames: dict) -> Any:
+def _meta(value: Any, renames: dict, read: dict) -> Any:
     """An fx argument as a formula sees it: tensors as TensorMeta, sizes as int or sympy."""
     if isinstance(value, torch.fx.Node):
-        return _meta(value.meta.get("val"), renames)
+        if value not in read:
+            read[value] = _meta(value.meta.get("val"), renames, read)
+        return read[value]
     if isinstance(value, torch.Tensor):
         return TensorMeta(tuple(_size(d, renames) for d in value.shape), value.dtype)
     if isinstance(value, (list, tuple)):
-        return type(value)(_meta(v, renames) for v in value)
+        return type(value)(_meta(v, renames, read) for v in value)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return _size(value, renames)
     return value
@@ -180,7 +183,7 @@ def _size(value: Any, renames: dict) -> Any:
 
 def _tensors(val: Any, renames: dict) -> Iterator[TensorMeta]:
     if isinstance(val, torch.Tensor):
-        yield _meta(val, renames)
+        yield _meta(val, renames, {})
     elif isinstance(val, (list, tuple)):
         for v in val:
             yield from _tensors(v, renames)
@@ -193,8 +196,14 @@ _EXPORT_PLACEHOLDER_STACK = "_empty_nn_module_stack_from_metadata_hook"
 
 def _module_stack(node: torch.fx.Node) -> tuple[ModuleFrame, ...]:
     stack = node.meta.get("nn_module_stack") or {}
-    return tuple(ModuleFrame(path, _type_name(type_), key) for key, (path, type_) in stack.items()
+    return tuple(_frame(path, type_, key) for key, (path, type_) in stack.items()
                  if key != _EXPORT_PLACEHOLDER_STACK)
+
+
+@functools.lru_cache(maxsize=None)
+def _frame(path: str, type_: Any, key: str) -> ModuleFrame:
+    # Every node of a module repeats its frames; frozen, so one object per frame.
+    return ModuleFrame(path, _type_name(type_), key)
 
 
 def _type_name(type_: Any) -> str:
