@@ -50,9 +50,15 @@ def trace_backward(program: torch.export.ExportedProgram, forward: list[NodeCall
     tracer = _Tracer(_shape_env(graph), renames)
     traced = []
     for call in forward:
-        node = by_name[call.name]
+        node = None if call.region else by_name[call.name]  # subgraph ops: see their HOP
         outputs = differentiable.get(node)
-        if outputs is None or not isinstance(node.target, torch._ops.OpOverload):
+        if outputs is None:
+            continue
+        if isinstance(node.target, torch._ops.HigherOrderOperator):
+            traced.append(BackwardOps(call, [], "the backward of control flow (torch.cond, map, "
+                                                "while_loop) is not traced"))
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
             continue
         try:
             calls = tracer.backward_of(node, outputs, differentiable)

@@ -28,6 +28,8 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         else:
             if entry.zero_reason is not None:
                 status, note = "zero", entry.zero_reason
+    if node.region:
+        cost, status, note = _in_region(node, cost, status, note)
     if strict and status in ("uncounted", "error"):
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
     # Every field but the cost (validated in to_counts) is built here: no validation needed.
@@ -43,6 +45,17 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         phase=phase,
         differentiates=differentiates,
     )
+
+
+def _in_region(node: NodeCall, cost: Cost, status: str, note: str) -> tuple[Cost, str, str]:
+    """An op inside a control-flow subgraph: scaled by its runs, or uncounted when unknown."""
+    if status not in ("counted", "zero"):
+        return cost, status, f"{node.region}: {note}"
+    if node.repeat is None:
+        return Cost(), "uncounted", (f"{node.region}: runs an unknown number of times (trip count "
+                                     f"not known at export); {cost.flops} FLOPs per run")
+    suffix = f", x{node.repeat}" if node.repeat != 1 else ""
+    return cost.scaled(node.repeat), status, f"{node.region}{suffix}" + (f"; {note}" if note else "")
 
 
 def untraced_backward(node: NodeCall, reason: str, *, strict: bool) -> NodeRecord:

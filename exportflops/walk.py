@@ -39,6 +39,11 @@ class NodeCall:
     op_name: str
     call: OpCall
     stack: tuple[ModuleFrame, ...]
+    region: str = ""
+    """For an op inside a control-flow subgraph: which one, e.g. ``cond cond_1, true_graph_0``."""
+    repeat: Any = 1
+    """How many times the op runs per call: a map body's iterations; None when unknown (a
+    while_loop's trip count)."""
 
     @property
     def module(self) -> str:
@@ -69,14 +74,61 @@ def read_graph(graph: torch.fx.Graph) -> GraphRead:
     shape_env = _shape_env(graph)
     renames = _symbol_names(shape_env) if shape_env is not None else {}
     read: dict[torch.fx.Node, Any] = {}  # each node's value, read once for all its consumers
-    nodes = [
-        NodeCall(node.name, node.target, op_name(node.target),
-                 op_call(node.target, node.args, node.kwargs, node.meta.get("val"), renames, read),
-                 _module_stack(node))
-        for node in graph.nodes if node.op == "call_function"
-    ]
+    nodes = list(_calls(graph, renames, read, _Scope()))
     return GraphRead(nodes, _symbols(shape_env, renames) if shape_env is not None else [],
                      renames)
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """Where a (sub)graph runs: the control-flow op around it, if any."""
+
+    prefix: str = ""
+    stack: tuple[ModuleFrame, ...] = ()
+    region: str = ""
+    repeat: Any = 1
+
+
+def _calls(graph: torch.fx.Graph, renames: dict, read: dict, scope: _Scope) -> Iterator[NodeCall]:
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        stack = _module_stack(node) or scope.stack  # subgraph nodes carry no module stack
+        yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target),
+                       op_call(node.target, node.args, node.kwargs, node.meta.get("val"),
+                               renames, read),
+                       stack, scope.region, scope.repeat)
+        times = _iterations(node, renames)
+        for attr, subgraph in _subgraphs(node):
+            repeat = None if times is None or scope.repeat is None else times * scope.repeat
+            kind = node.target.name()
+            yield from _calls(subgraph, renames, read, _Scope(
+                f"{scope.prefix}{node.name}.{attr}.", stack, f"{kind} {node.name}, {attr}", repeat))
+
+
+def _subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:
+    """The subgraphs a control-flow op runs."""
+    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return
+    owner = node.graph.owning_module
+    for arg in node.args:
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            subgraph = getattr(owner, arg.target, None)
+            if isinstance(subgraph, torch.fx.GraphModule):
+                yield arg.target, subgraph.graph
+
+
+def _iterations(node: torch.fx.Node, renames: dict) -> Any:
+    """Runs of each subgraph per call. cond: 1 for each branch (both are counted); map: one per
+    slice of the mapped inputs; while_loop and any other: unknown at export time (None)."""
+    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+        return 1
+    name = node.target.name()
+    if name == "cond":
+        return 1
+    if name == "map_impl":
+        return _size(node.args[1][0].meta["val"].shape[0], renames)
+    return None
 
 
 def op_name(target: Any) -> str:

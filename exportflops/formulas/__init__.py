@@ -3,6 +3,7 @@
 from . import (  # noqa: F401  (each module registers its formulas on import)
     attention,
     backward,
+    control_flow,
     conv,
     embedding,
     interpolate,

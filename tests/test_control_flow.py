@@ -1,0 +1,86 @@
+"""Control flow captured by torch.export: cond, map and while_loop, counted by hand.
+
+Every Linear here is Linear(4, 4) on 2 rows: 2 * 4 * 4 = 32 MACs, 2 * 32 + 2 * 4 (bias) = 72
+FLOPs per call.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch._higher_order_ops.map import map as map_over
+from torch._higher_order_ops.while_loop import while_loop
+
+from exportflops import analyze
+from exportflops.errors import UncountedOpError
+
+LINEAR_MACS, LINEAR_FLOPS = 2 * 4 * 4, 2 * 2 * 4 * 4 + 2 * 4
+
+
+class Branches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.b(x).relu(), (x,))
+
+
+def test_cond_counts_and_lists_both_branches():
+    """Which branch runs is decided at run time: both are counted (the total is their sum, an
+    upper bound for one call) and each of their ops names its branch."""
+    report = analyze(Branches(), (torch.randn(2, 4),))
+    assert report.total.macs == 2 * LINEAR_MACS
+    notes = {n.name: n.note for n in report.nodes}
+    assert notes["cond.true_graph_0.linear"] == "cond cond, true_graph_0"
+    assert notes["cond.false_graph_0.linear"] == "cond cond, false_graph_0"
+    assert notes["cond.false_graph_0.relu"] == "cond cond, false_graph_0"
+    assert report.uncounted == []
+
+
+class MapBody(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, xs):
+        return map_over(lambda x: self.a(x), xs)
+
+
+def test_map_counts_its_body_once_per_slice():
+    report = analyze(MapBody(), (torch.randn(5, 2, 4),))
+    assert report.total.macs == 5 * LINEAR_MACS
+    [body] = [n for n in report.nodes if n.op == "aten.linear.default"]
+    assert body.note == "map_impl map_impl, body_graph_0, x5"
+
+
+class Loop(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, i, x):
+        return while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, self.a(x)), (i, x))
+
+
+def test_while_loop_is_reported_with_its_cost_per_iteration_not_guessed():
+    report = analyze(Loop(), (torch.tensor(0), torch.randn(2, 4)))
+    assert report.total.macs == 0
+    uncounted = {u.op: u.reason for u in report.uncounted}
+    assert set(uncounted) == {"aten.lt.Scalar", "aten.add.Tensor", "aten.linear.default"}
+    assert "trip count not known at export" in uncounted["aten.linear.default"]
+    assert f"{LINEAR_FLOPS} FLOPs per run" in uncounted["aten.linear.default"]
+    assert report.coverage < 1
+
+
+def test_train_mode_reports_the_untraced_backward_of_control_flow():
+    report = analyze(Branches(), (torch.randn(2, 4),), mode="train")
+    [untraced] = report.uncounted
+    assert untraced.op == "higher_order.cond"
+    assert "backward of control flow" in untraced.reason
+
+
+def test_strict_refuses_an_unknown_trip_count():
+    with pytest.raises(UncountedOpError, match="trip count"):
+        analyze(Loop(), (torch.tensor(0), torch.randn(2, 4)), strict=True)
