@@ -219,3 +219,15 @@ def test_an_op_without_a_backward_is_reported_not_skipped():
 def test_mode_must_be_forward_or_train():
     with pytest.raises(ValueError, match="mode must be 'forward' or 'train', got 'backward'"):
         analyze(nn.Linear(2, 2), (torch.randn(1, 2),), mode="backward")
+
+
+def test_grouped_conv_weight_gradient_has_the_forward_macs():
+    """Depthwise conv, 8 channels (groups=8), 3x3, batch 2 on 10x10 -> 8x8: forward
+    2*8*8*8 positions x 1*3*3 weights = 9,216 MACs. The weight gradient sums, for each of the
+    8*1*3*3 weights, over the 2*8*8 output positions: 9,216 MACs too; the input gradient is the
+    transposed conv: 9,216. (torch.utils.flop_counter's conv_backward_flop ignores groups for
+    the weight gradient and counts it 8x.)"""
+    conv = nn.Conv2d(8, 8, 3, groups=8, bias=False)
+    report = analyze(conv, (torch.randn(2, 8, 10, 10, requires_grad=True),), mode="train")
+    assert report.forward.macs == 9_216
+    assert report.backward.macs == 2 * 9_216
