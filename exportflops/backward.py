@@ -102,10 +102,16 @@ def _needs_grad(graph: torch.fx.Graph) -> set[torch.fx.Node]:
         if node.op == "placeholder":
             if isinstance(val, torch.Tensor) and val.requires_grad:
                 needs.add(node)
-        elif node.op == "call_function" and _floating(val) and any(
+        elif node.op == "call_function" and _floating(val) and not _grad_disabled(node) and any(
                 arg in needs for arg in _input_nodes(node)):
             needs.add(node)
     return needs
+
+
+def _grad_disabled(node: torch.fx.Node) -> bool:
+    """A ``torch.no_grad()`` region, which export wraps in a subgraph: its outputs need none."""
+    return (isinstance(node.target, torch._ops.HigherOrderOperator)
+            and node.target.name() == "wrap_with_set_grad_enabled" and node.args[0] is False)
 
 
 def _input_nodes(node: torch.fx.Node) -> Iterator[torch.fx.Node]:

@@ -7,6 +7,7 @@ arguments are named by the op's schema, and symbolic sizes pass through as sympy
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ import sympy
 import torch
 import torch.fx
 
+from .formulas.control_flow import RUN_ONCE
 from .formulas.registry import OpCall, TensorMeta
 from .records import size_symbol
 
@@ -119,15 +121,21 @@ def _subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:
 
 
 def _iterations(node: torch.fx.Node, renames: dict) -> Any:
-    """Runs of each subgraph per call. cond: 1 for each branch (both are counted); map: one per
-    slice of the mapped inputs; while_loop and any other: unknown at export time (None)."""
+    """Runs of each subgraph per call: 1 for wrappers and for each branch of a cond (both are
+    counted); a map or scan body once per slice of its inputs; flex attention's score_mod once
+    per score; while_loop and any other: unknown at export time (None)."""
     if not isinstance(node.target, torch._ops.HigherOrderOperator):
         return 1
     name = node.target.name()
-    if name == "cond":
+    if name == "cond" or name in RUN_ONCE:
         return 1
     if name == "map_impl":
         return _size(node.args[1][0].meta["val"].shape[0], renames)
+    if name == "scan":
+        return _size(node.args[2][0].meta["val"].shape[0], renames)
+    if name == "flex_attention":
+        query, key = (a.meta["val"] for a in node.args[:2])
+        return _size(math.prod(query.shape[:-1]) * key.shape[-2], renames)
     return None
 
 
