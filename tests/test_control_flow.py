@@ -84,3 +84,25 @@ def test_train_mode_reports_the_untraced_backward_of_control_flow():
 def test_strict_refuses_an_unknown_trip_count():
     with pytest.raises(UncountedOpError, match="trip count"):
         analyze(Loop(), (torch.tensor(0), torch.randn(2, 4)), strict=True)
+
+
+class FrozenFeatures(nn.Module):
+    """A feature extractor run under torch.no_grad(), then a trained head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features, self.head = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        with torch.no_grad():
+            features = self.features(x)
+        return self.head(features)
+
+
+def test_a_no_grad_region_runs_once_and_needs_no_gradient():
+    """Forward: both linears once (2 x 32 MACs). Backward: the head's weight gradient only
+    (its input comes from the no_grad region, the data needs none): 32 MACs."""
+    report = analyze(FrozenFeatures(), (torch.randn(2, 4),), mode="train")
+    assert report.uncounted == []
+    assert report.forward.macs == 2 * LINEAR_MACS
+    assert report.backward.macs == LINEAR_MACS
