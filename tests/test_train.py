@@ -231,3 +231,22 @@ def test_grouped_conv_weight_gradient_has_the_forward_macs():
     report = analyze(conv, (torch.randn(2, 8, 10, 10, requires_grad=True),), mode="train")
     assert report.forward.macs == 9_216
     assert report.backward.macs == 2 * 9_216
+
+
+def test_flops_report_shows_the_train_totals():
+    """Linear(4, 8), ReLU, Linear(8, 2) on 3 rows; the data needs no gradient.
+    Forward: MACs 3*4*8 + 3*8*2 = 144 -> 288 FLOPs, biases 3*8 + 3*2 = 30, ReLU 24: 342.
+    Backward: first linear grad_W only (96 MACs), second grad_x and grad_W (48 + 48): 192 MACs
+    -> 384 FLOPs, bias gradients 24 + 6, ReLU gradient 24: 438. Ratio 438 / 342 = 1.281."""
+    from exportflops.render import flops_report
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    report = analyze(model, (torch.randn(3, 4),), mode="train")
+    summary = {line.split("  ")[0]: line for line in
+               flops_report(report, view="summary").splitlines()}
+    assert " 342 " in summary["forward FLOPs"] and "matmul 288" in summary["forward FLOPs"]
+    assert " 438 " in summary["backward FLOPs"] and "matmul 384" in summary["backward FLOPs"]
+    assert " 1.281 " in summary["backward / forward"]
+    tree = flops_report(report, view="tree")
+    first_linear = next(line for line in tree.splitlines() if line.startswith("  (0): Linear"))
+    assert first_linear.split()[9:11] == ["216", "1.000"]  # 2*96 + 24 bias; grad_W only: 1x

@@ -7,5 +7,7 @@ first command run them by name.
 from __future__ import annotations
 
 from .gpt2 import gpt2
+from .llama import llama
+from .resnet import resnet50
 
-EXAMPLES = {"gpt2": gpt2}
+EXAMPLES = {"gpt2": gpt2, "llama": llama, "resnet50": resnet50}

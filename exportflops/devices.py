@@ -1,0 +1,258 @@
+"""Dense peak FLOP/s per dtype per device: one sourced row per device, as data.
+
+Every figure is the *dense* tensor-core (or vector) peak of the datasheet. NVIDIA prints the
+Hopper, Ada and Ampere tensor-core figures with 2:4 structured sparsity (marked ``*``, "with
+sparsity"); the dense figure is half of it, and the row keeps the printed sparse number next to
+the halving so that the trap stays visible (shared/REFERENCES.md, "Peak FLOPS: a trap").
+
+A device is found by the exact name ``torch.cuda.get_device_name()`` reports, matched against a
+whole-name pattern, never a substring: an unknown name (another variant, a MIG slice, a new GPU)
+is an `UnknownDeviceError` naming ``peak_flops=``, not a fallback to a row that looks close.
+
+The CPU has no datasheet row: `cpu_peak` derives an *estimate* from the thread count, the clock
+and the vector width, and says so in its source.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from .errors import ExportFlopsError
+
+TERA = 1e12
+
+#: Dtype keys of the table. ``tf32`` is float32 matmul on tensor cores; `matmul_dtype` picks it.
+DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
+
+
+def sparse_to_dense(sparse_tflops: float) -> float:
+    """Dense TFLOPS from a datasheet figure printed with 2:4 sparsity: half of it."""
+    return sparse_tflops / 2
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the table."""
+
+    key: str
+    """Short name, e.g. ``h100-sxm``."""
+    names: str
+    """Regular expression matched against the whole ``torch.cuda.get_device_name()``."""
+    dense_tflops: Mapping[str, float]
+    """Dense peak in TFLOP/s per dtype key of `DTYPES`; a dtype absent here has no peak."""
+    source: str
+    """Datasheet the figures come from."""
+
+
+class Peak(NamedTuple):
+    flop_per_s: float
+    source: str
+    """The row (or the derivation, for an estimate) the figure comes from."""
+
+
+class UnknownDeviceError(ExportFlopsError, LookupError):
+    """No dense peak is known for this device and dtype; pass ``peak_flops=``."""
+
+
+DEVICES: tuple[Device, ...] = (
+    Device(
+        key="a100",
+        # SXM4 and PCIe boards have the same peaks in the datasheet.
+        names=r"NVIDIA A100-SXM4-(40|80)GB|NVIDIA A100-PCIE-40GB|NVIDIA A100 80GB PCIe",
+        dense_tflops={
+            "float64": 19.5,  # FP64 Tensor Core
+            "float32": 19.5,
+            "tf32": sparse_to_dense(312),  # printed "156 TF | 312 TF*"
+            "bfloat16": sparse_to_dense(624),  # printed "312 TF | 624 TF*"
+            "float16": sparse_to_dense(624),
+        },
+        source="NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web"
+               ".pdf), https://www.nvidia.com/en-us/data-center/a100/",
+    ),
+    Device(
+        key="h100-sxm",
+        names=r"NVIDIA H100 80GB HBM3",
+        dense_tflops={
+            "float64": 67,  # FP64 Tensor Core
+            "float32": 67,
+            "tf32": sparse_to_dense(989),  # printed "989 teraFLOPS*"
+            "bfloat16": sparse_to_dense(1979),  # printed "1,979 teraFLOPS*"
+            "float16": sparse_to_dense(1979),
+            "float8": sparse_to_dense(3958),  # printed "3,958 teraFLOPS*"
+        },
+        source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    Device(
+        key="h100-pcie",
+        names=r"NVIDIA H100 PCIe",
+        dense_tflops={
+            "float64": 51,
+            "float32": 51,
+            "tf32": sparse_to_dense(756),
+            "bfloat16": sparse_to_dense(1513),
+            "float16": sparse_to_dense(1513),
+            "float8": sparse_to_dense(3026),
+        },
+        source="NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h100/",
+    ),
+    Device(
+        key="h200-sxm",
+        # H200 SXM: the H100 SXM compute with 141 GB of HBM3e. "NVIDIA H200 NVL" is another
+        # board with lower peaks and does not match.
+        names=r"NVIDIA H200",
+        dense_tflops={
+            "float64": 67,
+            "float32": 67,
+            "tf32": sparse_to_dense(989),
+            "bfloat16": sparse_to_dense(1979),
+            "float16": sparse_to_dense(1979),
+            "float8": sparse_to_dense(3958),
+        },
+        source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h200/",
+    ),
+    Device(
+        key="l4",
+        names=r"NVIDIA L4",
+        dense_tflops={
+            "float32": 30.3,
+            "tf32": sparse_to_dense(120),
+            "bfloat16": sparse_to_dense(242),
+            "float16": sparse_to_dense(242),
+            "float8": sparse_to_dense(485),
+        },
+        source="NVIDIA L4 Tensor Core GPU datasheet (* shown with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/l4/",
+    ),
+    Device(
+        key="l40s",
+        names=r"NVIDIA L40S",
+        dense_tflops={
+            "float32": 91.6,
+            "tf32": sparse_to_dense(366),  # printed "183 | 366*"
+            "bfloat16": sparse_to_dense(733),  # printed "362.05 | 733*"
+            "float16": sparse_to_dense(733),
+            "float8": sparse_to_dense(1466),  # printed "733 | 1,466*"
+        },
+        source="NVIDIA L40S GPU datasheet (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/l40s/",
+    ),
+    Device(
+        key="a10",
+        names=r"NVIDIA A10",
+        dense_tflops={
+            "float32": 31.2,
+            "tf32": sparse_to_dense(125),  # printed "62.5 TF | 125 TF*"
+            "bfloat16": sparse_to_dense(250),  # printed "125 TF | 250 TF*"
+            "float16": sparse_to_dense(250),
+        },
+        source="NVIDIA A10 Tensor Core GPU datasheet (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/products/a10-gpu/",
+    ),
+    Device(
+        key="v100-sxm2",
+        # Volta has no bfloat16 or TF32 tensor cores: those dtypes have no peak here.
+        names=r"Tesla V100-SXM2-(16|32)GB",
+        dense_tflops={"float64": 7.8, "float32": 15.7, "float16": 125},  # "Tensor Performance"
+        source="NVIDIA Tesla V100 GPU datasheet, V100 SXM2 column, "
+               "https://www.nvidia.com/en-us/data-center/v100/",
+    ),
+    Device(
+        key="t4",
+        names=r"Tesla T4",
+        dense_tflops={"float32": 8.1, "float16": 65},  # "Mixed Precision (FP16/FP32)"
+        source="NVIDIA T4 Tensor Core GPU datasheet, "
+               "https://www.nvidia.com/en-us/data-center/tesla-t4/",
+    ),
+)
+
+
+def lookup(device_name: str) -> Device:
+    """The row whose pattern matches the whole device name; `UnknownDeviceError` otherwise."""
+    for device in DEVICES:
+        if re.fullmatch(device.names, device_name.strip()):
+            return device
+    raise UnknownDeviceError(
+        f"No dense peak FLOP/s is known for {device_name!r}. Pass peak_flops=<dense FLOP/s from "
+        f"its datasheet> (half of a figure printed with sparsity), e.g. peak_flops=312e12 for "
+        f"an A100 in bfloat16, or peak_flops=False to measure latency without MFU. Known "
+        f"devices: {', '.join(d.key for d in DEVICES)}."
+    )
+
+
+def matmul_dtype(dtype: str, *, tf32: bool) -> str:
+    """The table key for a contraction in ``dtype``: float32 runs as ``tf32`` when allowed,
+    every float8 variant is ``float8``."""
+    if dtype == "float32" and tf32:
+        return "tf32"
+    if dtype.startswith("float8"):
+        return "float8"
+    return dtype
+
+
+def gpu_peak(device_name: str, dtype: str) -> Peak:
+    """Dense peak of a GPU for a table dtype key (see `matmul_dtype`)."""
+    device = lookup(device_name)
+    if dtype not in device.dense_tflops:
+        raise UnknownDeviceError(
+            f"The table has no dense {dtype} peak for {device_name!r} ({device.key}; it lists "
+            f"{', '.join(device.dense_tflops)}). Pass peak_flops=<dense FLOP/s> or "
+            f"peak_flops=False to measure latency without MFU."
+        )
+    return Peak(device.dense_tflops[dtype] * TERA,
+                f"{device.key} {dtype} dense {device.dense_tflops[dtype]:g} TFLOP/s, {device.source}")
+
+
+# fp32 lanes of one vector register per torch CPU capability. Two FMA units per core and 2 FLOPs
+# per lane per FMA are assumptions of the estimate (true of most server x86 cores since Haswell;
+# some parts have one 512-bit FMA unit, which halves the AVX512 figure).
+_FP32_LANES = {"AVX2": 8, "AVX512": 16}
+_FMA_UNITS = 2
+_FLOPS_PER_FMA = 2
+
+
+def cpu_peak(dtype: str, *, threads: int, capability: str, ghz: float | None,
+             ghz_source: str = "") -> Peak:
+    """An *estimate* of the CPU's peak: threads x GHz x FLOPs per cycle of its vector units.
+
+    float64 has half the lanes; bfloat16 and float16 are taken at the float32 rate (AMX and
+    AVX512-BF16 are not modelled). Hyperthreads share a core's FMA units, so with more threads
+    than physical cores the estimate is high.
+    """
+    if capability not in _FP32_LANES or not ghz:
+        raise UnknownDeviceError(
+            f"Cannot estimate this CPU's peak (torch CPU capability {capability!r}, clock "
+            f"{'unknown' if not ghz else f'{ghz:g} GHz'}). Pass peak_flops=<FLOP/s> or "
+            f"peak_flops=False to measure latency without MFU."
+        )
+    lanes = _FP32_LANES[capability] // (2 if dtype == "float64" else 1)
+    per_cycle = lanes * _FMA_UNITS * _FLOPS_PER_FMA
+    flop_per_s = threads * ghz * 1e9 * per_cycle
+    return Peak(flop_per_s, (
+        f"estimate, not a datasheet figure: {threads} threads x {ghz:g} GHz ({ghz_source}) x "
+        f"{per_cycle} FLOP/cycle ({capability}: {lanes} {dtype if dtype == 'float64' else 'float32'}"
+        f" lanes x {_FMA_UNITS} FMA units (assumed) x {_FLOPS_PER_FMA}) = "
+        f"{flop_per_s / 1e9:.0f} GFLOP/s"
+    ))
+
+
+def cpu_clock_ghz() -> tuple[float | None, str]:
+    """The CPU's maximum clock if the kernel reports one, else the current clock of cpu0."""
+    max_freq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    try:
+        return int(max_freq.read_text()) / 1e6, "cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":")[1]) / 1e3, "current clock from /proc/cpuinfo"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, ""
