@@ -19,6 +19,8 @@ from .formulas import (  # noqa: E402
     TensorMeta,
     register_formula,
 )
+from .render import flops_report, to_csv, to_markdown  # noqa: E402
+from .runtime import FlopsProfiler, ProfileError, profile  # noqa: E402
 from .records import (  # noqa: E402
     Counts,
     ModuleRecord,
@@ -32,7 +34,8 @@ from .records import (  # noqa: E402
 
 __all__ = [
     "FLOPS_PER_MAC", "FORMULAS", "Cost", "Counts", "DuplicateFormulaError", "ExportError",
-    "ExportFlopsError", "FormulaError", "FormulaTable", "ModuleRecord", "NodeRecord", "OpCall",
-    "OperatorStats", "Report", "TensorMeta", "TensorSpec", "TiedParameter", "UncountedOp",
-    "UncountedOpError", "analyze", "register_formula",
+    "ExportFlopsError", "FlopsProfiler", "FormulaError", "FormulaTable", "ModuleRecord",
+    "NodeRecord", "OpCall", "OperatorStats", "ProfileError", "Report", "TensorMeta", "TensorSpec",
+    "TiedParameter", "UncountedOp", "UncountedOpError", "analyze", "flops_report", "profile",
+    "register_formula", "to_csv", "to_markdown",
 ]
