@@ -67,6 +67,21 @@ def addmv(call: OpCall) -> Cost:
     return contraction(call, m * k, bias_elements=_beta_term(call))
 
 
+@register_formula("transformers::grouped_mm_fallback")
+def grouped_mm_rows(call: OpCall) -> Cost:
+    """Hugging Face's MoE fallback: rows of ``input`` (S, K), sorted by expert, each times its
+    expert's (K, N) weight: S*K*N MACs, whichever expert each row went to."""
+    return contraction(call, call.out.numel * call["input"].shape[-1])
+
+
+@register_formula("transformers::grouped_mm_fallback_backward")
+def grouped_mm_rows_backward(call: OpCall) -> Cost:
+    """Its gradients: grad_input = grad_output W^T and grad_weight = input^T grad_output,
+    S*K*N MACs each."""
+    rows, k = call["input"].shape
+    return contraction(call, 2 * rows * k * call["grad_output"].shape[-1])
+
+
 @register_formula(aten._grouped_mm)
 def grouped_mm(call: OpCall) -> Cost:
     a, b = call["self"], call["mat2"]

@@ -41,6 +41,8 @@ FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
     "bitwise_not": 1, "bitwise_left_shift": 1, "bitwise_right_shift": 1, "where": 1,
     "masked_fill": 1, "clamp": 1, "clamp_min": 1, "clamp_max": 1, "clip": 1,
     "nan_to_num": 1, "heaviside": 1,
+    "__and__": 1, "__or__": 1, "__xor__": 1, "__lshift__": 1, "__rshift__": 1,
+    "__iand__": 1, "__ior__": 1, "__ixor__": 1, "__ilshift__": 1, "__irshift__": 1,
 }
 
 
@@ -62,8 +64,21 @@ def _register_table() -> None:
 _register_table()
 
 
-@register_formula(aten.dropout, aten.native_dropout, aten.feature_dropout, aten.alpha_dropout)
+@register_formula(aten.dropout, aten.dropout_, aten.native_dropout, aten.feature_dropout,
+                  aten.feature_dropout_, aten.alpha_dropout, aten.alpha_dropout_,
+                  aten.feature_alpha_dropout, aten.feature_alpha_dropout_)
 def dropout(call: OpCall) -> Cost:
     # Training: draw a keep mask (1) and scale the kept values (1) per element; eval: identity.
     training = call.get("train", True)
     return call.cost(flops=2 * call.out.numel if training else 0, moves_data=bool(training))
+
+
+@register_formula(aten.diff)
+def diff(call: OpCall) -> Cost:
+    """n-th forward difference along ``dim``: order k subtracts L0 - k adjacent pairs per row,
+    L0 being the length with ``prepend``/``append`` and L0 - n the output's length."""
+    n, out = call.get("n", 1), call.out
+    dim = call.get("dim", -1) % out.ndim
+    length = out.shape[dim] + n
+    rows = out.numel // out.shape[dim] if out.shape[dim] != 0 else 0
+    return call.cost(flops=rows * sum(length - k for k in range(1, n + 1)))

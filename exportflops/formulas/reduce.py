@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sympy
 import torch
 
 from .registry import Cost, OpCall, register_formula
@@ -68,3 +69,26 @@ def accumulating_scatter(call: OpCall) -> Cost:
 @register_formula(aten.index_put, aten.index_put_, aten._index_put_impl_)
 def index_put(call: OpCall) -> Cost:
     return call.cost(flops=call["values"].numel if call.get("accumulate") else 0)
+
+
+@register_formula(aten.topk, aten.kthvalue, aten.histc, aten.bincount)
+def selection(call: OpCall) -> Cost:
+    # Like max: one compare (or bin step) per element read; topk's partial ordering of the k
+    # winners (k log k) is not counted.
+    return call.cost(flops=call["self"].numel)
+
+
+@register_formula(aten.sort, aten.argsort, aten.msort)
+def sort(call: OpCall) -> Cost:
+    """A comparison sort: ceil(log2 L) compares per element, L the sorted dimension's length."""
+    x = call["self"]
+    if x.ndim == 0:
+        return call.cost()
+    length = x.shape[call.get("dim", -1) % x.ndim]
+    return call.cost(flops=x.numel * _ceil_log2(length))
+
+
+def _ceil_log2(n):
+    if isinstance(n, int):
+        return max(n - 1, 0).bit_length()
+    return sympy.ceiling(sympy.log(n, 2))

@@ -110,7 +110,8 @@ class OpCall:
 
 
 Formula = Callable[[OpCall], Cost]
-OpKey = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket, Any]
+#: An overload, a packet, or a qualified op name string such as ``"transformers::grouped_mm"``.
+OpKey = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket, str, Any]
 
 
 @dataclass(frozen=True)
@@ -163,9 +164,12 @@ class FormulaTable:
             raise KeyError(f"{op} has no formula of its own in this table")
 
     def lookup(self, op: OpKey) -> Entry | None:
+        """The entry of the overload, else of its packet, else of its qualified name
+        (``"mylib::fused_rope"``: a formula for a library's op that needs no import of it)."""
         entry = self.entries.get(op)
         if entry is None and isinstance(op, torch._ops.OpOverload):
-            entry = self.entries.get(op.overloadpacket)
+            entry = (self.entries.get(op.overloadpacket)
+                     or self.entries.get(op.overloadpacket._qualified_op_name))
         return entry
 
     def with_overrides(self, formulas: Mapping[OpKey, Formula] | None) -> FormulaTable:
