@@ -131,3 +131,14 @@ def transformer_encoder_layer(call: OpCall) -> Cost:
     elementwise = tokens * (2 * ffn_dim + embed_dim) + tokens * embed_dim * (2 + 2 * (STATS_FLOPS + 2))
     ffn = Cost(flops=FLOPS_PER_MAC * ffn_macs + elementwise, macs=ffn_macs)
     return attention + ffn + call.cost()
+
+
+@register_formula(torch.ops.higher_order.flex_attention)
+def flex_attention(call: OpCall) -> Cost:
+    """torch.nn.attention.flex_attention, counted dense like SDPA: a block mask's skipped blocks
+    are data (the mask's tensors), not shapes. The ``score_mod`` subgraph's ops are counted as
+    their own nodes, once per score (see walk._iterations)."""
+    q, k, v = call["arg0"], call["arg1"], call["arg2"]
+    heads = math.prod(q.shape[:-2])
+    return attention_work(heads, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
+                          masked=False, causal=False, dropout=0) + call.cost()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 
 import torch
+from torch._functorch import predispatch
 
 from .registry import FORMULAS
 
@@ -64,4 +65,14 @@ FORMULAS.register_zero(
          "randint_like", "randperm", "bernoulli", "normal", "uniform"),
     "creation: fills a new tensor, reads no tensor data",
     moves="write",
+)
+
+# vmap's bookkeeping, which export records when a model vmaps in pre-dispatch (flex attention's
+# block mask builds one): entering and leaving a batching level, no tensor work.
+FORMULAS.register_zero(
+    [predispatch.lazy_load_decompositions, predispatch._vmap_increment_nesting,
+     predispatch._vmap_decrement_nesting, predispatch._add_batch_dim,
+     predispatch._remove_batch_dim],
+    "vmap bookkeeping: enters or leaves a batching level, no tensor work",
+    moves="nothing",
 )

@@ -1,0 +1,124 @@
+"""The cases other counters get wrong, each counted by hand.
+
+Attention MACs: heads * L * S * (E + Ev) (q.k over E, p.v over Ev, every (query, key) pair).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.attention.flex_attention import flex_attention
+
+from exportflops import analyze
+
+
+def test_multihead_attention_fast_path_in_eval_under_no_grad():
+    """E 16, 4 heads, batch 2, 5 tokens: in_proj 2*5*16*48 = 7,680; attention
+    2*4*5*5*(4+4) = 1,600; out_proj 2*5*16*16 = 2,560. Total 11,840 (hook-based counters that
+    see only the fused _native_multi_head_attention call report 0)."""
+    mha = nn.MultiheadAttention(16, 4, batch_first=True).eval()
+
+    class SelfAttention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mha = mha
+
+        def forward(self, x):
+            return self.mha(x, x, x, need_weights=False)[0]
+
+    with torch.no_grad():
+        report = analyze(SelfAttention(), (torch.randn(2, 5, 16),))
+    assert report.total.macs == 11_840 and report.uncounted == []
+
+
+def test_transformer_encoder_layer_fast_path():
+    """The MHA above plus the FFN 16 -> 32 -> 16 on 10 tokens: 2 * 10*16*32 = 10,240."""
+    layer = nn.TransformerEncoderLayer(16, 4, 32, batch_first=True).eval()
+    with torch.no_grad():
+        report = analyze(layer, (torch.randn(2, 5, 16),))
+    assert report.total.macs == 11_840 + 10_240 and report.uncounted == []
+
+
+class Attention(nn.Module):
+    def __init__(self, **options):
+        super().__init__()
+        self.options = options
+
+    def forward(self, q, k, v, *mask):
+        return F.scaled_dot_product_attention(q, k, v, *mask, **self.options)
+
+
+Q = torch.randn(1, 2, 8, 16)
+
+
+def test_causal_attention_reports_dense_and_causal_effective_work():
+    """2 heads, L = S = 8, E = Ev = 16: dense 2*8*8*32 = 4,096 MACs. A top-left causal mask keeps
+    8*9/2 = 36 of 64 pairs per head, so 2 * 28 * 32 = 1,792 MACs are masked."""
+    report = analyze(Attention(is_causal=True), (Q, Q, Q))
+    assert report.total.macs == 4_096
+    assert report.total.masked_macs == 1_792
+
+
+def test_explicit_mask_adds_one_flop_per_score():
+    plain = analyze(Attention(), (Q, Q, Q)).total.flops
+    masked = analyze(Attention(), (Q, Q, Q, torch.zeros(8, 8))).total.flops
+    assert masked - plain == 2 * 8 * 8
+
+
+def test_grouped_query_attention_counts_every_query_head():
+    """4 query heads sharing 2 key/value heads: 4*8*8*(16+16) = 8,192 MACs."""
+    q, kv = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16)
+    report = analyze(Attention(enable_gqa=True), (q, kv, kv))
+    assert report.total.macs == 8_192
+
+
+def test_flex_attention_is_counted_dense_with_its_score_mod_per_score():
+    """Dense 2*8*8*32 = 4,096 MACs; score_mod `score + (q_idx - kv_idx)` is a subtract and an
+    add on each of the 2*8*8 = 128 scores."""
+    class Flex(nn.Module):
+        def forward(self, q, k, v):
+            return flex_attention(q, k, v,
+                                  score_mod=lambda score, b, h, qi, ki: score + (qi - ki))
+
+    report = analyze(Flex(), (Q, Q, Q))
+    assert report.total.macs == 4_096 and report.uncounted == []
+    score_mod = [n for n in report.nodes if n.name.startswith("flex_attention.")]
+    assert sorted(n.cost.flops for n in score_mod) == [128, 128]
+
+
+class InPlace(nn.Module):
+    """An in-place activation and a buffer updated in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)
+        return self.fc(x).relu_()
+
+
+def test_in_place_ops_and_buffer_mutation_are_counted():
+    """fc: 2*4*4 = 32 MACs, 64 + 8 bias FLOPs; relu_ 8; the buffer's add 1."""
+    report = analyze(InPlace(), (torch.randn(2, 4),))
+    assert report.uncounted == []
+    assert report.total.flops == 64 + 8 + 8 + 1
+
+
+def test_bytes_follow_the_dtype():
+    """Linear(8, 8) on (2, 8): reads x (16), W (64), b (8) elements, writes 16: x itemsize."""
+    for dtype, itemsize in [(torch.float32, 4), (torch.bfloat16, 2), (torch.float16, 2)]:
+        layer = nn.Linear(8, 8).to(dtype)
+        report = analyze(layer, (torch.randn(2, 8, dtype=dtype),))
+        assert report.total.bytes_read == (16 + 64 + 8) * itemsize
+        assert report.total.bytes_written == 16 * itemsize
+
+    class AddInt8(nn.Module):
+        def forward(self, a, b):
+            return a + b
+
+    ints = torch.ones(3, 5, dtype=torch.int8)
+    report = analyze(AddInt8(), (ints, ints))
+    assert (report.total.bytes_read, report.total.bytes_written) == (30, 15)
