@@ -17,6 +17,7 @@ import torch
 
 from .attention import _nonzero, causal_pairs
 from .matmul import contraction
+from .pointwise import per_output_element
 from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula
 
 aten = torch.ops.aten
@@ -54,18 +55,10 @@ NORM_BIAS_GRAD_FLOPS = 1
 FROZEN_STATS_INPUT_GRAD_FLOPS = 2
 
 
-def _per_element(flops_per_element: int):
-    def activation_backward(call: OpCall) -> Cost:
-        return call.cost(flops=flops_per_element * call.out.numel)
-
-    activation_backward.__qualname__ = f"activation_backward[{flops_per_element} per element]"
-    return activation_backward
-
-
 def _register_activations() -> None:
     for name, flops in ACTIVATION_BACKWARD_FLOPS.items():
         if hasattr(aten, name):
-            register_formula(getattr(aten, name))(_per_element(flops))
+            register_formula(getattr(aten, name))(per_output_element(flops))
 
 
 _register_activations()

@@ -46,7 +46,9 @@ FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
 }
 
 
-def _per_element(flops_per_element: int):
+def per_output_element(flops_per_element: int):
+    """A formula of ``flops_per_element`` FLOPs per element of the first output."""
+
     def pointwise(call: OpCall) -> Cost:
         return call.cost(flops=flops_per_element * call.out.numel)
 
@@ -58,7 +60,7 @@ def _register_table() -> None:
     # The table names packets; an in-place variant (add_) is the same work.
     for name, flops in FLOPS_PER_OUTPUT_ELEMENT.items():
         ops = [getattr(aten, n) for n in (name, f"{name}_") if hasattr(aten, n)]
-        register_formula(*ops)(_per_element(flops))
+        register_formula(*ops)(per_output_element(flops))
 
 
 _register_table()
