@@ -25,11 +25,14 @@ import os
 from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from tabulate import tabulate
 
 from .records import Counts, ModuleRecord, Report
+
+if TYPE_CHECKING:
+    from .budgets.compare import Comparison
 
 View = Literal["summary", "top", "tree", "operators", "module_operators"]
 VIEWS: tuple[str, ...] = ("summary", "top", "tree", "operators", "module_operators")
@@ -585,6 +588,26 @@ def to_csv(report: Report, rows: Literal["modules", "operators"] = "modules") ->
     else:
         raise ValueError(f"rows must be 'modules' or 'operators', got {rows!r}")
     return out.getvalue()
+
+
+# --- budgets ---------------------------------------------------------------------------------
+
+def comparison_table(comparison: Comparison, tablefmt: str = "simple",
+                     reason_width: int | None = 60) -> str:
+    """The comparison as a text table (tabulate's ``tablefmt``, e.g. ``github`` for Markdown):
+    exact FLOPs with thousands separators, the relative difference in percent, reasons wrapped
+    at ``reason_width`` characters."""
+    c = comparison
+    title = (f"{c.source} vs the exported graph of {c.model}"
+             + (f"; budgeted for {c.config.name}" if c.config.name else ""))
+    rows = [[r.component, f"{r.budget_flops:,}", f"{r.counted_flops:,}", f"{r.diff_flops:+,}",
+             "-" if r.rel_diff is None else f"{r.rel_diff:+.2%}", r.reason] for r in c.rows]
+    table = tabulate(rows, headers=["component", "budget FLOPs", "graph FLOPs", "difference",
+                                    "relative", "reason"],
+                     tablefmt=tablefmt, colalign=("left", "right", "right", "right", "right",
+                                                  "left"),
+                     maxcolwidths=[None, None, None, None, None, reason_width])
+    return f"{title}\n{table}"
 
 
 # --- helpers -----------------------------------------------------------------------------------

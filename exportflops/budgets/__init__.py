@@ -10,6 +10,7 @@ Each takes a `TransformerConfig`, built from plain numbers or with one of its ``
 constructors (Hugging Face GPT-2, Llama, Mistral, Qwen2; nanoGPT; Meta's Llama params).
 """
 
+from ..render import comparison_table
 from .budget import Budget, BudgetItem
 from .chinchilla import chinchilla, ratio_to_6nd
 from .compare import (
@@ -20,7 +21,6 @@ from .compare import (
     MappingRule,
     breakdown,
     compare,
-    comparison_table,
 )
 from .config import ParamCounts, TransformerConfig, meta_ffn_width
 from .kaplan import kaplan

@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Literal
 
-from tabulate import tabulate
-
 from ..records import FLOPS_PER_MAC, NodeRecord, Record, Report
 from .budget import Budget, BudgetItem
 from .config import TransformerConfig
@@ -310,21 +308,3 @@ def _total_row(report: Report, budget: Budget, leaves: list[ComparisonRow]) -> C
         reason += (f"; {sum(u.calls for u in report.uncounted)} node(s) with no formula count "
                    f"nothing (report.uncounted)")
     return _row("graph forward", "total", [], budget.forward, report.forward.flops, reason)
-
-
-def comparison_table(comparison: Comparison, tablefmt: str = "simple",
-                     reason_width: int | None = 60) -> str:
-    """The comparison as a text table (tabulate's ``tablefmt``, e.g. ``github`` for Markdown):
-    exact FLOPs with thousands separators, the relative difference in percent, reasons wrapped
-    at ``reason_width`` characters."""
-    c = comparison
-    title = (f"{c.source} vs the exported graph of {c.model}"
-             + (f"; budgeted for {c.config.name}" if c.config.name else ""))
-    rows = [[r.component, f"{r.budget_flops:,}", f"{r.counted_flops:,}", f"{r.diff_flops:+,}",
-             "-" if r.rel_diff is None else f"{r.rel_diff:+.2%}", r.reason] for r in c.rows]
-    table = tabulate(rows, headers=["component", "budget FLOPs", "graph FLOPs", "difference",
-                                    "relative", "reason"],
-                     tablefmt=tablefmt, colalign=("left", "right", "right", "right", "right",
-                                                  "left"),
-                     maxcolwidths=[None, None, None, None, None, reason_width])
-    return f"{title}\n{table}"
