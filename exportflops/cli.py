@@ -70,17 +70,28 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # the CLI's boundary: any analysis failure becomes exit 1
         return _fail(ns, f"exportflops: analysis of {ns.model} failed: "
                          f"{type(error).__name__}: {error}", 1)
-    if ns.output:
+    if not ns.output:
+        sys.stdout.write(text)
+        return 0
+    try:
         with open(ns.output, "w", encoding="utf-8") as f:
             f.write(text)
-        print(f"exportflops: wrote {ns.output}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    except OSError as error:
+        return _fail(ns, f"exportflops: error: cannot write --output {ns.output!r} "
+                         f"({error.strerror}); pass a path in an existing, writable folder, "
+                         f"or leave --output out to print the report.", 2)
+    print(f"exportflops: wrote {ns.output}", file=sys.stderr)
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """argparse's own errors (a bad option or value), as one paragraph like the others."""
+        self.exit(2, f"exportflops: error: {message}; see exportflops --help.\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="exportflops",
         description="FLOPs, MACs and bytes per module and per operator of a PyTorch model, "
                     "counted from its torch.export graph.",
@@ -103,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="deepest module level shown in the tree and top views (-1: all)")
     parser.add_argument("--top", type=int, default=3,
                         help="module types per depth in the top view (-1: all; default 3)")
+    parser.add_argument("--group-by", choices=("type", "path"), default="type",
+                        help="the top view ranks module types (default) or module paths")
     parser.add_argument("--format", choices=FORMATS, default="table",
                         help="table (text), json (the whole report, reloadable with "
                              "Report.model_validate_json), csv or md (Markdown)")
@@ -150,8 +163,11 @@ def _check(ns: argparse.Namespace) -> None:
                          f"apply.")
 
 
-def _parse_input(text: str) -> tuple[list[int], str]:
-    shape, _, dtype = text.partition(":")
+def _parse_input(text: str):
+    """``1,3,224,224`` or ``1,1024:int64`` -> (sizes, torch dtype)."""
+    import torch
+
+    shape, _, dtype_name = text.partition(":")
     try:
         sizes = [int(s) for s in shape.split(",")]
     except ValueError:
@@ -159,7 +175,11 @@ def _parse_input(text: str) -> tuple[list[int], str]:
                          f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64.") from None
     if any(s < 0 for s in sizes):
         raise UsageError(f"--input {text!r}: sizes cannot be negative.")
-    return sizes, dtype or "float32"
+    dtype = getattr(torch, dtype_name or "float32", None)
+    if not isinstance(dtype, torch.dtype):
+        raise UsageError(f"--input {text!r}: unknown dtype {dtype_name!r}; use a torch dtype "
+                         f"name such as float32, bfloat16, float16 or int64.")
+    return sizes, dtype
 
 
 def _run(ns: argparse.Namespace) -> str:
@@ -189,8 +209,8 @@ def _render(ns: argparse.Namespace, report, extra_reprs) -> str:
         return to_csv(report, rows="operators" if ns.views == ["operators"] else "modules")
     if ns.format == "md":
         return to_markdown(report, view=ns.views, depth=ns.depth, top=ns.top,
-                           extra_reprs=extra_reprs)
-    return flops_report(report, view=ns.views, depth=ns.depth, top=ns.top,
+                           group_by=ns.group_by, extra_reprs=extra_reprs)
+    return flops_report(report, view=ns.views, depth=ns.depth, top=ns.top, group_by=ns.group_by,
                         extra_reprs=extra_reprs)
 
 
@@ -223,7 +243,8 @@ def _build(ns: argparse.Namespace, device) -> tuple[Any, Any, dict | None]:
             f"pkg.module:factory or path/file.py:factory, a saved .pt2 or hf:<model_type>. "
             f"See exportflops --help.")
     if ns.shapes:
-        args = tuple(_tensor(sizes, dtype, device) for sizes, dtype in ns.shapes)
+        # Zeros: valid token ids and images alike; the counts depend on shapes only.
+        args = tuple(torch.zeros(sizes, dtype=dtype, device=device) for sizes, dtype in ns.shapes)
     if args is None:
         raise UsageError(f"{ns.model} returned a model without inputs: give its inputs with "
                          f"--input SHAPE[:DTYPE], once per positional argument of forward().")
@@ -231,17 +252,6 @@ def _build(ns: argparse.Namespace, device) -> tuple[Any, Any, dict | None]:
         raise UsageError(f"{ns.model} must return an nn.Module or (module, args), got "
                          f"{type(model).__name__}.")
     return model, args, kwargs
-
-
-def _tensor(sizes: list[int], dtype_name: str, device):
-    import torch
-
-    dtype = getattr(torch, dtype_name, None)
-    if not isinstance(dtype, torch.dtype):
-        raise UsageError(f"--input: unknown dtype {dtype_name!r}; use a torch dtype name such as "
-                         f"float32, bfloat16, float16 or int64.")
-    # Zeros: valid token ids and images alike; the counts depend on shapes only.
-    return torch.zeros(sizes, dtype=dtype, device=device)
 
 
 def _resolve_factory(spec: str):
@@ -324,10 +334,12 @@ def _hf_model(model_type: str, device, kwargs: dict | None):
         raise UsageError(f"hf:{model_type} needs the transformers package, which is not "
                          f"installed ({error}); pip install transformers, or pass a "
                          f"pkg.module:factory that builds the model.") from None
-    try:
-        config = transformers.AutoConfig.for_model(model_type)
-    except ValueError as error:
-        raise UsageError(f"hf:{model_type}: {error}") from None
+    if model_type not in transformers.CONFIG_MAPPING:
+        raise UsageError(f"hf:{model_type}: transformers {transformers.__version__} knows no "
+                         f"model_type {model_type!r}; write a config's model_type, such as "
+                         f"gpt2, llama, mistral or bert (transformers.CONFIG_MAPPING lists "
+                         f"them all).")
+    config = transformers.AutoConfig.for_model(model_type)
     try:
         with device:
             try:
@@ -340,11 +352,30 @@ def _hf_model(model_type: str, device, kwargs: dict | None):
     import torch
 
     model.eval()
-    args = (torch.zeros((1, HF_DEFAULT_SEQ_LEN), dtype=torch.long, device=device),)
-    if "use_cache" in inspect.signature(model.forward).parameters:
+    parameters = inspect.signature(model.forward).parameters
+    args = (_hf_input(next(iter(parameters)), config, device),)
+    defaults = {}
+    if "decoder_input_ids" in parameters:  # encoder-decoder: a decoder prompt as long
+        defaults["decoder_input_ids"] = _hf_input("input_ids", config, device)
+    if "use_cache" in parameters:
         # The KV-cache output does not export (shared/REFERENCES.md); a prefill needs none.
-        kwargs = {"use_cache": False} | (kwargs or {})
-    return model, args, kwargs
+        defaults["use_cache"] = False
+    return model, args, defaults | (kwargs or {})
+
+
+def _hf_input(name: str, config, device):
+    """A zero example for a Hugging Face model's first input, sized from its config: token ids
+    (HF_DEFAULT_SEQ_LEN), an image, or a whisper-style log-mel spectrogram."""
+    import torch
+
+    if name == "pixel_values":
+        size = getattr(config, "image_size", 224)
+        size = size if isinstance(size, int) else size[0]
+        return torch.zeros((1, getattr(config, "num_channels", 3), size, size), device=device)
+    if name == "input_features":
+        frames = 2 * getattr(config, "max_source_positions", 1500)
+        return torch.zeros((1, getattr(config, "num_mel_bins", 80), frames), device=device)
+    return torch.zeros((1, HF_DEFAULT_SEQ_LEN), dtype=torch.long, device=device)
 
 
 def _fail(ns: argparse.Namespace, message: str, code: int) -> int:

@@ -114,6 +114,15 @@ def test_hugging_face_model_from_its_default_config():
     assert "Summary of GPT2LMHeadModel" in result.stdout
 
 
+def test_hugging_face_vision_model_gets_an_image_input():
+    """ViTConfig's defaults are ViT-B/16 at 224x224: torchvision publishes vit_b_16 at
+    17.56 GFLOPS (its `_ops`, MACs; ViT_B_16_Weights.IMAGENET1K_V1)."""
+    pytest.importorskip("transformers")
+    result = run("hf:vit", "--view", "summary")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"MACs\s+17\.56 GMACs", result.stdout)
+
+
 def test_csv_rows_sum_to_the_totals(models):
     target = f"{models / 'mlp_models.py'}:mlp"
     by_op = list(csv.DictReader(io.StringIO(
