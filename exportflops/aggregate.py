@@ -3,21 +3,18 @@ uncounted)."""
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 import sympy
 
-from .attribution import ModuleInfo, ancestors
+from .attribution import ModuleInfo, ancestors, parent
 from .records import (Counts, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 
 
 #: Field order of `Counts`; a node's cost is read once into a tuple in this order.
 _FIELDS = tuple(Counts.model_fields)
-
-
-#: The counts of no node; records are frozen, so every empty sum shares it.
-_NOTHING = Counts()
 
 
 def _values(counts: Counts) -> tuple:
@@ -33,7 +30,7 @@ class _Sum:
     def __init__(self) -> None:
         self.calls = 0
         self.ints = [0] * len(_FIELDS)
-        self.terms: list[list] = [[] for _ in _FIELDS]
+        self.terms: list[list] | None = None  # per field, once a symbolic value arrives
 
     def add(self, values: tuple) -> None:
         self.calls += 1
@@ -42,16 +39,45 @@ class _Sum:
             if type(value) is int:
                 ints[i] += value
             else:
-                self.terms[i].append(value)
+                self._terms()[i].append(value)
+
+    def merge(self, other: _Sum) -> None:
+        self.calls += other.calls
+        self.ints = [a + b for a, b in zip(self.ints, other.ints)]
+        if other.terms is not None:
+            for mine, theirs in zip(self._terms(), other.terms):
+                mine.extend(theirs)
+
+    def _terms(self) -> list[list]:
+        if self.terms is None:
+            self.terms = [[] for _ in _FIELDS]
+        return self.terms
+
+    @classmethod
+    def of(cls, sums) -> _Sum:
+        total = cls()
+        for one in sums:
+            total.merge(one)
+        return total
 
     def counts(self) -> Counts:
-        if self.calls == 0:
-            return _NOTHING
+        if self.terms is None:
+            return _int_counts(tuple(self.ints))
         # Values are already ints or sympy expressions: no validation needed.
         return Counts.model_construct(**{
             name: self.ints[i] + sympy.expand(sympy.Add(*self.terms[i])) if self.terms[i]
             else self.ints[i]
             for i, name in enumerate(_FIELDS)})
+
+    def key(self) -> tuple | None:
+        """What identifies these counts when they are all ints (None when symbolic)."""
+        return None if self.terms is not None else (self.calls, *self.ints)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _int_counts(ints: tuple[int, ...]) -> Counts:
+    # A model repeats the same layer: records are frozen, so equal counts share one object.
+    return Counts.model_construct(**dict(zip(_FIELDS, ints)))
 
 
 class _Phases:
@@ -62,42 +88,56 @@ class _Phases:
     def __init__(self) -> None:
         self.all, self.backward = _Sum(), _Sum()
 
-    def add(self, values: tuple, backward: bool) -> None:
-        self.all.add(values)
+    def merge(self, other: _Sum, backward: bool) -> None:
+        self.all.merge(other)
         if backward:
-            self.backward.add(values)
+            self.backward.merge(other)
 
-    def stats(self) -> OperatorStats:
+    @classmethod
+    def of(cls, phases) -> _Phases:
+        total = cls()
+        for one in phases:
+            total.all.merge(one.all)
+            total.backward.merge(one.backward)
+        return total
+
+    def stats(self, shared: dict[tuple, OperatorStats]) -> OperatorStats:
+        """The stats; equal int ones are taken from ``shared`` (frozen records)."""
+        key = self.all.key(), self.backward.key()
+        if None in key:
+            return self._stats()
+        if key not in shared:
+            shared[key] = self._stats()
+        return shared[key]
+
+    def _stats(self) -> OperatorStats:
         return OperatorStats.model_construct(calls=self.all.calls, cost=self.all.counts(),
-                             backward_calls=self.backward.calls, backward=self.backward.counts())
+                                             backward_calls=self.backward.calls,
+                                             backward=self.backward.counts())
 
 
 def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dict[str, str], *,
                  model: str, inputs: list[TensorSpec], torch_version: str,
                  exportflops_version: str, mode: str = "forward",
                  symbols: list[SizeSymbolRecord] = ()) -> Report:
-    inclusive: dict[str, _Phases] = defaultdict(_Phases)
-    exclusive: dict[str, _Sum] = defaultdict(_Sum)
-    module_ops: dict[str, dict[str, _Phases]] = defaultdict(lambda: defaultdict(_Phases))
-    operators: dict[str, _Phases] = defaultdict(_Phases)
-    lineage: dict[str, list[str]] = {}
+    own: dict[str, dict[tuple[str, bool], _Sum]] = defaultdict(lambda: defaultdict(_Sum))
     for node in nodes:
-        values, backward = _values(node.cost), node.phase == "backward"
-        exclusive[node.module].add(values)
-        operators[node.op].add(values, backward)
-        if node.module not in lineage:
-            lineage[node.module] = ancestors(node.module)
-        for path in lineage[node.module]:
-            inclusive[path].add(values, backward)
-            module_ops[path][node.op].add(values, backward)
+        own[node.module][(node.op, node.phase == "backward")].add(_values(node.cost))
+    module_ops = {path: _by_op(sums) for path, sums in _rolled_up(own).items()}
+    inclusive = {path: _Phases.of(ops.values()) for path, ops in module_ops.items()}
+    exclusive = {path: _Sum.of(sums.values()) for path, sums in own.items()}
+    operators = module_ops.get("", {})
+    idle = _Phases()
 
+    shared: dict[tuple, OperatorStats] = {}
     modules = [
         ModuleRecord.model_construct(
             path=info.path, type=info.type_name, depth=info.depth, calls=info.calls,
             params=info.params, own_params=info.own_params, tied_params=info.tied_params,
-            inclusive=inclusive[info.path].all.counts(), exclusive=exclusive[info.path].counts(),
-            backward=inclusive[info.path].backward.counts(),
-            operators={op: s.stats() for op, s in module_ops[info.path].items()},
+            inclusive=inclusive.get(info.path, idle).all.counts(),
+            exclusive=exclusive.get(info.path, idle.all).counts(),
+            backward=inclusive.get(info.path, idle).backward.counts(),
+            operators={op: s.stats(shared) for op, s in module_ops.get(info.path, {}).items()},
         )
         for info in tree.values()
     ]
@@ -107,16 +147,37 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
         torch_version=torch_version,
         exportflops_version=exportflops_version,
         mode=mode,
-        total=inclusive[""].all.counts(),
-        backward=inclusive[""].backward.counts(),
+        total=inclusive.get("", idle).all.counts(),
+        backward=inclusive.get("", idle).backward.counts(),
         symbols=list(symbols),
         params=tree[""].params,
         tied_parameters=[TiedParameter(name=n, counted_as=c) for n, c in tied.items()],
         modules=modules,
-        operators={op: s.stats() for op, s in operators.items()},
+        operators={op: s.stats(shared) for op, s in operators.items()},
         uncounted=_uncounted(nodes),
         nodes=nodes,
     )
+
+
+def _rolled_up(own: dict[str, dict[tuple, _Sum]]) -> dict[str, dict[tuple, _Sum]]:
+    """Per module path, the sums of its own nodes and of every module under it, keyed like
+    ``own``: each module's sums are pushed once into its parent, deepest modules first."""
+    paths = {p for path in own for p in ancestors(path)}
+    rolled: dict[str, dict[tuple, _Sum]] = {path: defaultdict(_Sum) for path in paths}
+    for path in sorted(paths, key=lambda p: -len(ancestors(p))):
+        for key, one in own.get(path, {}).items():
+            rolled[path][key].merge(one)
+        if path:
+            for key, one in rolled[path].items():
+                rolled[parent(path)][key].merge(one)
+    return rolled
+
+
+def _by_op(sums: dict[tuple[str, bool], _Sum]) -> dict[str, _Phases]:
+    by_op: dict[str, _Phases] = defaultdict(_Phases)
+    for (op, backward), one in sums.items():
+        by_op[op].merge(one, backward)
+    return dict(by_op)
 
 
 def _uncounted(nodes: list[NodeRecord]) -> list[UncountedOp]:
