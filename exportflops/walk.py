@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
+from torch.utils._sympy.numbers import int_oo
 
 from .formulas.control_flow import RUN_ONCE
 from .formulas.registry import OpCall, TensorMeta
@@ -186,7 +187,10 @@ def _symbols(shape_env, renames: dict) -> list[SizeSymbol]:
 
 
 def _bound(value) -> int | None:
-    return int(value) if getattr(value, "is_finite", True) and value.is_number else None
+    # torch's int_oo (an unbounded Dim) calls itself finite: compare with it explicitly.
+    if value in (int_oo, -int_oo) or not value.is_number or value.is_finite is False:
+        return None
+    return int(value)
 
 
 def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict,

@@ -95,3 +95,13 @@ def test_a_formula_that_needs_concrete_sizes_is_reported_not_crashed():
     assert failed.op == "aten.gelu.default" and failed.modules == ["1"]
     assert "TypeError" in failed.reason
     assert report.module("0").inclusive.macs.free_symbols  # the rest is still counted
+
+
+def test_an_unbounded_dim_has_no_maximum():
+    from models import TwoLayerMLP
+
+    report = analyze(TwoLayerMLP(), (torch.randn(4, 32),), dynamic_shapes=({0: Dim("batch")},))
+    [batch] = report.symbols
+    assert batch.max is None
+    # TwoLayerMLP(32, 64, 10): batch * (32*64 + 64*10) MACs.
+    assert report.evaluate(batch=1000).total.macs == 1000 * (32 * 64 + 64 * 10)
