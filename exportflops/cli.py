@@ -9,10 +9,13 @@ paragraph on stderr, and the traceback only with ``--debug``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import inspect
+import io
 import json
+import logging
 import os
 import sys
 import traceback
@@ -129,7 +132,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(ns: argparse.Namespace) -> None:
-    """Argument errors found before anything is imported or built."""
+    """Argument errors, found before the model is built."""
     from .render import VIEWS
 
     views = [v.strip().replace("-", "_") for arg in (ns.view or []) for v in arg.split(",")]
@@ -172,7 +175,8 @@ def _parse_input(text: str):
         sizes = [int(s) for s in shape.split(",")]
     except ValueError:
         raise UsageError(f"--input {text!r}: sizes must be integers separated by commas, "
-                         f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64.") from None
+                         f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64."
+                         ) from None
     if any(s < 0 for s in sizes):
         raise UsageError(f"--input {text!r}: sizes cannot be negative.")
     dtype = getattr(torch, dtype_name or "float32", None)
@@ -185,19 +189,37 @@ def _parse_input(text: str):
 def _run(ns: argparse.Namespace) -> str:
     from .api import analyze
 
-    extra_reprs = None
     if ns.model.endswith(".pt2"):
         if not os.path.isfile(ns.model):
             raise UsageError(f"no saved program at {ns.model!r}: pass the path of a file written "
                              f"by torch.export.save(program, path).")
-        report = analyze(ns.model, strict=ns.strict)
-    else:
-        device = _device(ns.device or "meta")
-        model, args, kwargs = _build(ns, device)
+        with _quiet_torch(ns.debug):
+            report = analyze(ns.model, strict=ns.strict)
+        return _render(ns, report, extra_reprs=None)
+    model, args, kwargs = _build(ns, _device(ns.device or "meta"))
+    with _quiet_torch(ns.debug):
         report = analyze(model, args, kwargs, strict=ns.strict)
-        extra_reprs = {path: module.extra_repr()
-                       for path, module in model.named_modules(remove_duplicate=False)}
+    extra_reprs = {path: module.extra_repr()
+                   for path, module in model.named_modules(remove_duplicate=False)}
     return _render(ns, report, extra_reprs)
+
+
+@contextlib.contextmanager
+def _quiet_torch(debug: bool):
+    """Without --debug, hide what torch writes to stderr while exporting: its logged warnings
+    (guards, unbacked symbols) and the partial graph torch.export prints on a failure. The
+    failure itself is reported once, as one paragraph, by _fail."""
+    if debug:
+        yield
+        return
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        torch_logger.setLevel(level)
 
 
 def _render(ns: argparse.Namespace, report, extra_reprs) -> str:
@@ -379,9 +401,12 @@ def _hf_input(name: str, config, device):
 
 
 def _fail(ns: argparse.Namespace, message: str, code: int) -> int:
+    """Print one paragraph on stderr: the message up to its first blank line (torch's errors run
+    on for pages; the traceback, with the whole message, is --debug's)."""
+    paragraph = " ".join(message.strip().split("\n\n")[0].split())
     if ns.debug:
         traceback.print_exc()
-    else:
-        message += " (--debug shows the traceback)" if code == 1 else ""
-    print(message, file=sys.stderr)
+    elif code == 1:
+        paragraph += " (--debug shows the traceback and the whole message)"
+    print(paragraph, file=sys.stderr)
     return code

@@ -1,7 +1,8 @@
 """Report -> text tables, CSV and Markdown. The only importer of tabulate; imports no torch.
 
 Every view is a pure function of a `Report` (and the display options): it reads the totals the
-report holds and never recomputes one, so a printed total is the report's own. Percentages are
+report holds and never recomputes one, so a printed total is the report's own. Counts of dynamic
+sizes are written as their expressions and ranked at the sizes the graph was exported with. Percentages are
 of the model's totals (``report.total``, ``report.params``). `flops_report` joins views and is the
 only function here that prints or writes a file, and only when asked.
 
@@ -23,13 +24,14 @@ import csv
 import io
 import os
 from collections import defaultdict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+import sympy
 from tabulate import tabulate
 
-from .records import Counts, ModuleRecord, Report
+from .records import Counts, ModuleRecord, Report, size_symbol
 
 if TYPE_CHECKING:
     from .budgets.compare import Comparison
@@ -55,10 +57,13 @@ class Style:
     heading: str = ""
     """Prefix of a view's title line (``## `` in Markdown)."""
 
-    def count(self, value: int | float, unit: str = "") -> str | int | float:
-        """``8.24 G``, ``4.09 GMACs``, ``25.56 M``: 2 decimals with a k/M/G/T prefix."""
+    def count(self, value: int | float | sympy.Expr, unit: str = "") -> str | int | float:
+        """``8.24 G``, ``4.09 GMACs``, ``25.56 M``: 2 decimals with a k/M/G/T prefix; a count of
+        a dynamic size is written as its expression (``5514*batch``)."""
         if not self.as_string:
-            return value
+            return value if isinstance(value, (int, float)) else str(value)
+        if not isinstance(value, (int, float)):
+            return f"{value} {unit}" if unit else str(value)
         for scale, prefix in _PREFIXES:
             if abs(value) >= scale:
                 return f"{value / scale:.2f} {prefix}{unit}"
@@ -74,11 +79,13 @@ class Style:
             return f"{value * 1e3:.2f} ms"
         return f"{value * 1e6:.2f} us"
 
-    def percent(self, part: float, whole: float) -> str | float | None:
-        if not whole:
+    def percent(self, part: Any, whole: Any) -> str | float | None:
+        """``part`` as a percentage of ``whole``; ``-`` when there is no whole, or when the share
+        of two dynamic counts depends on the sizes."""
+        share = _constant(part / whole) if whole != 0 else None
+        if share is None:
             return "-" if self.as_string else None
-        share = 100 * part / whole
-        return f"{share:.2f}%" if self.as_string else round(share, 2)
+        return f"{100 * share:.2f}%" if self.as_string else round(100 * share, 2)
 
     def table(self, rows: list[list], headers: Sequence[str], align: str) -> str:
         """One tabulate call; ``align`` is one letter per column, ``l`` or ``r``."""
@@ -101,9 +108,11 @@ def summary_view(report: Report, style: Style = Style()) -> str:
     rows = [
         ["inputs", ", ".join(f"{t.dtype}[{', '.join(map(str, t.shape))}]" for t in report.inputs),
          ""],
+        *_sizes_rows(report),
         ["params", s.count(report.params), _tied_note(report)],
         ["MACs", s.count(total.macs, "MACs"), "multiply-accumulates of matmul, conv, attention"],
-        ["FLOPs", s.count(total.flops), "all ops"],
+        ["FLOPs", s.count(total.flops),
+         "all ops, forward + backward" if report.mode == "train" else "all ops"],
         ["matmul FLOPs", s.count(total.matmul_flops), "2 per MAC: the matmul family alone"],
     ]
     if report.mode == "train":
@@ -139,10 +148,24 @@ def _train_rows(report: Report, style: Style) -> list[list]:
     ]
 
 
-def _ratio(part, whole, style: Style) -> str | float | None:
-    if not whole:
+def _ratio(part: Any, whole: Any, style: Style) -> str | float | None:
+    ratio = _constant(part / whole) if whole != 0 else None
+    if ratio is None:
         return "-" if style.as_string else None
-    return f"{part / whole:.3f}" if style.as_string else part / whole
+    return f"{ratio:.3f}" if style.as_string else ratio
+
+
+def _sizes_rows(report: Report) -> list[list]:
+    """The dynamic sizes the counts are expressions of, with the example the views rank by."""
+    rows = []
+    for size in report.symbols:
+        low = "?" if size.min is None else size.min
+        high = "?" if size.max is None else size.max
+        rows.append([f"size {size.name}",
+                     "data-dependent" if size.example is None else size.example,
+                     f"allowed {low}..{high}; counts below are expressions of it, rankings use "
+                     f"the example value"])
+    return rows
 
 
 def _tied_note(report: Report) -> str:
@@ -209,6 +232,8 @@ class _Tree:
     """path -> index of the first node run in the module or under it; absent: it did not run."""
     latency: dict[str, float]
     """path -> inclusive seconds, when measured."""
+    magnitude: Callable[[Any], float]
+    """A count's value for ranking (see `_magnitude`)."""
 
     @classmethod
     def of(cls, report: Report, ignore_types: Collection[str] = ()) -> _Tree:
@@ -232,7 +257,7 @@ class _Tree:
             paths.sort(key=lambda p: (first_run.get(p, never_ran), _natural(p)))
         latency = ({t.path: t.inclusive_s for t in report.runtime.modules}
                    if report.runtime is not None else {})
-        return cls(report, records, children, own_ops, first_run, latency)
+        return cls(report, records, children, own_ops, first_run, latency, _magnitude(report))
 
     def signature(self, path: str) -> tuple:
         """What must match for two sibling subtrees to be shown as one row: names below the
@@ -355,7 +380,7 @@ def _functionals(tree: _Tree, paths: Sequence[str], style: Style) -> str:
         for op, own in tree.own_ops.get(path, {}).items():
             merged[op].add(own.calls, own.cost, own.uncounted)
     shown = sorted(((op, own) for op, own in merged.items() if own.cost.flops or own.uncounted),
-                   key=lambda item: -item[1].cost.flops)
+                   key=lambda item: -tree.magnitude(item[1].cost.flops))
     if len(shown) == 1 and not tree.children.get(paths[0]) and not shown[0][1].uncounted:
         return ""
     parts = []
@@ -416,16 +441,16 @@ def top_view(report: Report, style: Style = Style(), *, top: int = 3, depth: int
         columns = []
         for _, value, fmt in metrics:
             ranked = sorted(((value(ms), key) for key, ms in groups.items()),
-                            key=lambda item: -item[0])
+                            key=lambda item: (-tree.magnitude(item[0]), _natural(item[1])))
             k = len(ranked) if top < 0 else min(top, len(ranked))
             columns.append([f"{key}: {fmt(v)}" for v, key in ranked[:k]])
         for rank in range(max(len(c) for c in columns)):
             rows.append([level if rank == 0 else "", rank + 1]
                         + [c[rank] if rank < len(c) else "" for c in columns])
     what = "module types" if group_by == "type" else "modules"
-    k = "all" if top < 0 else f"top {top}"
+    which = f"All {what}" if top < 0 else f"The top {top} {what}"
     return style.titled(
-        f"The {k} {what} at each depth by " + ", ".join(name for name, _, _ in metrics)
+        f"{which} at each depth by " + ", ".join(name for name, _, _ in metrics)
         + (" (a type's value sums its modules at that depth)" if group_by == "type" else ""),
         style.table(rows, ["depth", "rank"] + [name for name, _, _ in metrics],
                     "rr" + "l" * len(metrics)))
@@ -448,8 +473,7 @@ def operators_view(report: Report, style: Style = Style()) -> str:
     uncounted = {u.op: u.reason for u in report.uncounted}
     total = report.total
     rows = []
-    ranked = sorted(report.operators.items(),
-                    key=lambda item: (-item[1].cost.flops, -item[1].cost.bytes_read, item[0]))
+    ranked = sorted(report.operators.items(), key=_by_cost(report))
     for op, stats in ranked:
         rows.append(_cost_row(op, stats.calls, stats.cost, report, style)
                     + [f"uncounted: {uncounted[op]}" if op in uncounted else ""])
@@ -483,7 +507,7 @@ def module_operators_view(report: Report, style: Style = Style(), *, depth: int 
             return
         ops = [(op, s) for op, s in record.operators.items()
                if s.cost != Counts() or op in uncounted]
-        ops.sort(key=lambda item: (-item[1].cost.flops, -item[1].cost.bytes_read, item[0]))
+        ops.sort(key=_by_cost(report))
         for i, (op, stats) in enumerate(ops):
             row = _cost_row(op, stats.calls, stats.cost, report, style)
             rows.append([(path or _root_label(report, record)) if i == 0 else ""] + row
@@ -552,11 +576,12 @@ def flops_report(report: Report, *, view: str | Sequence[str] = DEFAULT_VIEWS, d
 
 
 def to_markdown(report: Report, *, view: str | Sequence[str] = DEFAULT_VIEWS, depth: int = -1,
-                top: int = 3, collapse: bool = True, ignore_modules: Collection[str] = (),
+                top: int = 3, group_by: Literal["type", "path"] = "type", collapse: bool = True,
+                ignore_modules: Collection[str] = (),
                 extra_reprs: Mapping[str, str] | None = None) -> str:
     """The same views as GitHub Markdown: a title, then a ``##`` section and table per view."""
-    body = render(report, MARKDOWN, view=view, depth=depth, top=top, collapse=collapse,
-                  ignore_modules=ignore_modules, extra_reprs=extra_reprs)
+    body = render(report, MARKDOWN, view=view, depth=depth, top=top, group_by=group_by,
+                  collapse=collapse, ignore_modules=ignore_modules, extra_reprs=extra_reprs)
     return f"# exportflops report: {report.model}\n\n{body}"
 
 
@@ -611,6 +636,35 @@ def comparison_table(comparison: Comparison, tablefmt: str = "simple",
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+def _constant(value: Any) -> float | None:
+    """A number as a float; None for an expression that still depends on a dynamic size."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    value = sympy.cancel(value)
+    return float(value) if value.is_number else None
+
+
+def _magnitude(report: Report) -> Callable[[Any], float]:
+    """A count's value for ranking rows: itself, or for a count of dynamic sizes its value at the
+    example sizes the graph was exported with. A count that still depends on a data-dependent
+    size (one with no example) ranks as 0, last, rather than breaking the sort."""
+    examples = {size_symbol(s.name): s.example for s in report.symbols if s.example is not None}
+
+    def magnitude(count: Any) -> float:
+        if isinstance(count, (int, float)):
+            return count
+        value = count.xreplace(examples)
+        return float(value) if value.is_number else 0.0
+    return magnitude
+
+
+def _by_cost(report: Report) -> Callable[[tuple[str, Any]], tuple]:
+    """Sort key of ``(op, OperatorStats)`` items: most FLOPs first, then most bytes, then name."""
+    magnitude = _magnitude(report)
+    return lambda item: (-magnitude(item[1].cost.flops), -magnitude(item[1].cost.bytes_read),
+                         item[0])
+
 
 def _views(view: str | Sequence[str]) -> list[str]:
     names = [view] if isinstance(view, str) else list(view)

@@ -45,3 +45,49 @@ class SmallConvNet(nn.Module):
         x = F.max_pool2d(self.depthwise(x), 2)
         x = self.pool(self.up(x)).flatten(1)
         return self.fc(x)
+
+
+class LeNet5(nn.Module):
+    """LeCun et al. 1998's LeNet-5 on 32x32 single-channel images, ReLU and max pooling."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 6, 5)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, 10)
+
+    def forward(self, x):  # (B, 1, 32, 32)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)  # (B, 6, 14, 14)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2).flatten(1)  # (B, 400)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))  # (B, 10)
+
+
+class Block(nn.Module):
+    """A residual Linear + ReLU block of width ``d``."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.act = nn.ReLU()
+
+    def forward(self, x):  # (B, d)
+        return x + self.act(self.fc(x))
+
+
+class BlockStack(nn.Module):
+    """Three identical blocks, then a wider one, then a head: the tree collapses the first three
+    into one row and keeps the fourth apart."""
+
+    def __init__(self, d=8):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(3)])
+        self.up = nn.Linear(d, 2 * d)
+        self.wide = Block(2 * d)
+        self.head = nn.Linear(2 * d, 1)
+
+    def forward(self, x):  # (B, d)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.wide(self.up(x)))  # (B, 1)
