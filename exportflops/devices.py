@@ -2,8 +2,10 @@
 
 Every figure is the *dense* tensor-core (or vector) peak of the datasheet. NVIDIA prints the
 Hopper, Ada and Ampere tensor-core figures with 2:4 structured sparsity (marked ``*``, "with
-sparsity"); the dense figure is half of it, and the row keeps the printed sparse number next to
-the halving so that the trap stays visible (shared/REFERENCES.md, "Peak FLOPS: a trap").
+sparsity"); where the datasheet prints only that figure, the dense one is half of it, and the
+row keeps the printed sparse number inside the halving so that the trap stays visible
+(shared/REFERENCES.md, "Peak FLOPS: a trap"). Where it prints both, the row takes the printed
+dense figure.
 
 A device is found by the exact name ``torch.cuda.get_device_name()`` reports, matched against a
 whole-name pattern, never a substring: an unknown name (another variant, a MIG slice, a new GPU)
@@ -66,9 +68,9 @@ DEVICES: tuple[Device, ...] = (
         dense_tflops={
             "float64": 19.5,  # FP64 Tensor Core
             "float32": 19.5,
-            "tf32": sparse_to_dense(312),  # printed "156 TF | 312 TF*"
-            "bfloat16": sparse_to_dense(624),  # printed "312 TF | 624 TF*"
-            "float16": sparse_to_dense(624),
+            "tf32": 156,  # printed "156 TF | 312 TF*"
+            "bfloat16": 312,  # printed "312 TF | 624 TF*"
+            "float16": 312,
         },
         source="NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4-web"
                ".pdf), https://www.nvidia.com/en-us/data-center/a100/",
@@ -91,12 +93,12 @@ DEVICES: tuple[Device, ...] = (
         key="h100-pcie",
         names=r"NVIDIA H100 PCIe",
         dense_tflops={
-            "float64": 51,
+            "float64": 51,  # FP64 Tensor Core
             "float32": 51,
-            "tf32": sparse_to_dense(756),
-            "bfloat16": sparse_to_dense(1513),
+            "tf32": sparse_to_dense(756),  # printed "756 teraFLOPS*"
+            "bfloat16": sparse_to_dense(1513),  # printed "1,513 teraFLOPS*"
             "float16": sparse_to_dense(1513),
-            "float8": sparse_to_dense(3026),
+            "float8": sparse_to_dense(3026),  # printed "3,026 teraFLOPS*"
         },
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/h100/",
@@ -107,12 +109,12 @@ DEVICES: tuple[Device, ...] = (
         # board with lower peaks and does not match.
         names=r"NVIDIA H200",
         dense_tflops={
-            "float64": 67,
+            "float64": 67,  # FP64 Tensor Core
             "float32": 67,
-            "tf32": sparse_to_dense(989),
-            "bfloat16": sparse_to_dense(1979),
+            "tf32": sparse_to_dense(989),  # printed "989 TFLOPS*"
+            "bfloat16": sparse_to_dense(1979),  # printed "1,979 TFLOPS*"
             "float16": sparse_to_dense(1979),
-            "float8": sparse_to_dense(3958),
+            "float8": sparse_to_dense(3958),  # printed "3,958 TFLOPS*"
         },
         source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/h200/",
@@ -122,10 +124,10 @@ DEVICES: tuple[Device, ...] = (
         names=r"NVIDIA L4",
         dense_tflops={
             "float32": 30.3,
-            "tf32": sparse_to_dense(120),
-            "bfloat16": sparse_to_dense(242),
+            "tf32": sparse_to_dense(120),  # printed "120 teraFLOPS*"
+            "bfloat16": sparse_to_dense(242),  # printed "242 teraFLOPS*"
             "float16": sparse_to_dense(242),
-            "float8": sparse_to_dense(485),
+            "float8": sparse_to_dense(485),  # printed "485 teraFLOPS*"
         },
         source="NVIDIA L4 Tensor Core GPU datasheet (* shown with sparsity), "
                "https://www.nvidia.com/en-us/data-center/l4/",
@@ -135,10 +137,12 @@ DEVICES: tuple[Device, ...] = (
         names=r"NVIDIA L40S",
         dense_tflops={
             "float32": 91.6,
-            "tf32": sparse_to_dense(366),  # printed "183 | 366*"
-            "bfloat16": sparse_to_dense(733),  # printed "362.05 | 733*"
-            "float16": sparse_to_dense(733),
-            "float8": sparse_to_dense(1466),  # printed "733 | 1,466*"
+            "tf32": 183,  # printed "183 | 366*"
+            # Printed "362.05 | 733*": the dense figure is printed, and it is not half of the
+            # sparse one (366.5); the printed dense figure is the peak.
+            "bfloat16": 362.05,
+            "float16": 362.05,
+            "float8": 733,  # printed "733 | 1,466*"
         },
         source="NVIDIA L40S GPU datasheet (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/l40s/",
@@ -148,9 +152,9 @@ DEVICES: tuple[Device, ...] = (
         names=r"NVIDIA A10",
         dense_tflops={
             "float32": 31.2,
-            "tf32": sparse_to_dense(125),  # printed "62.5 TF | 125 TF*"
-            "bfloat16": sparse_to_dense(250),  # printed "125 TF | 250 TF*"
-            "float16": sparse_to_dense(250),
+            "tf32": 62.5,  # printed "62.5 TF | 125 TF*"
+            "bfloat16": 125,  # printed "125 TF | 250 TF*"
+            "float16": 125,
         },
         source="NVIDIA A10 Tensor Core GPU datasheet (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/products/a10-gpu/",

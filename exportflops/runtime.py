@@ -2,22 +2,26 @@
 
 `profile` exports the model once, counts that graph with `analyze`, and replays the same graph
 (``program.module()``, the unlifted graph module whose node names are the report's) in an
-``fx.Interpreter`` that times every ``call_function`` node:
+``fx.Interpreter`` that times every node the report counts:
 
-- CPU: ``time.perf_counter_ns`` just around the op call (argument lookup is outside);
-- CUDA: a pair of CUDA events around each node, one ``torch.cuda.synchronize()`` per iteration.
+- CPU: ``time.perf_counter_ns`` (a monotonic clock) just around the op call; argument lookup
+  is outside;
+- CUDA: a pair of CUDA events around each node and one ``torch.cuda.synchronize()`` per
+  iteration, after which the events are read: the host never waits on the GPU between nodes.
 
-Each iteration runs the plain forward (``program.module()(*args)``: no hooks, no interpreter) and
-the timed replay, in alternating order so that a slow drift of the machine hits both alike. After
-``warmup`` iterations, ``repeat`` are measured; a node's latency is its median over them. The
-residual (plain end to end minus the sum of node medians) is what no node accounts for: Python
-between nodes, input flattening, guards; the overhead (timed replay minus plain) is what the
-instrumentation costs. Neither is clamped: noise can make a small one negative.
+Each iteration runs the plain forward end to end (the user's model itself when profile() was
+given one; ``program.module()`` for a program or a report: no timing hooks, no interpreter) and
+the timed replay, in alternating order so that a slow drift of the machine hits both alike.
+After ``warmup`` iterations, ``repeat`` are measured; a node's latency is its median over them
+(with min and max). The residual (plain end to end minus the sum of node medians) is what no
+node accounts for: Python between nodes, module calls, input flattening; the overhead (timed
+replay minus plain) is what the instrumentation costs. Neither is clamped: noise can make a
+small one negative.
 
-The replays run under the caller's grad mode (wrap the call in ``torch.no_grad()`` to time
-inference) and leave the model as they found it: buffers they update (batch-norm statistics) are
-restored, and the RNG is forked so that dropout in the replays draws nothing from the caller's
-stream.
+The runs happen under the caller's grad mode (wrap the call in ``torch.no_grad()`` to time
+inference) and leave the model as they found it: they write to copies of its buffers
+(batch-norm statistics), swapped in and back, and the RNG is forked so that dropout in the runs
+draws nothing from the caller's stream. Python attributes a forward changes are not covered.
 
 `FlopsProfiler` is the training-loop form (DeepSpeed's ``FlopsProfiler``): ``start()`` before a
 step's forward captures that call's real inputs, then counts and times it.
@@ -45,6 +49,7 @@ from .attribution import ancestors
 from .capture import capture, load
 from .errors import ExportFlopsError
 from .records import ModuleTiming, NodeTiming, Report, RuntimeProfile, Timing
+from .render import flops_report
 
 
 class ProfileError(ExportFlopsError):
@@ -61,7 +66,8 @@ def profile(target: Any, args: Any = None, kwargs: dict | None = None, *,
     ``target`` is an ``nn.Module`` (exported once, here), an ``ExportedProgram`` (or the path of
     a saved one), or a `Report`. A report is JSON data and carries no graph: pass the program it
     was analyzed from as ``program=`` (a report analyzed from a saved ``.pt2`` finds it by its
-    ``model`` path); its counts are reused and its node names must be the program's.
+    ``model`` path); its counts are reused, nothing is re-exported, and its node names must be
+    the program's.
 
     ``args``/``kwargs`` are the call's inputs; for a program or a report they default to the
     program's example inputs. ``device`` states where to run: the parameters and the inputs must
@@ -73,43 +79,71 @@ def profile(target: Any, args: Any = None, kwargs: dict | None = None, *,
         raise ValueError(f"profile() needs warmup >= 0 and repeat >= 1, got warmup={warmup}, "
                          f"repeat={repeat}")
     wanted = _wanted_device(device)
+    call = _resolve(target, args, kwargs, program, wanted)
+    _check_concrete(call.report)
+    graph_module = call.program.module()
+    run_on = _check_runnable(graph_module, call.report.model, call.args, call.kwargs, wanted)
+    peak = _peak(peak_flops, run_on, call.report)
+    _flat_inputs(call.program, call.args, call.kwargs)  # a clear error now for a wrong structure
+    plain = call.model if call.model is not None else graph_module
+    with _on_copies_of_state(graph_module, plain, run_on):
+        measured = _measure(graph_module, plain, call, run_on, warmup, repeat)
+    runtime = _runtime_profile(measured, call.report, peak, warmup, repeat)
+    return call.report.model_copy(update={"runtime": runtime})
+
+
+# --- what to run -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Call:
+    report: Report
+    """The counts of ``program``'s graph."""
+    program: torch.export.ExportedProgram
+    model: torch.nn.Module | None
+    """The user's model, whose own forward is the plain reference; None for a program or a
+    report (then the plain reference is ``program.module()``)."""
+    args: tuple
+    kwargs: dict
+
+
+def _resolve(target: Any, args: Any, kwargs: dict | None, program: Any,
+             wanted: torch.device | None) -> _Call:
+    """The report, its program and the inputs for each kind of ``target``."""
     if isinstance(target, torch.nn.Module):
+        name = type(target).__name__
         if args is None:
-            raise TypeError(f"profile({type(target).__name__}, args) needs the example inputs "
-                            f"of the call to time")
-        _check_runnable(target, type(target).__name__, args, kwargs, wanted)
+            raise TypeError(f"profile({name}, args) needs the example inputs of the call to time")
+        # Checked before exporting: a meta model or split devices fail here, not deep in export.
+        _check_runnable(target, name, args, kwargs, wanted)
         captured = capture(target, args, kwargs)
         # analyze() of the program counts the graph just exported (no second export); the
         # report is named after the model, as analyze(model) names it.
         report = analyze(captured.program).model_copy(update={"model": captured.name})
-        program, args, kwargs = captured.program, captured.args, captured.kwargs
-    elif isinstance(target, Report):
+        return _Call(report, captured.program, target, captured.args, captured.kwargs)
+    if isinstance(target, Report):
         report, program = target, _program_of(target, program)
         _check_same_graph(report, program)
-    elif isinstance(target, (torch.export.ExportedProgram, str, os.PathLike)):
-        program = target if isinstance(target, torch.export.ExportedProgram) else load(target)
-        report = analyze(program)
+    elif isinstance(target, torch.export.ExportedProgram):
+        program, report = target, analyze(target)
+    elif isinstance(target, (str, os.PathLike)):
+        # Loaded once; the report is named by the path, as analyze(path) names it.
+        program = load(target)
+        report = analyze(program).model_copy(update={"model": os.fspath(target)})
     else:
         raise TypeError(f"profile() takes an nn.Module, a torch.export.ExportedProgram (or the "
                         f"path of a saved one) or a Report; got {type(target).__name__}")
     if args is None:
-        example = capture(program)
-        args, kwargs = example.args, example.kwargs
+        args, kwargs = _example_inputs(program, report.model)
     args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
-    kwargs = dict(kwargs or {})
-    _check_concrete(report)
-
-    module = program.module()
-    run_on = _check_runnable(module, report.model, args, kwargs, wanted)
-    peak = _peak(peak_flops, run_on, report)
-    _flat_inputs(program, args, kwargs)  # a clear error now for inputs of the wrong structure
-    with _preserved(module, run_on):
-        measured = _measure(module, program, args, kwargs, report, run_on, warmup, repeat)
-    return report.model_copy(update={"runtime": _runtime_profile(measured, report, run_on, peak,
-                                                                 warmup, repeat)})
+    return _Call(report, program, None, args, dict(kwargs or {}))
 
 
-# --- what to run -------------------------------------------------------------------------------
+def _example_inputs(program: torch.export.ExportedProgram, name: str) -> tuple[tuple, dict]:
+    if program.example_inputs is None:
+        raise ProfileError(f"The program of {name} carries no example inputs: pass the inputs "
+                           f"to time, profile(target, args, kwargs).")
+    return program.example_inputs
+
 
 def _wanted_device(device: str | torch.device | None) -> torch.device | None:
     if device is None:
@@ -131,48 +165,53 @@ def _wanted_device(device: str | torch.device | None) -> torch.device | None:
 def _check_runnable(module: torch.nn.Module, name: str, args: Any, kwargs: dict | None,
                     wanted: torch.device | None) -> torch.device:
     """The one device the call runs on; a clear error for meta tensors or devices that differ."""
-    state = {name: t.device for name, t in (*module.named_parameters(), *module.named_buffers())}
-    if any(d.type == "meta" for d in state.values()):
-        raise ProfileError(
-            f"{name}'s parameters are on the meta device: they have no data to "
-            f"run. analyze() counts a meta model; to time it, build it on a real device (or "
-            f"model.to_empty(device=...) and initialize it)."
-        )
-    if len(set(state.values())) > 1:
-        by_device = defaultdict(list)
-        for name, d in state.items():
-            by_device[str(d)].append(name)
-        listed = "; ".join(f"{d}: {names[0]}{' ...' if len(names) > 1 else ''}"
-                           for d, names in by_device.items())
-        raise ProfileError(f"{name}'s parameters and buffers are on several "
-                           f"devices ({listed}); profile() times one device: move the model "
-                           f"with model.to(device)")
-    leaves = pytree.tree_leaves_with_path((args, kwargs or {}))
-    inputs = [(pytree.keystr(path), leaf) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
-    home = next(iter(state.values()), None)
+    home = _state_device(module, name)
+    inputs = [(_input_name(pytree.keystr(path)), leaf)
+              for path, leaf in pytree.tree_leaves_with_path((args, kwargs or {}))
+              if isinstance(leaf, torch.Tensor)]
     if home is None:
         home = inputs[0][1].device if inputs else torch.device("cpu")
     for where, tensor in inputs:
         if tensor.device.type == "meta":
-            raise ProfileError(f"input {_input_name(where)} is on the meta device: profile() "
-                               f"needs real inputs (analyze() counts meta ones)")
+            raise ProfileError(f"input {where} of {name} is on the meta device: profile() needs "
+                               f"real inputs (analyze() counts meta ones)")
         if tensor.device != home:
             raise ProfileError(
-                f"input {_input_name(where)} is on {tensor.device} but "
-                f"{name}'s parameters are on {home}: move the inputs with "
-                f".to({str(home)!r}) (or the model with model.to({str(tensor.device)!r}))"
+                f"input {where} is on {tensor.device} but {name}'s parameters are on {home}: "
+                f"move the inputs with .to({str(home)!r}) (or the model with "
+                f"model.to({str(tensor.device)!r}))"
             )
     if wanted is not None and wanted != home:
         raise ProfileError(
-            f"device={str(wanted)!r} was asked, but {name} and its inputs are "
-            f"on {home}. profile() moves nothing (the exported graph can hold device constants): "
-            f"move the model and inputs with .to({str(wanted)!r}) before profiling."
+            f"device={str(wanted)!r} was asked, but {name} and its inputs are on {home}. "
+            f"profile() moves nothing (the exported graph can hold device constants): move the "
+            f"model and inputs with .to({str(wanted)!r}) before profiling."
         )
-    if home.type == "cuda" and not torch.cuda.is_available():
-        raise ProfileError(f"the model is on {home} but torch.cuda.is_available() is False")
     if home.type not in ("cpu", "cuda"):
-        raise ProfileError(f"profile() times on 'cpu' or 'cuda'; the model is on {home}")
+        raise ProfileError(f"profile() times on 'cpu' or 'cuda'; {name} is on {home}")
     return home
+
+
+def _state_device(module: torch.nn.Module, name: str) -> torch.device | None:
+    """The device of every parameter and buffer (None without any); meta or several devices
+    are errors."""
+    state = dict((*module.named_parameters(), *module.named_buffers()))
+    on_meta = [key for key, tensor in state.items() if tensor.device.type == "meta"]
+    if on_meta:
+        raise ProfileError(
+            f"{name}'s parameters are on the meta device ({on_meta[0]} ...): they have no data "
+            f"to run. analyze() counts a meta model; to time it, build it on a real device (or "
+            f"model.to_empty(device=...) and initialize it)."
+        )
+    by_device: dict[str, list[str]] = defaultdict(list)
+    for key, tensor in state.items():
+        by_device[str(tensor.device)].append(key)
+    if len(by_device) > 1:
+        listed = "; ".join(f"{d}: {keys[0]}{' ...' if len(keys) > 1 else ''}"
+                           for d, keys in by_device.items())
+        raise ProfileError(f"{name}'s parameters and buffers are on several devices ({listed}); "
+                           f"profile() times one device: move the model with model.to(device)")
+    return torch.device(next(iter(by_device))) if by_device else None
 
 
 def _input_name(keystr: str) -> str:
@@ -202,16 +241,20 @@ def _check_same_graph(report: Report, program: torch.export.ExportedProgram) -> 
     missing = [n.name for n in report.nodes if n.name not in in_program]
     differ = [n.name for n in report.nodes
               if n.name in in_program and in_program[n.name] != n.op]
-    if missing or differ:
-        mode = getattr(report, "mode", "forward")
-        raise ProfileError(
-            f"The report was not analyzed from this program: {len(missing)} of its nodes are "
-            f"not in the program's graph ({', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''})"
-            f" and {len(differ)} run another op ({', '.join(differ[:3])}). "
-            + ("It counts the backward too (mode='train'); profile() times the forward graph. "
-               if mode != "forward" else "")
-            + "Pass the program the report was made from, or profile the model itself."
-        )
+    if not missing and not differ:
+        return
+    train = ("It counts the backward too (mode='train'); profile() times the forward graph. "
+             if report.mode != "forward" else "")
+    raise ProfileError(
+        f"The report of {report.model} was not analyzed from this program: {len(missing)} of "
+        f"its nodes are not in the program's graph ({_first_names(missing)}) and {len(differ)} "
+        f"run another op ({_first_names(differ)}). {train}Pass the program the report was made "
+        f"from, or profile the model itself."
+    )
+
+
+def _first_names(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (" ..." if len(names) > 3 else "")
 
 
 def _op_name(target: Any) -> str:
@@ -323,8 +366,9 @@ class _Clock:
         info = time.get_clock_info("perf_counter")
         empty = statistics.median(-time.perf_counter_ns() + time.perf_counter_ns()
                                   for _ in range(1001))
-        return (f"time.perf_counter_ns around each node ({info.implementation}, resolution "
-                f"{info.resolution:.0e} s, an empty timed region reads {empty:.0f} ns)")
+        kind = "monotonic" if info.monotonic else "NOT monotonic"
+        return (f"time.perf_counter_ns around each node ({kind}, {info.implementation}, "
+                f"resolution {info.resolution:.0e} s, an empty timed region reads {empty:.0f} ns)")
 
 
 class _CudaClock(_Clock):
@@ -356,15 +400,15 @@ class _CudaClock(_Clock):
 
     @staticmethod
     def describe() -> str:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        empty = []
-        for _ in range(101):
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(101)]
+        for start, end in pairs:
             start.record()
             end.record()
-            torch.cuda.synchronize()
-            empty.append(start.elapsed_time(end) * 1e3)
+        torch.cuda.synchronize()
+        empty = statistics.median(start.elapsed_time(end) * 1e3 for start, end in pairs)
         return (f"a pair of torch.cuda.Event per node, one synchronize per iteration (an empty "
-                f"event pair reads {statistics.median(empty):.1f} us)")
+                f"event pair reads {empty:.1f} us)")
 
 
 class _TimedReplay(torch.fx.Interpreter):
@@ -386,30 +430,20 @@ class _TimedReplay(torch.fx.Interpreter):
         return out
 
 
-def _measure(module: torch.fx.GraphModule, program: torch.export.ExportedProgram,
-             args: tuple, kwargs: dict, report: Report, run_on: torch.device, warmup: int, repeat: int) -> _Measured:
-    in_report = {n.name for n in report.nodes}
-    # Every node the report counts is timed. Nodes that unlifting adds (write-backs of mutated
-    # buffers, copy_) are not in the report: they run untimed and land in the residual.
-    timed = [n for n in module.graph.nodes if n.op == "call_function" and n.name in in_report]
-    missing = in_report - {n.name for n in timed}
-    if missing:
-        raise ProfileError(
-            f"{len(missing)} nodes of the report are not in program.module()'s graph "
-            f"({', '.join(sorted(missing)[:3])} ...): this torch ({torch.__version__}) renames "
-            f"nodes when unlifting, so their timings cannot be matched to the counts."
-        )
+def _measure(graph_module: torch.fx.GraphModule, plain_module: torch.nn.Module, call: _Call,
+             run_on: torch.device, warmup: int, repeat: int) -> _Measured:
+    timed = _timed_nodes(graph_module, call.report)
     clock = (_CudaClock if run_on.type == "cuda" else _Clock)(len(timed))
-    replay = _TimedReplay(module, {n: i for i, n in enumerate(timed)}, clock)
-    fresh = _fresh_inputs(module, program, args, kwargs)
+    replay = _TimedReplay(graph_module, {n: i for i, n in enumerate(timed)}, clock)
+    fresh = _fresh_inputs(graph_module, call.program, call.args, call.kwargs)
 
-    def plain() -> Any:
+    def plain() -> Callable[[], float]:
         a, k, _ = fresh()
-        return clock.whole(lambda: module(*a, **k))
+        return clock.whole(lambda: plain_module(*a, **k))
 
-    def hooked() -> Any:
-        _, _, f = fresh()
-        return clock.whole(lambda: replay.run(*f, enable_io_processing=False))
+    def hooked() -> Callable[[], float]:
+        _, _, flat = fresh()
+        return clock.whole(lambda: replay.run(*flat, enable_io_processing=False))
 
     node_samples: list[list[float]] = [[] for _ in timed]
     hooked_s, plain_s = [], []
@@ -418,16 +452,36 @@ def _measure(module: torch.fx.GraphModule, program: torch.export.ExportedProgram
             plain_time, hooked_time = plain(), hooked()
         else:
             hooked_time, plain_time = hooked(), plain()
-        clock.synchronize()
+        clock.synchronize()  # the iteration's one synchronize; every clock reading is final
         if i < warmup:
             continue
         plain_s.append(plain_time())
         hooked_s.append(hooked_time())
         for samples, seconds in zip(node_samples, clock.node_seconds()):
             samples.append(seconds)
-    return _Measured(_device_label(run_on), f"{clock.describe()}; autograd "
-                     f"{'on' if torch.is_grad_enabled() else 'off'}",
-                     [n.name for n in timed], node_samples, hooked_s, plain_s)
+    reference = ("the model's own forward" if call.model is plain_module
+                 else "program.module(), no eager model given")
+    timer = (f"{clock.describe()}; plain forward: {reference}; autograd "
+             f"{'on' if torch.is_grad_enabled() else 'off'}")
+    return _Measured(_device_label(run_on), timer, [n.name for n in timed], node_samples,
+                     hooked_s, plain_s)
+
+
+def _timed_nodes(graph_module: torch.fx.GraphModule, report: Report) -> list[torch.fx.Node]:
+    """The graph module's nodes that the report counts, in graph order."""
+    in_report = {n.name for n in report.nodes}
+    # Nodes that unlifting adds (write-backs of mutated buffers, copy_) are not in the report:
+    # they run untimed and land in the residual.
+    timed = [n for n in graph_module.graph.nodes if n.op == "call_function" and n.name in in_report]
+    missing = in_report - {n.name for n in timed}
+    if missing:
+        raise ProfileError(
+            f"{len(missing)} nodes of the report of {report.model} are not in program.module()'s "
+            f"graph ({_first_names(sorted(missing))}): this torch ({torch.__version__}) "
+            f"renames nodes when unlifting, so their timings cannot be matched to the counts. "
+            f"Please report it with the torch version."
+        )
+    return timed
 
 
 def _fresh_inputs(module: torch.fx.GraphModule, program: torch.export.ExportedProgram,
@@ -465,23 +519,50 @@ def _writes_to(graph: torch.fx.Graph, targets: set[torch.fx.Node]) -> set[torch.
 
 
 @contextmanager
-def _preserved(module: torch.fx.GraphModule, run_on: torch.device) -> Iterator[None]:
-    """Restore on exit what the replays change: every buffer (batch-norm statistics update in
-    place, and aten.batch_norm's schema does not say so), the parameters an op writes, and the
-    RNG state of the device."""
-    get_attrs = {n for n in module.graph.nodes if n.op == "get_attr"}
-    written = {n.target for n in _writes_to(module.graph, get_attrs)}
-    state = dict(module.named_buffers())
-    state.update({name: p for name, p in module.named_parameters() if name in written})
-    saved = {name: t.detach().clone() for name, t in state.items()}
+def _on_copies_of_state(graph_module: torch.fx.GraphModule, plain_module: torch.nn.Module,
+                        run_on: torch.device) -> Iterator[None]:
+    """Run on copies of the state the runs write, swapped into the modules and back on exit:
+    every buffer (batch-norm statistics update in place, and aten.batch_norm's schema does not
+    say so) and the parameters an op writes; and fork the device's RNG. The originals are not
+    written at all, so neither their values nor their autograd version counters change: a
+    training step's pending backward may have saved them (batch norm saves its running
+    statistics), and restoring them by copy would break it."""
+    get_attrs = {n for n in graph_module.graph.nodes if n.op == "get_attr"}
+    written = {n.target for n in _writes_to(graph_module.graph, get_attrs)}
+    # The graph module holds the model's own tensors: both are swapped, and each tensor is
+    # copied once (keyed by the original), so that a tensor the two share stays shared.
+    copies: dict[int, torch.Tensor] = {}
+    swapped = []
+    for root in {id(m): m for m in (graph_module, plain_module)}.values():
+        for slots, key in list(_state_slots(root, written)):
+            original = slots[key]
+            swapped.append((slots, key, original))
+            slots[key] = copies.setdefault(id(original), _copy(original))
     cuda = [run_on.index] if run_on.type == "cuda" else []
     try:
         with torch.random.fork_rng(devices=cuda):
             yield
     finally:
-        with torch.no_grad():
-            for name, tensor in state.items():
-                tensor.copy_(saved[name])
+        for slots, key, original in swapped:
+            slots[key] = original
+
+
+def _state_slots(root: torch.nn.Module, written: set[str]) -> Iterator[tuple[dict, str]]:
+    """(dict, key) of every buffer under ``root``, and of the parameters named in ``written``."""
+    for path, module in root.named_modules():
+        for key, tensor in module._buffers.items():
+            if tensor is not None:
+                yield module._buffers, key
+        for key, parameter in module._parameters.items():
+            if parameter is not None and f"{path}.{key}".lstrip(".") in written:
+                yield module._parameters, key
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    copy = tensor.detach().clone()
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    return copy
 
 
 def _device_label(device: torch.device) -> str:
@@ -496,8 +577,8 @@ def _timing(samples: list[float]) -> Timing:
     return Timing(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples))
 
 
-def _runtime_profile(measured: _Measured, report: Report, run_on: torch.device,
-                     peak: devices.Peak | None, warmup: int, repeat: int) -> RuntimeProfile:
+def _runtime_profile(measured: _Measured, report: Report, peak: devices.Peak | None,
+                     warmup: int, repeat: int) -> RuntimeProfile:
     module_of = {n.name: n.module for n in report.nodes}
     nodes = [NodeTiming(name=name, module=module_of[name], latency=_timing(samples))
              for name, samples in zip(measured.names, measured.node_samples)]
@@ -550,7 +631,8 @@ class FlopsProfiler:
     ``start()`` installs a forward pre-hook and a forward hook on ``model``. The pre-hook keeps a
     copy of the next forward's real inputs; when that forward returns, both hooks are removed
     and `profile` exports the model on those inputs, counts the graph and times it (under the
-    forward's grad mode; the replays restore buffers and the RNG). If the forward raises, the
+    forward's grad mode, on copies of the buffers and with the RNG forked, so that the step's
+    backward and the rest of training are as without the profiler). If the forward raises, the
     hooks are removed and nothing is analyzed. The profiler stores nothing on the model:
     after ``end()`` (or leaving ``with FlopsProfiler(model) as prof:``) its hooks, attributes
     and state are as before ``start()``.
@@ -621,10 +703,11 @@ class FlopsProfiler:
 
     def print_model_profile(self, *, depth: int = -1, top: int = 3,
                             output_file: str | os.PathLike | None = None, **options: Any) -> str:
-        """Print (or write to ``output_file``) `exportflops.render.flops_report` of the capture;
-        ``options`` go to it (``view=``, ``tablefmt=``, ...). Returns the text."""
-        from .render import flops_report
-
+        """Print (or write to ``output_file``) `exportflops.render.flops_report` of the capture,
+        with each module's ``extra_repr()`` in the tree as DeepSpeed shows it; ``options`` go to
+        it (``view=``, ``tablefmt=``, ...). Returns the text."""
+        options.setdefault("extra_reprs", {path: m.extra_repr()
+                                           for path, m in self.model.named_modules()})
         return flops_report(self.report, depth=depth, top=top, output_file=output_file,
                             print_output=output_file is None, **options)
 

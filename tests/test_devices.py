@@ -1,0 +1,178 @@
+"""The peak table against its datasheets, the sparse -> dense halving, refused names and dtypes,
+and the CPU estimate's arithmetic.
+
+The trap (shared/REFERENCES.md, "Peak FLOPS: a trap"): NVIDIA prints Hopper, Ada and Ampere
+tensor-core figures with 2:4 sparsity (H100 SXM bf16 "1,979 teraFLOPS*"); the dense peak is
+half (989.5). Where a datasheet prints both, the dense one is read directly."""
+
+from __future__ import annotations
+
+import pytest
+
+from exportflops.devices import (DEVICES, UnknownDeviceError, cpu_clock_ghz, cpu_peak, gpu_peak,
+                                 lookup, matmul_dtype, sparse_to_dense)
+
+TERA = 1e12
+
+# Transcribed from the datasheet each row cites (its `source`): the figure as printed ("*": with
+# sparsity) and the dense peak in TFLOP/s that follows from it.
+PRINTED = [
+    # NVIDIA A100 datasheet (SXM4 and PCIe columns agree on these)
+    ("a100", "float64", "FP64 Tensor Core 19.5 TF", 19.5),
+    ("a100", "float32", "FP32 19.5 TF", 19.5),
+    ("a100", "tf32", "156 TF | 312 TF*", 156),
+    ("a100", "bfloat16", "312 TF | 624 TF*", 312),
+    ("a100", "float16", "312 TF | 624 TF*", 312),
+    # NVIDIA H100 datasheet, H100 SXM column
+    ("h100-sxm", "float64", "FP64 Tensor Core 67", 67),
+    ("h100-sxm", "float32", "FP32 67", 67),
+    ("h100-sxm", "tf32", "989*", 989 / 2),
+    ("h100-sxm", "bfloat16", "1,979*", 1979 / 2),
+    ("h100-sxm", "float16", "1,979*", 1979 / 2),
+    ("h100-sxm", "float8", "3,958*", 3958 / 2),
+    # NVIDIA H100 datasheet, H100 PCIe column
+    ("h100-pcie", "float64", "FP64 Tensor Core 51", 51),
+    ("h100-pcie", "float32", "FP32 51", 51),
+    ("h100-pcie", "tf32", "756*", 756 / 2),
+    ("h100-pcie", "bfloat16", "1,513*", 1513 / 2),
+    ("h100-pcie", "float16", "1,513*", 1513 / 2),
+    ("h100-pcie", "float8", "3,026*", 3026 / 2),
+    # NVIDIA H200 datasheet, H200 SXM column
+    ("h200-sxm", "float64", "FP64 Tensor Core 67", 67),
+    ("h200-sxm", "float32", "FP32 67", 67),
+    ("h200-sxm", "tf32", "989*", 989 / 2),
+    ("h200-sxm", "bfloat16", "1,979*", 1979 / 2),
+    ("h200-sxm", "float16", "1,979*", 1979 / 2),
+    ("h200-sxm", "float8", "3,958*", 3958 / 2),
+    # NVIDIA L4 datasheet (tensor figures printed with sparsity only)
+    ("l4", "float32", "FP32 30.3", 30.3),
+    ("l4", "tf32", "120*", 120 / 2),
+    ("l4", "bfloat16", "242*", 242 / 2),
+    ("l4", "float16", "242*", 242 / 2),
+    ("l4", "float8", "485*", 485 / 2),
+    # NVIDIA L40S datasheet: the printed dense bf16 is 362.05, not half of 733 (366.5)
+    ("l40s", "float32", "FP32 91.6", 91.6),
+    ("l40s", "tf32", "183 | 366*", 183),
+    ("l40s", "bfloat16", "362.05 | 733*", 362.05),
+    ("l40s", "float16", "362.05 | 733*", 362.05),
+    ("l40s", "float8", "733 | 1,466*", 733),
+    # NVIDIA A10 datasheet
+    ("a10", "float32", "FP32 31.2 TF", 31.2),
+    ("a10", "tf32", "62.5 TF | 125 TF*", 62.5),
+    ("a10", "bfloat16", "125 TF | 250 TF*", 125),
+    ("a10", "float16", "125 TF | 250 TF*", 125),
+    # NVIDIA V100 datasheet, SXM2 column (Volta: no bf16 or TF32 tensor cores)
+    ("v100-sxm2", "float64", "Double-Precision 7.8", 7.8),
+    ("v100-sxm2", "float32", "Single-Precision 15.7", 15.7),
+    ("v100-sxm2", "float16", "Tensor Performance 125", 125),
+    # NVIDIA T4 datasheet
+    ("t4", "float32", "Single-Precision 8.1", 8.1),
+    ("t4", "float16", "Mixed-Precision (FP16/FP32) 65", 65),
+]
+ROWS = {device.key: device for device in DEVICES}
+
+
+@pytest.mark.parametrize(("key", "dtype", "printed", "dense_tflops"), PRINTED,
+                         ids=[f"{key}-{dtype}" for key, dtype, _, _ in PRINTED])
+def test_each_dense_peak_matches_its_datasheet(key, dtype, printed, dense_tflops):
+    assert ROWS[key].dense_tflops[dtype] == pytest.approx(dense_tflops, rel=1e-12), printed
+
+
+def test_every_figure_of_the_table_is_transcribed_here():
+    """A row or dtype added to the table without its datasheet figure above fails here."""
+    in_table = {(d.key, dtype) for d in DEVICES for dtype in d.dense_tflops}
+    assert in_table == {(key, dtype) for key, dtype, _, _ in PRINTED}
+
+
+def test_every_row_cites_an_nvidia_datasheet():
+    for device in DEVICES:
+        assert "datasheet" in device.source and "https://www.nvidia.com/" in device.source, \
+            device.key
+
+
+def test_a_sparse_figure_is_halved():
+    """REFERENCES.md: H100 SXM bf16 printed 1,979 TFLOPS with sparsity, dense 989.5."""
+    assert sparse_to_dense(1979) == 989.5
+
+
+def test_the_peak_names_its_row_and_says_dense():
+    peak = gpu_peak("NVIDIA H100 80GB HBM3", "bfloat16")
+    assert peak.flop_per_s == 989.5 * TERA
+    assert peak.source.startswith("h100-sxm bfloat16 dense 989.5 TFLOP/s")
+    assert "https://www.nvidia.com/en-us/data-center/h100/" in peak.source
+
+
+@pytest.mark.parametrize(("name", "key"), [
+    ("NVIDIA A100-SXM4-40GB", "a100"),
+    ("NVIDIA A100-SXM4-80GB", "a100"),
+    ("NVIDIA A100-PCIE-40GB", "a100"),
+    ("NVIDIA A100 80GB PCIe", "a100"),
+    ("NVIDIA H100 80GB HBM3", "h100-sxm"),
+    ("NVIDIA H100 PCIe", "h100-pcie"),
+    ("NVIDIA H200", "h200-sxm"),
+    ("NVIDIA L4", "l4"),
+    ("NVIDIA L40S", "l40s"),
+    ("NVIDIA A10", "a10"),
+    ("Tesla V100-SXM2-32GB", "v100-sxm2"),
+    ("Tesla T4", "t4"),
+])
+def test_a_device_is_found_by_the_name_torch_reports(name, key):
+    assert lookup(name).key == key
+
+
+@pytest.mark.parametrize("name", [
+    "NVIDIA H100 80GB HBM3 MIG 1g.10gb",  # a MIG slice has a fraction of the peak
+    "NVIDIA H200 NVL",  # another board, lower peaks
+    "NVIDIA H100 NVL",
+    "NVIDIA A10G",  # AWS's A10G is not the A10
+    "NVIDIA L40",  # not the L40S
+    "NVIDIA GeForce RTX 4090",
+])
+def test_a_name_not_in_the_table_is_refused_not_guessed(name):
+    with pytest.raises(UnknownDeviceError, match=rf"No dense peak FLOP/s is known for "
+                                                 rf"'{name}'. Pass peak_flops="):
+        lookup(name)
+
+
+def test_a_dtype_without_a_peak_is_refused():
+    with pytest.raises(UnknownDeviceError, match=r"no dense bfloat16 peak for "
+                                                 r"'Tesla V100-SXM2-32GB'.*peak_flops="):
+        gpu_peak("Tesla V100-SXM2-32GB", "bfloat16")
+
+
+@pytest.mark.parametrize(("dtype", "tf32", "key"), [
+    ("float32", True, "tf32"),
+    ("float32", False, "float32"),
+    ("bfloat16", True, "bfloat16"),
+    ("float8_e4m3fn", False, "float8"),
+    ("float8_e5m2", False, "float8"),
+])
+def test_the_table_key_of_a_contraction_dtype(dtype, tf32, key):
+    assert matmul_dtype(dtype, tf32=tf32) == key
+
+
+# --- the CPU estimate --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("capability", "dtype", "flop_per_s"), [
+    # threads x GHz x lanes x 2 FMA units x 2 FLOPs per FMA
+    ("AVX512", "float32", 8 * 3e9 * 16 * 2 * 2),  # 1,536 GFLOP/s
+    ("AVX512", "float64", 8 * 3e9 * 8 * 2 * 2),  # half the lanes
+    ("AVX2", "float32", 8 * 3e9 * 8 * 2 * 2),
+    ("AVX512", "bfloat16", 8 * 3e9 * 16 * 2 * 2),  # at the float32 rate: AMX not modelled
+])
+def test_cpu_estimate_is_threads_times_clock_times_vector_flops(capability, dtype, flop_per_s):
+    peak = cpu_peak(dtype, threads=8, capability=capability, ghz=3.0, ghz_source="test")
+    assert peak.flop_per_s == flop_per_s
+    assert peak.source.startswith("estimate, not a datasheet figure: 8 threads x 3 GHz (test)")
+
+
+@pytest.mark.parametrize(("capability", "ghz"), [("DEFAULT", 3.0), ("AVX2", None)],
+                         ids=["unknown-vector-unit", "unknown-clock"])
+def test_a_cpu_that_cannot_be_estimated_is_refused(capability, ghz):
+    with pytest.raises(UnknownDeviceError, match="Cannot estimate this CPU's peak.*peak_flops="):
+        cpu_peak("float32", threads=8, capability=capability, ghz=ghz)
+
+
+def test_the_cpu_clock_comes_with_where_it_was_read():
+    ghz, source = cpu_clock_ghz()
+    assert (ghz is None and source == "") or (ghz > 0 and source)
