@@ -19,6 +19,7 @@ from .formulas import (  # noqa: E402
     TensorMeta,
     register_formula,
 )
+from .devices import UnknownDeviceError  # noqa: E402
 from .render import flops_report, to_csv, to_markdown  # noqa: E402
 from .runtime import FlopsProfiler, ProfileError, profile  # noqa: E402
 from .records import (  # noqa: E402
@@ -36,6 +37,6 @@ __all__ = [
     "FLOPS_PER_MAC", "FORMULAS", "Cost", "Counts", "DuplicateFormulaError", "ExportError",
     "ExportFlopsError", "FlopsProfiler", "FormulaError", "FormulaTable", "ModuleRecord",
     "NodeRecord", "OpCall", "OperatorStats", "ProfileError", "Report", "TensorMeta", "TensorSpec",
-    "TiedParameter", "UncountedOp", "UncountedOpError", "analyze", "flops_report", "profile",
-    "register_formula", "to_csv", "to_markdown",
+    "TiedParameter", "UncountedOp", "UncountedOpError", "UnknownDeviceError", "analyze",
+    "flops_report", "profile", "register_formula", "to_csv", "to_markdown",
 ]

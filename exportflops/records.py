@@ -208,6 +208,10 @@ class NodeTiming(Record):
     """Path of the innermost module the node ran in."""
     latency: Timing
     """The node's latency."""
+    achieved_flop_per_s: float | None = None
+    """The node's FLOPs / its median latency (None for a latency of 0)."""
+    mfu: float | None = None
+    """``achieved_flop_per_s`` over the peak; None without a peak."""
 
 
 class ModuleTiming(Record):
@@ -219,6 +223,10 @@ class ModuleTiming(Record):
     """Sum over the nodes of the module and its children."""
     exclusive_s: float
     """Sum over the nodes that ran in the module itself."""
+    achieved_flop_per_s: float | None = None
+    """The module's inclusive FLOPs / ``inclusive_s`` (None for a latency of 0)."""
+    mfu: float | None = None
+    """``achieved_flop_per_s`` over the peak; None without a peak."""
 
 
 class RuntimeProfile(Record):
@@ -227,7 +235,7 @@ class RuntimeProfile(Record):
     device: str
     """Where it ran, e.g. ``cpu`` or ``cuda:0 (NVIDIA H100 80GB HBM3)``."""
     timer: str
-    """How nodes were timed, e.g. ``time.perf_counter_ns`` or ``cuda events``."""
+    """How nodes were timed and what the plain forward ran."""
     warmup: int
     """Iterations run before measuring."""
     repeat: int

@@ -577,11 +577,23 @@ def _timing(samples: list[float]) -> Timing:
     return Timing(median_s=statistics.median(samples), min_s=min(samples), max_s=max(samples))
 
 
+def _rate(flops: int, seconds: float, peak: devices.Peak | None) -> dict[str, float | None]:
+    """Achieved FLOP/s and MFU of ``flops`` done in ``seconds``."""
+    if seconds <= 0:
+        return {"achieved_flop_per_s": None, "mfu": None}
+    achieved = flops / seconds
+    return {"achieved_flop_per_s": achieved,
+            "mfu": None if peak is None else achieved / peak.flop_per_s}
+
+
 def _runtime_profile(measured: _Measured, report: Report, peak: devices.Peak | None,
                      warmup: int, repeat: int) -> RuntimeProfile:
-    module_of = {n.name: n.module for n in report.nodes}
-    nodes = [NodeTiming(name=name, module=module_of[name], latency=_timing(samples))
-             for name, samples in zip(measured.names, measured.node_samples)]
+    records = {n.name: n for n in report.nodes}
+    nodes = []
+    for name, samples in zip(measured.names, measured.node_samples):
+        latency = _timing(samples)
+        rate = _rate(records[name].cost.flops, latency.median_s, peak)
+        nodes.append(NodeTiming(name=name, module=records[name].module, latency=latency, **rate))
     inclusive: dict[str, float] = defaultdict(float)
     exclusive: dict[str, float] = defaultdict(float)
     for node in nodes:
@@ -589,7 +601,8 @@ def _runtime_profile(measured: _Measured, report: Report, peak: devices.Peak | N
         for path in ancestors(node.module):
             inclusive[path] += node.latency.median_s
     modules = [ModuleTiming(path=m.path, inclusive_s=inclusive[m.path],
-                            exclusive_s=exclusive.get(m.path, 0.0))
+                            exclusive_s=exclusive.get(m.path, 0.0),
+                            **_rate(m.inclusive.flops, inclusive[m.path], peak))
                for m in report.modules if m.path in inclusive]
     hooked, plain = _timing(measured.hooked), _timing(measured.plain)
     achieved = report.total.flops / plain.median_s

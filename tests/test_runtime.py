@@ -545,3 +545,17 @@ def test_print_model_profile_writes_what_it_returns(tmp_path):
     text = profiler.print_model_profile(output_file=out)
     profiler.end()
     assert out.read_text() == text and "fc1" in text
+
+
+def test_achieved_flops_and_mfu_per_node_and_module():
+    """Each node's and module's rate is its FLOPs over its own median latency, its MFU that rate
+    over the peak given."""
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    report = profile(model, (torch.randn(8, 32),), warmup=1, repeat=3, peak_flops=1e12)
+    flops = {n.name: n.cost.flops for n in report.nodes}
+    for node in report.runtime.nodes:
+        assert node.achieved_flop_per_s == pytest.approx(flops[node.name] / node.latency.median_s)
+        assert node.mfu == pytest.approx(node.achieved_flop_per_s / 1e12)
+    for module in report.runtime.modules:
+        assert module.achieved_flop_per_s == pytest.approx(
+            report.module(module.path).inclusive.flops / module.inclusive_s)
