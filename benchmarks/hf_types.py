@@ -41,10 +41,10 @@ def try_type(model_type: str, layers: int, out) -> None:
         model, args, kwargs = hf_model(model_type, torch.device("meta"), None, layers=layers)
         stage = "analyze"
         report = analyze(model, args, kwargs)
-        out.send(("analyzed", "", len(report.uncounted)))
+        out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
         who = "ours" if type(error).__name__ == "UsageError" else blame(error)
-        out.send((f"failed-{who}", f"{stage}: {_short(error)}", 0))
+        out.send((f"failed-{who}", f"{stage}: {_short(error)}", []))
 
 
 def _short(error: BaseException) -> str:
@@ -65,6 +65,10 @@ def main() -> None:
     ns = parser.parse_args()
     types = ns.types or sorted(transformers.CONFIG_MAPPING.keys())[::ns.every]
     context = multiprocessing.get_context("fork")
+    # Warm transformers' and torch.export's lazy imports once in the parent (about 9 s), so that
+    # each forked child starts warm.
+    warnings.simplefilter("ignore")
+    analyze(*hf_model("gpt2", torch.device("meta"), None, layers=1))
     outcomes = {}
     groups = collections.defaultdict(list)
     started = time.perf_counter()
@@ -73,19 +77,20 @@ def main() -> None:
         child = context.Process(target=try_type, args=(model_type, ns.layers, send))
         child.start()
         send.close()
-        outcome = ("timeout", f"over {ns.timeout:.0f} s", 0)
+        outcome = ("timeout", f"over {ns.timeout:.0f} s", [])
         if receive.poll(ns.timeout):
             try:
                 outcome = receive.recv()
             except EOFError:  # the child died without a word: a crash in native code
-                outcome = ("failed-theirs", "crashed", 0)
+                outcome = ("failed-theirs", "crashed", [])
         child.kill()
         child.join()
         outcomes[model_type] = outcome
         if outcome[0] != "analyzed":
             groups[(outcome[0], outcome[1])].append(model_type)
+        uncounted = f" uncounted: {' '.join(outcome[2])}" if outcome[2] else ""
         print(f"[{i + 1}/{len(types)} {time.perf_counter() - started:.0f}s] {model_type}: "
-              f"{outcome[0]} {outcome[1]}", flush=True)
+              f"{outcome[0]} {outcome[1]}{uncounted}", flush=True)
     kinds = collections.Counter(o[0] for o in outcomes.values())
     built = sum(1 for o in outcomes.values()
                 if o[0] == "analyzed" or o[1].startswith("analyze:"))
@@ -97,6 +102,12 @@ def main() -> None:
           f"timeout {kinds['timeout']}")
     for (kind, message), names in sorted(groups.items(), key=lambda g: (g[0][0], -len(g[1]))):
         print(f"\n{kind} x{len(names)}: {message}\n  {' '.join(names)}")
+    by_op = collections.defaultdict(list)
+    for model_type, outcome in outcomes.items():
+        for op in outcome[2]:
+            by_op[op].append(model_type)
+    for op, names in sorted(by_op.items(), key=lambda g: -len(g[1])):
+        print(f"\nuncounted {op} x{len(names)}\n  {' '.join(names)}")
 
 
 if __name__ == "__main__":
