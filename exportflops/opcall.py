@@ -34,6 +34,8 @@ class TensorMeta:
     kind: str = ACTIVATION
     """`WEIGHT`, `STATE` or `ACTIVATION`, from the graph signature (`kinds.tensor_kinds`); in a
     backward op, that of the forward argument the tensor is (a view of) (`replay.Recorder`)."""
+    broadcast: tuple[int, ...] = ()
+    """Dimensions of stride 0 (an ``expand``): their elements repeat one stored element."""
 
     @property
     def numel(self) -> Size:
@@ -45,7 +47,10 @@ class TensorMeta:
 
     @property
     def nbytes(self) -> Size:
-        return self.numel * self.dtype.itemsize
+        """The bytes the tensor occupies in memory: an expanded view reads its stored elements
+        once (GQA's keys expanded to the query heads read the key heads' bytes)."""
+        stored = math.prod(d for i, d in enumerate(self.shape) if i not in self.broadcast)
+        return stored * self.dtype.itemsize
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class OpCall:
     op: Any
     args: Mapping[str, Any]
     outputs: tuple[TensorMeta, ...]
+    aliased: bool = False
+    """The first output shares storage with a tensor argument: the call returned a view (a
+    ``reshape`` whose strides allow it, a ``contiguous`` of a contiguous tensor), not a copy."""
 
     def __getitem__(self, name: str) -> Any:
         return self.args[name]

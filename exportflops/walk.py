@@ -10,7 +10,7 @@ import functools
 import inspect
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -282,12 +282,36 @@ def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict,
         named = bind_schema(schema, args, kwargs)
     read = {} if read is None else read
     kinds = {} if kinds is None else kinds
+    aliased = _aliases_argument(result, named.values())
     if kind_of is not None:
         return OpCall(target, {name: _tagged(value, renames, kind_of)
                                for name, value in named.items()},
-                      tuple(_tagged(t, renames, kind_of) for t in _leaf_tensors(result)))
+                      tuple(_tagged(t, renames, kind_of) for t in _leaf_tensors(result)), aliased)
     metas = {name: _meta(value, renames, read, kinds) for name, value in named.items()}
-    return OpCall(target, metas, tuple(_tensors(result, renames, out_kind)))
+    return OpCall(target, metas, tuple(_tensors(result, renames, out_kind)), aliased)
+
+
+def _aliases_argument(result: Any, args: Iterable[Any]) -> bool:
+    """Whether the first output shares storage with a tensor argument (an fx node's value or
+    the value itself): ops such as ``reshape`` return a view when the strides allow, else a
+    copy, and only the (fake) tensors know which."""
+    out = next(_leaf_tensors(result), None)
+    storage = _storage(out)
+    if storage is None:
+        return False
+    return any(_storage(value.meta.get("val") if isinstance(value, torch.fx.Node) else value)
+               == storage for value in args)
+
+
+def _storage(value: Any) -> int | None:
+    """The identity of a strided tensor's storage; None for anything else (a subclass without
+    one counts as a copy: its bytes are charged rather than silently dropped)."""
+    if not isinstance(value, torch.Tensor) or value.layout != torch.strided:
+        return None
+    try:
+        return value.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 def _tagged(value: Any, renames: dict, kind_of: Callable) -> Any:
@@ -315,12 +339,30 @@ def _meta(value: Any, renames: dict, read: dict, kinds: dict, kind: str = ACTIVA
                                 kinds.get(value, ACTIVATION))
         return read[value]
     if isinstance(value, torch.Tensor):
-        return TensorMeta(tuple(_size(d, renames) for d in value.shape), value.dtype, kind)
+        return TensorMeta(tuple(_size(d, renames) for d in value.shape), value.dtype, kind,
+                          _broadcast(value))
     if isinstance(value, (list, tuple)):
         return type(value)(_meta(v, renames, read, kinds, kind) for v in value)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         return _size(value, renames)
     return value
+
+
+def _broadcast(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The dimensions of stride 0 of a strided tensor of more than one element per dimension."""
+    if tensor.layout != torch.strided:
+        return ()
+    try:
+        strides = tensor.stride()
+    except (RuntimeError, NotImplementedError):
+        return ()
+    return tuple(i for i, (size, stride) in enumerate(zip(tensor.shape, strides))
+                 if _is_zero(stride) and not _is_zero(size - 1))
+
+
+def _is_zero(value: Any) -> bool:
+    expr = value.node.expr if isinstance(value, torch.SymInt) else value
+    return expr == 0
 
 
 def _size(value: Any, renames: dict) -> Any:

@@ -132,14 +132,17 @@ def test_decode_step_bytes_by_hand(dynamic):
     # - the mask, once at the model's root: the key positions (int64) shifted by an add
     #   (8 bytes read) and compared by a le (8 bytes read);
     # - per layer, the cache update reads the past keys and values: 2 x ROW;
-    # - per layer, the attention reads keys and values as transformers' repeat_kv hands them
-    #   over, at the query heads: 2 x BATCH x HEADS x HEAD_DIM x ITEMSIZE, and the boolean
-    #   mask broadcast over the batch: BATCH x 1 byte.
-    attention = 2 * BATCH * HEADS * HEAD_DIM * ITEMSIZE + BATCH  # 514
-    read_per_token = 8 + 8 + LAYERS * (2 * ROW + attention)  # 16 + 2 * 770 = 1556
+    # - per layer, transformers' repeat_kv expands keys and values to the query heads and
+    #   reshapes them: the expanded view cannot be viewed at HEADS, so the reshape copies,
+    #   reading the stored KV_HEADS rows (2 x ROW) and writing HEADS rows (2 x QROW);
+    # - per layer, the attention reads those copies, 2 x QROW, and the boolean mask, expanded
+    #   over the batch (stride 0): its one stored byte.
+    qrow = BATCH * HEADS * HEAD_DIM * ITEMSIZE  # 256
+    read_per_token = 8 + 8 + LAYERS * (2 * ROW + 2 * ROW + 2 * qrow + 1)  # 16 + 2 * 1025
     # Written per cached token: the key positions by arange and by the add (int64, 8 bytes
-    # each), the boolean mask (1), and per layer the updated keys and values (2 x ROW).
-    written_per_token = 8 + 8 + 1 + LAYERS * 2 * ROW  # 529
+    # each), the boolean mask (1), and per layer the updated keys and values (2 x ROW) and
+    # repeat_kv's copies (2 x QROW).
+    written_per_token = 8 + 8 + 1 + LAYERS * (2 * ROW + 2 * qrow)  # 17 + 2 * 768
     assert sympy.Poly(total.bytes_read, PAST).coeff_monomial(PAST) == read_per_token
     assert sympy.Poly(total.bytes_written, PAST).coeff_monomial(PAST) == written_per_token
     # Weights: every parameter of the layers, the final norm and the head read once per step

@@ -37,13 +37,15 @@ def test_decode_step_macs_and_bytes_by_hand(report):
         sympy.Poly(expected, PAST).all_coeffs()
     assert [s.name for s in report.decode.symbols] == ["past"]
     # Per cached token and layer: the cache update (torch.cat) reads the past keys and values,
-    # 2 x ROW, and writes them again; the attention reads keys and values expanded to the query
-    # heads (the reference's repeat), 2 x BATCH x HEADS x HEAD_DIM x ITEMSIZE; no mask (one
-    # query sees every key). Nothing else touches the cache.
-    read = LAYERS * (2 * ROW + 2 * BATCH * HEADS * HEAD_DIM * ITEMSIZE)  # 2 * (256 + 512)
+    # 2 x ROW, and writes them again; the reference's repeat expands keys and values to the
+    # query heads and reshapes them, a copy (the expanded view cannot be viewed at HEADS) that
+    # reads the stored 2 x ROW and writes 2 x QROW; the attention reads those copies, 2 x QROW;
+    # no mask (one query sees every key). Nothing else touches the cache.
+    qrow = BATCH * HEADS * HEAD_DIM * ITEMSIZE  # 256
+    read = LAYERS * (2 * ROW + 2 * ROW + 2 * qrow)  # 2 * (256 + 256 + 512)
     assert sympy.Poly(report.decode.total.bytes_read, PAST).coeff_monomial(PAST) == read
     assert sympy.Poly(report.decode.total.bytes_written, PAST).coeff_monomial(PAST) == \
-        LAYERS * 2 * ROW
+        LAYERS * (2 * ROW + 2 * qrow)
     # The KV cache part: keys and values of KV_HEADS heads, past + 1 entries read, one written.
     assert sympy.expand(report.kv_cache.bytes_read - LAYERS * 2 * ROW * (PAST + 1)) == 0
     assert report.kv_cache.bytes_written == LAYERS * 2 * ROW and report.dropped_nodes == []

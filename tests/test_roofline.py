@@ -250,3 +250,31 @@ def test_the_command_adds_the_roofline_view(capsys):
     assert out["roofline"]["device"] == "h100-sxm" and out["roofline"]["total"]["bound"] == "memory"
     assert main(["gpt2", "--device-model", "h100"]) == 2
     assert "a100-sxm-80gb" in capsys.readouterr().err
+
+
+class _ViewOrCopy(nn.Module):
+    """GQA's repeat_kv (expand 2 key heads to 6, reshape), a reshape that can view, and a
+    transpose made contiguous."""
+
+    def forward(self, kv):  # (batch 2, kv heads 2, seq 5, head dim 8), float32
+        b, h, s, d = kv.shape
+        repeated = kv[:, :, None].expand(b, h, 3, s, d).reshape(b, h * 3, s, d)
+        return repeated, kv.reshape(b, h * s, d), kv.transpose(1, 2).contiguous()
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_reshape_copies_only_when_it_cannot_view(mode):
+    kv = torch.zeros(2, 2, 5, 8, requires_grad=mode == "train")
+    nodes = {n.name: n for n in analyze(_ViewOrCopy(), (kv,), mode=mode).nodes
+             if n.phase == "forward"}
+    stored = 2 * 2 * 5 * 8 * 4  # kv: 640 bytes
+    # The expanded view (stride 0 over the 3 repeats) cannot be viewed as 6 heads: a copy that
+    # reads the 640 stored bytes, not the 1920 the expanded shape spans, and writes 6 heads.
+    repeat = nodes["reshape"]
+    assert (repeat.cost.bytes_read, repeat.cost.bytes_written) == (stored, 3 * stored)
+    assert repeat.status == "zero" and repeat.cost.flops == 0
+    # Merging contiguous dims views kv: no byte moves.
+    assert (nodes["reshape_1"].cost.bytes_read, nodes["reshape_1"].cost.bytes_written) == (0, 0)
+    # A transposed view made contiguous is a copy of all of it.
+    copy = nodes["contiguous"]
+    assert (copy.cost.bytes_read, copy.cost.bytes_written) == (stored, stored)

@@ -53,14 +53,18 @@ class FormulaTable:
         """Declare ops that do no arithmetic, with the ``reason`` reports show.
 
         ``moves``: ``"nothing"`` (views, metadata), ``"copy"`` (reads its inputs, writes its
-        outputs) or ``"write"`` (fills new outputs, reading no tensor data).
+        outputs), ``"view-or-copy"`` (nothing when the call returned a view of its input, else
+        a copy: `OpCall.aliased`) or ``"write"`` (fills new outputs, reading no tensor data).
         """
-        if moves not in ("nothing", "copy", "write"):
-            raise ValueError(f"moves must be 'nothing', 'copy' or 'write', got {moves!r}")
+        if moves not in ("nothing", "copy", "view-or-copy", "write"):
+            raise ValueError(f"moves must be 'nothing', 'copy', 'view-or-copy' or 'write', "
+                             f"got {moves!r}")
 
         def zero(call: OpCall) -> Cost:
-            if moves == "nothing":
+            if moves == "nothing" or (moves == "view-or-copy" and call.aliased):
                 return Cost()
+            if moves == "view-or-copy":
+                return call.cost()
             full = call.cost()
             if moves == "copy":
                 return full

@@ -13,9 +13,9 @@ aten = torch.ops.aten
 
 
 FORMULAS.register_zero(
-    aten_ops("view", "_unsafe_view", "reshape", "_reshape_alias", "expand", "expand_as", "permute",
+    aten_ops("view", "_unsafe_view", "_reshape_alias", "expand", "expand_as", "permute",
          "transpose", "t", "squeeze", "unsqueeze", "slice", "select", "narrow", "as_strided",
-         "alias", "detach", "flatten", "unflatten", "unbind", "split", "split_with_sizes",
+         "alias", "detach", "unflatten", "unbind", "split", "split_with_sizes",
          "chunk", "tensor_split", "view_as", "unfold", "diagonal", "movedim", "swapaxes",
          "swapdims", "view_as_real", "view_as_complex", "real", "imag", "lift_fresh",
          "_assert_tensor_metadata", "_assert_async", "_assert_scalar", "sym_size", "sym_numel",
@@ -37,7 +37,7 @@ FORMULAS.register_zero(
     moves="nothing",
 )
 FORMULAS.register_zero(
-    aten_ops("clone", "copy", "_to_copy", "to", "contiguous", "cat", "stack", "hstack", "vstack",
+    aten_ops("clone", "copy", "_to_copy", "cat", "stack", "hstack", "vstack",
          "index", "index_select", "gather", "masked_select", "masked_scatter",
          "take", "take_along_dim", "slice_scatter", "select_scatter", "diagonal_scatter",
          "as_strided_scatter", "constant_pad_nd", "pad", "reflection_pad1d", "reflection_pad2d",
@@ -56,6 +56,12 @@ FORMULAS.register_zero(
                "scatter_.src", "scatter_.value"),
     "data movement: copies, gathers or rearranges elements without arithmetic",
     moves="copy",
+)
+FORMULAS.register_zero(
+    aten_ops("reshape", "flatten", "contiguous", "to", "ravel"),
+    "view when the input's strides allow (moves nothing), else a copy (a reshape of GQA's "
+    "expanded keys, a transpose made contiguous)",
+    moves="view-or-copy",
 )
 FORMULAS.register_zero(
     aten_ops("empty", "empty_like", "empty_strided", "empty_permuted", "zeros", "zeros_like",
