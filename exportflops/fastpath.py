@@ -24,7 +24,8 @@ import torch.utils._pytree as pytree
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
 from .capture import Captured, capture
 from .records import NodeRecord
-from .walk import ModuleFrame, NodeCall
+from .stacks import ModuleFrame
+from .walk import NodeCall
 
 
 def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:

@@ -6,7 +6,6 @@ arguments are named by the op's schema, and symbolic sizes pass through as sympy
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 import re
@@ -20,8 +19,8 @@ import torch.fx
 from torch.utils._sympy.numbers import int_oo
 
 from .kinds import subgraph_kinds, tensor_kinds
-from .names import qualified_name
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
+from .stacks import Stack, invoked_stacks, module_stack
 from .symbolic import size_symbol
 
 #: Higher-order ops that run their subgraph exactly once per call (grad mode, autocast,
@@ -35,18 +34,6 @@ CONTROL_FLOW = frozenset({"cond", "map_impl", "scan", "associative_scan", "while
 
 
 @dataclass(frozen=True)
-class ModuleFrame:
-    """One entry of a node's module stack, outermost first."""
-
-    path: str
-    """Module path as ``named_modules()`` names it; ``""`` is the root."""
-    type_name: str
-    call_key: str
-    """Export's key for this call of the module: ``l`` for the first call, ``l@1`` for the
-    second."""
-
-
-@dataclass(frozen=True)
 class NodeCall:
     """A call_function node as the formulas and the attribution see it."""
 
@@ -54,7 +41,7 @@ class NodeCall:
     op: Any
     op_name: str
     call: OpCall
-    stack: tuple[ModuleFrame, ...]
+    stack: Stack
     region: str = ""
     """For an op inside a control-flow subgraph: which one, e.g. ``cond cond_1, true_graph_0``."""
     repeat: Any = 1
@@ -114,9 +101,11 @@ class _Scope:
     """Where a (sub)graph runs: the control-flow op around it, if any."""
 
     prefix: str = ""
-    stack: tuple[ModuleFrame, ...] = ()
+    stack: Stack = ()
     region: str = ""
     repeat: Any = 1
+    rebased: Callable[[Stack], Stack] | None = None
+    """For an ``invoke_subgraph`` body: its nodes' own stacks as the calling module sees them."""
 
 
 def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope: _Scope,
@@ -124,7 +113,9 @@ def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope:
     for node in graph.nodes:
         if node.op != "call_function":
             continue
-        stack = _module_stack(node) or scope.stack  # subgraph nodes carry no module stack
+        # Subgraph nodes carry no module stack, except invoke_subgraph bodies (the first call's).
+        own = module_stack(node)
+        stack = (scope.rebased(own) if scope.rebased else own) if own else scope.stack
         yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target),
                        op_call(node.target, node.args, node.kwargs, node.meta.get("val"),
                                renames, read, kinds, kinds.get(node, ACTIVATION)),
@@ -135,7 +126,8 @@ def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope:
             repeat = None if times is None or scope.repeat is None else times * scope.repeat
             kind = node.target.name()
             inner = _Scope(f"{scope.prefix}{node.name}.{attr}.", stack,
-                           f"{kind} {node.name}, {attr}", repeat)
+                           f"{kind} {node.name}, {attr}", repeat,
+                           invoked_stacks(subgraph, stack) if kind == "invoke_subgraph" else None)
             kinds.update(subgraph_kinds(node, subgraph, kinds))  # distinct nodes: one map
             yield from _calls(subgraph, renames, read, kinds, inner, forwards)
 
@@ -376,24 +368,3 @@ def _size(value: Any, renames: dict) -> Any:
 
 def _tensors(val: Any, renames: dict, kind: str = ACTIVATION) -> Iterator[TensorMeta]:
     return (_meta(t, renames, {}, {}, kind) for t in _leaf_tensors(val))
-
-
-#: Export's placeholder stack for nodes its own passes insert (torch/_export/passes/
-#: _node_metadata_hook.py); such nodes belong to the root.
-_EXPORT_PLACEHOLDER_STACK = "_empty_nn_module_stack_from_metadata_hook"
-
-
-def _module_stack(node: torch.fx.Node) -> tuple[ModuleFrame, ...]:
-    stack = node.meta.get("nn_module_stack") or {}
-    return tuple(_frame(path, type_, key) for key, (path, type_) in stack.items()
-                 if key != _EXPORT_PLACEHOLDER_STACK)
-
-
-@functools.lru_cache(maxsize=None)
-def _frame(path: str, type_: Any, key: str) -> ModuleFrame:
-    # Every node of a module repeats its frames; frozen, so one object per frame.
-    return ModuleFrame(path, _type_name(type_), key)
-
-
-def _type_name(type_: Any) -> str:
-    return type_ if isinstance(type_, str) else qualified_name(type_)

@@ -106,3 +106,44 @@ def test_a_no_grad_region_runs_once_and_needs_no_gradient():
     assert report.uncounted == []
     assert report.forward.macs == 2 * LINEAR_MACS
     assert report.backward.macs == LINEAR_MACS
+
+
+class _Region(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    @torch.compiler.nested_compile_region
+    def forward(self, x):
+        return torch.relu(self.proj(x))
+
+
+class _Regions(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_Region() for _ in range(3))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_invoke_subgraph_bodies_are_charged_to_each_calling_module(mode):
+    # Strict export keeps a nested_compile_region as one invoke_subgraph body for the calls after
+    # the first (torch 2.13 inlines the first); its nodes carry the first call's module stack.
+    x = torch.randn(4, 8, requires_grad=mode == "train")
+    program = torch.export.export(_Regions(), (x,), strict=True)
+    assert any(n.target is torch.ops.higher_order.invoke_subgraph for n in program.graph.nodes)
+    report = analyze(program, (x,), mode=mode)
+    # Each block: a Linear(8, 8) on 4 rows, 4 x 8 x 8 = 256 MACs forward; in train mode the
+    # input and weight gradients, 2 x 256 more.
+    forward, backward = 256, (512 if mode == "train" else 0)
+    modules = {m.path: m for m in report.modules}
+    for i in range(3):
+        for path in (f"blocks.{i}", f"blocks.{i}.proj"):
+            assert modules[path].calls == 1
+            assert modules[path].inclusive.macs == forward + backward, path
+    assert report.total.macs == 3 * (forward + backward)
+    assert not any("_export_root" in path for path in modules)
