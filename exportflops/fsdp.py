@@ -126,10 +126,11 @@ def _local_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> list:
 @contextlib.contextmanager
 def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     """While tracing, each op's ``nn_module_stack`` is the modules running it (hooks removed on
-    exit). A module's hooks run first: its stack is set before FSDP's pre-forward all-gather,
-    and the tensor hook on its outputs, which sets the stack in the backward, runs before
-    FSDP's pre-backward all-gather. ``spans`` gets (first, end, stack) of the autograd sequence
-    numbers each module call created."""
+    exit). A module's pre-hook runs first and its forward hook last: the stack covers the
+    hooks of the module (a row-parallel linear's output all-reduce, which tensor parallel
+    issues in a forward hook), and the tensor hook on its outputs, which sets the stack in
+    the backward, sits on what the module finally returns. ``spans`` gets (first, end, stack)
+    of the autograd sequence numbers each module call created."""
     stack: list[tuple[str, tuple[str, type]]] = []
     starts: list[int] = []
     handles = []
@@ -153,7 +154,7 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     for path, module in model.named_modules():
         if path:
             handles.append(module.register_forward_pre_hook(enter(path, module), prepend=True))
-            handles.append(module.register_forward_hook(leave, prepend=True, always_call=True))
+            handles.append(module.register_forward_hook(leave, always_call=True))
     try:
         yield
     finally:
