@@ -265,8 +265,9 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if (ns.cache != "dynamic" or ns.max_cache_len is not None) and ns.generate is None:
         raise UsageError("--cache and --max-cache-len apply to --generate N.")
     if ns.tp is not None or ns.fsdp is not None:
-        world = (ns.tp or 1) * (ns.fsdp or 1)
-        if (ns.tp or 1) < 1 or (ns.fsdp or 1) < 1 or not 0 <= ns.rank < world:
+        degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
+        world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
+        if min(degrees) < 1 or not 0 <= ns.rank < world:
             raise UsageError(f"--tp and --fsdp take a degree >= 1 and --rank one of "
                              f"0..{max(world - 1, 0)}, got --tp {ns.tp} --fsdp {ns.fsdp} "
                              f"--rank {ns.rank}.")
