@@ -9,12 +9,18 @@ the backward the all-gathers again (parameters resharded after forward) and the 
 of the gradients, as ``c10d`` ops. Module paths come from forward hooks held only while tracing;
 a backward op gets the module stack of the forward op that created its autograd node (the
 sequence number AOT autograd pairs them by); ``partitioner_tag`` marks the backward, as in the
-joint graph of `exportflops.distributed`.
+joint graph of `exportflops.distributed`. FSDP2's own steps (the all-gathers, their copies, the
+gradients' reduce-scatter) belong to the FSDP unit whose parameters they carry, which is not
+always the module running: the backward prefetches the next unit's all-gather inside the
+current one's, and the root's final callback reduce-scatters the gradients of a unit whose
+input needed no gradient. FSDP2 names the unit in the profiler range around each step, and
+the graph records those ranges (`_unit_stacks`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
@@ -68,7 +74,46 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
                 f"{' and backward' if train else ''} on fake tensors failed: "
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             ) from error
+        _unit_stacks(graph, model)
         yield graph
+
+
+#: The profiler range FSDP2 opens around one step of one unit (``FSDPParamGroup._with_fqn`` in
+#: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): ``FSDP::all_gather (layers.0)``,
+#: ``FSDP::post_backward_reduce (layers.0) [pg=2]``; the root unit's steps name no path.
+_UNIT_STEP = re.compile(r"FSDP::(?:all_gather|all_gather_copy_out|pre_forward|post_forward|"
+                        r"pre_backward|post_backward\w*)(?: \((.*)\))?(?: \[pg=\d+\])?")
+
+
+def _unit_stacks(graph: torch.fx.Graph, model: torch.nn.Module) -> None:
+    """Each op inside an FSDP2 step's profiler range gets the module stack of the unit the
+    range names (the innermost such range; a prefetch opens one unit's step inside
+    another's): the stack the unit's own ops have."""
+    stacks = {"": {}}
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        if stack:
+            stacks.setdefault(next(reversed(stack.values()))[0], dict(stack))
+    enter = torch.ops.profiler._record_function_enter_new.default
+    open_steps: list[tuple[torch.fx.Node, str | None]] = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is enter:
+            step = _UNIT_STEP.fullmatch(str(node.args[0]))
+            open_steps.append((node, (step[1] or "") if step else None))
+        elif node.args and any(node.args[0] is opened for opened, _ in open_steps):
+            open_steps = [(opened, unit) for opened, unit in open_steps
+                          if opened is not node.args[0]]  # the range's exit
+        else:
+            unit = next((unit for _, unit in reversed(open_steps) if unit is not None), None)
+            if unit is not None:
+                node.meta["nn_module_stack"] = (stacks[unit] if unit in stacks
+                                              else _frame(unit, model))
+
+
+def _frame(path: str, model: torch.nn.Module) -> dict:
+    return {f"L__self___{path.replace('.', '_')}": (path, type(model.get_submodule(path)))}
 
 
 def _local_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> list:
@@ -81,10 +126,11 @@ def _local_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> list:
 @contextlib.contextmanager
 def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     """While tracing, each op's ``nn_module_stack`` is the modules running it (hooks removed on
-    exit). A module's hooks run first: its stack is set before FSDP's pre-forward all-gather,
-    and the tensor hook on its outputs, which sets the stack in the backward, runs before
-    FSDP's pre-backward all-gather. ``spans`` gets (first, end, stack) of the autograd sequence
-    numbers each module call created."""
+    exit). A module's pre-hook runs first and its forward hook last: the stack covers the
+    hooks of the module (a row-parallel linear's output all-reduce, which tensor parallel
+    issues in a forward hook), and the tensor hook on its outputs, which sets the stack in
+    the backward, sits on what the module finally returns. ``spans`` gets (first, end, stack)
+    of the autograd sequence numbers each module call created."""
     stack: list[tuple[str, tuple[str, type]]] = []
     starts: list[int] = []
     handles = []
@@ -108,7 +154,7 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     for path, module in model.named_modules():
         if path:
             handles.append(module.register_forward_pre_hook(enter(path, module), prepend=True))
-            handles.append(module.register_forward_hook(leave, prepend=True, always_call=True))
+            handles.append(module.register_forward_hook(leave, always_call=True))
     try:
         yield
     finally:

@@ -32,6 +32,24 @@ class Net(nn.Module):
         return self.blocks[0](x)
 
 
+class TwoBlocks(nn.Module):
+    """Two `NormMLP` blocks in a ModuleList: what FSDP2 shards one by one, then the root."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([NormMLP(), NormMLP()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def two_blocks() -> tuple[TwoBlocks, tuple[torch.Tensor]]:
+    """`TwoBlocks` and its input, for the command's ``--fsdp``."""
+    return TwoBlocks(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
 def tensor_parallel(model: Net, mesh, *, sequence: bool = False) -> Net:
     """Megatron's MLP split: up column-wise, down row-wise; with ``sequence``, the norm
     sequence-parallel and the activations between blocks sharded on the sequence (dim 1)."""

@@ -18,7 +18,7 @@ import torch
 import exportflops
 from exportflops import DistributedError, Report, fake_process_group
 from exportflops.formulas.collectives import KINDS
-from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, NormMLP, tensor_parallel
+from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, TwoBlocks, tensor_parallel
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch built without torch.distributed")
@@ -163,17 +163,6 @@ def test_fsdp2_gathers_each_blocks_parameters_in_forward_and_reduce_scatters_gra
     assert backward == [("all_gather", block * F32)] * 2 + [("reduce_scatter", block * F32)] * 2
     assert {c.bandwidth_factor for c in report.collectives} == {(world - 1) / world}
     assert report.uncounted == []
-
-
-class TwoBlocks(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.blocks = torch.nn.ModuleList([NormMLP(), NormMLP()])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return x
 
 
 def test_fake_process_group_refuses_a_second_group_and_bad_ranks():

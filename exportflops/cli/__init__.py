@@ -95,9 +95,9 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
                              f"by torch.export.save(program, path).")
         outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode), None)
         return _with_roofline(ns, _with_sweep(ns, outcome))
-    if ns.tp is not None:
-        from .parallel import analyze_tensor_parallel
-        return _Outcome(*analyze_tensor_parallel(ns))
+    if ns.tp is not None or ns.fsdp is not None:
+        from .parallel import analyze_parallelized
+        return _Outcome(*analyze_parallelized(ns))
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))

@@ -42,6 +42,7 @@ examples:
   exportflops gpt2 --input 1,1:int64 --device-model h100-sxm   decode step: memory-bound
   exportflops hf:llama --input 1,512:int64 --generate 128   prefill, per-token decode, request
   exportflops hf:llama --tp 4 --mode train     rank 0 of its own tensor-parallel plan, 4 ways
+  exportflops llama --fsdp 8 --mode train --rank 3   rank 3 of FSDP2 over 8 ranks, per block
   exportflops hf:whisper --layers 2                  whisper's 80 x 3000 features + decoder ids
   exportflops hf:./my-model/config.json --batch 8 --seq 2048 --view summary
 
@@ -138,8 +139,15 @@ def parser() -> argparse.ArgumentParser:
                              "llama, hf: models with a tp_plan, a model's tp_plan attribute) "
                              "in a fake process group, and analyze one rank: its local shards "
                              "and its collectives (view collectives)")
+    parser.add_argument("--fsdp", type=int, default=None, metavar="N",
+                        help="FSDP2 (fully_shard) over N ranks: each transformer block (a "
+                             "Hugging Face model's decoder layer, or each entry of a "
+                             "ModuleList), then the root, in a fake process group on fake "
+                             "tensors; analyze one rank (view collectives). With --tp M: a 2-D "
+                             "mesh (N, M), the plan on the inner dimension, as torchtitan does")
     parser.add_argument("--rank", type=int, default=0,
-                        help="--tp: the rank analyzed (default 0)")
+                        help="--tp/--fsdp: the rank analyzed (default 0); with both, rank r "
+                             "is FSDP index r // M, tensor-parallel index r % M")
     parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
                         help="the collectives view adds each one's time at this bus bandwidth "
                              "between ranks, in GB/s (1e9 bytes/s)")
@@ -172,7 +180,7 @@ def check(ns: argparse.Namespace) -> None:
     if ns.format == "html" and (views or not ns.output):
         raise UsageError("--format html writes one page with every picture and table to a "
                          "file: pass --output report.html, and no --view.")
-    ns.views = views or [*CLI_DEFAULT_VIEWS, *(["collectives"] if ns.tp else [])]
+    ns.views = views or [*CLI_DEFAULT_VIEWS, *(["collectives"] if ns.tp or ns.fsdp else [])]
     if ns.depth < -1 or ns.top < -1:
         raise UsageError("--depth and --top take a count, or -1 for all.")
     ns.shapes = [_parse_input(text) for text in ns.input]
@@ -256,17 +264,22 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "--mode train or --kwargs.")
     if (ns.cache != "dynamic" or ns.max_cache_len is not None) and ns.generate is None:
         raise UsageError("--cache and --max-cache-len apply to --generate N.")
-    if ns.tp is not None:
-        if ns.tp < 1 or not 0 <= ns.rank < ns.tp:
-            raise UsageError(f"--tp takes a degree >= 1 and --rank one of 0..{ns.tp - 1}, got "
-                             f"--tp {ns.tp} --rank {ns.rank}.")
+    if ns.tp is not None or ns.fsdp is not None:
+        degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
+        world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
+        if min(degrees) < 1 or not 0 <= ns.rank < world:
+            raise UsageError(f"--tp and --fsdp take a degree >= 1 and --rank one of "
+                             f"0..{max(world - 1, 0)}, got --tp {ns.tp} --fsdp {ns.fsdp} "
+                             f"--rank {ns.rank}.")
         if ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget \
-                or ns.device_model or ns.device not in (None, "meta"):
-            raise UsageError("--tp analyzes one rank of a model it splits on meta tensors: "
-                             "not a saved .pt2, and not with --profile, --dynamic, --sweep, "
-                             "--budget, --device-model or --device cpu/cuda.")
+                or ns.device_model or ns.generate is not None \
+                or ns.device not in (None, "meta"):
+            raise UsageError("--tp and --fsdp analyze one rank of a model they split on meta or "
+                             "fake tensors: not a saved .pt2, and not with --profile, "
+                             "--dynamic, --sweep, --budget, --device-model, --generate or "
+                             "--device cpu/cuda.")
     elif ns.rank:
-        raise UsageError("--rank picks a rank of --tp N: pass --tp too.")
+        raise UsageError("--rank picks a rank of --tp N or --fsdp N: pass one of them too.")
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):

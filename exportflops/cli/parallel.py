@@ -1,37 +1,92 @@
-"""``--tp N``: the model split by its own tensor-parallel plan under
-`exportflops.fake_process_group`, and the report of one rank (``--rank``).
+"""``--tp N`` and ``--fsdp N``: the model split by its own tensor-parallel plan, sharded with
+FSDP2, or both on a 2-D mesh, under `exportflops.fake_process_group`, and the report of one rank
+(``--rank``).
 
 Where the plan comes from: a built-in example's ``parallelize`` (`exportflops.examples.parallel`);
 a Hugging Face model's own ``tp_plan`` (``config.base_model_tp_plan`` expanded per layer, as
 ``from_pretrained(tp_plan="auto")`` applies it); any other model's ``tp_plan`` attribute, a dict
 {module path: ParallelStyle} as ``parallelize_module`` takes it (``*`` matches one path part).
+
+What FSDP2 shards: the usual recipe (torchtitan's ``apply_fsdp``; transformers' FSDP wrapping by
+``_no_split_modules``): ``fully_shard`` on each block, then on the root. A block is a module
+whose class a Hugging Face model names in ``_no_split_modules`` (its decoder layer), or else each
+entry of a ``ModuleList`` (the built-in examples' ``layers`` and ``h``). FSDP2 refuses meta
+parameters, so the model is built on fake tensors (``FakeTensorMode``, on cpu): nothing is
+allocated either way. With both degrees the mesh is (fsdp, tp), tensor parallel inner, as
+torchtitan lays it out: the plan is applied on ``mesh["tp"]``, then FSDP2 on ``mesh["fsdp"]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 from ..errors import BuildError, UsageError
 from .targets import build_target, hf_options
 
 
-def analyze_tensor_parallel(ns: argparse.Namespace):
-    """(report of rank ``ns.rank``, each module's extra_repr) of MODEL at ``--tp ns.tp``."""
-    import torch
+def analyze_parallelized(ns: argparse.Namespace):
+    """(report of rank ``ns.rank``, each module's extra_repr) of MODEL at ``--tp ns.tp`` and
+    ``--fsdp ns.fsdp``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
     from ..attribution import extra_reprs
     from ..distributed import fake_process_group
 
-    with fake_process_group(ns.tp, rank=ns.rank):
-        mesh = init_device_mesh("cpu", (ns.tp,))
-        model, args, kwargs = build_target(ns.model, torch.device("meta"), shapes=ns.shapes,
-                                           kwargs=ns.kwargs, hf_options=hf_options(ns))
+    degrees = {name: n for name, n in (("fsdp", ns.fsdp), ("tp", ns.tp)) if n is not None}
+    world = (ns.tp or 1) * (ns.fsdp or 1)
+    with fake_process_group(world, rank=ns.rank):
+        mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+        with _fake_tensors(ns.fsdp) as device:
+            model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes,
+                                               kwargs=ns.kwargs, hf_options=hf_options(ns))
         reprs = extra_reprs(model)
-        _parallelize(ns.model, model, mesh)
+        if ns.tp is not None:
+            _parallelize(ns.model, model, mesh["tp"])
+        if ns.fsdp is not None:
+            _fully_shard(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode)
     return report, reprs
+
+
+@contextlib.contextmanager
+def _fake_tensors(fsdp: int | None):
+    """The device to build on: meta, or for FSDP2 (which refuses meta parameters) cpu under
+    ``FakeTensorMode``, which allocates nothing either."""
+    import torch
+
+    if fsdp is None:
+        yield torch.device("meta")
+        return
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        yield torch.device("cpu")
+
+
+def blocks_of(model) -> list:
+    """The modules FSDP2 shards one by one before the root (the module docstring's rule)."""
+    import torch
+
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        return [m for m in model.modules() if type(m).__name__ in names]
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    inner = {id(m) for outer in lists for m in outer.modules() if m is not outer}
+    return [block for outer in lists if id(outer) not in inner for block in outer]
+
+
+def _fully_shard(spec: str, model, mesh) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    try:
+        for block in blocks_of(model):
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    except Exception as error:  # FSDP2 refuses the model as built
+        raise BuildError(f"--fsdp {mesh.size()}: fully_shard on {spec}'s blocks, then on the "
+                         f"root, failed: {type(error).__name__}: {error}") from error
 
 
 def _parallelize(spec: str, model, mesh) -> None:

@@ -149,7 +149,10 @@ def _call_factory(factory, device) -> tuple[Any, Any]:
     if isinstance(args, torch.Tensor):
         args = (args,)
     if not takes_device and isinstance(model, torch.nn.Module):
-        model = model.to(device)
+        # Only when something is elsewhere: moving a model built on fake tensors (--fsdp) to
+        # the device it is on fails in torch (it cannot swap a fake parameter).
+        if any(t.device != device for t in (*model.parameters(), *model.buffers())):
+            model = model.to(device)
         args = pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, args)
     return model, args
 
