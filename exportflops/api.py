@@ -57,8 +57,9 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             return _parallel(model, args, kwargs, table, strict=strict, mode=mode,
                              dynamic_shapes=dynamic_shapes)
         captured, expansion = None, None
-        if fast and dynamic_shapes is None and isinstance(model, torch.nn.Module):
-            captured, expansion = fast_capture(model, args, kwargs, mode == "train")
+        if fast and isinstance(model, torch.nn.Module):
+            captured, expansion = fast_capture(model, args, kwargs, mode == "train",
+                                               dynamic_shapes)
         if captured is None:
             captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes)
         with _collector_paused():

@@ -30,10 +30,13 @@ from .walk import NodeCall
 
 def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
     """A shallow copy of ``model`` whose repeated modules run their stub. Only the modules on
-    the way to a repeat are copied (each with its own ``_modules``); the copies share every
-    other module, parameter and buffer with ``model``. A repeat's copy holds no parameters,
-    buffers or children (export would lift them for nothing), except in train mode when its
-    outputs need a gradient that no input brings: they come from its parameters then."""
+    the way to a repeat or a model are copied (each with its own ``_modules``); the copies share
+    every other module, parameter and buffer with ``model``. A repeat's copy holds no
+    parameters, buffers or children (export would lift them for nothing), except in train mode
+    when its outputs need a gradient that no input brings: they come from its parameters then.
+    A model's copy records the sizes its call sees, which its repeats' stubs take (with
+    dynamic shapes they are symbolic: a stub's zeros then have the model's sizes, not the
+    example's)."""
     copies: dict[str, torch.nn.Module] = {}
 
     def copied(path: str) -> torch.nn.Module:
@@ -48,32 +51,59 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
             copies[path] = module
         return copies[path]
 
+    seen: dict[str, list] = {}
+    for path in {repeat.model for repeat in plan.repeats.values()}:
+        module = copied(path)
+        module.forward = _recording(module, seen.setdefault(path, [None, None]))
     for repeat in plan.repeats.values():
         module = copied(repeat.path)
         if not train or repeat.grad_inputs:
             module._parameters, module._buffers, module._modules = {}, {}, {}
         # An instance attribute of the copy; ``nn.Module.__call__`` calls it as ``forward``.
-        module.forward = _stub(module, repeat, train)
+        module.forward = _stub(module, repeat, train, seen[repeat.model])
     return copied("")
 
 
-def _stub(module: torch.nn.Module, repeat: Repeat, train: bool):
-    """Zeros of the recorded outputs. In train mode an output that needs a gradient is tied to
-    every input that requires one (or else to the module's parameters), as the block's own
+def _recording(module: torch.nn.Module, seen: list):
+    """The module's own forward, keeping the sizes of its inputs and its output in ``seen``."""
+    own = type(module).forward.__get__(module)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        output = own(*args, **kwargs)
+        seen[:] = [_sizes((args, kwargs)), output]
+        return output
+    return forward
+
+
+def _sizes(tree: Any) -> list:
+    """The shape of every tensor leaf, each size as its expression (structural equality, which
+    installs no guard on a symbolic size)."""
+    return [tuple(d.node.expr if isinstance(d, torch.SymInt) else d for d in t.shape)
+            for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
+    """Zeros of the model call's outputs. In train mode an output that needs a gradient is tied
+    to every input that requires one (or else to the module's parameters), as the block's own
     output is: the backward then flows around the block as it does around the real one."""
     def forward(*args: Any, **kwargs: Any) -> Any:
+        sizes, output = seen
+        if sizes != _sizes((args, kwargs)):
+            # Equal at the example's sizes, not as functions of the dynamic ones.
+            raise NotRepeated(repeat.path)
         anchors = []
         if train:
             anchors = [t for t in pytree.tree_leaves((args, kwargs))
                        if isinstance(t, torch.Tensor) and t.requires_grad]
             anchors = anchors or [p for p in module.parameters() if p.requires_grad]
-        return pytree.tree_map_only(TensorSlot, lambda slot: _made(slot, anchors),
+        shapes = iter(t.shape for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
+        return pytree.tree_map_only(TensorSlot, lambda slot: _made(slot, next(shapes), anchors),
                                     repeat.outputs)
     return forward
 
 
-def _made(slot: TensorSlot, anchors: list[torch.Tensor]) -> torch.Tensor:
-    out = torch.zeros(slot.shape, dtype=slot.dtype, device=slot.device)
+def _made(slot: TensorSlot, shape: Any, anchors: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=slot.dtype, device=slot.device)
     if slot.requires_grad and anchors:
         out = out + sum(a.sum() for a in anchors) * 0
     return out
@@ -163,8 +193,8 @@ def _rebased(path: str, repeat: Repeat) -> str:
     return repeat.path + path[len(repeat.model):]
 
 
-def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: bool
-                 ) -> tuple[Captured | None, Expansion | None]:
+def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: bool,
+                 dynamic_shapes: Any = None) -> tuple[Captured | None, Expansion | None]:
     """The model exported with its repeats stubbed, and how to expand them; (None, None) when
     there is no repeat or the stubbed export fails (the full export then runs)."""
     if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
@@ -173,7 +203,8 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     if not plan.repeats:
         return None, None
     try:
-        captured = capture(stubbed(model, plan, train), args, kwargs)
+        captured = capture(stubbed(model, plan, train), args, kwargs,
+                           dynamic_shapes=dynamic_shapes)
     except Exception:  # the full export fails the same way and says why
         return None, None
     return replace(captured, module=model), Expansion(plan)

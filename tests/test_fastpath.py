@@ -19,6 +19,7 @@ from exportflops.blocks import plan_blocks
 from exportflops.examples.gpt2 import GPT, GPTConfig
 from exportflops.examples.llama import Llama, LlamaConfig
 from exportflops.examples.resnet import resnet50
+from exportflops.symbolic import size_symbol
 
 tf = pytest.importorskip("transformers")
 
@@ -159,3 +160,58 @@ def test_the_cheap_pass_leaves_the_inputs_as_the_user_gave_them():
     x = torch.randn(1, 4)
     report = analyze(AppendsToItsCache(), (x, {"keys": torch.randn(3, 4)}))
     assert report.total.macs == 32 + 20
+
+
+SEQ = torch.export.Dim("seq", min=2, max=64)
+DYNAMIC = {"gpt2": ({1: SEQ},), "llama_example": ({1: SEQ},), "hf_llama": ({1: SEQ},),
+           "t5": {"input_ids": {1: SEQ}, "decoder_input_ids": {1: SEQ}}}
+
+
+def _exports(monkeypatch) -> list:
+    """The targets `analyze` hands to torch.export, in order."""
+    import exportflops.api
+    import exportflops.fastpath
+
+    targets, capture = [], exportflops.api.capture
+
+    def spied(target, *args, **kwargs):
+        targets.append(target)
+        return capture(target, *args, **kwargs)
+    monkeypatch.setattr(exportflops.api, "capture", spied)
+    monkeypatch.setattr(exportflops.fastpath, "capture", spied)
+    return targets
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("case", list(DYNAMIC))
+def test_fast_path_with_dynamic_shapes_equals_the_full_export(case, mode, monkeypatch):
+    model, args, kwargs = CASES[case]()
+    targets = _exports(monkeypatch)
+    fast = analyze(model, args, kwargs, mode=mode, dynamic_shapes=DYNAMIC[case])
+    assert len(targets) == 1 and targets[0] is not model  # the stubbed copy, exported alone
+    full = analyze(model, args, kwargs, mode=mode, dynamic_shapes=DYNAMIC[case], fast=False)
+    assert [s.name for s in fast.symbols] == ["seq"]
+    assert_same_report(fast, full)
+
+
+class AlikeAtTheExample(nn.Module):
+    """Two identical linear blocks: one on x (1, seq, 16), one on y (1, 16, 16). At the example
+    seq = 16 their calls are alike; as functions of seq they are not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+    def forward(self, x, y):
+        return self.blocks[0](x).sum() + self.blocks[1](y).sum()
+
+
+def test_blocks_alike_only_at_the_example_sizes_are_traced_in_full(monkeypatch):
+    model, x, y = AlikeAtTheExample(), torch.randn(1, 16, 16), torch.randn(1, 16, 16)
+    assert plan_blocks(model, (x, y), {}).repeats  # the cheap pass sees one shape
+    targets = _exports(monkeypatch)
+    report = analyze(model, (x, y), dynamic_shapes=({1: SEQ}, None))
+    assert targets[-1] is model  # the stubbed export refused the repeat: the full export ran
+    # Linear(16, 16) on seq rows: 16 x 16 MACs per row; on y's 16 rows: 16 x 16 x 16.
+    seq = size_symbol("seq")
+    assert report.total.macs - (256 * seq + 4096) == 0

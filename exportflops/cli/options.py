@@ -147,7 +147,7 @@ def parser() -> argparse.ArgumentParser:
                              "mesh (N, M), the plan on the inner dimension, as torchtitan does")
     parser.add_argument("--rank", type=int, default=0,
                         help="--tp/--fsdp: the rank analyzed (default 0); with both, rank r "
-                             "is FSDP index r // M, tensor-parallel index r % M")
+                             "is FSDP index r // M, tensor-parallel index r %% M")
     parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
                         help="the collectives view adds each one's time at this bus bandwidth "
                              "between ranks, in GB/s (1e9 bytes/s)")
