@@ -8,6 +8,7 @@ from . import (  # noqa: F401  (each module registers its formulas on import)
     embedding,
     gradients,
     interpolate,
+    linalg,
     matmul,
     norm,
     pointwise,
