@@ -5,6 +5,7 @@ Attention MACs: heads * L * S * (E + Ev) (q.k over E, p.v over Ev, every (query,
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -122,3 +123,42 @@ def test_bytes_follow_the_dtype():
     ints = torch.ones(3, 5, dtype=torch.int8)
     report = analyze(AddInt8(), (ints, ints))
     assert (report.total.bytes_read, report.total.bytes_written) == (30, 15)
+
+
+class _Antialiased(nn.Module):
+    def forward(self, x):
+        return F.interpolate(x, size=(4, 3), mode="bicubic", antialias=True)
+
+
+def test_antialiased_resize_blends_every_pixel_under_its_widened_filter():
+    # (1, 2, 8, 6) -> (4, 3): scale 2 per dim, so the cubic filter's support widens from 2 to
+    # 4 input pixels each side (PyTorch's _compute_index_ranges_weights). Output i reads the
+    # inputs from int(2 (i + 0.5) - 4 + 0.5) (at least 0) to int(2 (i + 0.5) + 4 + 0.5) (at
+    # most the size), truncated toward zero:
+    #   rows (8 -> 4), centers 1, 3, 5, 7: [0, 5), [0, 7), [1, 8), [3, 8): 5 + 7 + 7 + 5 = 24;
+    #   cols (6 -> 3), centers 1, 3, 5:    [0, 5), [0, 6), [1, 6):         5 + 6 + 5 = 16.
+    # Each output pixel blends rows x cols taps: a multiply each, one add fewer. Summed over
+    # the 12 output pixels of each of the 2 channels: 2 x (2 x 24 x 16 - 12) = 1512 FLOPs.
+    report = analyze(_Antialiased(), (torch.randn(1, 2, 8, 6),))
+    node = next(n for n in report.nodes if n.op == "aten._upsample_bicubic2d_aa.vec")
+    assert node.status == "counted" and node.cost.flops == 1512
+
+
+def test_flat_apply_of_an_index_moves_data_and_of_anything_else_is_not_guessed():
+    from exportflops.formulas import FORMULAS
+    from exportflops.opcall import OpCall, TensorMeta
+
+    flat_apply = FORMULAS.lookup(torch.ops.higher_order.flat_apply).formula
+    ids = TensorMeta((1, 128), torch.int64)
+    out = TensorMeta((1, 128), torch.bool)
+    # transformers' vmapped mask functions index through dynamo's ModIndex: read the int64
+    # ids (1 x 128 x 8 bytes), write the bool mask (128 bytes), no arithmetic.
+    index = OpCall(torch.ops.higher_order.flat_apply, {
+        "arg0": None, "arg1": None,
+        "arg2": "torch._dynamo._trace_wrapped_higher_order_op.ModIndex", "arg3": ids}, (out,))
+    cost = flat_apply(index)
+    assert (cost.flops, cost.bytes_read, cost.bytes_written) == (0, 1024, 128)
+    other = OpCall(torch.ops.higher_order.flat_apply,
+                   {"arg0": None, "arg1": None, "arg2": "mylib.fused", "arg3": ids}, (out,))
+    with pytest.raises(ValueError, match="mylib.fused"):
+        flat_apply(other)

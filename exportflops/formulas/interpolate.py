@@ -25,3 +25,42 @@ register_formula(aten.upsample_linear1d)(_blend(2))
 register_formula(aten.upsample_bilinear2d)(_blend(4))
 register_formula(aten.upsample_trilinear3d)(_blend(8))
 register_formula(aten.upsample_bicubic2d)(_blend(16))
+
+
+#: Taps of each antialiased filter at scale 1 (torch's interp_size: 2 for linear, 4 for cubic).
+_AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
+
+
+@register_formula(aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
+def antialiased(call: OpCall) -> Cost:
+    """An antialiased resize blends, per output pixel, every input pixel under the filter; when
+    shrinking by ``s`` the filter widens by ``s`` (PyTorch's ``_compute_index_ranges_weights``:
+    support = taps / 2 x scale; the window of output ``i`` spans the inputs between
+    ``scale (i + 0.5) -/+ support``, clipped to the image). Per output pixel, ``k`` taps are
+    ``k`` multiplies and ``k - 1`` adds, ``k`` the product of the two dims' windows."""
+    x, out = call["input"], call.out
+    taps = _AA_TAPS[call.op.__name__.split(".")[0]]
+    scales = call.get("scale_factors") or (call.get("scales_h"), call.get("scales_w"))
+    windows = [_window_sum(x.shape[d], out.shape[d], taps, bool(call["align_corners"]), scale)
+               for d, scale in zip((-2, -1), scales)]
+    planes = out.numel // (out.shape[-2] * out.shape[-1])
+    return call.cost(flops=planes * (2 * windows[0] * windows[1]) - out.numel)
+
+
+def _window_sum(size_in: int, size_out: int, taps: int, align_corners: bool,
+                scale_factor: float | None) -> int:
+    """The input pixels every output position of one dim reads, summed over the positions."""
+    if not isinstance(size_in, int) or not isinstance(size_out, int):
+        raise ValueError("an antialiased resize is counted at fixed sizes only (its windows "
+                         "depend on the sizes' ratio); analyze it without dynamic image sizes")
+    if align_corners:
+        scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
+    else:
+        scale = 1 / scale_factor if scale_factor else size_in / size_out
+    support = taps / 2 * scale if scale >= 1.0 else taps / 2
+    total = 0
+    for i in range(size_out):
+        center = scale * (i + 0.5)
+        low = max(int(center - support + 0.5), 0)
+        total += min(int(center + support + 0.5), size_in) - low
+    return total
