@@ -74,6 +74,13 @@ LLAMA3_8B = LlamaConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_
 LLAMA3_70B = LlamaConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8,
                          head_dim=128, ffn_dim=28672, norm_eps=1e-5, rope_theta=500_000.0,
                          max_seq_len=8192)
+# Llama 3.1 405B (The Llama 3 Herd of Models, Table 3: 126 layers, model dimension 16,384, FFN
+# dimension 53,248, 128 heads, 8 key/value heads; 128K context): params.json's
+# ffn_dim_multiplier 1.2 and multiple_of 4096 give int(1.2 * int(2 * 4 * 16384 / 3)) = 52428,
+# rounded up to 53248.
+LLAMA3_405B = LlamaConfig(vocab_size=128256, dim=16384, n_layers=126, n_heads=128,
+                          n_kv_heads=8, head_dim=128, ffn_dim=53248, norm_eps=1e-5,
+                          rope_theta=500_000.0, max_seq_len=131072)
 
 
 class RotaryEmbedding(nn.Module):
