@@ -178,15 +178,34 @@ def _collective(call: NodeCall, phase: str) -> Collective:
     tensors = [*call.call.tensor_inputs()]
     dtype = tensors[0].dtype if tensors else call.call.out.dtype
     if "group_name" in call.call.args:  # a functional collective names its group
-        group = str(call.call["group_name"])
-        size = _resolve_process_group(group).size()
-    else:  # c10d's in-place ops (FSDP2) hold the group object: the size is the shards'
-        group = "default"
-        size = kind.group_size(call.call)
+        process_group = _resolve_process_group(str(call.call["group_name"]))
+    else:  # c10d's in-place ops (FSDP2) hold the group object, boxed for TorchScript
+        process_group = _process_group_argument(call.node)
+    if process_group is not None:
+        group, size = process_group.group_name, process_group.size()
+        described = getattr(process_group, "group_desc", "") or ""
+        mesh_dim = described.removeprefix("mesh_") if described.startswith("mesh_") else ""
+    else:  # the size is the shards'
+        group, size, mesh_dim = "unknown", kind.group_size(call.call), ""
     return Collective(op=kind.name, bytes=message_bytes(kind, call.call),
                       dtype=str(dtype).removeprefix("torch."), phase=phase, group_size=size,
-                      group=group, module=call.module, node=call.name, torch_op=call.op_name,
-                      bandwidth_factor=float(kind.factor(size)))
+                      group=group, mesh_dim=mesh_dim, module=call.module, node=call.name,
+                      torch_op=call.op_name, bandwidth_factor=float(kind.factor(size)))
+
+
+def _process_group_argument(node: torch.fx.Node | None):
+    """The ProcessGroup a c10d op's graph node passes (a get_attr of the boxed object)."""
+    if node is None:
+        return None
+    for arg in [*node.args, *node.kwargs.values()]:
+        if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+            value = getattr(node.graph.owning_module, arg.target, None)
+            if isinstance(value, torch.ScriptObject):
+                try:
+                    return torch.distributed.ProcessGroup.unbox(value)
+                except RuntimeError:  # another TorchScript object
+                    continue
+    return None
 
 
 def _local_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -91,12 +91,14 @@ def test_the_command_shards_the_tensor_parallel_shards_on_a_two_dimensional_mesh
     # 2. FSDP2 gathers the 1056 * 4 bytes over its 2 ranks; tensor parallel all-reduces down's
     #    B x T x H output in forward and up's input gradient in backward (2 * 8 * 16 * 4).
     activation = BATCH * SEQ * HIDDEN * F32
-    assert [(c.op, c.phase, c.module, c.bytes, c.group_size) for c in report.collectives] == [
-        ("all_gather", "forward", "blocks.0", local * F32, fsdp),
-        ("all_reduce", "forward", "blocks.0.down", activation, tp),
-        ("all_gather", "backward", "blocks.0", local * F32, fsdp),
-        ("all_reduce", "backward", "blocks.0.up", activation, tp),
-        ("reduce_scatter", "backward", "blocks.0", local * F32, fsdp)]
+    # Each on its own mesh dimension, named as the command names the mesh's: (fsdp, tp).
+    assert [(c.op, c.phase, c.module, c.bytes, c.group_size, c.mesh_dim)
+            for c in report.collectives] == [
+        ("all_gather", "forward", "blocks.0", local * F32, fsdp, "fsdp"),
+        ("all_reduce", "forward", "blocks.0.down", activation, tp, "tp"),
+        ("all_gather", "backward", "blocks.0", local * F32, fsdp, "fsdp"),
+        ("all_reduce", "backward", "blocks.0.up", activation, tp, "tp"),
+        ("reduce_scatter", "backward", "blocks.0", local * F32, fsdp, "fsdp")]
 
 
 @pytest.mark.parametrize("args, message", [

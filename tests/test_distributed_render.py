@@ -27,12 +27,12 @@ def test_collectives_view_lists_each_message_its_factor_and_time_at_a_link_bandw
     rows = [line.split() for line in text.splitlines()[3:]]
     # down's forward all-reduce and up's backward all-reduce of the B x T x H float32 tensor:
     # 2 * 8 * 16 * 4 = 1024 bytes; ring all-reduce factor 2(n-1)/n = 1 at n = 2; time at 1 GB/s
-    # 1024 * 1 / 1e9 s.
+    # 1024 * 1 / 1e9 s. The mesh's one dimension has no name: "-".
     message = BATCH * SEQ * HIDDEN * F32
     assert message == 1024
-    assert rows[0] == ["all_reduce", "forward", "blocks.0.down", "2", "float32", "1024",
+    assert rows[0] == ["all_reduce", "forward", "blocks.0.down", "-", "2", "float32", "1024",
                        "1.000", str(1024 * 1 / 1e9)]
-    assert rows[1] == ["all_reduce", "backward", "blocks.0.up", "2", "float32", "1024",
+    assert rows[1] == ["all_reduce", "backward", "blocks.0.up", "-", "2", "float32", "1024",
                        "1.000", str(1024 * 1 / 1e9)]
     assert rows[2][:2] + rows[2][-2:] == ["total", "forward", "1024", str(1024 / 1e9)]
     assert rows[3][:2] + rows[3][-2:] == ["total", "backward", "1024", str(1024 / 1e9)]

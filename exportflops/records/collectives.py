@@ -29,6 +29,9 @@ class Collective(Record):
     """Ranks in the process group (the mesh dimension's size)."""
     group: str
     """The process group's name, as torch's functional collectives name it."""
+    mesh_dim: str = ""
+    """The device mesh dimension the group spans (``tp``, ``dp``, ...), from torch's
+    description of the groups a ``DeviceMesh`` makes; empty for any other group."""
     module: str
     """Path of the module that issued it; in the backward, the forward module it
     differentiates (``""`` for the root)."""

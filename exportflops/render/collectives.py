@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..records import Report
 from .format import Style
 
-_HEADERS = ["op", "phase", "module", "group size", "dtype", "bytes", "bandwidth factor"]
+_HEADERS = ["op", "phase", "module", "mesh dim", "group size", "dtype", "bytes",
+            "bandwidth factor"]
 
 
 def collectives_view(report: Report, style: Style = Style(), *,
@@ -27,16 +28,16 @@ def collectives_view(report: Report, style: Style = Style(), *,
     headers = [*_HEADERS, *(["time"] if timed else [])]
     rows = []
     for c in report.collectives:
-        row = [c.op, c.phase, c.module or "<root>", c.group_size, c.dtype,
+        row = [c.op, c.phase, c.module or "<root>", c.mesh_dim or "-", c.group_size, c.dtype,
                style.count(c.bytes, "B"), f"{c.bandwidth_factor:.3f}"]
         rows.append(row + ([style.seconds(c.seconds(link_bytes_per_s))] if timed else []))
     for phase in _phases(report):
         listed = [c for c in report.collectives if c.phase == phase]
-        row = [f"total {phase}", "", "", "", "", style.count(sum(c.bytes for c in listed), "B"),
-               ""]
+        row = [f"total {phase}", "", "", "", "", "",
+               style.count(sum(c.bytes for c in listed), "B"), ""]
         seconds = sum(c.seconds(link_bytes_per_s) for c in listed) if timed else None
         rows.append(row + ([style.seconds(seconds)] if timed else []))
-    return style.titled(title, style.table(rows, headers, "lllrlrr" + ("r" if timed else "")))
+    return style.titled(title, style.table(rows, headers, "llllrlrr" + ("r" if timed else "")))
 
 
 def collective_summary_rows(report: Report, style: Style) -> list[list]:
