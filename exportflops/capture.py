@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
 import os
 import zipfile
 from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -34,7 +36,10 @@ class Captured:
 
 
 def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
-            dynamic_shapes: Any = None) -> Captured:
+            dynamic_shapes: Any = None, stack_traces: bool = True) -> Captured:
+    """Export ``target`` (or read the program it is). ``stack_traces=False`` skips the source
+    traceback export records per node (about a tenth of its time): only train mode reads them,
+    to find the ops a custom ``autograd.Function``'s forward ran (`walk._autograd_function`)."""
     if isinstance(target, (torch.export.ExportedProgram, str, os.PathLike)):
         return _captured_program(target, args, kwargs, dynamic_shapes)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
@@ -55,11 +60,29 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
     # random stream advanced (dropout draws), so it runs on a fork of it.
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _recording_stack_traces(stack_traces):
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
         raise ExportError(name, _first_lines(error), _hint(error, target)) from error
     return Captured(program, name, target, args, kwargs or {})
+
+
+def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
+                    dynamic_shapes: Any = None) -> Captured:
+    """`capture` for an analysis of the forward alone: no source tracebacks."""
+    return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, stack_traces=False)
+
+
+@contextlib.contextmanager
+def _recording_stack_traces(record: bool) -> Iterator[None]:
+    import torch.fx.config
+
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = before or not record
+    try:
+        yield
+    finally:
+        torch.fx.config.do_not_emit_stack_traces = before
 
 
 def _captured_program(target: Any, args: Any, kwargs: dict | None,

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from .api import count_captured
-from .capture import capture
+from .capture import capture_forward
 from .errors import GenerationError
 from .generation_seq2seq import kv_counts, seq2seq
 from .records import Counts, Report
@@ -142,7 +142,7 @@ def _dynamic(model, input_ids: torch.Tensor,
     from transformers import DynamicCache
 
     with dynamic_cache_pytree():
-        prefill = count_captured(capture(model, (), {
+        prefill = count_captured(capture_forward(model, (), {
             "input_ids": input_ids, "past_key_values": DynamicCache(config=model.config),
             "use_cache": True}), **options)
         # The step is exported at one cache length and holds for all: export specializes sizes 0
@@ -153,7 +153,7 @@ def _dynamic(model, input_ids: torch.Tensor,
                 "past_key_values": DynamicCache(list(zip(tensors[:layers], tensors[layers:])))}
         # The flattened DynamicCache is [keys per layer, values per layer]; dim 2 is the length.
         length = [[{2: torch.export.Dim.DYNAMIC}] * layers] * 2
-        captured = capture(model, (), step, dynamic_shapes={
+        captured = capture_forward(model, (), step, dynamic_shapes={
             "input_ids": None, "past_key_values": length, "use_cache": None})
         name_input_size(captured.program, 1, 2, PAST)  # user inputs: input_ids, then keys
         # The exported step starts by rebuilding the DynamicCache from its tensors, copying each
@@ -181,7 +181,7 @@ def _reference_llama(model, input_ids: torch.Tensor,
                      options: dict) -> tuple[Report, Report, Counts, list[str]]:
     """The built-in Llama: ``model(tokens, [])`` is the prefill, ``model(token, cache)`` a step
     after the cache's entries (a (keys, values) pair per layer, (B, kv_heads, past, head_dim))."""
-    prefill = count_captured(capture(model, (input_ids, [])), **options)
+    prefill = count_captured(capture_forward(model, (input_ids, [])), **options)
     config = model.config
     shape = (input_ids.shape[0], config.n_kv_heads, max(input_ids.shape[1], 2), config.head_dim)
     dtype = model.output.weight.dtype
@@ -189,7 +189,7 @@ def _reference_llama(model, input_ids: torch.Tensor,
                for _ in range(2 * config.n_layers)]
     layers = list(zip(tensors[::2], tensors[1::2]))
     length = {2: torch.export.Dim.DYNAMIC}
-    captured = capture(model, (input_ids[:, :1].clone(), layers), dynamic_shapes=(
+    captured = capture_forward(model, (input_ids[:, :1].clone(), layers), dynamic_shapes=(
         None, [(length, length)] * config.n_layers))
     # User inputs: tokens, then layer 0's keys; the model checks that every layer's cache
     # holds as many entries, so all lengths are this one size.
@@ -222,11 +222,11 @@ def _static(model, input_ids: torch.Tensor, max_cache_len: int,
             device=input_ids.device)
     device = input_ids.device
     prompt_len = input_ids.shape[1]
-    prefill = count_captured(capture(wrapper, (), {
+    prefill = count_captured(capture_forward(wrapper, (), {
         "input_ids": input_ids, "cache_position": torch.arange(prompt_len, device=device)}),
         **options)
     # The position is a value, not a shape: one graph serves every step.
-    decode = count_captured(capture(wrapper, (), {
+    decode = count_captured(capture_forward(wrapper, (), {
         "input_ids": input_ids[:, :1].clone(),
         "cache_position": torch.tensor([prompt_len], device=device)}), **options)
     tensors = [t for layer in wrapper.static_cache.layers for t in (layer.keys, layer.values)]

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .api import count_captured
-from .capture import capture
+from .capture import capture_forward
 from .records import Counts, Report
 from .records.generation import PAST
 from .symbolic import size_symbol
@@ -70,7 +70,7 @@ def seq2seq(model, input_ids: torch.Tensor,
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     start = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    prefill = count_captured(capture(_Prefill(model), (input_ids, start)), **options)
+    prefill = count_captured(capture_forward(_Prefill(model), (input_ids, start)), **options)
     # The caches as transformers builds them (layers, heads, head dim, dtype), on fake tensors.
     with FakeTensorMode(allow_non_fake_inputs=True):
         _, (keys, values, cross, _) = _Prefill(model)(input_ids, start)
@@ -86,7 +86,7 @@ def seq2seq(model, input_ids: torch.Tensor,
     args = (start, hidden, cache(keys, 2), cache(keys, 2), cache(cross, prompt_len),
             cache(cross, prompt_len))
     length = [{2: torch.export.Dim.DYNAMIC}] * layers
-    captured = capture(_Step(model), args, dynamic_shapes=(
+    captured = capture_forward(_Step(model), args, dynamic_shapes=(
         None, None, length, length, [None] * layers, [None] * layers))
     name_input_size(captured.program, 2, 2, PAST)  # user inputs: token, hidden, keys...
     dropped = drop_cache_rebuild(captured.program, range(2, 2 + 4 * layers))
