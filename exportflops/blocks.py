@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import logging
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .capture import quiet_fake_tensor_log
 from .names import ancestors
 
 #: Leaves compared by value; any other object as an input or output makes a call unique.
@@ -92,7 +92,7 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     ops = _Ops(trace)
     failed = True
     try:
-        with _quiet(), _cheap_mode(model, args, kwargs), trace.hooks(model), \
+        with quiet_fake_tensor_log(), _cheap_mode(model, args, kwargs), trace.hooks(model), \
                 torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
@@ -109,19 +109,6 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     if ops.higher_order:
         return Plan()
     return _choose(model, owners, trace)
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """Fake tensors log an op that fails on meta before raising; the full export then runs and
-    reports what fails there, so the cheap pass's failure stays silent."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def _unique_paths(model: torch.nn.Module, owners: dict[int, set[str]]) -> dict[int, str | None]:

@@ -60,7 +60,8 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
     # random stream advanced (dropout draws), so it runs on a fork of it.
     try:
-        with torch.random.fork_rng(devices=[]), _recording_stack_traces(stack_traces):
+        with torch.random.fork_rng(devices=[]), _recording_stack_traces(stack_traces), \
+                quiet_fake_tensor_log():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
         raise ExportError(name, _first_lines(error), _hint(error, target)) from error
@@ -71,6 +72,20 @@ def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
                     dynamic_shapes: Any = None) -> Captured:
     """`capture` for an analysis of the forward alone: no source tracebacks."""
     return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, stack_traces=False)
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_log() -> Iterator[None]:
+    """Fake tensors log an op that fails (its whole traceback, at ERROR) before raising; the
+    error itself reaches the caller (an `ExportError` with torch's message, or the cheap pass's
+    fall back to the full export), so the log line would say it twice."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextlib.contextmanager
