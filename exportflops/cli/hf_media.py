@@ -1,0 +1,125 @@
+"""Example inputs of Hugging Face forwards beyond tokens: images and videos, audio features,
+time series, and the side inputs some forwards require (boxes, encoder states), each shaped
+from the config's own fields. Zeros, as in `hf_inputs`: the counts depend on shapes only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Where a config keeps the mel bins of its audio features.
+MEL_BINS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "input_dim")
+#: Where a config keeps the frames of a video clip (VideoMAE 16, ViViT 32, TimeSformer 8,
+#: V-JEPA 2 64).
+VIDEO_FRAMES = ("num_frames", "frames_per_clip")
+#: Frames of a spectrogram when the config bounds none: whisper's 30 s are 3,000.
+HF_DEFAULT_FRAMES = 128
+
+
+def _int(config, names: tuple[str, ...]) -> int | None:
+    return next((getattr(config, n) for n in names
+                 if isinstance(getattr(config, n, None), int)
+                 and not isinstance(getattr(config, n), bool)), None)
+
+
+def image_size(config) -> tuple[int, int]:
+    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2),
+    else 224."""
+    size = getattr(config, "image_size", None) or getattr(config, "crop_size", None) or 224
+    if isinstance(size, dict):  # {"height": h, "width": w}
+        return size["height"], size["width"]
+    if isinstance(size, (list, tuple)):
+        return size[0], size[-1]
+    return size, size
+
+
+def pixels(name: str, vision, device, *, batch: int):
+    """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
+    width)`` for ``pixel_values_videos`` or a vision config that counts its frames."""
+    import torch
+
+    height, width = image_size(vision)
+    channels = getattr(vision, "num_channels", 3)
+    frames = _int(vision, VIDEO_FRAMES)
+    if name == "pixel_values_videos" or frames is not None:
+        return torch.zeros((batch, frames or 16, channels, height, width), device=device)
+    return torch.zeros((batch, channels, height, width), device=device)
+
+
+def spectrogram_frames(audio, seq: int | None) -> int:
+    """Frames of a spectrogram: ``seq``, else what the config bounds (whisper's feature
+    extractor pads 30 s to 3,000 frames, twice max_source_positions as its convolution
+    strides by 2; AST's max_length 1,024), else HF_DEFAULT_FRAMES."""
+    if seq:
+        return seq
+    positions = getattr(audio, "max_source_positions", None)
+    if isinstance(positions, int):
+        return 2 * positions
+    return _int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
+
+
+def mel_bins(audio) -> int:
+    return _int(audio, MEL_BINS) or 80
+
+
+def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
+    """The layouts a spectrogram comes in, most common first: bins as channels (whisper's
+    convolutions), frames first (Speech2Text, Parakeet, wav2vec2-BERT, AST), and an image of one
+    channel (CLAP's Swin, ``patch_embed_input_channels``)."""
+    import torch
+
+    bins, frames = mel_bins(audio), spectrogram_frames(audio, seq)
+    layouts = [(batch, bins, frames), (batch, frames, bins)]
+    if isinstance(getattr(audio, "patch_embed_input_channels", None), int):
+        layouts.insert(0, (batch, audio.patch_embed_input_channels, frames, bins))
+    return [torch.zeros(shape, device=device) for shape in layouts]
+
+
+def accepted(model, name: str, candidates: list, others: dict[str, Any]):
+    """The first of ``candidates`` for input ``name`` that ``model``'s forward runs with on
+    meta (shapes only, no arithmetic), else the first: which layout a forward wants is
+    written in its code, not in its config or signature."""
+    import torch
+
+    if len(candidates) == 1 or next(model.parameters(), torch.empty(0)).device.type != "meta":
+        return candidates[0]
+    for candidate in candidates:
+        try:
+            with torch.no_grad():
+                model(**others, **{name: candidate})
+        except Exception:  # any failure rejects the layout; the export reports the real one
+            continue
+        return candidate
+    return candidates[0]
+
+
+def time_series(name: str, config, device, *, batch: int):
+    """A time series' past ``(batch, context_length[, num_input_channels])``: PatchTST and
+    PatchTSMixer take channels, TimesFM one series per row; its padding alike; TimesFM's
+    frequency class per row."""
+    import torch
+
+    length = _int(config, ("context_length",)) or HF_DEFAULT_FRAMES
+    channels = _int(config, ("num_input_channels",))
+    shape = (batch, length) if channels is None else (batch, length, channels)
+    if name == "freq":
+        return torch.zeros((batch, 1), dtype=torch.long, device=device)
+    return torch.zeros(shape, device=device)
+
+
+def boxes(config, device, *, batch: int, length: int):
+    """One box per token ``(batch, length, 4)``: integer coordinates where the config embeds
+    them (LayoutLM's max_2d_position_embeddings), else floats (BROS projects them)."""
+    import torch
+
+    embedded = hasattr(config, "max_2d_position_embeddings")
+    return torch.zeros((batch, length, 4), dtype=torch.long if embedded else torch.float,
+                       device=device)
+
+
+def encoder_states(config, device, *, batch: int, length: int):
+    """The states a cross-attention reads ``(batch, length, encoder_hidden_size)`` (BLIP-2's
+    Q-Former reads its vision tower's)."""
+    import torch
+
+    width = _int(config, ("encoder_hidden_size", "hidden_size"))
+    return torch.zeros((batch, length, width), device=device)
