@@ -9,8 +9,8 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (MEL_BINS, accepted, boxes, encoder_states, feature_layouts, pixels,
-                       time_series)
+from .hf_media import (MEL_BINS, accepted, boxes, encoder_states, feature_layouts, fake_error,
+                       pixels, time_series)
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -25,6 +25,8 @@ MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_s
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
          "input_values")
+#: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
+SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values")
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -38,6 +40,9 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
     signature = inspect.signature(model.forward).parameters
     parameters = list(signature)
     main = model.main_input_name
+    if main not in parameters and _has_mel_bins(config):
+        # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
+        main = "input_features"
     # A forward that lacks its main_input_name takes forward's first parameter: made by its own
     # name where it is one we know (BLIP-2's Q-Former: query_embeds), else as the main input
     # (Florence-2's vision backbone calls its pixels hidden_states).
@@ -54,13 +59,34 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
               and p.default is inspect.Parameter.empty
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names}
-    for name in ("input_features", "input_values"):
-        if isinstance(inputs.get(name), list):  # layouts to choose from
+    first = names[0] == parameters[0] or names[0] not in parameters
+    for name, candidates in inputs.items():
+        if isinstance(candidates, list):  # layouts to choose from
             others = {k: v for k, v in inputs.items() if k != name}
-            inputs[name] = accepted(model, name, inputs[name], others)
-    if names[0] == parameters[0] or names[0] not in parameters:
-        return (inputs.pop(names[0]),), inputs
-    return (), inputs
+            inputs[name] = accepted(model, name, candidates, others,
+                                    first=first and name == names[0])
+    args = (inputs.pop(names[0]),) if first else ()
+    return args, _asked_for(model, args, inputs, device, batch=batch, seq=seq)
+
+
+def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
+               seq: int | None) -> dict[str, Any]:
+    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors
+    ("You have to specify bbox": BROS; "encoder_hidden_states must be given": BLIP-2's
+    Q-Former), among
+    `SIDE_INPUTS`: forward's signature says these are optional, its code that they are not."""
+    side = [name for name in inspect.signature(model.forward).parameters
+            if name in SIDE_INPUTS and name not in inputs]
+    for _ in side:
+        error = fake_error(model, args, inputs)
+        asked = [name for name in side if error is not None and name in str(error)
+                 and name not in inputs]
+        if not asked:
+            break
+        for name in asked:
+            made = example(name, model.config, device, batch=batch, seq=seq)
+            inputs[name] = made[0] if isinstance(made, list) else made
+    return inputs
 
 
 def _has_sub_config(config, modality: str) -> bool:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Where a config keeps the mel bins of its audio features.
-MEL_BINS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels", "input_dim")
+#: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
+#: stack two frames of 80 bins: feature_projection_input_dim 160).
+MEL_BINS = ("feature_projection_input_dim", "num_mel_bins", "feature_size",
+            "input_feat_per_channel", "n_mels", "input_dim")
 #: Where a config keeps the frames of a video clip (VideoMAE 16, ViViT 32, TimeSformer 8,
 #: V-JEPA 2 64).
 VIDEO_FRAMES = ("num_frames", "frames_per_clip")
@@ -34,14 +36,19 @@ def image_size(config) -> tuple[int, int]:
 
 def pixels(name: str, vision, device, *, batch: int):
     """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
-    width)`` for ``pixel_values_videos`` or a vision config that counts its frames."""
+    width)`` for ``pixel_values_videos``; for the pixels of a vision config that counts its
+    frames, the video and its frames as a batch of images (X-CLIP's vision tower), to choose
+    from (`accepted`)."""
     import torch
 
     height, width = image_size(vision)
     channels = getattr(vision, "num_channels", 3)
     frames = _int(vision, VIDEO_FRAMES)
-    if name == "pixel_values_videos" or frames is not None:
+    if name == "pixel_values_videos":
         return torch.zeros((batch, frames or 16, channels, height, width), device=device)
+    if frames is not None:
+        return [torch.zeros((batch, frames, channels, height, width), device=device),
+                torch.zeros((batch * frames, channels, height, width), device=device)]
     return torch.zeros((batch, channels, height, width), device=device)
 
 
@@ -74,21 +81,29 @@ def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
     return [torch.zeros(shape, device=device) for shape in layouts]
 
 
-def accepted(model, name: str, candidates: list, others: dict[str, Any]):
-    """The first of ``candidates`` for input ``name`` that ``model``'s forward runs with on
-    meta (shapes only, no arithmetic), else the first: which layout a forward wants is
-    written in its code, not in its config or signature."""
+def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+    """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
+    arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
+    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's)."""
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if len(candidates) == 1 or next(model.parameters(), torch.empty(0)).device.type != "meta":
-        return candidates[0]
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            model(*args, **kwargs)
+    except Exception as error:  # the caller reads it; the export reports the real failure
+        return error
+    return None
+
+
+def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool):
+    """The first of ``candidates`` for input ``name`` (forward's first parameter, if
+    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which layout a
+    forward wants is written in its code, not in its config or signature."""
     for candidate in candidates:
-        try:
-            with torch.no_grad():
-                model(**others, **{name: candidate})
-        except Exception:  # any failure rejects the layout; the export reports the real one
-            continue
-        return candidate
+        args, kwargs = ((candidate,), others) if first else ((), others | {name: candidate})
+        if fake_error(model, args, kwargs) is None:
+            return candidate
     return candidates[0]
 
 
