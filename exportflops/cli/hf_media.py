@@ -52,14 +52,15 @@ def pixels(name: str, vision, device, *, batch: int):
     return torch.zeros((batch, channels, height, width), device=device)
 
 
-def spectrogram_frames(audio, seq: int | None) -> int:
-    """Frames of a spectrogram: ``seq``, else what the config bounds (whisper's feature
-    extractor pads 30 s to 3,000 frames, twice max_source_positions as its convolution
-    strides by 2; AST's max_length 1,024), else HF_DEFAULT_FRAMES."""
+def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
+    """Frames of a spectrogram: ``seq``; else, for whisper's layout, twice max_source_positions
+    (its feature extractor pads 30 s to 3,000 frames and its convolution strides by 2); else the
+    config's max_length (AST's 1,024); else HF_DEFAULT_FRAMES, a length that frames-first
+    encoders (Conformers, Speech2Text) take as any other."""
+    positions = _int(audio, ("max_source_positions",))
     if seq:
         return seq
-    positions = getattr(audio, "max_source_positions", None)
-    if isinstance(positions, int):
+    if bins_first and positions is not None:
         return 2 * positions
     return _int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
 
@@ -69,13 +70,20 @@ def mel_bins(audio) -> int:
 
 
 def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
-    """The layouts a spectrogram comes in, most common first: bins as channels (whisper's
-    convolutions), frames first (Speech2Text, Parakeet, wav2vec2-BERT, AST), and an image of one
-    channel (CLAP's Swin, ``patch_embed_input_channels``)."""
+    """The layouts a spectrogram comes in, to choose from (`accepted`): bins as channels
+    (whisper's convolutions), frames first (Speech2Text, Parakeet, wav2vec2-BERT, AST), and
+    an image of ``patch_embed_input_channels`` (CLAP's Swin) where the config has those. Where
+    a forward takes two (AST's patches are as many either way), the first wins: whisper's
+    layout where the config bounds the positions of a fixed window (max_source_positions),
+    else frames first."""
     import torch
 
-    bins, frames = mel_bins(audio), spectrogram_frames(audio, seq)
-    layouts = [(batch, bins, frames), (batch, frames, bins)]
+    bins = mel_bins(audio)
+    frames = spectrogram_frames(audio, seq, bins_first=False)
+    layouts = [(batch, bins, spectrogram_frames(audio, seq, bins_first=True)),
+               (batch, frames, bins)]
+    if _int(audio, ("max_source_positions",)) is None:
+        layouts.reverse()
     if isinstance(getattr(audio, "patch_embed_input_channels", None), int):
         layouts.insert(0, (batch, audio.patch_embed_input_channels, frames, bins))
     return [torch.zeros(shape, device=device) for shape in layouts]
