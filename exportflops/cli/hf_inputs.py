@@ -121,7 +121,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name == "input_values":
         return torch.zeros((batch, seq or HF_DEFAULT_SAMPLES), device=device)
     if name in ("past_values", "past_values_padding", "freq"):
-        return time_series(name, config, device, batch=batch)
+        return time_series(name, config, device, batch=batch, seq=seq)
     text = config.get_text_config()
     if name == "bbox":
         return boxes(config, device, batch=batch, length=text_length(text, seq))

@@ -115,13 +115,13 @@ def accepted(model, name: str, candidates: list, others: dict[str, Any], *, firs
     return candidates[0]
 
 
-def time_series(name: str, config, device, *, batch: int):
-    """A time series' past ``(batch, context_length[, num_input_channels])``: PatchTST and
-    PatchTSMixer take channels, TimesFM one series per row; its padding alike; TimesFM's
+def time_series(name: str, config, device, *, batch: int, seq: int | None):
+    """A time series' past ``(batch, seq or context_length[, num_input_channels])``: PatchTST
+    and PatchTSMixer take channels, TimesFM one series per row; its padding alike; TimesFM's
     frequency class per row."""
     import torch
 
-    length = _int(config, ("context_length",)) or HF_DEFAULT_FRAMES
+    length = seq or _int(config, ("context_length",)) or HF_DEFAULT_FRAMES
     channels = _int(config, ("num_input_channels",))
     shape = (batch, length) if channels is None else (batch, length, channels)
     if name == "freq":
