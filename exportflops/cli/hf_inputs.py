@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError
 from .hf_media import (MEL_BINS, accepted, boxes, encoder_states, feature_layouts, fake_error,
-                       pixels, time_series)
+                       pixels, time_series, waveform)
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -119,7 +119,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
     if name == "input_values":
-        return torch.zeros((batch, seq or HF_DEFAULT_SAMPLES), device=device)
+        return waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
     if name in ("past_values", "past_values_padding", "freq"):
         return time_series(name, config, device, batch=batch, seq=seq)
     text = config.get_text_config()

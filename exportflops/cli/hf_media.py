@@ -36,9 +36,9 @@ def image_size(config) -> tuple[int, int]:
 
 def pixels(name: str, vision, device, *, batch: int):
     """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
-    width)`` for ``pixel_values_videos``; for the pixels of a vision config that counts its
-    frames, the video and its frames as a batch of images (X-CLIP's vision tower), to choose
-    from (`accepted`)."""
+    width)`` for ``pixel_values_videos``; to choose from (`accepted`) for ``pixel_values``: a
+    video and its frames as a batch of images (X-CLIP's vision tower) where the vision config
+    counts frames, else images and a list of one image per example (Idefics2, SmolVLM)."""
     import torch
 
     height, width = image_size(vision)
@@ -49,7 +49,19 @@ def pixels(name: str, vision, device, *, batch: int):
     if frames is not None:
         return [torch.zeros((batch, frames, channels, height, width), device=device),
                 torch.zeros((batch * frames, channels, height, width), device=device)]
-    return torch.zeros((batch, channels, height, width), device=device)
+    return [torch.zeros((batch, channels, height, width), device=device),
+            torch.zeros((batch, 1, channels, height, width), device=device)]
+
+
+def waveform(config, device, *, batch: int, samples: int) -> list:
+    """A raw waveform, to choose from (`accepted`): ``(batch, samples)`` (wav2vec2, HuBERT) or
+    ``(batch, audio_channels, samples)`` (the codecs: EnCodec, Mimi, DAC; mono unless the
+    config says)."""
+    import torch
+
+    channels = _int(config, ("audio_channels", "channels")) or 1
+    return [torch.zeros((batch, samples), device=device),
+            torch.zeros((batch, channels, samples), device=device)]
 
 
 def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
@@ -92,13 +104,19 @@ def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
 def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
     arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
-    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's)."""
+    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's). An op whose
+    output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
+    positions), which fake tensors cannot run and export traces, is None too: the inputs'
+    shapes carried forward that far."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                               DynamicOutputShapeException, FakeTensorMode)
 
     try:
         with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
             model(*args, **kwargs)
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        return None
     except Exception as error:  # the caller reads it; the export reports the real failure
         return error
     return None
