@@ -10,7 +10,8 @@ wav2vec2-BERT two stacked frames of 80 bins (feature_projection_input_dim 160); 
 encoder input_dim 160; CLAP's audio tower one channel (patch_embed_input_channels) of 64 bins;
 PatchTST context_length 32 of num_input_channels 1; TimesFM context_length 512; BROS 512
 positions (so 128 tokens) with a box each; BLIP-2's Q-Former cross-attends to states of
-encoder_hidden_size 1,408.
+encoder_hidden_size 1,408; the codecs (EnCodec's audio_channels 1, DAC mono) one second of
+16 kHz waveform with a channel axis; Idefics2 a list of one 224 x 224 x 3 image per example.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ CASES = {
     "wav2vec2-bert": {"input_features": (1, HF_DEFAULT_FRAMES, 160)},
     "granite_speech_encoder": {"hidden_states": (1, HF_DEFAULT_FRAMES, 160)},
     "clap_audio_model": {"input_features": (1, 1, HF_DEFAULT_FRAMES, 64)},
+    # Waveforms: (batch, samples) for wav2vec2 (test_hf_command), a channel axis for codecs.
+    "encodec": {"input_values": (1, 1, 16_000)},
+    "dac": {"input_values": (1, 1, 16_000)},
+    # Images as a list per example: (batch, images, channels, height, width).
+    "idefics2": {"pixel_values": (1, 1, 3, 224, 224)},
     # Time series: (batch, context_length[, channels]); TimesFM's frequency class per series.
     "patchtst": {"past_values": (1, 32, 1)},
     "timesfm": {"past_values": (1, 512), "past_values_padding": (1, 512), "freq": (1, 1)},
@@ -63,7 +69,7 @@ def test_each_input_family_is_shaped_from_its_config(model_type):
 
 @pytest.mark.parametrize("model_type", ["videomae", "audio-spectrogram-transformer",
                                         "parakeet_encoder", "clap_audio_model", "patchtst",
-                                        "bros"])
+                                        "bros", "dac"])
 def test_the_model_then_analyzes_with_every_op_counted(model_type):
     model, args, kwargs = hf_model(model_type, META, None, layers=1)
     report = analyze(model, args, kwargs)
