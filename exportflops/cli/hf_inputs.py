@@ -112,14 +112,18 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name in ("pixel_values", "pixel_values_videos"):
         return pixels(name, _sub_config(config, "vision"), device, batch=batch)
     audio = _sub_config(config, "audio")
-    if name == "input_features" or (name == "input_values" and _has_mel_bins(audio)):
-        # A spectrogram (AST calls its own input_values): its layout is chosen by hf_inputs.
+    if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
     if name in ("inputs_embeds", "query_embeds"):
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
     if name == "input_values":
-        return waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
+        # A waveform, or a spectrogram where the config has mel bins (AST calls its own
+        # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).
+        waves = waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
+        if _has_mel_bins(audio):
+            return waves + feature_layouts(audio, device, batch=batch, seq=seq)
+        return waves
     if name in ("past_values", "past_values_padding", "freq"):
         return time_series(name, config, device, batch=batch, seq=seq)
     text = config.get_text_config()
