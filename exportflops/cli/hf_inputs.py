@@ -9,6 +9,8 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
+from .hf_media import (MEL_BINS, accepted, boxes, encoder_states, feature_layouts, fake_error,
+                       pixels, time_series, waveform)
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -19,12 +21,12 @@ HF_DEFAULT_SAMPLES = 16_000
 #: Where a config keeps its longest sequence, by the names transformers' configs use.
 MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length",
                  "n_ctx", "max_text_len")
-#: Where a config keeps the mel bins of its audio features.
-MEL_BINS = ("num_mel_bins", "feature_size", "input_feat_per_channel", "n_mels")
 #: The inputs `example` makes.
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
          "input_values")
+#: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
+SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values")
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -32,10 +34,15 @@ MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_fea
 def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
               ) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for ``model.forward``: its main input positional when it is forward's
-    first parameter (so ``--dynamic seq`` finds it), the others by name."""
+    first parameter (so ``--dynamic seq`` finds it), the others by name. Every parameter that
+    forward requires (no default) is made too, or refused with a UsageError that names it."""
     config = model.config
-    parameters = list(inspect.signature(model.forward).parameters)
+    signature = inspect.signature(model.forward).parameters
+    parameters = list(signature)
     main = model.main_input_name
+    if main not in parameters and _has_mel_bins(config):
+        # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
+        main = "input_features"
     # A forward that lacks its main_input_name takes forward's first parameter: made by its own
     # name where it is one we know (BLIP-2's Q-Former: query_embeds), else as the main input
     # (Florence-2's vision backbone calls its pixels hidden_states).
@@ -46,10 +53,40 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
             names.append(name)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         names.append("decoder_input_ids")
+    # The main input fills forward's first parameter where forward lacks its name.
+    filled = names + ([parameters[0]] if names[0] not in parameters else [])
+    names += [name for name, p in signature.items() if name not in filled
+              and p.default is inspect.Parameter.empty
+              and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names}
-    if names[0] == parameters[0] or names[0] not in parameters:
-        return (inputs.pop(names[0]),), inputs
-    return (), inputs
+    first = names[0] == parameters[0] or names[0] not in parameters
+    for name, candidates in inputs.items():
+        if isinstance(candidates, list):  # layouts to choose from
+            others = {k: v for k, v in inputs.items() if k != name}
+            inputs[name] = accepted(model, name, candidates, others,
+                                    first=first and name == names[0])
+    args = (inputs.pop(names[0]),) if first else ()
+    return args, _asked_for(model, args, inputs, device, batch=batch, seq=seq)
+
+
+def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
+               seq: int | None) -> dict[str, Any]:
+    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors
+    ("You have to specify bbox": BROS; "encoder_hidden_states must be given": BLIP-2's
+    Q-Former), among
+    `SIDE_INPUTS`: forward's signature says these are optional, its code that they are not."""
+    side = [name for name in inspect.signature(model.forward).parameters
+            if name in SIDE_INPUTS and name not in inputs]
+    for _ in side:
+        error = fake_error(model, args, inputs)
+        asked = [name for name in side if error is not None and name in str(error)
+                 and name not in inputs]
+        if not asked:
+            break
+        for name in asked:
+            made = example(name, model.config, device, batch=batch, seq=seq)
+            inputs[name] = made[0] if isinstance(made, list) else made
+    return inputs
 
 
 def _has_sub_config(config, modality: str) -> bool:
@@ -73,27 +110,33 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
     if name in ("pixel_values", "pixel_values_videos"):
-        vision = _sub_config(config, "vision")
-        height, width = _image_size(vision)
-        channels = getattr(vision, "num_channels", 3)
-        return torch.zeros((batch, channels, height, width), device=device)
-    if name == "input_features":
-        # The feature extractor's log-mel spectrogram: whisper pads 30 s to 3,000 frames,
-        # twice the encoder's positions (its convolution strides by 2).
-        audio = _sub_config(config, "audio")
-        bins = next((getattr(audio, n) for n in MEL_BINS if isinstance(getattr(audio, n, None),
-                                                                       int)), 80)
-        positions = getattr(audio, "max_source_positions", None)
-        frames = seq or (2 * positions if positions else HF_DEFAULT_SEQ_LEN)
-        return torch.zeros((batch, bins, frames), device=device)
+        return pixels(name, _sub_config(config, "vision"), device, batch=batch)
+    audio = _sub_config(config, "audio")
+    if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
+        return feature_layouts(audio, device, batch=batch, seq=seq)
     if name in ("inputs_embeds", "query_embeds"):
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
     if name == "input_values":
-        return torch.zeros((batch, seq or HF_DEFAULT_SAMPLES), device=device)
+        # A waveform, or a spectrogram where the config has mel bins (AST calls its own
+        # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).
+        waves = waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
+        if _has_mel_bins(audio):
+            return waves + feature_layouts(audio, device, batch=batch, seq=seq)
+        return waves
+    if name in ("past_values", "past_values_padding", "freq"):
+        return time_series(name, config, device, batch=batch, seq=seq)
+    text = config.get_text_config()
+    if name == "bbox":
+        return boxes(config, device, batch=batch, length=text_length(text, seq))
+    if name == "encoder_hidden_states":
+        return encoder_states(config, device, batch=batch, length=text_length(text, seq))
+    if name == "qformer_input_ids" and getattr(config, "qformer_config", None) is not None:
+        length = text_length(config.qformer_config, seq)
+        return torch.zeros((batch, length), dtype=torch.long, device=device)
     raise UsageError(f"exportflops does not know how to make an example {name!r} for "
-                     f"{type(config).__name__}; pass the model's inputs with --input and "
-                     f"--kwargs.")
+                     f"{type(config).__name__}, and its forward requires it; pass the model's "
+                     f"inputs with --input and --kwargs.")
 
 
 def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
@@ -110,10 +153,5 @@ def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
     return seq
 
 
-def _image_size(config) -> tuple[int, int]:
-    size = getattr(config, "image_size", 224)
-    if isinstance(size, dict):  # {"height": h, "width": w}
-        return size["height"], size["width"]
-    if isinstance(size, (list, tuple)):
-        return size[0], size[-1]
-    return size, size
+def _has_mel_bins(config) -> bool:
+    return any(isinstance(getattr(config, n, None), int) for n in MEL_BINS)

@@ -1,0 +1,166 @@
+"""Example inputs of Hugging Face forwards beyond tokens: images and videos, audio features,
+time series, and the side inputs some forwards require (boxes, encoder states), each shaped
+from the config's own fields. Zeros, as in `hf_inputs`: the counts depend on shapes only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
+#: stack two frames of 80 bins: feature_projection_input_dim 160).
+MEL_BINS = ("feature_projection_input_dim", "num_mel_bins", "feature_size",
+            "input_feat_per_channel", "n_mels", "input_dim")
+#: Where a config keeps the frames of a video clip (VideoMAE 16, ViViT 32, TimeSformer 8,
+#: V-JEPA 2 64).
+VIDEO_FRAMES = ("num_frames", "frames_per_clip")
+#: Frames of a spectrogram when the config bounds none: whisper's 30 s are 3,000.
+HF_DEFAULT_FRAMES = 128
+
+
+def _int(config, names: tuple[str, ...]) -> int | None:
+    return next((getattr(config, n) for n in names
+                 if isinstance(getattr(config, n, None), int)
+                 and not isinstance(getattr(config, n), bool)), None)
+
+
+def image_size(config) -> tuple[int, int]:
+    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2),
+    else 224."""
+    size = getattr(config, "image_size", None) or getattr(config, "crop_size", None) or 224
+    if isinstance(size, dict):  # {"height": h, "width": w}
+        return size["height"], size["width"]
+    if isinstance(size, (list, tuple)):
+        return size[0], size[-1]
+    return size, size
+
+
+def pixels(name: str, vision, device, *, batch: int):
+    """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
+    width)`` for ``pixel_values_videos``; to choose from (`accepted`) for ``pixel_values``: a
+    video and its frames as a batch of images (X-CLIP's vision tower) where the vision config
+    counts frames, else images and a list of one image per example (Idefics2, SmolVLM)."""
+    import torch
+
+    height, width = image_size(vision)
+    channels = getattr(vision, "num_channels", 3)
+    frames = _int(vision, VIDEO_FRAMES)
+    if name == "pixel_values_videos":
+        return torch.zeros((batch, frames or 16, channels, height, width), device=device)
+    if frames is not None:
+        return [torch.zeros((batch, frames, channels, height, width), device=device),
+                torch.zeros((batch * frames, channels, height, width), device=device)]
+    return [torch.zeros((batch, channels, height, width), device=device),
+            torch.zeros((batch, 1, channels, height, width), device=device)]
+
+
+def waveform(config, device, *, batch: int, samples: int) -> list:
+    """A raw waveform, to choose from (`accepted`): ``(batch, samples)`` (wav2vec2, HuBERT) or
+    ``(batch, audio_channels, samples)`` (the codecs: EnCodec, Mimi, DAC; mono unless the
+    config says)."""
+    import torch
+
+    channels = _int(config, ("audio_channels", "channels")) or 1
+    return [torch.zeros((batch, samples), device=device),
+            torch.zeros((batch, channels, samples), device=device)]
+
+
+def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
+    """Frames of a spectrogram: ``seq``; else, for whisper's layout, twice max_source_positions
+    (its feature extractor pads 30 s to 3,000 frames and its convolution strides by 2); else the
+    config's max_length (AST's 1,024); else HF_DEFAULT_FRAMES, a length that frames-first
+    encoders (Conformers, Speech2Text) take as any other."""
+    positions = _int(audio, ("max_source_positions",))
+    if seq:
+        return seq
+    if bins_first and positions is not None:
+        return 2 * positions
+    return _int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
+
+
+def mel_bins(audio) -> int:
+    return _int(audio, MEL_BINS) or 80
+
+
+def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
+    """The layouts a spectrogram comes in, to choose from (`accepted`): bins as channels
+    (whisper's convolutions), frames first (Speech2Text, Parakeet, wav2vec2-BERT, AST), and
+    an image of ``patch_embed_input_channels`` (CLAP's Swin) where the config has those. Where
+    a forward takes two (AST's patches are as many either way), the first wins: whisper's
+    layout where the config bounds the positions of a fixed window (max_source_positions),
+    else frames first."""
+    import torch
+
+    bins = mel_bins(audio)
+    frames = spectrogram_frames(audio, seq, bins_first=False)
+    layouts = [(batch, bins, spectrogram_frames(audio, seq, bins_first=True)),
+               (batch, frames, bins)]
+    if _int(audio, ("max_source_positions",)) is None:
+        layouts.reverse()
+    if isinstance(getattr(audio, "patch_embed_input_channels", None), int):
+        layouts.insert(0, (batch, audio.patch_embed_input_channels, frames, bins))
+    return [torch.zeros(shape, device=device) for shape in layouts]
+
+
+def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+    """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
+    arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
+    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's). An op whose
+    output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
+    positions), which fake tensors cannot run and export traces, is None too: the inputs'
+    shapes carried forward that far."""
+    import torch
+    from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                               DynamicOutputShapeException, FakeTensorMode)
+
+    try:
+        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+            model(*args, **kwargs)
+    except (DataDependentOutputException, DynamicOutputShapeException):
+        return None
+    except Exception as error:  # the caller reads it; the export reports the real failure
+        return error
+    return None
+
+
+def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool):
+    """The first of ``candidates`` for input ``name`` (forward's first parameter, if
+    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which layout a
+    forward wants is written in its code, not in its config or signature."""
+    for candidate in candidates:
+        args, kwargs = ((candidate,), others) if first else ((), others | {name: candidate})
+        if fake_error(model, args, kwargs) is None:
+            return candidate
+    return candidates[0]
+
+
+def time_series(name: str, config, device, *, batch: int, seq: int | None):
+    """A time series' past ``(batch, seq or context_length[, num_input_channels])``: PatchTST
+    and PatchTSMixer take channels, TimesFM one series per row; its padding alike; TimesFM's
+    frequency class per row."""
+    import torch
+
+    length = seq or _int(config, ("context_length",)) or HF_DEFAULT_FRAMES
+    channels = _int(config, ("num_input_channels",))
+    shape = (batch, length) if channels is None else (batch, length, channels)
+    if name == "freq":
+        return torch.zeros((batch, 1), dtype=torch.long, device=device)
+    return torch.zeros(shape, device=device)
+
+
+def boxes(config, device, *, batch: int, length: int):
+    """One box per token ``(batch, length, 4)``: integer coordinates where the config embeds
+    them (LayoutLM's max_2d_position_embeddings), else floats (BROS projects them)."""
+    import torch
+
+    embedded = hasattr(config, "max_2d_position_embeddings")
+    return torch.zeros((batch, length, 4), dtype=torch.long if embedded else torch.float,
+                       device=device)
+
+
+def encoder_states(config, device, *, batch: int, length: int):
+    """The states a cross-attention reads ``(batch, length, encoder_hidden_size)`` (BLIP-2's
+    Q-Former reads its vision tower's)."""
+    import torch
+
+    width = _int(config, ("encoder_hidden_size", "hidden_size"))
+    return torch.zeros((batch, length, width), device=device)

@@ -1,0 +1,84 @@
+"""Example inputs ``hf:`` makes beyond tokens and images: videos, spectrograms in each layout,
+time series, and the inputs a forward requires or asks for; each model then analyzes with no
+uncounted op.
+
+Shapes come from transformers' default configs (the published sizes of each architecture,
+transformers 5.23): VideoMAE reads 16 frames of 224 x 224 x 3 (num_frames, image_size,
+num_channels), TimeSformer 8; X-CLIP's vision tower 8 frames, as a batch of images; AST a
+spectrogram of max_length 1,024 frames x num_mel_bins 128; Parakeet 80 mel bins, frames first;
+wav2vec2-BERT two stacked frames of 80 bins (feature_projection_input_dim 160); Granite Speech's
+encoder input_dim 160; CLAP's audio tower one channel (patch_embed_input_channels) of 64 bins;
+PatchTST context_length 32 of num_input_channels 1; TimesFM context_length 512; BROS 512
+positions (so 128 tokens) with a box each; BLIP-2's Q-Former cross-attends to states of
+encoder_hidden_size 1,408; the codecs (EnCodec's audio_channels 1, DAC mono) one second of
+16 kHz waveform with a channel axis; Idefics2 a list of one 224 x 224 x 3 image per example.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from exportflops import analyze
+from exportflops.cli.hf import hf_model
+from exportflops.cli.hf_media import HF_DEFAULT_FRAMES
+from exportflops.errors import UsageError
+
+pytest.importorskip("transformers")
+META = torch.device("meta")
+
+# model type -> {input name: shape} at one layer, batch 1, default seq.
+CASES = {
+    # Videos: (batch, frames, channels, height, width).
+    "videomae": {"pixel_values": (1, 16, 3, 224, 224)},
+    "timesformer": {"pixel_values": (1, 8, 3, 224, 224)},
+    "xclip_vision_model": {"pixel_values": (1 * 8, 3, 224, 224)},
+    # Spectrograms: frames first, bins as channels (whisper, in test_hf_command), or an image.
+    "audio-spectrogram-transformer": {"input_values": (1, 1024, 128)},
+    "parakeet_encoder": {"input_features": (1, HF_DEFAULT_FRAMES, 80)},
+    "wav2vec2-bert": {"input_features": (1, HF_DEFAULT_FRAMES, 160)},
+    "granite_speech_encoder": {"hidden_states": (1, HF_DEFAULT_FRAMES, 160)},
+    "clap_audio_model": {"input_features": (1, 1, HF_DEFAULT_FRAMES, 64)},
+    # Waveforms: (batch, samples) for wav2vec2 (test_hf_command), a channel axis for codecs.
+    "encodec": {"input_values": (1, 1, 16_000)},
+    "dac": {"input_values": (1, 1, 16_000)},
+    # Images as a list per example: (batch, images, channels, height, width).
+    "idefics2": {"pixel_values": (1, 1, 3, 224, 224)},
+    # Time series: (batch, context_length[, channels]); TimesFM's frequency class per series.
+    "patchtst": {"past_values": (1, 32, 1)},
+    "timesfm": {"past_values": (1, 512), "past_values_padding": (1, 512), "freq": (1, 1)},
+    # Inputs the forward's code requires though its signature makes them optional.
+    "bros": {"input_ids": (1, 128), "bbox": (1, 128, 4)},
+    "blip_2_qformer": {"query_embeds": (1, 128, 768), "encoder_hidden_states": (1, 128, 1408)},
+}
+
+
+def _named(model, args, kwargs) -> dict:
+    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
+
+
+@pytest.mark.parametrize("model_type", list(CASES))
+def test_each_input_family_is_shaped_from_its_config(model_type):
+    model, args, kwargs = hf_model(model_type, META, None, layers=1)
+    named = _named(model, args, kwargs)
+    got = {name: tuple(named[name].shape) for name in CASES[model_type] if name in named}
+    assert got == CASES[model_type]
+
+
+@pytest.mark.parametrize("model_type", ["videomae", "audio-spectrogram-transformer",
+                                        "parakeet_encoder", "clap_audio_model", "patchtst",
+                                        "bros", "dac"])
+def test_the_model_then_analyzes_with_every_op_counted(model_type):
+    model, args, kwargs = hf_model(model_type, META, None, layers=1)
+    report = analyze(model, args, kwargs)
+    assert report.total.flops > 0
+    assert report.uncounted == []
+
+
+def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
+    """Qwen2-VL's vision tower requires grid_thw, the (frames, rows, columns) of each image's
+    patches: values, not a shape, that the command cannot choose for the user."""
+    with pytest.raises(UsageError, match="'grid_thw'.*--kwargs"):
+        hf_model("qwen2_vl_vision", META, None, layers=1)
