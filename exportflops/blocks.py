@@ -215,7 +215,7 @@ class _Ops(TorchDispatchMode):
             self.events.append((func, object()))
             return out
         try:
-            self.events.append((func, _key((args, kwargs)), _key(out)))
+            self.events.append((func, _op_key(args), _op_key(kwargs), _op_key(out)))
         except _Unique:
             self.events.append((func, object()))  # never equal to another op
         return out
@@ -224,6 +224,17 @@ class _Ops(TorchDispatchMode):
 def _key(tree: Any) -> tuple:
     leaves, spec = pytree.tree_flatten(tree)
     return (spec, *(_leaf(leaf) for leaf in leaves))
+
+
+def _op_key(value: Any) -> Any:
+    """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
+    tuples or dicts of them: a nested tuple, without pytree's specs (the cheap pass's cost is
+    mostly this, once per op)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), *(_op_key(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, *((k, _op_key(v)) for k, v in value.items()))
+    return _leaf(value)
 
 
 def _leaf(leaf: Any) -> Any:
