@@ -113,13 +113,28 @@ def _normal_tensors(tree: Any) -> Any:
         torch.Tensor, lambda t: t.clone() if t.is_inference() else t, tree)
 
 
+def _counted(calls: list, table: FormulaTable, strict: bool, decomposer: Decomposer,
+             expansion: Expansion | None) -> list[NodeRecord]:
+    """Each call's record; a repeat's copy of a node takes its model's record, moved (equal
+    inputs, equal graphs: equal counts), so each distinct node is counted once."""
+    records: dict[str, NodeRecord] = {}
+    for call in calls:
+        original = expansion.copies.get(call.name) if expansion is not None else None
+        if original is not None and original[0].name in records:
+            records[call.name] = records[original[0].name].model_copy(
+                update={"name": call.name, "module": call.module})
+        else:
+            records[call.name] = count_node(call, table, strict=strict, decomposer=decomposer)
+    return list(records.values())
+
+
 def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
            expansion: Expansion | None = None) -> Report:
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
     decomposer = Decomposer(graph.shape_env, graph.renames)
     calls = graph.nodes if expansion is None else expansion.forward(graph.nodes)
-    nodes = [count_node(call, table, strict=strict, decomposer=decomposer) for call in calls]
+    nodes = _counted(calls, table, strict, decomposer, expansion)
     if mode == "train":
         received: dict = {}
         backward = _backward_records(captured.program, graph, table, strict, decomposer,
