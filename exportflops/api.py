@@ -62,13 +62,13 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
                                                dynamic_shapes)
         if captured is None:
             captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                               stack_traces=mode == "train")
+                               forward_only=mode != "train")
         with _collector_paused():
             try:
                 return _count(captured, table, strict=strict, mode=mode, expansion=expansion)
             except NotRepeated:  # a repeat's backward is not its model's: trace it in full
                 captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                   stack_traces=mode == "train")
+                                   forward_only=mode != "train")
                 return _count(captured, table, strict=strict, mode=mode)
 
 

@@ -36,10 +36,13 @@ class Captured:
 
 
 def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
-            dynamic_shapes: Any = None, stack_traces: bool = True) -> Captured:
-    """Export ``target`` (or read the program it is). ``stack_traces=False`` skips the source
-    traceback export records per node (about a tenth of its time): only train mode reads them,
-    to find the ops a custom ``autograd.Function``'s forward ran (`walk._autograd_function`)."""
+            dynamic_shapes: Any = None, forward_only: bool = False) -> Captured:
+    """Export ``target`` (or read the program it is). ``forward_only=True`` is for analyses
+    that count the forward alone: export then runs without grad, so that a model's own
+    ``no_grad`` regions (Hugging Face's rotary embeddings) leave no grad-mode switches for
+    export to wrap into subgraphs, and without the source traceback it records per node; only
+    train mode needs those, to find the ops a custom ``autograd.Function``'s forward ran
+    (`walk._autograd_function`). Each is about a tenth of export's time; the ops are the same."""
     if isinstance(target, (torch.export.ExportedProgram, str, os.PathLike)):
         return _captured_program(target, args, kwargs, dynamic_shapes)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
@@ -60,7 +63,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
     # random stream advanced (dropout draws), so it runs on a fork of it.
     try:
-        with torch.random.fork_rng(devices=[]), _recording_stack_traces(stack_traces), \
+        with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
                 quiet_fake_tensor_log():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
@@ -71,7 +74,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
 def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
                     dynamic_shapes: Any = None) -> Captured:
     """`capture` for an analysis of the forward alone: no source tracebacks."""
-    return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, stack_traces=False)
+    return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, forward_only=True)
 
 
 @contextlib.contextmanager
@@ -89,13 +92,17 @@ def quiet_fake_tensor_log() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _recording_stack_traces(record: bool) -> Iterator[None]:
+def _forward_only(forward_only: bool) -> Iterator[None]:
     import torch.fx.config
 
-    before = torch.fx.config.do_not_emit_stack_traces
-    torch.fx.config.do_not_emit_stack_traces = before or not record
-    try:
+    if not forward_only:
         yield
+        return
+    before = torch.fx.config.do_not_emit_stack_traces
+    torch.fx.config.do_not_emit_stack_traces = True
+    try:
+        with torch.no_grad():
+            yield
     finally:
         torch.fx.config.do_not_emit_stack_traces = before
 

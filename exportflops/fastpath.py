@@ -204,7 +204,7 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
         return None, None
     try:
         captured = capture(stubbed(model, plan, train), args, kwargs,
-                           dynamic_shapes=dynamic_shapes, stack_traces=train)
+                           dynamic_shapes=dynamic_shapes, forward_only=not train)
     except Exception:  # the full export fails the same way and says why
         return None, None
     return replace(captured, module=model), Expansion(plan)
