@@ -262,3 +262,14 @@ def test_gpt2_decode_step_and_static_cache_by_hand():
     static = analyze_generation(model, prompt, new_tokens=3, cache="static")
     assert static.max_cache_len == 5 + 3
     assert static.decode.total.macs == constant + per_key * 8
+
+
+def test_the_closed_form_sum_of_a_polynomial_over_the_steps():
+    from exportflops.records.generation import power_sum
+
+    # 2L + 3 at L = 5, 6, 7: 13 + 15 + 17 = 45; L^2 at 1..4: 4 * 5 * 9 / 6 = 30; a constant 7
+    # over 10 steps: 70; no step (last < first): 0.
+    assert power_sum(sympy.sympify(2 * PAST + 3), PAST, 5, 7) == 45
+    assert power_sum(PAST**2, PAST, 1, 4) == 30
+    assert power_sum(sympy.Integer(7), PAST, 0, 9) == 70
+    assert power_sum(PAST**2, PAST, 4, 3) == 0

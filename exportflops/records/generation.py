@@ -3,6 +3,8 @@ context length, and the whole request. Imports no torch."""
 
 from __future__ import annotations
 
+import math
+
 from typing import Literal
 
 import sympy
@@ -93,18 +95,35 @@ class GenerationReport(Record):
 def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int) -> Counts:
     """The prefill plus the decode step summed over ``past = first .. first + G - 2`` (``first``
     = P for a decoder-only model) in closed form:
-    each count is a polynomial in ``past`` (a constant for a static cache), summed by sympy,
-    never by evaluating the steps one by one."""
+    each count is a polynomial in ``past`` (a constant for a static cache), summed in closed
+    form (`power_sum`), never by evaluating the steps one by one."""
     past = size_symbol(PAST)
     last = first + new_tokens - 2
 
     def summed(count) -> int:
         if last < first:  # one new token: the prefill makes it, no decode step runs
             return 0
-        return int(sympy.summation(sympy.sympify(count), (past, first, last)))
+        return power_sum(sympy.sympify(count), past, first, last)
 
     return Counts(**{name: getattr(prefill, name) + summed(getattr(step, name))
                      for name in Counts.model_fields})
+
+
+def power_sum(polynomial: sympy.Expr, symbol: sympy.Symbol, first: int, last: int) -> int:
+    """``sum(polynomial at symbol = first .. last)`` in closed form, by Newton's forward-difference
+    formula: a polynomial of degree d summed over n consecutive integers is
+    ``sum_k (d^k p)(first) * C(n, k + 1)``, from its values at first .. first + d. Exact in
+    integers, and a few evaluations whatever n is (sympy's summation takes milliseconds a
+    count)."""
+    if symbol not in polynomial.free_symbols:
+        return int(polynomial) * (last - first + 1)
+    degree = sympy.Poly(polynomial, symbol).degree()
+    differences = [int(polynomial.subs(symbol, first + i)) for i in range(degree + 1)]
+    total = 0
+    for k in range(degree + 1):
+        total += differences[0] * math.comb(last - first + 1, k + 1)
+        differences = [b - a for a, b in zip(differences, differences[1:])]
+    return total
 
 
 def _at(counts: Counts, past: int) -> Counts:
