@@ -56,20 +56,22 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
         if is_parallelized(model):
             return _parallel(model, args, kwargs, table, strict=strict, mode=mode,
                              dynamic_shapes=dynamic_shapes)
+
+        def full_export():
+            return capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                           forward_only=mode != "train")
+
         captured, expansion = None, None
         if fast and isinstance(model, torch.nn.Module):
             captured, expansion = fast_capture(model, args, kwargs, mode == "train",
                                                dynamic_shapes)
         if captured is None:
-            captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                               forward_only=mode != "train")
+            captured = full_export()
         with _collector_paused():
             try:
                 return _count(captured, table, strict=strict, mode=mode, expansion=expansion)
             except NotRepeated:  # a repeat's backward is not its model's: trace it in full
-                captured = capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                   forward_only=mode != "train")
-                return _count(captured, table, strict=strict, mode=mode)
+                return _count(full_export(), table, strict=strict, mode=mode)
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,

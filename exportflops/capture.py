@@ -9,8 +9,8 @@ import json
 import logging
 import os
 import zipfile
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -73,7 +73,8 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
 
 def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
                     dynamic_shapes: Any = None) -> Captured:
-    """`capture` for an analysis of the forward alone: no source tracebacks."""
+    """`capture` for an analysis of the forward alone (``forward_only``: no grad, no source
+    tracebacks)."""
     return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, forward_only=True)
 
 

@@ -9,8 +9,8 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (MEL_BINS, accepted, boxes, encoder_states, feature_layouts, fake_error,
-                       pixels, time_series, waveform)
+from .hf_media import (MEL_BINS, accepted, boxes, config_int, encoder_states, feature_layouts,
+                       fake_error, pixels, time_series, waveform)
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -154,4 +154,4 @@ def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
 
 
 def _has_mel_bins(config) -> bool:
-    return any(isinstance(getattr(config, n, None), int) for n in MEL_BINS)
+    return config_int(config, MEL_BINS) is not None

@@ -17,7 +17,8 @@ VIDEO_FRAMES = ("num_frames", "frames_per_clip")
 HF_DEFAULT_FRAMES = 128
 
 
-def _int(config, names: tuple[str, ...]) -> int | None:
+def config_int(config, names: tuple[str, ...]) -> int | None:
+    """The first of the fields ``names`` that ``config`` holds as an int (not a bool)."""
     return next((getattr(config, n) for n in names
                  if isinstance(getattr(config, n, None), int)
                  and not isinstance(getattr(config, n), bool)), None)
@@ -43,7 +44,7 @@ def pixels(name: str, vision, device, *, batch: int):
 
     height, width = image_size(vision)
     channels = getattr(vision, "num_channels", 3)
-    frames = _int(vision, VIDEO_FRAMES)
+    frames = config_int(vision, VIDEO_FRAMES)
     if name == "pixel_values_videos":
         return torch.zeros((batch, frames or 16, channels, height, width), device=device)
     if frames is not None:
@@ -59,7 +60,7 @@ def waveform(config, device, *, batch: int, samples: int) -> list:
     config says)."""
     import torch
 
-    channels = _int(config, ("audio_channels", "channels")) or 1
+    channels = config_int(config, ("audio_channels", "channels")) or 1
     return [torch.zeros((batch, samples), device=device),
             torch.zeros((batch, channels, samples), device=device)]
 
@@ -69,16 +70,16 @@ def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
     (its feature extractor pads 30 s to 3,000 frames and its convolution strides by 2); else the
     config's max_length (AST's 1,024); else HF_DEFAULT_FRAMES, a length that frames-first
     encoders (Conformers, Speech2Text) take as any other."""
-    positions = _int(audio, ("max_source_positions",))
+    positions = config_int(audio, ("max_source_positions",))
     if seq:
         return seq
     if bins_first and positions is not None:
         return 2 * positions
-    return _int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
+    return config_int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
 
 
 def mel_bins(audio) -> int:
-    return _int(audio, MEL_BINS) or 80
+    return config_int(audio, MEL_BINS) or 80
 
 
 def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
@@ -94,7 +95,7 @@ def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
     frames = spectrogram_frames(audio, seq, bins_first=False)
     layouts = [(batch, bins, spectrogram_frames(audio, seq, bins_first=True)),
                (batch, frames, bins)]
-    if _int(audio, ("max_source_positions",)) is None:
+    if config_int(audio, ("max_source_positions",)) is None:
         layouts.reverse()
     if isinstance(getattr(audio, "patch_embed_input_channels", None), int):
         layouts.insert(0, (batch, audio.patch_embed_input_channels, frames, bins))
@@ -112,8 +113,10 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                                DynamicOutputShapeException, FakeTensorMode)
 
+    from ..capture import quiet_fake_tensor_log
+
     try:
-        with torch.no_grad(), FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.no_grad(), quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
             model(*args, **kwargs)
     except (DataDependentOutputException, DynamicOutputShapeException):
         return None
@@ -139,8 +142,8 @@ def time_series(name: str, config, device, *, batch: int, seq: int | None):
     frequency class per row."""
     import torch
 
-    length = seq or _int(config, ("context_length",)) or HF_DEFAULT_FRAMES
-    channels = _int(config, ("num_input_channels",))
+    length = seq or config_int(config, ("context_length",)) or HF_DEFAULT_FRAMES
+    channels = config_int(config, ("num_input_channels",))
     shape = (batch, length) if channels is None else (batch, length, channels)
     if name == "freq":
         return torch.zeros((batch, 1), dtype=torch.long, device=device)
@@ -162,5 +165,5 @@ def encoder_states(config, device, *, batch: int, length: int):
     Q-Former reads its vision tower's)."""
     import torch
 
-    width = _int(config, ("encoder_hidden_size", "hidden_size"))
+    width = config_int(config, ("encoder_hidden_size", "hidden_size"))
     return torch.zeros((batch, length, width), device=device)

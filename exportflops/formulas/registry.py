@@ -63,12 +63,10 @@ class FormulaTable:
         def zero(call: OpCall) -> Cost:
             if moves == "nothing" or (moves == "view-or-copy" and call.aliased):
                 return Cost()
-            if moves == "view-or-copy":
-                return call.cost()
-            full = call.cost()
-            if moves == "copy":
-                return full
-            return full.model_copy(update=dict.fromkeys(READ_FIELDS, 0))
+            full = call.cost()  # a copy, or a view-or-copy that copied
+            if moves == "write":
+                return full.model_copy(update=dict.fromkeys(READ_FIELDS, 0))
+            return full
 
         zero.__qualname__ = f"zero[{moves}]"
         for op in ops:

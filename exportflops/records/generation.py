@@ -4,7 +4,6 @@ context length, and the whole request. Imports no torch."""
 from __future__ import annotations
 
 import math
-
 from typing import Literal
 
 import sympy
