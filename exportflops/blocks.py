@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -89,10 +90,11 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     owners = _owners(model)
     paths = _unique_paths(model, owners)
     trace = _Trace(paths)
-    ops = _Ops(trace)
+    cheap = _cheap_mode(model, args, kwargs)
+    ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
     failed = True
     try:
-        with quiet_fake_tensor_log(), _cheap_mode(model, args, kwargs), trace.hooks(model), \
+        with quiet_fake_tensor_log(), cheap, trace.hooks(model), \
                 torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
@@ -199,26 +201,72 @@ class _Trace:
 
 class _Ops(TorchDispatchMode):
     """Records each ATen op with what its result depends on. A higher-order op (``cond``,
-    ``map``) is run, and makes the calls around it unique: its subgraphs are not compared."""
+    ``map``) is run, and makes the calls around it unique: its subgraphs are not compared.
+
+    With ``reuse`` (every tensor on meta), a functional op seen before with equal arguments is
+    not run again: its result is new empty meta tensors of the recorded shapes and strides.
+    A meta kernel's result depends on nothing else (meta tensors hold no values), and a
+    functional op's result aliases nothing; this makes the pass over a stack of identical
+    blocks cost little more than its first block (many meta kernels are Python references)."""
 
     supports_higher_order_operators = True
 
-    def __init__(self, trace: _Trace) -> None:
+    def __init__(self, trace: _Trace, reuse: bool) -> None:
         super().__init__()
         self.events = trace.events
         self.higher_order = False
+        self.reuse = reuse
+        self.results: dict[tuple, tuple] = {}
+        """(op, args key, kwargs key, default dtype) -> (result maker, result key)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
             self.higher_order = True
             self.events.append((func, object()))
-            return out
+            return func(*args, **kwargs)
         try:
-            self.events.append((func, _op_key(args), _op_key(kwargs), _op_key(out)))
+            key = (func, _op_key(args), _op_key(kwargs), torch.get_default_dtype())
         except _Unique:
             self.events.append((func, object()))  # never equal to another op
+            return func(*args, **kwargs)
+        if key in self.results:
+            make, out_key = self.results[key]
+            self.events.append((*key[:3], out_key))
+            return make()
+        out = func(*args, **kwargs)
+        try:
+            out_key = _op_key(out)
+        except _Unique:
+            self.events.append((func, object()))
+            return out
+        self.events.append((*key[:3], out_key))
+        if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
+            self.results[key] = (_maker(out), out_key)
         return out
+
+
+@functools.cache
+def _functional(func) -> bool:
+    """The op writes none of its arguments and its results alias none of them."""
+    schema = func._schema
+    return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+
+
+def _all_meta(inputs: Any, out: Any) -> bool:
+    """Every tensor argument is on meta and the result is one or more meta tensors."""
+    results = pytree.tree_leaves(out)
+    return bool(results) and all(isinstance(t, torch.Tensor) and t.is_meta for t in results) \
+        and all(t.is_meta for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor))
+
+
+def _maker(out: Any):
+    """A function returning new empty meta tensors shaped like the tensors of ``out``."""
+    leaves, spec = pytree.tree_flatten(out)
+    layouts = [(t.shape, t.stride(), t.dtype) for t in leaves]
+    return lambda: pytree.tree_unflatten(
+        [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+         for shape, stride, dtype in layouts], spec)
 
 
 def _key(tree: Any) -> tuple:
@@ -271,16 +319,33 @@ def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) 
         if first is not call and not _nested(first.path, call.path):
             candidates.append((call.path.count("."), call, first))
     plan = Plan()
-    models: set[str] = set()
+    repeats, taken = _Paths(), _Paths()  # the repeats; the repeats and their models
     for _, call, first in sorted(candidates, key=lambda c: c[0]):
         # A repeat's nodes are copied from its model's, which must all be traced.
-        if any(_nested(call.path, t) for t in [*plan.repeats, *models]) or \
-                any(_nested(first.path, t) for t in plan.repeats):
+        if taken.touches(call.path) or repeats.touches(first.path):
             continue
         plan.repeats[call.path] = Repeat(call.path, first.path, call.outputs,
                                              call.grad_inputs)
-        models.add(first.path)
+        repeats.add(call.path)
+        taken.add(call.path)
+        taken.add(first.path)
     return plan
+
+
+class _Paths:
+    """Module paths, asked whether a path is one of them, inside one or around one."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.around: set[str] = set()
+        """Every module above a member."""
+
+    def add(self, path: str) -> None:
+        self.members.add(path)
+        self.around.update(ancestors(path)[:-1])
+
+    def touches(self, path: str) -> bool:
+        return path in self.around or any(p in self.members for p in ancestors(path))
 
 
 def _nested(a: str, b: str) -> bool:
