@@ -64,7 +64,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # random stream advanced (dropout draws), so it runs on a fork of it.
     try:
         with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
-                quiet_fake_tensor_log():
+                quiet_fake_tensor_log(), _lazy_graph_code():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
         raise ExportError(name, _first_lines(error), _hint(error, target)) from error
@@ -90,6 +90,14 @@ def quiet_fake_tensor_log() -> Iterator[None]:
         yield
     finally:
         logger.setLevel(level)
+
+
+def _lazy_graph_code():
+    """Graph modules that generate their Python code when first run, not at every graph edit:
+    export's passes recompile the graph a dozen times (a few hundred ms on a large model) and
+    counting never runs it."""
+    from torch.fx._lazy_graph_module import _use_lazy_graph_module
+    return _use_lazy_graph_module(True)
 
 
 @contextlib.contextmanager

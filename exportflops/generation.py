@@ -25,6 +25,7 @@ import torch
 
 from .api import count_captured
 from .capture import capture_forward
+from .forked import beside
 from .errors import GenerationError
 from .generation_seq2seq import kv_counts, seq2seq
 from .records import Counts, Report
@@ -141,10 +142,12 @@ def _dynamic(model, input_ids: torch.Tensor,
              options: dict) -> tuple[Report, Report, Counts, list[str]]:
     from transformers import DynamicCache
 
-    with dynamic_cache_pytree():
-        prefill = count_captured(capture_forward(model, (), {
+    def prefill() -> Report:
+        return count_captured(capture_forward(model, (), {
             "input_ids": input_ids, "past_key_values": DynamicCache(config=model.config),
             "use_cache": True}), **options)
+
+    with dynamic_cache_pytree(), beside(prefill, (model, input_ids)) as prefill_report:
         # The step is exported at one cache length and holds for all: export specializes sizes 0
         # and 1, so the example is at least 2.
         tensors = _cache_tensors(model, input_ids, max(input_ids.shape[1], 2))
@@ -159,7 +162,8 @@ def _dynamic(model, input_ids: torch.Tensor,
         # The exported step starts by rebuilding the DynamicCache from its tensors, copying each
         # (a cat with an empty tensor); a decode loop keeps its cache and does not copy it.
         dropped = drop_cache_rebuild(captured.program, range(1, 1 + len(tensors)))
-        return prefill, count_captured(captured, **options), kv_counts(tensors), dropped
+        decode = count_captured(captured, **options)
+        return prefill_report(), decode, kv_counts(tensors), dropped
 
 
 def _step(model: Any):
@@ -181,7 +185,14 @@ def _reference_llama(model, input_ids: torch.Tensor,
                      options: dict) -> tuple[Report, Report, Counts, list[str]]:
     """The built-in Llama: ``model(tokens, [])`` is the prefill, ``model(token, cache)`` a step
     after the cache's entries (a (keys, values) pair per layer, (B, kv_heads, past, head_dim))."""
-    prefill = count_captured(capture_forward(model, (input_ids, [])), **options)
+    with beside(lambda: count_captured(capture_forward(model, (input_ids, [])), **options),
+                (model, input_ids)) as prefill:
+        step = _reference_llama_step(model, input_ids, options)
+        return (prefill(), *step)
+
+
+def _reference_llama_step(model, input_ids: torch.Tensor,
+                          options: dict) -> tuple[Report, Counts, list[str]]:
     config = model.config
     shape = (input_ids.shape[0], config.n_kv_heads, max(input_ids.shape[1], 2), config.head_dim)
     dtype = model.output.weight.dtype
@@ -194,7 +205,7 @@ def _reference_llama(model, input_ids: torch.Tensor,
     # User inputs: tokens, then layer 0's keys; the model checks that every layer's cache
     # holds as many entries, so all lengths are this one size.
     name_input_size(captured.program, 1, 2, PAST)
-    return prefill, count_captured(captured, **options), kv_counts(tensors), []
+    return count_captured(captured, **options), kv_counts(tensors), []
 
 
 def _cache_tensors(model, input_ids: torch.Tensor, length: int) -> list[torch.Tensor]:

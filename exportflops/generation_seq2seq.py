@@ -18,6 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .api import count_captured
 from .capture import capture_forward
+from .forked import beside
 from .records import Counts, Report
 from .records.generation import PAST
 from .symbolic import size_symbol
@@ -70,7 +71,17 @@ def seq2seq(model, input_ids: torch.Tensor,
     batch, prompt_len = input_ids.shape
     device = input_ids.device
     start = torch.zeros(batch, 1, dtype=torch.long, device=device)
-    prefill = count_captured(capture_forward(_Prefill(model), (input_ids, start)), **options)
+    with beside(lambda: count_captured(capture_forward(_Prefill(model), (input_ids, start)),
+                                       **options), (model, input_ids)) as prefill:
+        step = _step(model, input_ids, start, options)
+        return (prefill(), *step)
+
+
+def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
+          options: dict) -> tuple[Report, Counts, list[str]]:
+    """The decode step's report, its KV cache bytes and the cache-rebuild nodes left out."""
+    batch, prompt_len = input_ids.shape
+    device = input_ids.device
     # The caches as transformers builds them (layers, heads, head dim, dtype), on fake tensors.
     with FakeTensorMode(allow_non_fake_inputs=True):
         _, (keys, values, cross, _) = _Prefill(model)(input_ids, start)
@@ -95,7 +106,7 @@ def seq2seq(model, input_ids: torch.Tensor,
     # prompt_len entries per layer, read whole at every step.
     constant = sum(t.numel() * t.dtype.itemsize for t in args[4] + args[5])
     kv = kv_counts(keys + values) + Counts(bytes_read=constant)
-    return prefill, decode, kv, dropped
+    return decode, kv, dropped
 
 
 def kv_counts(tensors: list[torch.Tensor]) -> Counts:

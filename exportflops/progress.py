@@ -97,3 +97,14 @@ def showing(progress: bool | Progress) -> contextlib.AbstractContextManager:
         raise TypeError(f"progress must be True, False or an exportflops.Progress, got "
                         f"{type(progress).__name__}")
     return progress.running()
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No progress shown inside, whatever the caller shows (a forked child, whose parent
+    draws the line)."""
+    token = _active.set(None)
+    try:
+        yield
+    finally:
+        _active.reset(token)
