@@ -49,7 +49,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     table = _table(formulas)
-    with showing(progress), _grad_mode(mode):
+    with showing(progress), _grad_mode(mode), collector_paused():
         if mode == "train":
             args, kwargs = _normal_tensors((args, kwargs))
         stage("export")
@@ -67,11 +67,10 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
                                                dynamic_shapes)
         if captured is None:
             captured = full_export()
-        with _collector_paused():
-            try:
-                return _count(captured, table, strict=strict, mode=mode, expansion=expansion)
-            except NotRepeated:  # a repeat's backward is not its model's: trace it in full
-                return _count(full_export(), table, strict=strict, mode=mode)
+        try:
+            return _count(captured, table, strict=strict, mode=mode, expansion=expansion)
+        except NotRepeated:  # a repeat's backward is not its model's: trace it in full
+            return _count(full_export(), table, strict=strict, mode=mode)
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,
@@ -82,16 +81,15 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
                          f"({type(model).__name__} holds DTensor parameters): analyze it at "
                          f"fixed sizes, one call per size.")
     args, kwargs = as_args(args, model), dict(kwargs or {})
-    with _collector_paused():
-        return analyze_parallel(model, args, kwargs, table, strict=strict, mode=mode,
-                                inputs=_input_specs(args, kwargs))
+    return analyze_parallel(model, args, kwargs, table, strict=strict, mode=mode,
+                            inputs=_input_specs(args, kwargs))
 
 
 def count_captured(captured, *, strict: bool = False,
                    formulas: Mapping | FormulaTable | None = None) -> Report:
     """The forward `Report` of a program `capture` returned: for callers that adjust the
     captured program first (`generation` names its cache-length size)."""
-    with _collector_paused():
+    with collector_paused():
         return _count(captured, _table(formulas), strict=strict, mode="forward")
 
 
@@ -164,18 +162,24 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic collector off while counting. Export leaves some 10^5-10^6 objects
-    behind (fake tensors, fx nodes, sympy); the records counting allocates would trigger full
-    collections that traverse all of them, costing more than the counting (benchmarks/
-    overhead.py). Counting makes no reference cycles worth collecting early."""
-    enabled = gc.isenabled()
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic collector off while an analysis runs, then its young generation
+    collected. Export and counting allocate some 10^5-10^6 objects (fake tensors, fx nodes,
+    sympy, records) and the collections they trigger traverse the whole heap of a process
+    holding torch: one full collection is 0.2 s, a fifth of a Llama-70B fast analysis
+    (benchmarks/oneshot.py, benchmarks/overhead.py). With the collector off nothing is
+    promoted, so the cycles the analysis leaves (fx graphs) are all in the young generation at
+    the end and are collected there, in the analysis's own time. Nested calls, and a caller
+    that turned the collector off, leave it as it is."""
+    if not gc.isenabled():
+        yield
+        return
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
-            gc.enable()
+        gc.enable()
+        gc.collect(0)
 
 
 def _backward_records(program, graph, table: FormulaTable, strict: bool,

@@ -64,7 +64,8 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # random stream advanced (dropout draws), so it runs on a fork of it.
     try:
         with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
-                quiet_fake_tensor_log(), _lazy_graph_code():
+                quiet_fake_tensor_log(), _lazy_graph_code(), \
+                _fake_dispatch_cache(dynamic_shapes is None):
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
         raise ExportError(name, _first_lines(error), _hint(error, target)) from error
@@ -98,6 +99,14 @@ def _lazy_graph_code():
     counting never runs it."""
     from torch.fx._lazy_graph_module import _use_lazy_graph_module
     return _use_lazy_graph_module(True)
+
+
+def _fake_dispatch_cache(enabled: bool):
+    """Fake tensors' cache of op results, off for an export with dynamic sizes: there its
+    entries (keyed and checked on symbolic sizes) cost more than they save, a third of the
+    export of a GPT-2 block with a dynamic length (`benchmarks/sweep.py`); with static sizes
+    it saves a sixth of a Llama-70B export."""
+    return torch._dynamo.config.patch(fake_tensor_cache_enabled=enabled)
 
 
 @contextlib.contextmanager

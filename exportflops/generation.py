@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from .api import count_captured
+from .api import collector_paused, count_captured
 from .capture import capture_forward
 from .forked import beside
 from .errors import GenerationError
@@ -47,6 +47,12 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     in full at every position. ``kwargs`` are `analyze`'s ``strict`` and ``formulas``, applied
     to both analyses. Works on ``meta``: nothing is allocated.
     """
+    with collector_paused():
+        return _analyze_generation(model, input_ids, new_tokens, cache, max_cache_len, kwargs)
+
+
+def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, cache: str,
+                        max_cache_len: int | None, kwargs: dict) -> GenerationReport:
     batch, prompt_len = _check(model, input_ids, new_tokens, cache, kwargs)
     if cache == "dynamic":
         if max_cache_len is not None:
