@@ -66,13 +66,19 @@ class _Sum:
             return _int_counts(tuple(self.ints))
         # Values are already ints or sympy expressions: no validation needed.
         return Counts.model_construct(**{
-            name: self.ints[i] + sympy.expand(sympy.Add(*self.terms[i])) if self.terms[i]
+            name: self.ints[i] + _expanded_sum(tuple(self.terms[i])) if self.terms[i]
             else self.ints[i]
             for i, name in enumerate(_FIELDS)})
 
     def key(self) -> tuple | None:
         """What identifies these counts when they are all ints (None when symbolic)."""
         return None if self.terms is not None else (self.calls, *self.ints)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _expanded_sum(terms: tuple) -> sympy.Expr:
+    # Repeated blocks have equal terms: their sums are expanded once.
+    return sympy.expand(sympy.Add(*terms))
 
 
 @functools.lru_cache(maxsize=1 << 16)
