@@ -87,6 +87,8 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
         raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
         raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+    if _takes_features(model):
+        return _check_features(model, input_ids, cache)
     if (not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2
             or input_ids.dtype.is_floating_point or input_ids.shape[1] < 1):
         raise ValueError("input_ids must be token ids, an integer tensor of shape (batch, "
@@ -110,18 +112,54 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
     if main != "input_ids":
         raise GenerationError(
             f"{type(model).__name__} takes {main} into its encoder, not token ids; "
-            f"analyze_generation's prompt is token ids (batch x P). Analyze its encoder with "
+            f"analyze_generation's prompt is token ids (batch x P), or the input features of "
+            f"an encoder-decoder model (Whisper). Analyze its encoder with "
             f"analyze(model.get_encoder(), ({main},)) and its decoder step with analyze(..., "
             f"dynamic_shapes=...) over the decoder's cache length.")
+    _check_hf_cache(model, cache)
+    return input_ids.shape[0], input_ids.shape[1]
+
+
+def _check_hf_cache(model: Any, cache: str) -> None:
+    config = model.config
     if getattr(config, "is_encoder_decoder", False) and cache == "static":
         raise GenerationError(
             f"{type(model).__name__} is an encoder-decoder model: its decode step is analyzed "
             f"with a dynamic cache only (transformers' static-cache export of the decoder "
             f"recomputes the encoder's keys and values at every step). Use cache='dynamic'.")
-    if not getattr(text, "use_cache", False):
+    if not getattr(config.get_text_config(), "use_cache", False):
         raise GenerationError(f"{type(model).__name__}'s config has use_cache=False: set "
                               f"model.config.use_cache = True to generate with a KV cache.")
-    return input_ids.shape[0], input_ids.shape[1]
+
+
+def _takes_features(model: Any) -> bool:
+    """An encoder-decoder model whose encoder reads input features (Whisper's log-mel
+    spectrogram), not token ids."""
+    config = getattr(model, "config", None)
+    return getattr(model, "main_input_name", None) == "input_features" and \
+        getattr(config, "is_encoder_decoder", False) and hasattr(model, "get_encoder")
+
+
+def _check_features(model: Any, features: Any, cache: str) -> tuple[int, int]:
+    """(batch, encoder positions) for a features prompt: the prompt length that the decoder's
+    cross-attention reads (Whisper: frames / 2), from the encoder run on fake tensors."""
+    name = type(model).__name__
+    if not isinstance(features, torch.Tensor) or not features.dtype.is_floating_point \
+            or features.ndim != 3:
+        raise ValueError(f"{name}'s encoder takes input_features: pass them as the prompt, a "
+                         f"float tensor (batch, mel bins, frames) as its feature extractor "
+                         f"makes them, e.g. torch.zeros(1, 80, 3000, device='meta') for "
+                         f"Whisper.")
+    _check_hf_cache(model, cache)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+            encoded = model.get_encoder()(input_features=features)
+    except Exception as error:  # the encoder's own check of the features' shape
+        raise ValueError(f"{name}'s encoder rejects input_features of shape "
+                         f"{tuple(features.shape)}: {error}") from error
+    return features.shape[0], encoded[0].shape[1]
 
 
 @contextlib.contextmanager

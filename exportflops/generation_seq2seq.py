@@ -33,9 +33,10 @@ class _Prefill(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, decoder_input_ids: torch.Tensor) -> tuple:
-        out = self.model(input_ids=input_ids, decoder_input_ids=decoder_input_ids,
-                         use_cache=True)
+    def forward(self, inputs: torch.Tensor, decoder_input_ids: torch.Tensor) -> tuple:
+        # The encoder's input: token ids, or input features (Whisper).
+        out = self.model(**{self.model.main_input_name: inputs},
+                         decoder_input_ids=decoder_input_ids, use_cache=True)
         return out.logits, _tensors(out.past_key_values)
 
 
@@ -67,10 +68,9 @@ def _tensors(cache) -> tuple[list, list, list, list]:
 def seq2seq(model, input_ids: torch.Tensor,
             options: dict) -> tuple[Report, Report, Counts, list[str]]:
     """The prefill, the decode step (a polynomial in ``past``, the decoder tokens cached), the
-    step's KV cache bytes and the cache-rebuild nodes left out of it."""
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
-    start = torch.zeros(batch, 1, dtype=torch.long, device=device)
+    step's KV cache bytes and the cache-rebuild nodes left out of it. ``input_ids`` are the
+    encoder's input: token ids, or input features (Whisper)."""
+    start = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
     with beside(lambda: count_captured(capture_forward(_Prefill(model), (input_ids, start)),
                                        **options), (model, input_ids)) as prefill:
         step = _step(model, input_ids, start, options)
@@ -80,12 +80,12 @@ def seq2seq(model, input_ids: torch.Tensor,
 def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
           options: dict) -> tuple[Report, Counts, list[str]]:
     """The decode step's report, its KV cache bytes and the cache-rebuild nodes left out."""
-    batch, prompt_len = input_ids.shape
-    device = input_ids.device
+    batch, device = input_ids.shape[0], input_ids.device
     # The caches as transformers builds them (layers, heads, head dim, dtype), on fake tensors.
     with FakeTensorMode(allow_non_fake_inputs=True):
         _, (keys, values, cross, _) = _Prefill(model)(input_ids, start)
-    hidden = torch.zeros(batch, prompt_len, model.config.d_model, dtype=keys[0].dtype,
+    encoded = cross[0].shape[2]  # the encoder's positions: prompt tokens, or Whisper's frames/2
+    hidden = torch.zeros(batch, encoded, model.config.d_model, dtype=keys[0].dtype,
                          device=device)
 
     def cache(like: list, length: int) -> list[torch.Tensor]:
@@ -94,8 +94,8 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
 
     layers = len(keys)
     # Export specializes sizes 0 and 1: the example cache holds 2 entries.
-    args = (start, hidden, cache(keys, 2), cache(keys, 2), cache(cross, prompt_len),
-            cache(cross, prompt_len))
+    args = (start, hidden, cache(keys, 2), cache(keys, 2), cache(cross, encoded),
+            cache(cross, encoded))
     length = [{2: torch.export.Dim.DYNAMIC}] * layers
     captured = capture_forward(_Step(model), args, dynamic_shapes=(
         None, None, length, length, [None] * layers, [None] * layers))
@@ -103,7 +103,7 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     dropped = drop_cache_rebuild(captured.program, range(2, 2 + 4 * layers))
     decode = count_captured(captured, **options)
     # The self-attention cache as in a decoder-only model; the encoder's keys and values,
-    # prompt_len entries per layer, read whole at every step.
+    # one entry per encoder position and layer, read whole at every step.
     constant = sum(t.numel() * t.dtype.itemsize for t in args[4] + args[5])
     kv = kv_counts(keys + values) + Counts(bytes_read=constant)
     return decode, kv, dropped

@@ -105,14 +105,41 @@ def test_the_table_counts_the_encoder_and_decoder_tokens(report):
     assert any(line.startswith("decode, past=1 ") for line in lines)
 
 
-def test_an_encoder_that_takes_features_is_a_typed_error():
+def _whisper(encoder_positions: int):
     config = transformers.WhisperConfig(
-        vocab_size=VOCAB, d_model=WIDTH, encoder_layers=1, decoder_layers=1,
+        vocab_size=VOCAB, d_model=WIDTH, encoder_layers=1, decoder_layers=LAYERS,
         encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=FFN,
-        decoder_ffn_dim=FFN, num_mel_bins=8, max_source_positions=16, max_target_positions=32,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0)
+        decoder_ffn_dim=FFN, num_mel_bins=8, max_source_positions=encoder_positions,
+        max_target_positions=32, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        decoder_start_token_id=0)
     with torch.device("meta"):
-        model = transformers.WhisperForConditionalGeneration(config).eval()
-    with pytest.raises(GenerationError, match="input_features"):
+        return transformers.WhisperForConditionalGeneration(config).eval()
+
+
+def test_whisper_takes_its_features_and_its_decoder_step_is_the_hand_polynomial():
+    # Whisper's encoder reads 8 mel bins x 32 frames; its two stride-1/stride-2 convolutions
+    # leave 16 positions (max_source_positions), the length the decoder's cross-attention reads.
+    encoded = 16
+    report = analyze_generation(_whisper(encoded), torch.zeros(BATCH, 8, 2 * encoded,
+                                                               device="meta"), new_tokens=NEW)
+    assert report.prompt_len == encoded and report.first_past == 1
+    # Per token and decoder layer as T5's above (self q, k, v, o; cross q, o; fc1, fc2 of
+    # width FFN), then proj_out (WIDTH x VOCAB); attention over past + 1 own keys and the 16
+    # encoder positions, HEADS x HEAD_DIM = WIDTH MACs per key for q.k and again for p.v.
+    per_token = LAYERS * (6 * WIDTH * WIDTH + 2 * WIDTH * FFN) + WIDTH * VOCAB
+    attention = LAYERS * 2 * WIDTH * ((PAST + 1) + encoded)
+    expected = BATCH * (per_token + attention)  # 256 * past + 45312
+    assert sympy.Poly(report.decode.total.macs, PAST).all_coeffs() == \
+        sympy.Poly(expected, PAST).all_coeffs()
+    assert report.decode.uncounted == [] and report.prefill.uncounted == []
+    encoder = [n for n in report.prefill.nodes if ".encoder." in f".{n.module}."]
+    assert encoder and not [n for n in report.decode.nodes if ".encoder." in f".{n.module}."]
+
+
+def test_features_of_the_wrong_kind_are_a_typed_error():
+    model = _whisper(16)
+    with pytest.raises(ValueError, match="input_features"):  # token ids instead of features
         analyze_generation(model, torch.zeros(1, 3, dtype=torch.long, device="meta"),
                            new_tokens=2)
+    with pytest.raises(ValueError, match="rejects input_features"):  # 20 frames, not 32
+        analyze_generation(model, torch.zeros(1, 8, 20, device="meta"), new_tokens=2)
