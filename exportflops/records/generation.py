@@ -33,7 +33,8 @@ class GenerationReport(Record):
     batch: int
     """Sequences per request."""
     prompt_len: int
-    """Tokens per prompt (P)."""
+    """Tokens per prompt (P); for an encoder that reads input features (Whisper), the
+    encoder's positions (the length its cross-attention reads)."""
     new_tokens: int
     """Tokens generated per sequence (G), the first by the prefill."""
     cache: Literal["dynamic", "static"]
