@@ -28,6 +28,7 @@ from .capture import capture_forward
 from .forked import beside
 from .errors import GenerationError
 from .generation_seq2seq import kv_counts, seq2seq
+from .generation_sliding import sliding_windows, windowed_step
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
 from .program_edits import drop_cache_rebuild, name_input_size
@@ -57,7 +58,9 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
     if cache == "dynamic":
         if max_cache_len is not None:
             raise ValueError("max_cache_len sizes a static cache: pass cache='static' with it.")
-        prefill, decode, kv, dropped = _step(model)(model, input_ids, kwargs)
+        step = _step(model)
+        prefill, decode, kv, dropped = step(model, input_ids, kwargs)
+        windowed = _windowed(model, input_ids, kwargs) if step is _dynamic else {}
     else:
         max_cache_len = prompt_len + new_tokens if max_cache_len is None else max_cache_len
         if max_cache_len < prompt_len + new_tokens - 1:
@@ -65,16 +68,37 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
                              f"prompt and the new tokens but the last need "
                              f"{prompt_len + new_tokens - 1} entries.")
         prefill, decode, kv = _static(model, input_ids, max_cache_len, kwargs)
-        dropped = []
+        dropped, windowed = [], {}
     name = type(model).__name__
     first = 1 if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
+    if windowed:
+        windowed["decode_windowed"] = windowed["decode_windowed"].model_copy(
+            update={"model": name})
+    total = request_total(prefill.total, decode.total, first or prompt_len, new_tokens,
+                          windowed=windowed["decode_windowed"].total if windowed else None,
+                          window=windowed.get("sliding_window"))
     return GenerationReport(
         model=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache,
         first_past=first, max_cache_len=max_cache_len,
         work="useful" if cache == "dynamic" else "executed",
         prefill=prefill.model_copy(update={"model": name}),
         decode=decode.model_copy(update={"model": name}), kv_cache=kv, dropped_nodes=dropped,
-        total=request_total(prefill.total, decode.total, first or prompt_len, new_tokens))
+        total=total, **windowed)
+
+
+def _windowed(model: Any, input_ids: torch.Tensor, options: dict) -> dict:
+    """GenerationReport's sliding-window fields (`generation_sliding`); empty when no layer
+    of the model slides."""
+    windows = sliding_windows(model, model.config.get_text_config().num_hidden_layers)
+    if not any(windows):
+        return {}
+    window = next(w for w in windows if w)
+    length = max(input_ids.shape[1], 2)
+    length += length == window - 1  # the full layers' past must be its own size at export
+    with dynamic_cache_pytree():
+        decode, kv = windowed_step(model, input_ids, windows,
+                                   _cache_tensors(model, input_ids, length), options)
+    return {"sliding_window": window, "decode_windowed": decode, "kv_cache_windowed": kv}
 
 
 def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,

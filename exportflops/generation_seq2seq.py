@@ -13,6 +13,8 @@ in transformers is patched. Their module paths carry the wrapper's ``model.`` pr
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -109,8 +111,12 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     return decode, kv, dropped
 
 
-def kv_counts(tensors: list[torch.Tensor]) -> Counts:
-    """Each cache tensor (batch, kv_heads, length, head_dim): the attention reads past + 1
-    entries of it (the past and the step's own), the step writes one."""
-    rows = sum(t.numel() // t.shape[2] * t.dtype.itemsize for t in tensors)
-    return Counts(bytes_read=rows * (size_symbol(PAST) + 1), bytes_written=rows)
+def kv_counts(tensors: list[torch.Tensor], lengths: list | None = None) -> Counts:
+    """Each cache tensor (batch, kv_heads, length, head_dim): the attention reads its cached
+    entries and the step's own, the step writes one. ``lengths`` are the cached entries of each,
+    ``past`` by default (a sliding-window layer whose window is full holds W - 1)."""
+    past = size_symbol(PAST)
+    lengths = [past] * len(tensors) if lengths is None else lengths
+    rows = [math.prod((*t.shape[:2], *t.shape[3:])) * t.dtype.itemsize for t in tensors]
+    return Counts(bytes_read=sum(row * (length + 1) for row, length in zip(rows, lengths)),
+                  bytes_written=sum(rows))

@@ -69,21 +69,39 @@ class GenerationReport(Record):
     keeps its cache between steps, does not make."""
     total: Counts
     """The whole request: the prefill plus every decode step, summed in closed form."""
+    sliding_window: int | None = None
+    """The window W of the model's sliding-window layers (transformers'
+    ``DynamicSlidingWindowLayer``), None when no layer slides. Such a layer keeps the last
+    W - 1 entries: once ``past >= W - 1`` its attention reads W keys, not ``past + 1``, so
+    ``decode`` holds for ``past <= W - 1`` and ``decode_windowed`` from there on."""
+    decode_windowed: Report | None = None
+    """The decode step once the sliding windows are full (``past >= sliding_window - 1``):
+    the sliding layers' caches at W - 1 entries, the others' at ``past``."""
+    kv_cache_windowed: Counts | None = None
+    """`kv_cache` of ``decode_windowed``."""
 
     def step(self, past: int) -> Report:
         """The decode step with ``past`` tokens in the cache, as a concrete `Report`."""
-        if not self.decode.symbols:
-            _check_position(self, past)
-            return self.decode
-        return self.decode.evaluate(**{PAST: past})
+        decode = self._decode_at(past)
+        if PAST not in {symbol.name for symbol in decode.symbols}:
+            _check_position(self, past)  # the same step at every position
+            return decode
+        return decode.evaluate(**{PAST: past})
 
     def step_counts(self, past: int) -> Counts:
         """The decode step's model total with ``past`` tokens in the cache."""
-        return _at(self.decode.total, past)
+        return _at(self._decode_at(past).total, past)
 
     def kv_cache_at(self, past: int) -> Counts:
         """`kv_cache` with ``past`` tokens in the cache."""
-        return _at(self.kv_cache, past)
+        windowed = self._windowed(past)
+        return _at(self.kv_cache_windowed if windowed else self.kv_cache, past)
+
+    def _windowed(self, past: int) -> bool:
+        return self.decode_windowed is not None and past >= self.sliding_window - 1
+
+    def _decode_at(self, past: int) -> Report:
+        return self.decode_windowed if self._windowed(past) else self.decode
 
     @property
     def decode_positions(self) -> range:
@@ -92,20 +110,24 @@ class GenerationReport(Record):
         return range(first, first + self.new_tokens - 1)
 
 
-def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int) -> Counts:
+def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int, *,
+                  windowed: Counts | None = None, window: int | None = None) -> Counts:
     """The prefill plus the decode step summed over ``past = first .. first + G - 2`` (``first``
     = P for a decoder-only model) in closed form:
     each count is a polynomial in ``past`` (a constant for a static cache), summed in closed
-    form (`power_sum`), never by evaluating the steps one by one."""
+    form (`power_sum`), never by evaluating the steps one by one. With sliding windows of
+    ``window`` entries, ``step`` is summed up to ``past = window - 2`` and ``windowed`` from
+    ``window - 1``."""
     past = size_symbol(PAST)
-    last = first + new_tokens - 2
+    last = first + new_tokens - 2  # below first for one new token: no decode step runs
+    spans = [(step, first, last)] if windowed is None else [
+        (step, first, min(last, window - 2)), (windowed, max(first, window - 1), last)]
 
-    def summed(count) -> int:
-        if last < first:  # one new token: the prefill makes it, no decode step runs
-            return 0
-        return power_sum(sympy.sympify(count), past, first, last)
+    def summed(name: str) -> int:
+        return sum(power_sum(sympy.sympify(getattr(counts, name)), past, start, end)
+                   for counts, start, end in spans if start <= end)
 
-    return Counts(**{name: getattr(prefill, name) + summed(getattr(step, name))
+    return Counts(**{name: getattr(prefill, name) + summed(name)
                      for name in Counts.model_fields})
 
 
