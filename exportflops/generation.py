@@ -24,11 +24,11 @@ from typing import Any, Literal
 import torch
 
 from .api import collector_paused, count_captured
-from .capture import capture_forward
+from .capture import capture_forward, quiet_fake_tensor_log
 from .forked import beside
 from .errors import GenerationError
 from .generation_seq2seq import kv_counts, seq2seq
-from .generation_sliding import sliding_windows, windowed_step
+from .generation_sliding import check_key_value_cache, sliding_windows, windowed_step
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
 from .program_edits import drop_cache_rebuild, name_input_size
@@ -146,6 +146,8 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
 
 def _check_hf_cache(model: Any, cache: str) -> None:
     config = model.config
+    if not getattr(config, "is_encoder_decoder", False):
+        check_key_value_cache(model)
     if getattr(config, "is_encoder_decoder", False) and cache == "static":
         raise GenerationError(
             f"{type(model).__name__} is an encoder-decoder model: its decode step is analyzed "
@@ -277,18 +279,39 @@ def _reference_llama_step(model, input_ids: torch.Tensor,
 
 
 def _cache_tensors(model, input_ids: torch.Tensor, length: int) -> list[torch.Tensor]:
-    """Zero keys then values, one per layer, (batch, kv_heads, length, head_dim) as transformers
-    sizes a cache (`get_head_shapes`: the key/value heads, not the query heads)."""
+    """Zero keys then values, one per layer, (batch, kv_heads, length, head_dim), shaped as the
+    model fills transformers' own cache: its key/value heads, and a multi-query or latent
+    attention layout whose keys and values differ in width (`_cache_layout`)."""
+    def zeros(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros((*shape[:2], length, *shape[3:]), dtype=dtype,
+                           device=input_ids.device)
+
+    return [zeros(shape, dtype) for shape, dtype in _cache_layout(model, input_ids)]
+
+
+def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dtype]]:
+    """(shape, dtype) of each key then each value tensor of the cache, from a one-token prefill
+    on fake tensors; where the model cannot run eagerly on fake tensors (a grouped-matmul MoE
+    wants bf16 on cpu), from the config as transformers sizes a cache (`get_head_shapes`)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import DynamicCache
     from transformers.configuration_utils import get_head_shapes
 
-    config = model.config.get_text_config()
-    layers = config.num_hidden_layers
-    heads, head_dim = get_head_shapes(config)
-    heads = heads if isinstance(heads, list) else [heads] * layers
-    head_dim = head_dim if isinstance(head_dim, list) else [head_dim] * layers
-    shapes = [(input_ids.shape[0], h, length, d) for h, d in zip(heads, head_dim)]
-    return [torch.zeros(shape, dtype=model.dtype, device=input_ids.device)
-            for shape in shapes * 2]
+    cache = DynamicCache(config=model.config)
+    try:
+        with quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), \
+                torch.no_grad():
+            model(input_ids=input_ids[:, :1], past_key_values=cache, use_cache=True)
+        return [(tuple(t.shape), t.dtype) for t in
+                [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]]
+    except Exception:  # noqa: BLE001 - the config's sizes below
+        config = model.config.get_text_config()
+        layers = config.num_hidden_layers
+        heads, head_dim = get_head_shapes(config)
+        heads = heads if isinstance(heads, list) else [heads] * layers
+        head_dim = head_dim if isinstance(head_dim, list) else [head_dim] * layers
+        shapes = [(input_ids.shape[0], h, 1, d) for h, d in zip(heads, head_dim)]
+        return [(shape, model.dtype) for shape in shapes * 2]
 
 
 def _static(model, input_ids: torch.Tensor, max_cache_len: int,

@@ -24,6 +24,31 @@ from .records.generation import PAST
 from .symbolic import size_symbol
 
 
+def check_key_value_cache(model: Any) -> None:
+    """`GenerationError` unless every layer of the cache transformers builds for the model
+    (``DynamicCache(config=...)``) holds keys and values, in full or in a sliding window: the
+    decode step is exported with such a cache and its bytes counted from it."""
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    name = type(model).__name__
+    try:
+        cache_layers = DynamicCache(config=model.config).layers
+    except Exception as error:  # a config without attention layers (Mamba)
+        raise GenerationError(
+            f"transformers builds no key/value cache for {name} ({type(error).__name__}: "
+            f"{error}); analyze_generation counts attention KV caches. Analyze its forward "
+            f"with analyze(model, args) at each length instead.") from error
+    other = sorted({type(layer).__name__ for layer in cache_layers}
+                   - {DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__})
+    if other:
+        raise GenerationError(
+            f"{name}'s cache has {', '.join(other)} layers (recurrent or indexed state, not "
+            f"only keys and values); analyze_generation counts key/value caches of full and "
+            f"sliding-window attention. Analyze a decode step with analyze(model, args, "
+            f"dynamic_shapes=...) instead.")
+
+
 def sliding_windows(model: Any, layers: int) -> list[int | None]:
     """Each layer's window, as transformers' ``DynamicCache(config=...)`` builds the model's
     cache (None for a layer that keeps every entry); all None when no layer slides."""
