@@ -31,7 +31,7 @@ from .generation_seq2seq import kv_counts, seq2seq
 from .generation_sliding import check_key_value_cache, sliding_windows, windowed_step
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
-from .program_edits import drop_cache_rebuild, name_input_size
+from .program_edits import drop_cache_rebuild, name_input_sizes
 
 #: The options of `analyze` that `analyze_generation` passes on to both analyses.
 _ANALYZE_OPTIONS = ("strict", "formulas")
@@ -228,7 +228,8 @@ def _dynamic(model, input_ids: torch.Tensor,
         length = [[{2: torch.export.Dim.DYNAMIC}] * layers] * 2
         captured = capture_forward(model, (), step, dynamic_shapes={
             "input_ids": None, "past_key_values": length, "use_cache": None})
-        name_input_size(captured.program, 1, 2, PAST)  # user inputs: input_ids, then keys
+        # User inputs: input_ids, then every layer's keys, then its values.
+        name_input_sizes(captured.program, range(1, 1 + len(tensors)), 2, PAST)
         # The exported step starts by rebuilding the DynamicCache from its tensors, copying each
         # (a cat with an empty tensor); a decode loop keeps its cache and does not copy it.
         dropped = drop_cache_rebuild(captured.program, range(1, 1 + len(tensors)))
@@ -274,7 +275,7 @@ def _reference_llama_step(model, input_ids: torch.Tensor,
         None, [(length, length)] * config.n_layers))
     # User inputs: tokens, then layer 0's keys; the model checks that every layer's cache
     # holds as many entries, so all lengths are this one size.
-    name_input_size(captured.program, 1, 2, PAST)
+    name_input_sizes(captured.program, range(1, 1 + len(tensors)), 2, PAST)
     return count_captured(captured, **options), kv_counts(tensors), []
 
 
@@ -290,28 +291,35 @@ def _cache_tensors(model, input_ids: torch.Tensor, length: int) -> list[torch.Te
 
 
 def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dtype]]:
-    """(shape, dtype) of each key then each value tensor of the cache, from a one-token prefill
-    on fake tensors; where the model cannot run eagerly on fake tensors (a grouped-matmul MoE
-    wants bf16 on cpu), from the config as transformers sizes a cache (`get_head_shapes`)."""
+    """(shape, dtype) of each key then each value tensor of transformers' own cache after a
+    one-token prefill: run on fake tensors, or, where the model cannot run eagerly on fake
+    tensors (a grouped-matmul MoE wants bf16 on cpu), read from that prefill's export (the
+    path transformers takes under export). Needs `dynamic_cache_pytree`."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from transformers import DynamicCache
-    from transformers.configuration_utils import get_head_shapes
 
+    inputs = {"input_ids": input_ids[:, :1], "use_cache": True}
     cache = DynamicCache(config=model.config)
     try:
         with quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), \
                 torch.no_grad():
-            model(input_ids=input_ids[:, :1], past_key_values=cache, use_cache=True)
-        return [(tuple(t.shape), t.dtype) for t in
-                [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]]
-    except Exception:  # noqa: BLE001 - the config's sizes below
-        config = model.config.get_text_config()
-        layers = config.num_hidden_layers
-        heads, head_dim = get_head_shapes(config)
-        heads = heads if isinstance(heads, list) else [heads] * layers
-        head_dim = head_dim if isinstance(head_dim, list) else [head_dim] * layers
-        shapes = [(input_ids.shape[0], h, 1, d) for h, d in zip(heads, head_dim)]
-        return [(shape, model.dtype) for shape in shapes * 2]
+            model(**inputs, past_key_values=cache)
+    except Exception:  # noqa: BLE001 - the exported prefill's outputs instead
+        cache = _exported_cache(model, inputs)
+    return [(tuple(t.shape), t.dtype) for t in
+            [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]]
+
+
+def _exported_cache(model, inputs: dict):
+    """The cache a prefill's exported program returns, rebuilt on meta tensors."""
+    from transformers import DynamicCache
+
+    program = capture_forward(model, (), {**inputs, "past_key_values":
+                                          DynamicCache(config=model.config)}).program
+    outputs = next(node for node in program.graph.nodes if node.op == "output").args[0]
+    values = [torch.empty(node.meta["val"].shape, dtype=node.meta["val"].dtype, device="meta")
+              if isinstance(node, torch.fx.Node) else node for node in outputs]
+    return torch.utils._pytree.tree_unflatten(values, program.call_spec.out_spec).past_key_values
 
 
 def _static(model, input_ids: torch.Tensor, max_cache_len: int,

@@ -24,7 +24,7 @@ from .forked import beside
 from .records import Counts, Report
 from .records.generation import PAST
 from .symbolic import size_symbol
-from .program_edits import drop_cache_rebuild, name_input_size
+from .program_edits import drop_cache_rebuild, name_input_sizes
 
 
 class _Prefill(torch.nn.Module):
@@ -101,7 +101,8 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     length = [{2: torch.export.Dim.DYNAMIC}] * layers
     captured = capture_forward(_Step(model), args, dynamic_shapes=(
         None, None, length, length, [None] * layers, [None] * layers))
-    name_input_size(captured.program, 2, 2, PAST)  # user inputs: token, hidden, keys...
+    # User inputs: token, hidden, the self-attention keys and values, the cross ones.
+    name_input_sizes(captured.program, range(2, 2 + 2 * layers), 2, PAST)
     dropped = drop_cache_rebuild(captured.program, range(2, 2 + 4 * layers))
     decode = count_captured(captured, **options)
     # The self-attention cache as in a decoder-only model; the encoder's keys and values,

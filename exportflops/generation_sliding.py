@@ -18,7 +18,7 @@ from .api import count_captured
 from .capture import capture_forward
 from .errors import GenerationError
 from .generation_seq2seq import kv_counts
-from .program_edits import drop_cache_rebuild, name_input_size
+from .program_edits import drop_cache_rebuild, name_input_sizes
 from .records import Counts, Report
 from .records.generation import PAST
 from .symbolic import size_symbol
@@ -87,9 +87,8 @@ def windowed_step(model: Any, input_ids: torch.Tensor, windows: list[int | None]
     spec = [{2: torch.export.Dim.DYNAMIC} if w is None else None for w in windows]
     captured = capture_forward(model, (), step, dynamic_shapes={
         "input_ids": None, "past_key_values": [spec, spec], "use_cache": None})
-    full = [i for i, w in enumerate(windows) if w is None]
-    if full:  # user inputs: input_ids, then each layer's keys
-        name_input_size(captured.program, 1 + full[0], 2, PAST)
+    # User inputs: input_ids, then each layer's keys, then its values (the full layers' sized).
+    name_input_sizes(captured.program, range(1, 1 + 2 * layers), 2, PAST)
     drop_cache_rebuild(captured.program, range(1, 1 + 2 * layers))
     past = size_symbol(PAST)
     lengths = [past if w is None else window - 1 for w in windows * 2]

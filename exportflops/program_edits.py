@@ -3,6 +3,8 @@ named, and transformers' rebuild of the cache from its input tensors removed."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from typing import Any
 
 import torch
@@ -14,17 +16,24 @@ def user_inputs(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
     return [placeholders[n] for n in program.graph_signature.user_inputs if n in placeholders]
 
 
-def name_input_size(program: torch.export.ExportedProgram, position: int, dim: int,
-                    name: str) -> None:
-    """Name the dynamic size at ``dim`` of the program's tensor input ``position`` (flattened
-    order, constants left out) ``name``, as a ``torch.export.Dim`` would. For sizes exported
-    as ``Dim.DYNAMIC``: a named Dim is refused when torch cannot prove a guard over its whole
-    range (the cache length's stride guards, ``min(8 + 8*s, 16 + 16*s)``), though the graph
-    is the same."""
-    value = user_inputs(program)[position].meta["val"]
-    shape_env = value.fake_mode.shape_env
-    for source in shape_env.var_to_sources[value.shape[dim].node.expr]:  # after replacements
-        shape_env.source_name_to_debug_name[source.name] = name
+def name_input_sizes(program: torch.export.ExportedProgram, positions: Iterable[int], dim: int,
+                     name: str) -> None:
+    """Name the dynamic size at ``dim`` of each of the program's tensor inputs at
+    ``positions`` (flattened order, constants left out) ``name``, as a ``torch.export.Dim``
+    would; static sizes are left alone. For sizes exported as ``Dim.DYNAMIC``: a named Dim is
+    refused when torch cannot prove a guard over its whole range (the cache length's stride
+    guards, ``min(8 + 8*s, 16 + 16*s)``), though the graph is the same. Sizes the model does
+    not tie together (each layer's cache length in a model that reads only the first layer's)
+    stay separate symbols in torch and all take ``name``: one size in the counts."""
+    inputs = user_inputs(program)
+    for position in positions:
+        value = inputs[position].meta["val"]
+        size = value.shape[dim]
+        if not isinstance(size, torch.SymInt):
+            continue
+        shape_env = value.fake_mode.shape_env
+        for source in shape_env.var_to_sources[size.node.expr]:  # after replacements
+            shape_env.source_name_to_debug_name[source.name] = name
 
 
 def drop_cache_rebuild(program: torch.export.ExportedProgram, positions: range) -> list[str]:

@@ -238,10 +238,13 @@ def _symbols(shape_env, renames: dict) -> list[SizeSymbol]:
     examples = getattr(shape_env, "backed_var_to_val", None)
     if examples is None:
         examples = shape_env.var_to_val
-    symbols = []
+    symbols, named = [], set()
     for symbol, renamed in renames.items():
-        if symbol in shape_env.replacements:  # equal to another size, in no expression
+        # Replaced: equal to another size, in no expression. A name already listed: sizes
+        # torch kept apart that were named one size (`program_edits.name_input_sizes`).
+        if symbol in shape_env.replacements or renamed in named:
             continue
+        named.add(renamed)
         bounds = shape_env.var_to_range.get(symbol)
         symbols.append(SizeSymbol(
             renamed,

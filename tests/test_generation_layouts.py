@@ -42,3 +42,26 @@ def test_a_state_space_model_is_a_typed_error():
                                       num_hidden_layers=2)
     with pytest.raises(GenerationError, match="LinearAttentionLayer"):
         analyze_generation(_meta(config), PROMPT, new_tokens=3)
+
+
+def test_layers_the_model_does_not_tie_share_one_past():
+    # BERT as a decoder reads the cache length of its first layer only, so torch keeps each
+    # layer's length a size of its own; every layer's cache holds `past` entries all the same.
+    # 2 layers, width 32 (4 heads of dim 8): q.k and p.v over past + 1 keys, 32 MACs per key
+    # each, per layer.
+    config = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=48,
+                                     is_decoder=True)
+    report = analyze_generation(_meta(config), PROMPT, new_tokens=3)
+    assert [s.name for s in report.decode.symbols] == ["past"]
+    assert sympy.Poly(report.decode.total.macs, PAST).all_coeffs()[0] == 2 * 2 * 32
+    assert isinstance(report.total.macs, int)
+
+
+def test_a_data_dependent_size_stays_a_symbol_of_the_request_total():
+    from exportflops.records.generation import power_sum
+
+    routed = sympy.Symbol("u0", integer=True, nonnegative=True)
+    # (3 past + 2 u0) over past = 1 .. 4: 3 x (1 + 2 + 3 + 4) + 4 x 2 u0.
+    assert sympy.expand(power_sum(3 * PAST + 2 * routed, PAST, 1, 4) - (30 + 8 * routed)) == 0
+    assert power_sum(3 * PAST + 2, PAST, 1, 4) == 38

@@ -131,21 +131,29 @@ def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int, *,
                      for name in Counts.model_fields})
 
 
-def power_sum(polynomial: sympy.Expr, symbol: sympy.Symbol, first: int, last: int) -> int:
+def power_sum(polynomial: sympy.Expr, symbol: sympy.Symbol, first: int,
+              last: int) -> int | sympy.Expr:
     """``sum(polynomial at symbol = first .. last)`` in closed form, by Newton's forward-difference
     formula: a polynomial of degree d summed over n consecutive integers is
     ``sum_k (d^k p)(first) * C(n, k + 1)``, from its values at first .. first + d. Exact in
     integers, and a few evaluations whatever n is (sympy's summation takes milliseconds a
     count)."""
     if symbol not in polynomial.free_symbols:
-        return int(polynomial) * (last - first + 1)
+        return _number(polynomial * (last - first + 1))
     degree = sympy.Poly(polynomial, symbol).degree()
-    differences = [int(polynomial.subs(symbol, first + i)) for i in range(degree + 1)]
+    differences = [polynomial.subs(symbol, first + i) for i in range(degree + 1)]
     total = 0
     for k in range(degree + 1):
         total += differences[0] * math.comb(last - first + 1, k + 1)
         differences = [b - a for a, b in zip(differences, differences[1:])]
-    return total
+    return _number(total)
+
+
+def _number(value: sympy.Expr) -> int | sympy.Expr:
+    """An int when ``value`` is one; else the expanded expression: a count that also depends on
+    a data-dependent size (an MoE's tokens per expert, ``u0``...), the same at every step."""
+    value = sympy.expand(value)
+    return int(value) if value.is_number else value
 
 
 def _at(counts: Counts, past: int) -> Counts:
