@@ -306,6 +306,12 @@ def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dty
             model(**inputs, past_key_values=cache)
     except Exception:  # noqa: BLE001 - the exported prefill's outputs instead
         cache = _exported_cache(model, inputs)
+    if any(layer.keys is None for layer in cache.layers):
+        raise GenerationError(
+            f"{type(model).__name__}'s forward keeps no keys and values in transformers' "
+            f"DynamicCache (a model with its own recurrent state, such as RWKV); "
+            f"analyze_generation counts attention KV caches. Analyze its forward with "
+            f"analyze(model, args) instead.")
     return [(tuple(t.shape), t.dtype) for t in
             [layer.keys for layer in cache.layers] + [layer.values for layer in cache.layers]]
 

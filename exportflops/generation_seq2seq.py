@@ -87,8 +87,8 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     with FakeTensorMode(allow_non_fake_inputs=True):
         _, (keys, values, cross, _) = _Prefill(model)(input_ids, start)
     encoded = cross[0].shape[2]  # the encoder's positions: prompt tokens, or Whisper's frames/2
-    hidden = torch.zeros(batch, encoded, model.config.d_model, dtype=keys[0].dtype,
-                         device=device)
+    width = getattr(model.config, "d_model", None) or model.config.hidden_size  # ProphetNet
+    hidden = torch.zeros(batch, encoded, width, dtype=keys[0].dtype, device=device)
 
     def cache(like: list, length: int) -> list[torch.Tensor]:
         return [torch.zeros(t.shape[:2] + (length,) + t.shape[3:], dtype=t.dtype,
