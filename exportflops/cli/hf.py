@@ -175,14 +175,16 @@ def _auto_class(config, transformers):
 
 def _declaring_class(config):
     """The model class in the config's own ``modeling_*`` module whose ``config_class`` is the
-    config's class; the base model (a name ending in ``Model``) when several are."""
+    config's class; the base model (a name ending in ``Model``) when several are. The class may
+    be defined in a sibling module and imported there (BLIP's ``BlipTextModel`` lives in
+    ``modeling_blip_text``)."""
     module_name = type(config).__module__.replace(".configuration_", ".modeling_")
     try:
         module = importlib.import_module(module_name)
     except ImportError:
         return None
     classes = [c for c in vars(module).values() if isinstance(c, type)
-               and c.__module__ == module_name and getattr(c, "config_class", None) is type(config)
+               and getattr(c, "config_class", None) is type(config)
                and not c.__name__.endswith("PreTrainedModel")]
     classes.sort(key=lambda c: not c.__name__.endswith("Model"))
     return classes[0] if classes else None

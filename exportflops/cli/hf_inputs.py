@@ -9,8 +9,10 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (MEL_BINS, accepted, boxes, config_int, encoder_states, feature_layouts,
-                       fake_error, pixels, time_series, waveform)
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MASKS, MEL_BINS, accepted, boxes, config_int,
+                       encoder_states, fake_error, feature_layouts, grid, image_tokens, mask,
+                       patches, pixels, time_series, waveform, with_image_tokens)
+from .hf_needs import needed_input
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -59,6 +61,14 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
               and p.default is inspect.Parameter.empty
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names}
+    grid_input = next((name for name in GRID_INPUTS if name in signature), None)
+    # The patches: pixel_values, or forward's first parameter where it has no name we know
+    # (Qwen2-VL's vision tower calls them hidden_states).
+    pixel_name = "pixel_values" if "pixel_values" in inputs else names[0]
+    if grid_input is not None and (pixel_name in inputs and pixel_name not in parameters
+                                   or pixel_name == "pixel_values"):
+        _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
+                      batch=batch)
     first = names[0] == parameters[0] or names[0] not in parameters
     for name, candidates in inputs.items():
         if isinstance(candidates, list):  # layouts to choose from
@@ -71,22 +81,61 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
 
 def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
                seq: int | None) -> dict[str, Any]:
-    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors
-    ("You have to specify bbox": BROS; "encoder_hidden_states must be given": BLIP-2's
-    Q-Former), among
-    `SIDE_INPUTS`: forward's signature says these are optional, its code that they are not."""
-    side = [name for name in inspect.signature(model.forward).parameters
-            if name in SIDE_INPUTS and name not in inputs]
-    for _ in side:
+    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors:
+    by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
+    be given": BLIP-2's Q-Former), or by reading it while None (`needed_input`: LongT5's
+    attention_mask, Qwen2-Audio's feature_attention_mask). Forward's signature says these are
+    optional, its code that they are not. An input we cannot make is left out: the export's
+    error names it, and the sweep blames us (`hf.blame`)."""
+    parameters = list(inspect.signature(model.forward).parameters)
+    given = set(parameters[:len(args)]) | set(inputs)
+    side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
+    for _ in range(len(side) + len(MASKS) + 1):
         error = fake_error(model, args, inputs)
-        asked = [name for name in side if error is not None and name in str(error)
-                 and name not in inputs]
-        if not asked:
+        if error is None:
             break
+        asked = [name for name in side if name in str(error).lower() and name not in inputs]
+        needed = needed_input(error, [p for p in parameters if p not in given | set(inputs)])
+        if needed is not None and needed not in asked:
+            asked.append(needed)
+        made = {}
         for name in asked:
-            made = example(name, model.config, device, batch=batch, seq=seq)
-            inputs[name] = made[0] if isinstance(made, list) else made
+            try:
+                made[name] = _side_input(name, model.config, dict(zip(parameters, args)) | inputs,
+                                         device, batch=batch, seq=seq)
+            except UsageError:
+                continue
+        if not made:
+            break
+        inputs |= made
     return inputs
+
+
+def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
+                seq: int | None):
+    if name in MASKS and MASKS[name] in given:
+        return mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+    made = example(name, config, device, batch=batch, seq=seq)
+    return made[0] if isinstance(made, list) else made
+
+
+def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
+                  parameters: set[str], config, device, *, batch: int) -> None:
+    """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
+    grid, and, in the tokens, one placeholder per image token (the config's image_token_id),
+    marked as an image's in mm_token_type_ids where forward takes those."""
+    import torch
+
+    vision = _sub_config(config, "vision")
+    inputs[pixel_name] = patches(vision, device, batch=batch)
+    inputs[grid_input] = grid(vision, device, batch=batch)
+    token = config_int(config, IMAGE_TOKEN)
+    count = image_tokens(vision)
+    if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
+        inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
+        if "mm_token_type_ids" in parameters:
+            kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
+            inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
 
 
 def _has_sub_config(config, modality: str) -> bool:
@@ -109,6 +158,8 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         text = config.get_text_config(decoder=True if decoder else None)
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
+    if name in GRID_INPUTS:
+        return grid(_sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
         return pixels(name, _sub_config(config, "vision"), device, batch=batch)
     audio = _sub_config(config, "audio")

@@ -112,13 +112,21 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     import torch
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                                DynamicOutputShapeException, FakeTensorMode)
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     from ..capture import quiet_fake_tensor_log
 
+    # As torch.export runs a forward: with a shape environment, so that ``.item()`` and
+    # ``nonzero`` give unbacked sizes and the run goes on to what export meets after them; and
+    # in torch's own exporting state, in which transformers makes no default masks (LongT5
+    # builds an attention_mask of ones unless torch.compiler.is_compiling()).
+    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with torch.no_grad(), quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
             model(*args, **kwargs)
-    except (DataDependentOutputException, DynamicOutputShapeException):
+    except (DataDependentOutputException, DynamicOutputShapeException,
+            GuardOnDataDependentSymNode):
         return None
     except Exception as error:  # the caller reads it; the export reports the real failure
         return error
@@ -167,3 +175,85 @@ def encoder_states(config, device, *, batch: int, length: int):
 
     width = config_int(config, ("encoder_hidden_size", "hidden_size"))
     return torch.zeros((batch, length, width), device=device)
+
+
+#: The forward parameters that take one patch grid ``(t, h, w)`` per image: Qwen2-VL's vision
+#: tower (``grid_thw``) and the models around it (``image_grid_thw``).
+GRID_INPUTS = ("grid_thw", "image_grid_thw")
+#: Where a config keeps the token that stands for one image token in ``input_ids``.
+IMAGE_TOKEN = ("image_token_id", "image_token_index")
+#: Where a config counts the tokens one image becomes (Kosmos-2's latent queries).
+IMAGE_TOKENS = ("latent_query_num", "image_seq_length", "num_image_tokens")
+#: The masks a forward reads over another input, and that input: audio frames, image pixels.
+MASKS = {"feature_attention_mask": "input_features", "input_features_mask": "input_features",
+         "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids"}
+
+
+def merge_size(vision) -> int:
+    """Patches a side that the merger joins into one token: spatial_merge_size (Qwen2-VL's 2),
+    else the first of merge_kernel_size (Kimi-K2.5's (2, 2)), else 1."""
+    kernel = getattr(vision, "merge_kernel_size", None)
+    return (config_int(vision, ("spatial_merge_size",))
+            or (kernel[0] if isinstance(kernel, (list, tuple)) else None) or 1)
+
+
+def patch_grid(vision) -> tuple[int, int, int]:
+    """``(t, h, w)``: the patch grid of one still image as Qwen2-VL's processor makes it. One
+    step in time (the processor repeats a still image temporal_patch_size times to fill it), and
+    image_size / patch_size patches a side, rounded down to a multiple of `merge_size` (the
+    merger joins merge x merge patches into one token)."""
+    height, width = image_size(vision)
+    patch = config_int(vision, ("patch_size",)) or 14
+    merge = merge_size(vision)
+    return 1, height // patch // merge * merge, width // patch // merge * merge
+
+
+def patches(vision, device, *, batch: int):
+    """One image per example as Qwen2-VL's processor flattens it: every patch a row
+    ``(batch * t * h * w, channels * temporal_patch_size * patch_size ** 2)``."""
+    import torch
+
+    t, h, w = patch_grid(vision)
+    channels = config_int(vision, ("in_channels", "num_channels")) or 3
+    patch = config_int(vision, ("patch_size",)) or 14
+    depth = config_int(vision, ("temporal_patch_size",)) or 1
+    return torch.zeros((batch * t * h * w, channels * depth * patch * patch), device=device)
+
+
+def grid(vision, device, *, batch: int):
+    """The `patch_grid` of each example's image ``(batch, 3)``."""
+    import torch
+
+    return torch.tensor([patch_grid(vision)] * batch, dtype=torch.long, device=device)
+
+
+def image_tokens(vision) -> int:
+    """Tokens one image becomes: its patches over merge x merge."""
+    t, h, w = patch_grid(vision)
+    return t * h * w // merge_size(vision) ** 2
+
+
+def with_image_tokens(ids, token: int, count: int):
+    """``ids`` with the first ``count`` tokens of each example set to ``token`` (the image's
+    placeholders, which the model replaces with the image's features)."""
+    ids = ids.clone()
+    ids[:, :count] = token
+    return ids
+
+
+def mask(name: str, masked, config, audio):
+    """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (`IMAGE_TOKENS`
+    of ``config``, else all), its frames for an
+    audio mask (the axis that is not `mel_bins`), its pixels for an image mask (the channel
+    axis, third from last, dropped)."""
+    import torch
+
+    if MASKS[name] == "input_ids":  # one per image token, where the config counts them
+        count = config_int(config, IMAGE_TOKENS)
+        ones = torch.ones_like(masked)
+        return ones if count is None else with_image_tokens(torch.zeros_like(masked), 1, count)
+    if MASKS[name] == "pixel_values":
+        shape = masked.shape[:-3] + masked.shape[-2:]
+        return torch.ones(shape, dtype=torch.bool, device=masked.device)
+    frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
+    return torch.ones((masked.shape[0], frames), dtype=torch.long, device=masked.device)
