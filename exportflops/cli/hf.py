@@ -6,6 +6,7 @@ config; the example inputs are `hf_inputs`'."""
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import re
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..errors import BuildError, UsageError
 from .hf_inputs import hf_inputs
+from .hf_needs import needed_input
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -203,3 +205,11 @@ def raised_by(error: BaseException) -> str:
         if f"/{package}/" in where:
             return f"{package} ({where.rpartition(f'/{package}/')[2]}:{frames[-1].lineno})"
     return "other"
+
+
+def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:
+    """The input of ``model.forward`` that ``error`` shows forward needed and was not given
+    (`needed_input`): a failure in transformers' code caused by the inputs we made, so ours."""
+    parameters = list(inspect.signature(model.forward).parameters)
+    given = set(parameters[:len(args)]) | set(kwargs or {})
+    return needed_input(error, [p for p in parameters if p not in given])
