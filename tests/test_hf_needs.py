@@ -103,7 +103,8 @@ def test_a_missing_input_of_a_module_is_blamed_on_the_builder():
 def test_the_patch_grid_and_image_tokens_follow_the_config(model_type, side):
     vision = tf.AutoConfig.for_model(model_type).vision_config
     assert patch_grid(vision) == (1, side, side)
-    assert grid(vision, CPU, batch=2).tolist() == [[1, side, side]] * 2
+    assert grid("image_grid_thw", vision, CPU, batch=2).tolist() == [[1, side, side]] * 2
+    assert grid("image_grid_hw", vision, CPU, batch=1).tolist() == [[side, side]]
     # 3 channels x 2 frames x 14 x 14 pixels a patch; the merger joins 2 x 2 patches a token.
     assert tuple(patches(vision, CPU, batch=2).shape) == (2 * side * side, 3 * 2 * 14 * 14)
     assert image_tokens(vision) == side * side // 4

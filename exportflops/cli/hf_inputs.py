@@ -9,9 +9,10 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MASKS, MEL_BINS, accepted, boxes, config_int,
-                       encoder_states, fake_error, feature_layouts, grid, image_tokens, mask,
-                       patches, pixels, time_series, waveform, with_image_tokens)
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS, accepted, boxes,
+                       config_int, encoder_states, fake_error, feature_layouts, grid,
+                       image_tokens, mask, patches, pixels, time_series, waveform,
+                       with_image_tokens)
 from .hf_needs import needed_input
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
@@ -41,6 +42,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
     config = model.config
     signature = inspect.signature(model.forward).parameters
     parameters = list(signature)
+    _refuse_objects(model, signature[parameters[0]])
     main = model.main_input_name
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
@@ -77,6 +79,20 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
                                     first=first and name == names[0])
     args = (inputs.pop(names[0]),) if first else ()
     return args, _asked_for(model, args, inputs, device, batch=batch, seq=seq)
+
+
+def _refuse_objects(model, first: inspect.Parameter) -> None:
+    """A forward whose first parameter is an object of a class, not a tensor (SAM2-Video's
+    ``inference_session``, which holds the frames and prompts of a tracking session), takes
+    no example we can make from a config."""
+    import torch
+
+    kind = first.annotation
+    if isinstance(kind, type) and not issubclass(kind, torch.Tensor):
+        raise UsageError(f"{type(model).__name__}.forward takes {first.name!r}, a "
+                         f"{kind.__name__}, not a tensor: exportflops makes tensors from the "
+                         f"config only. Build that object and call analyze() from Python, or "
+                         f"analyze the model's tensor submodules.")
 
 
 def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
@@ -128,7 +144,7 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
 
     vision = _sub_config(config, "vision")
     inputs[pixel_name] = patches(vision, device, batch=batch)
-    inputs[grid_input] = grid(vision, device, batch=batch)
+    inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
     if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
@@ -158,8 +174,8 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         text = config.get_text_config(decoder=True if decoder else None)
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
-    if name in GRID_INPUTS:
-        return grid(_sub_config(config, "vision"), device, batch=batch)
+    if name in GRID_INPUTS + SIZE_INPUTS:
+        return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
         return pixels(name, _sub_config(config, "vision"), device, batch=batch)
     audio = _sub_config(config, "audio")

@@ -177,9 +177,13 @@ def encoder_states(config, device, *, batch: int, length: int):
     return torch.zeros((batch, length, width), device=device)
 
 
-#: The forward parameters that take one patch grid ``(t, h, w)`` per image: Qwen2-VL's vision
-#: tower (``grid_thw``) and the models around it (``image_grid_thw``).
-GRID_INPUTS = ("grid_thw", "image_grid_thw")
+#: The forward parameters that take one patch grid ``(t, h, w)`` per image, with the image as
+#: flattened patches: Qwen2-VL's vision tower (``grid_thw``) and the models around it
+#: (``image_grid_thw``); ``(h, w)`` without time (Nemotron-H Omni's ``image_grid_hw``).
+GRID_INPUTS = ("grid_thw", "image_grid_thw", "image_grid_hw")
+#: The forward parameters that take the ``(h, w)`` patches of each image given whole
+#: (MiniCPM-V's vision tower: ``target_sizes``).
+SIZE_INPUTS = ("target_sizes",)
 #: Where a config keeps the token that stands for one image token in ``input_ids``.
 IMAGE_TOKEN = ("image_token_id", "image_token_index")
 #: Where a config counts the tokens one image becomes (Kosmos-2's latent queries).
@@ -220,11 +224,14 @@ def patches(vision, device, *, batch: int):
     return torch.zeros((batch * t * h * w, channels * depth * patch * patch), device=device)
 
 
-def grid(vision, device, *, batch: int):
-    """The `patch_grid` of each example's image ``(batch, 3)``."""
+def grid(name: str, vision, device, *, batch: int):
+    """The `patch_grid` of each example's image ``(batch, 3)``; ``(batch, 2)``, rows and
+    columns, for the inputs named so (``image_grid_hw``, `SIZE_INPUTS`)."""
     import torch
 
-    return torch.tensor([patch_grid(vision)] * batch, dtype=torch.long, device=device)
+    t, h, w = patch_grid(vision)
+    rows = [t, h, w] if name.endswith("thw") else [h, w]
+    return torch.tensor([rows] * batch, dtype=torch.long, device=device)
 
 
 def image_tokens(vision) -> int:
