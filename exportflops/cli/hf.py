@@ -46,7 +46,7 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
                 setattr(config_, key, value)
     model = build(config, device, transformers)
     model.eval()
-    args, inputs = hf_inputs(model, device, batch=batch, seq=seq)
+    args, inputs = hf_inputs(model, device, batch=batch, seq=seq, config=config)
     return model, args, inputs | (kwargs or {})
 
 
@@ -154,8 +154,10 @@ def build(config, device, transformers):
     name = (model_class or auto).__name__
     try:
         with device:
-            if model_class is not None:
+            if model_class is not None and hasattr(model_class, "_from_config"):
                 return model_class._from_config(config)
+            if model_class is not None:  # a module of the model, not a PreTrainedModel
+                return model_class(config)
             return auto.from_config(config)
     except Exception as error:
         raise BuildError(f"transformers could not build {config.model_type} with {name} from "
@@ -189,7 +191,35 @@ def _declaring_class(config):
                and getattr(c, "config_class", None) is type(config)
                and not c.__name__.endswith("PreTrainedModel")]
     classes.sort(key=lambda c: not c.__name__.endswith("Model"))
-    return classes[0] if classes else None
+    return classes[0] if classes else _config_module(module, config)
+
+
+def _config_module(module, config):
+    """Where no model class declares the config (SAM's mask decoder, Idefics' vision tower):
+    the module class of ``module`` whose constructor takes the config alone, the one named
+    as the config (``SamMaskDecoderConfig``: ``SamMaskDecoder``), else the one with the most
+    parameters (the outermost: Idefics' vision transformer holds its embeddings)."""
+    import torch
+
+    classes = [c for c in vars(module).values() if isinstance(c, type)
+               and issubclass(c, torch.nn.Module) and _takes_config_alone(c, type(config))]
+    named = [c for c in classes if c.__name__ == type(config).__name__.removesuffix("Config")]
+    if named or len(classes) < 2:
+        return (named or classes or [None])[0]
+    with torch.device("meta"):
+        sizes = {c: sum(p.numel() for p in c(config).parameters()) for c in classes}
+    return max(classes, key=sizes.get)
+
+
+def _takes_config_alone(cls, config_class) -> bool:
+    try:
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in parameters if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return (len(required) == 1 and required[0] is parameters[0]
+            and parameters[0].annotation in (config_class, config_class.__name__))
 
 
 def raised_by(error: BaseException) -> str:

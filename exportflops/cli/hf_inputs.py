@@ -34,16 +34,17 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
 
-def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
+def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=None
               ) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for ``model.forward``: its main input positional when it is forward's
     first parameter (so ``--dynamic seq`` finds it), the others by name. Every parameter that
-    forward requires (no default) is made too, or refused with a UsageError that names it."""
-    config = model.config
+    forward requires (no default) is made too, or refused with a UsageError that names it.
+    ``config`` is the model's own unless given (a module of a sub-model config keeps none)."""
+    config = config if config is not None else model.config
     signature = inspect.signature(model.forward).parameters
     parameters = list(signature)
     _refuse_objects(model, signature[parameters[0]])
-    main = model.main_input_name
+    main = getattr(model, "main_input_name", parameters[0])
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
@@ -78,7 +79,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0])
     args = (inputs.pop(names[0]),) if first else ()
-    return args, _asked_for(model, args, inputs, device, batch=batch, seq=seq)
+    return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
 
 def _refuse_objects(model, first: inspect.Parameter) -> None:
@@ -95,7 +96,7 @@ def _refuse_objects(model, first: inspect.Parameter) -> None:
                          f"analyze the model's tensor submodules.")
 
 
-def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
+def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, batch: int,
                seq: int | None) -> dict[str, Any]:
     """``inputs`` and the optional inputs that forward's own error asks for under fake tensors:
     by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
@@ -117,7 +118,7 @@ def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int
         made = {}
         for name in asked:
             try:
-                made[name] = _side_input(name, model.config, dict(zip(parameters, args)) | inputs,
+                made[name] = _side_input(name, config, dict(zip(parameters, args)) | inputs,
                                          device, batch=batch, seq=seq)
             except UsageError:
                 continue
