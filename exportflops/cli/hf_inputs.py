@@ -89,7 +89,11 @@ def _refuse_objects(model, first: inspect.Parameter) -> None:
     import torch
 
     kind = first.annotation
-    if isinstance(kind, type) and not issubclass(kind, torch.Tensor):
+    # A class of transformers' own; not a tensor type (torch.LongTensor is no subclass of
+    # torch.Tensor), a builtin, or no annotation (inspect's empty marker is a class too).
+    if (isinstance(kind, type) and kind is not inspect.Parameter.empty
+            and not issubclass(kind, torch.Tensor)
+            and kind.__module__.split(".")[0] not in ("builtins", "torch", "typing")):
         raise UsageError(f"{type(model).__name__}.forward takes {first.name!r}, a "
                          f"{kind.__name__}, not a tensor: exportflops makes tensors from the "
                          f"config only. Build that object and call analyze() from Python, or "
