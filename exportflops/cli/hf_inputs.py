@@ -10,9 +10,9 @@ from typing import Any
 
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS, accepted, boxes,
-                       config_int, encoder_states, fake_error, feature_layouts, grid,
-                       image_tokens, mask, patches, pixels, time_series, waveform,
-                       with_image_tokens)
+                       config_int, encoder_states, fake_error, feature_layouts,
+                       flattened_patches, grid, image_tokens, mask, patches, pixels,
+                       spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
@@ -63,7 +63,10 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     names += [name for name, p in signature.items() if name not in filled
               and p.default is inspect.Parameter.empty
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names}
+    # A required mask (Qwen3-ASR's input_features_mask) follows the input it masks, made last.
+    masks = [name for name in names if name in MASKS]
+    inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
+              if name not in masks}
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -74,10 +77,16 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                       batch=batch)
     first = names[0] == parameters[0] or names[0] not in parameters
     for name, candidates in inputs.items():
-        if isinstance(candidates, list):  # layouts to choose from
+        if isinstance(candidates, list):  # layouts to choose from, each with its masks
+
+            def masked(candidate, name=name) -> dict[str, Any]:
+                return {m: _side_input(m, config, {name: candidate}, device, batch=batch,
+                                       seq=seq) for m in masks if MASKS[m] == name}
+
             others = {k: v for k, v in inputs.items() if k != name}
             inputs[name] = accepted(model, name, candidates, others,
-                                    first=first and name == names[0])
+                                    first=first and name == names[0], masks=masked)
+    inputs |= {m: _side_input(m, config, inputs, device, batch=batch, seq=seq) for m in masks}
     args = (inputs.pop(names[0]),) if first else ()
     return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
@@ -196,6 +205,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         if _has_mel_bins(audio):
             return waves + feature_layouts(audio, device, batch=batch, seq=seq)
         return waves
+    if name == "flattened_patches":
+        return flattened_patches(_sub_config(config, "vision"), device, batch=batch, seq=seq)
+    if name == "spectrogram":
+        return spectrogram(config, device, batch=batch, seq=seq)
     if name in ("past_values", "past_values_padding", "freq"):
         return time_series(name, config, device, batch=batch, seq=seq)
     text = config.get_text_config()

@@ -133,12 +133,15 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     return None
 
 
-def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool):
+def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool,
+             masks=lambda candidate: {}):
     """The first of ``candidates`` for input ``name`` (forward's first parameter, if
-    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which layout a
-    forward wants is written in its code, not in its config or signature."""
+    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which
+    layout a forward wants is written in its code, not in its config or signature. ``masks``
+    gives the inputs that follow a candidate's layout (its mask)."""
     for candidate in candidates:
-        args, kwargs = ((candidate,), others) if first else ((), others | {name: candidate})
+        others_ = others | masks(candidate)
+        args, kwargs = ((candidate,), others_) if first else ((), others_ | {name: candidate})
         if fake_error(model, args, kwargs) is None:
             return candidate
     return candidates[0]
@@ -264,3 +267,22 @@ def mask(name: str, masked, config, audio):
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
     return torch.ones((masked.shape[0], frames), dtype=torch.long, device=masked.device)
+
+
+def flattened_patches(vision, device, *, batch: int, seq: int | None):
+    """Pix2Struct's image: ``seq`` (else the config's seq_len) patches, each its row and column
+    and then its patch_embed_hidden_size pixels ``(batch, patches, 2 + pixels)``."""
+    import torch
+
+    count = seq or config_int(vision, ("seq_len",)) or 2048
+    width = 2 + (config_int(vision, ("patch_embed_hidden_size",)) or 16 * 16 * 3)
+    return torch.zeros((batch, count, width), device=device)
+
+
+def spectrogram(config, device, *, batch: int, seq: int | None):
+    """A vocoder's mel spectrogram (HiFi-GAN's) ``(batch, frames, model_in_dim)``: ``seq`` or
+    HF_DEFAULT_FRAMES frames."""
+    import torch
+
+    bins = config_int(config, ("model_in_dim",)) or mel_bins(config)
+    return torch.zeros((batch, seq or HF_DEFAULT_FRAMES, bins), device=device)
