@@ -2,9 +2,10 @@
 meta with at most ``--layers`` layers, then analyzed; counts of built / analyzed / failed-ours /
 failed-theirs, and the failing types grouped by error.
 
-A failure is ours when the innermost frame of its traceback is in exportflops (our builder, our
-inputs check, our counting), or when transformers' forward read an input of its own that our
-builder did not make (a None where it needed a mask or a patch grid); theirs when it is in
+A failure is ours (`exportflops.cli.hf.blame`) when the innermost frame of its traceback is in
+exportflops (our builder, our inputs check, our counting), when transformers' forward read an
+input of its own that our builder did not make (a None where it needed a mask or a patch
+grid), or when it rejected our inputs with a ValueError of its own; theirs when it is in
 transformers or torch otherwise (a constructor that rejects its own default config, a forward
 that torch.export cannot capture). Each type runs in a
 forked child with a time limit.
@@ -27,17 +28,7 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.cli.hf import hf_model, missed_input, raised_by
-
-
-def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | None = None) -> str:
-    """``ours`` when the innermost frame of the error (or of its cause) is in exportflops, or
-    when transformers' code failed on an input of forward that our builder did not make
-    (`missed_input`: it read it while None)."""
-    if raised_by(error).startswith("exportflops"):
-        return "ours"
-    missed = model is not None and missed_input(error, model, args, kwargs) is not None
-    return "ours" if missed else "theirs"
+from exportflops.cli.hf import blame, hf_model
 
 
 def try_type(model_type: str, layers: int, out) -> None:

@@ -150,3 +150,27 @@ def test_a_needed_mask_is_made_and_the_model_analyzes(model_type, name, shape):
     assert tuple(_named(model, args, kwargs)[name].shape) == shape
     report = analyze(model, args, kwargs)
     assert report.uncounted == [] and report.total.flops > 0
+
+
+# --- blame ------------------------------------------------------------------------------
+
+
+def test_an_input_check_in_transformers_forward_is_blamed_on_the_builder():
+    # GPT-2's forward refuses input_ids and inputs_embeds together (a ValueError of its own):
+    # the inputs were ours.
+    from exportflops.cli.hf import blame
+
+    model, args, _ = hf_model("gpt2", META, None, layers=1)
+    both = {"inputs_embeds": torch.zeros((1, 128, 768), device=META)}
+    error = _raised(model, *args, **both)
+    assert isinstance(error, ValueError)
+    assert blame(error, model, args, both) == "ours"
+    assert blame(error) == "theirs"  # without the model, its frame is all that is known
+
+
+def test_a_forward_that_takes_an_object_is_refused_naming_it():
+    # SAM2-Video tracks through an inference session (frames and prompts), not tensors.
+    from exportflops.errors import UsageError
+
+    with pytest.raises(UsageError, match="'inference_session', a Sam2VideoInferenceSession"):
+        hf_model("sam2_video", META, None, layers=1)

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import BuildError, UsageError
 from .hf_inputs import hf_inputs
-from .hf_needs import needed_input
+from .hf_needs import innermost, needed_input
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -243,3 +243,18 @@ def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) 
     parameters = list(inspect.signature(model.forward).parameters)
     given = set(parameters[:len(args)]) | set(kwargs or {})
     return needed_input(error, [p for p in parameters if p not in given])
+
+
+def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | None = None) -> str:
+    """``ours`` or ``theirs``: ours when the innermost frame of ``error`` (or of its cause) is
+    in exportflops; when transformers' forward needed an input we did not make
+    (`missed_input`); or when it rejected ours with a ValueError of its own (an input check:
+    "Bbox is required", "Image features and image tokens do not match"). Theirs otherwise: a
+    constructor that rejects its own default config, a forward torch.export cannot capture."""
+    if raised_by(error).startswith("exportflops"):
+        return "ours"
+    if model is None:
+        return "theirs"
+    cause = innermost(error)
+    checked = isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
+    return "ours" if checked or missed_input(error, model, args, kwargs) else "theirs"
