@@ -137,6 +137,10 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
                 continue
         if not made:
             break
+        for name, candidates in made.items():  # layouts to choose from
+            if isinstance(candidates, list):
+                others = dict(zip(parameters, args)) | inputs
+                made[name] = accepted(model, name, candidates, others, first=False)
         inputs |= made
     return inputs
 
@@ -145,8 +149,7 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
                 seq: int | None):
     if name in MASKS and MASKS[name] in given:
         return mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
-    made = example(name, config, device, batch=batch, seq=seq)
-    return made[0] if isinstance(made, list) else made
+    return example(name, config, device, batch=batch, seq=seq)
 
 
 def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,

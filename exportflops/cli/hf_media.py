@@ -161,14 +161,16 @@ def time_series(name: str, config, device, *, batch: int, seq: int | None):
     return torch.zeros(shape, device=device)
 
 
-def boxes(config, device, *, batch: int, length: int):
-    """One box per token ``(batch, length, 4)``: integer coordinates where the config embeds
-    them (LayoutLM's max_2d_position_embeddings), else floats (BROS projects them)."""
+def boxes(config, device, *, batch: int, length: int) -> list:
+    """One box per token ``(batch, length, 4)``, to choose from (`accepted`): integer
+    coordinates first where the config embeds them (LayoutLM's max_2d_position_embeddings),
+    else floats first (BROS projects them; UDOP, which also embeds them, averages them too)."""
     import torch
 
-    embedded = hasattr(config, "max_2d_position_embeddings")
-    return torch.zeros((batch, length, 4), dtype=torch.long if embedded else torch.float,
-                       device=device)
+    dtypes = [torch.long, torch.float]
+    if not hasattr(config, "max_2d_position_embeddings"):
+        dtypes.reverse()
+    return [torch.zeros((batch, length, 4), dtype=dtype, device=device) for dtype in dtypes]
 
 
 def encoder_states(config, device, *, batch: int, length: int):
@@ -252,10 +254,10 @@ def with_image_tokens(ids, token: int, count: int):
 
 
 def mask(name: str, masked, config, audio):
-    """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (`IMAGE_TOKENS`
-    of ``config``, else all), its frames for an
-    audio mask (the axis that is not `mel_bins`), its pixels for an image mask (the channel
-    axis, third from last, dropped)."""
+    """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
+    `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
+    is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
+    dropped)."""
     import torch
 
     if MASKS[name] == "input_ids":  # one per image token, where the config counts them
