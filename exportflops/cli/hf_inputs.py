@@ -71,11 +71,14 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
     pixel_name = "pixel_values" if "pixel_values" in inputs else names[0]
+    first = names[0] == parameters[0] or names[0] not in parameters
     if grid_input is not None and (pixel_name in inputs and pixel_name not in parameters
                                    or pixel_name == "pixel_values"):
-        _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
-                      batch=batch)
-    first = names[0] == parameters[0] or names[0] not in parameters
+        # Patches where the grid is required, or where whole images fail (RADIO takes either).
+        if (signature[grid_input].default is inspect.Parameter.empty
+                or _fails(model, inputs, names[0] if first else None)):
+            _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
+                          batch=batch)
     for name, candidates in inputs.items():
         if isinstance(candidates, list):  # layouts to choose from, each with its masks
 
@@ -89,6 +92,14 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     inputs |= {m: _side_input(m, config, inputs, device, batch=batch, seq=seq) for m in masks}
     args = (inputs.pop(names[0]),) if first else ()
     return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
+
+
+def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
+    """Whether forward fails under fake tensors with ``inputs`` (the first of each layout to
+    choose from), ``positional`` passed first."""
+    chosen = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()}
+    args = (chosen.pop(positional),) if positional is not None else ()
+    return fake_error(model, args, chosen) is not None
 
 
 def _refuse_objects(model, first: inspect.Parameter) -> None:

@@ -25,9 +25,11 @@ def config_int(config, names: tuple[str, ...]) -> int | None:
 
 
 def image_size(config) -> tuple[int, int]:
-    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2),
-    else 224."""
-    size = getattr(config, "image_size", None) or getattr(config, "crop_size", None) or 224
+    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2), else
+    its backbone's image_size (ViTPose's 256 x 192), else 224."""
+    backbone = getattr(config, "backbone_config", None)
+    size = (getattr(config, "image_size", None) or getattr(config, "crop_size", None)
+            or getattr(backbone, "image_size", None) or 224)
     if isinstance(size, dict):  # {"height": h, "width": w}
         return size["height"], size["width"]
     if isinstance(size, (list, tuple)):
@@ -39,7 +41,8 @@ def pixels(name: str, vision, device, *, batch: int):
     """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
     width)`` for ``pixel_values_videos``; to choose from (`accepted`) for ``pixel_values``: a
     video and its frames as a batch of images (X-CLIP's vision tower) where the vision config
-    counts frames, else images and a list of one image per example (Idefics2, SmolVLM)."""
+    counts frames, else images, a list of one image per example (Idefics2, SmolVLM), and a
+    pair of images per example (SuperGlue)."""
     import torch
 
     height, width = image_size(vision)
@@ -50,8 +53,11 @@ def pixels(name: str, vision, device, *, batch: int):
     if frames is not None:
         return [torch.zeros((batch, frames, channels, height, width), device=device),
                 torch.zeros((batch * frames, channels, height, width), device=device)]
+    # Images; one per example in a list (Idefics2); a pair per example (the keypoint matchers,
+    # SuperGlue, LightGlue, EfficientLoFTR, match two images).
     return [torch.zeros((batch, channels, height, width), device=device),
-            torch.zeros((batch, 1, channels, height, width), device=device)]
+            torch.zeros((batch, 1, channels, height, width), device=device),
+            torch.zeros((batch, 2, channels, height, width), device=device)]
 
 
 def waveform(config, device, *, batch: int, samples: int) -> list:
