@@ -248,13 +248,20 @@ def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) 
 def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | None = None) -> str:
     """``ours`` or ``theirs``: ours when the innermost frame of ``error`` (or of its cause) is
     in exportflops; when transformers' forward needed an input we did not make
-    (`missed_input`); or when it rejected ours with a ValueError of its own (an input check:
+    (`missed_input`); or when it rejected ours with a ValueError it raises (an input check:
     "Bbox is required", "Image features and image tokens do not match"). Theirs otherwise: a
     constructor that rejects its own default config, a forward torch.export cannot capture."""
     if raised_by(error).startswith("exportflops"):
         return "ours"
     if model is None:
         return "theirs"
+    return "ours" if _checked(error) or missed_input(error, model, args, kwargs) else "theirs"
+
+
+def _checked(error: BaseException) -> bool:
+    """Whether transformers' own code raised ``error``'s innermost cause as a ValueError with a
+    ``raise`` statement: an input check, not Python's unpacking or conversion errors."""
     cause = innermost(error)
-    checked = isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
-    return "ours" if checked or missed_input(error, model, args, kwargs) else "theirs"
+    frames = traceback.extract_tb(cause.__traceback__)
+    return (isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
+            and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise"))
