@@ -9,9 +9,9 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS, accepted, boxes,
-                       config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, patches, pixels,
+from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
+                       accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
+                       flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 
@@ -202,6 +202,8 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         text = config.get_text_config(decoder=True if decoder else None)
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
+    if name in IMAGE_SIZES:
+        return sizes(_sub_config(config, "vision"), device, batch=batch)
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):

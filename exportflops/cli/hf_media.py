@@ -195,6 +195,8 @@ GRID_INPUTS = ("grid_thw", "image_grid_thw", "image_grid_hw")
 #: The forward parameters that take the ``(h, w)`` patches of each image given whole
 #: (MiniCPM-V's vision tower: ``target_sizes``).
 SIZE_INPUTS = ("target_sizes",)
+#: The forward parameters that take the ``(h, w)`` pixels of each image (LLaVA-NeXT).
+IMAGE_SIZES = ("image_sizes",)
 #: Where a config keeps the token that stands for one image token in ``input_ids``.
 IMAGE_TOKEN = ("image_token_id", "image_token_index")
 #: Where a config counts the tokens one image becomes (Kosmos-2's latent queries).
@@ -243,6 +245,13 @@ def grid(name: str, vision, device, *, batch: int):
     t, h, w = patch_grid(vision)
     rows = [t, h, w] if name.endswith("thw") else [h, w]
     return torch.tensor([rows] * batch, dtype=torch.long, device=device)
+
+
+def sizes(vision, device, *, batch: int):
+    """Each example's image ``(batch, 2)``: its `image_size` in pixels, rows then columns."""
+    import torch
+
+    return torch.tensor([list(image_size(vision))] * batch, dtype=torch.long, device=device)
 
 
 def image_tokens(vision) -> int:

@@ -27,10 +27,10 @@ def innermost(error: BaseException) -> BaseException:
 
 
 def none_reads(error: BaseException) -> list[str]:
-    """The names whose None value ``error``'s innermost frame read an attribute or item of,
-    and, one frame up at a time while the None came from there, the names that frame passed
-    down as None (LongT5's ``x.shape`` in a helper is ``attention_mask`` in its caller); empty
-    when ``error`` is not such a read."""
+    """The names whose None value ``error``'s innermost frame read an attribute or item of (or
+    iterated over), and, one frame up at a time while the None came from there, the names that
+    frame passed down as None (LongT5's ``x.shape`` in a helper is ``attention_mask`` in its
+    caller); empty when ``error`` is not such a read."""
     error = innermost(error)
     if not isinstance(error, (AttributeError, TypeError)) or "NoneType" not in str(error):
         return []
@@ -42,8 +42,10 @@ def none_reads(error: BaseException) -> list[str]:
         line = "".join(linecache.getline(summary.filename, n) for n in
                        range(summary.lineno, (summary.end_lineno or summary.lineno) + 1))
         local = frame.f_locals
-        none = [name for name in (_NAME if names else _READ).findall(line)
-                if name in local and local[name] is None]
+        # The innermost frame read an attribute or item of the None, or iterated over it
+        # (LLaVA-NeXT: ``for imsize in image_sizes``); its callers passed it on.
+        pattern = _NAME if names or "not iterable" in str(error) else _READ
+        none = [name for name in pattern.findall(line) if name in local and local[name] is None]
         # In a caller, the argument bound to the None parameter by keyword, else every None
         # the call passes (Kosmos-2: img_input_mask=image_embeds_position_mask).
         bound = [value for key, value in _KEYWORD.findall(line)
