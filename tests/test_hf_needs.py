@@ -80,6 +80,15 @@ def test_a_name_read_inside_is_the_parameter_it_ends():
         "image_grid_thw", "video_grid_thw")
 
 
+def test_a_none_iterated_over_names_the_input():
+    # LLaVA-NeXT's shape: a comprehension over image_sizes, which forward got as None.
+    def forward(pixel_values, image_sizes=None):
+        return [size for size in image_sizes]
+
+    error = _raised(forward, None)
+    assert needed_input(error, ["pixel_values", "image_sizes"]) == "image_sizes"
+
+
 def test_other_errors_name_no_input():
     assert needed_input(_raised(lambda: [][1]), ["input_ids"]) is None
     assert needed_input(_raised(lambda x=None: x + 1), ["x"]) is None  # an operand, not a read

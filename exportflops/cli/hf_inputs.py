@@ -211,7 +211,8 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     audio = _sub_config(config, "audio")
     if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    if name in ("inputs_embeds", "query_embeds"):
+    if name in ("inputs_embeds", "query_embeds", "hidden_states"):
+        # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
     if name == "input_values":
