@@ -183,3 +183,13 @@ def test_a_forward_that_takes_an_object_is_refused_naming_it():
 
     with pytest.raises(UsageError, match="'inference_session', a Sam2VideoInferenceSession"):
         hf_model("sam2_video", META, None, layers=1)
+
+
+def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(capfd):
+    # BLT's local encoder reads patch_ids, which maps its bytes to the global model's patches:
+    # the global model's output, not a size of this config.
+    from exportflops.cli import main
+
+    assert main(["hf:blt_local_encoder", "--layers", "1", "--view", "summary"]) == 2
+    error = capfd.readouterr().err
+    assert "'patch_ids'" in error and "--kwargs" in error
