@@ -89,9 +89,22 @@ def test_a_none_iterated_over_names_the_input():
     assert needed_input(error, ["pixel_values", "image_sizes"]) == "image_sizes"
 
 
+def test_a_none_passed_to_an_op_through_a_module_names_the_input():
+    # BLT's local decoder: a Linear's input is the patch_embeds forward got as None; the
+    # module call between them passes it on as *args.
+    projection = torch.nn.Linear(2, 2)
+
+    def forward(input_ids, patch_embeds=None):
+        return projection(patch_embeds)
+
+    error = _raised(forward, torch.zeros(1, 2))
+    assert needed_input(error, ["input_ids", "patch_embeds"]) == "patch_embeds"
+
+
 def test_other_errors_name_no_input():
     assert needed_input(_raised(lambda: [][1]), ["input_ids"]) is None
-    assert needed_input(_raised(lambda x=None: x + 1), ["x"]) is None  # an operand, not a read
+    # A None of the forward's own making (not one of its parameters) names none either.
+    assert needed_input(_raised(lambda x: (lambda y=None: y + x)(), 1), ["x"]) is None
 
 
 def test_a_missing_input_of_a_module_is_blamed_on_the_builder():

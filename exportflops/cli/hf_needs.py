@@ -28,23 +28,27 @@ def innermost(error: BaseException) -> BaseException:
 
 def none_reads(error: BaseException) -> list[str]:
     """The names whose None value ``error``'s innermost frame read an attribute or item of (or
-    iterated over), and, one frame up at a time while the None came from there, the names that
-    frame passed down as None (LongT5's ``x.shape`` in a helper is ``attention_mask`` in its
-    caller); empty when ``error`` is not such a read."""
+    iterated over, or passed to an op), and, one frame up at a time while the None came from
+    there, the names that frame passed down as None (LongT5's ``x.shape`` in a helper is
+    ``attention_mask`` in its caller); empty when ``error`` is not such a use of a None."""
     error = innermost(error)
     if not isinstance(error, (AttributeError, TypeError)) or "NoneType" not in str(error):
         return []
     frames = list(traceback.walk_tb(error.__traceback__))
     summaries = traceback.extract_tb(error.__traceback__)  # with each statement's last line
     names: list[str] = []
+    read = "has no attribute" in str(error) or "not subscriptable" in str(error)
     for (frame, _), summary in zip(reversed(frames), reversed(summaries)):
+        if summary.filename.replace("\\", "/").endswith("torch/nn/modules/module.py"):
+            continue  # a module's call: its forward's arguments pass through as *args
         # The whole statement: a call spread over lines names its arguments on the later ones.
         line = "".join(linecache.getline(summary.filename, n) for n in
                        range(summary.lineno, (summary.end_lineno or summary.lineno) + 1))
         local = frame.f_locals
-        # The innermost frame read an attribute or item of the None, or iterated over it
-        # (LLaVA-NeXT: ``for imsize in image_sizes``); its callers passed it on.
-        pattern = _NAME if names or "not iterable" in str(error) else _READ
+        # The innermost frame read an attribute or item of the None, or else iterated over it
+        # or passed it to an op (LLaVA-NeXT: ``for imsize in image_sizes``; BLT: a Linear's
+        # ``input``); its callers passed it on.
+        pattern = _READ if read and not names else _NAME
         none = [name for name in pattern.findall(line) if name in local and local[name] is None]
         # In a caller, the argument bound to the None parameter by keyword, else every None
         # the call passes (Kosmos-2: img_input_mask=image_embeds_position_mask).
