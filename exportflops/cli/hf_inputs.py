@@ -131,7 +131,7 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     parameters = list(inspect.signature(model.forward).parameters)
     given = set(parameters[:len(args)]) | set(inputs)
     side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
-    for _ in range(len(side) + len(MASKS) + 1):
+    for _ in range(len(side) + len(MASKS) + 1):  # at most one try per input it could add
         error = fake_error(model, args, inputs)
         if error is None:
             break
