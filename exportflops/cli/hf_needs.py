@@ -39,8 +39,6 @@ def none_reads(error: BaseException) -> list[str]:
     names: list[str] = []
     read = "has no attribute" in str(error) or "not subscriptable" in str(error)
     for (frame, _), summary in zip(reversed(frames), reversed(summaries)):
-        if summary.filename.replace("\\", "/").endswith("torch/nn/modules/module.py"):
-            continue  # a module's call: its forward's arguments pass through as *args
         # The whole statement: a call spread over lines names its arguments on the later ones.
         line = "".join(linecache.getline(summary.filename, n) for n in
                        range(summary.lineno, (summary.end_lineno or summary.lineno) + 1))
@@ -55,6 +53,8 @@ def none_reads(error: BaseException) -> list[str]:
         bound = [value for key, value in _KEYWORD.findall(line)
                  if names and key == names[-1] and value in none]
         found = bound or list(dict.fromkeys(none))
+        if not found and names and "/torch/" in summary.filename.replace("\\", "/"):
+            continue  # torch's module call machinery (eager or export's): passes *args on
         if not found:
             break
         names += found
