@@ -5,6 +5,7 @@ config; the example inputs are `hf_inputs`'."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import inspect
 import json
@@ -46,8 +47,27 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
                 setattr(config_, key, value)
     model = build(config, device, transformers)
     model.eval()
-    args, inputs = hf_inputs(model, device, batch=batch, seq=seq, config=config)
+    args, inputs = hf_inputs(_probe(model, config, device, transformers), device, batch=batch,
+                             seq=seq, config=config)
     return model, args, inputs | (kwargs or {})
+
+
+def _probe(model, config, device, transformers):
+    """The model `hf_inputs` runs under fake tensors to find the inputs forward needs: on meta,
+    a twin one layer deep (which inputs a forward needs does not depend on its depth, and a
+    fake run of every layer of a large model costs about a second); else ``model`` itself, as
+    the inputs are made on its device."""
+    if _device_type(device) != "meta" or all(
+            value <= 1 for config_ in (config, *_sub_configs(config))
+            for name, value in vars(config_).items() if _is_layer_count(name, value)):
+        return model
+    twin = copy.deepcopy(config)
+    cap_layers(twin, 1)
+    return build(twin, device, transformers).eval()
+
+
+def _device_type(device) -> str:
+    return getattr(device, "type", str(device).split(":")[0])
 
 
 def _transformers(spec: str):
