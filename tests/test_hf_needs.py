@@ -206,3 +206,11 @@ def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(
     assert main(["hf:blt_local_encoder", "--layers", "1", "--view", "summary"]) == 2
     error = capfd.readouterr().err
     assert "'patch_ids'" in error and "--kwargs" in error
+
+
+def test_a_deeper_model_gets_the_inputs_its_one_layer_twin_was_probed_for():
+    # At 2 layers hf: probes a 1-layer twin on meta; LongT5 still gets its attention_mask.
+    model, args, kwargs = hf_model("longt5", META, None, layers=2)
+    assert model.config.num_layers == 2
+    named = _named(model, args, kwargs)
+    assert tuple(named["attention_mask"].shape) == (1, 128)
