@@ -214,3 +214,15 @@ def test_a_deeper_model_gets_the_inputs_its_one_layer_twin_was_probed_for():
     assert model.config.num_layers == 2
     named = _named(model, args, kwargs)
     assert tuple(named["attention_mask"].shape) == (1, 128)
+
+
+@pytest.mark.parametrize(("model_type", "built"), [
+    ("blip_text_model", "BlipTextModel"),  # declared in modeling_blip_text, imported in _blip
+    ("sam_mask_decoder", "SamMaskDecoder"),  # no model class: the module named as the config
+    ("idefics_vision", "IdeficsVisionTransformer"),  # the outermost of two that take it alone
+])
+def test_a_sub_model_config_in_no_auto_table_builds_its_own_class(model_type, built):
+    from exportflops.cli.hf import build
+
+    config = tf.AutoConfig.for_model(model_type)
+    assert type(build(config, META, tf)).__name__ == built

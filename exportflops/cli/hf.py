@@ -202,9 +202,9 @@ def _auto_class(config, transformers):
 
 def _declaring_class(config):
     """The model class in the config's own ``modeling_*`` module whose ``config_class`` is the
-    config's class; the base model (a name ending in ``Model``) when several are. The class may
-    be defined in a sibling module and imported there (BLIP's ``BlipTextModel`` lives in
-    ``modeling_blip_text``)."""
+    config's class; the base model (the shortest name ending in ``Model``) when several are.
+    The class may be defined in a sibling module and imported there (BLIP's ``BlipTextModel``
+    lives in ``modeling_blip_text``)."""
     module_name = type(config).__module__.replace(".configuration_", ".modeling_")
     try:
         module = importlib.import_module(module_name)
@@ -213,7 +213,9 @@ def _declaring_class(config):
     classes = [c for c in vars(module).values() if isinstance(c, type)
                and getattr(c, "config_class", None) is type(config)
                and not c.__name__.endswith("PreTrainedModel")]
-    classes.sort(key=lambda c: not c.__name__.endswith("Model"))
+    # The base model: a name ending in Model, the shortest (BlipTextModel, not
+    # BlipTextLMHeadModel).
+    classes.sort(key=lambda c: (not c.__name__.endswith("Model"), len(c.__name__)))
     return classes[0] if classes else _config_module(module, config)
 
 
