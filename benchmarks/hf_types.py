@@ -2,9 +2,12 @@
 meta with at most ``--layers`` layers, then analyzed; counts of built / analyzed / failed-ours /
 failed-theirs, and the failing types grouped by error.
 
-A failure is ours when the innermost frame of its traceback is in exportflops (our builder, our
-inputs check, our counting), theirs when it is in transformers or torch (a constructor that
-rejects its own default config, a forward that torch.export cannot capture). Each type runs in a
+A failure is ours (`exportflops.cli.hf.blame`) when the innermost frame of its traceback is in
+exportflops (our builder, our inputs check, our counting), when transformers' forward read an
+input of its own that our builder did not make (a None where it needed a mask or a patch
+grid), or when it rejected our inputs with a ValueError of its own; theirs when it is in
+transformers or torch otherwise (a constructor that rejects its own default config, a forward
+that torch.export cannot capture). Each type runs in a
 forked child with a time limit.
 
     python benchmarks/hf_types.py                        # all of CONFIG_MAPPING
@@ -25,25 +28,22 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.cli.hf import hf_model, raised_by
-
-
-def blame(error: BaseException) -> str:
-    """``ours`` when the innermost frame of the error (or of its cause) is in exportflops."""
-    return "ours" if raised_by(error).startswith("exportflops") else "theirs"
+from exportflops.cli.hf import blame, hf_model
 
 
 def try_type(model_type: str, layers: int, out) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # one core per type: the counts need no parallel kernels
     stage = "build"
+    model, args, kwargs = None, (), {}
     try:
         model, args, kwargs = hf_model(model_type, torch.device("meta"), None, layers=layers)
         stage = "analyze"
         report = analyze(model, args, kwargs)
         out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
-        who = "ours" if type(error).__name__ == "UsageError" else blame(error)
+        who = ("ours" if type(error).__name__ == "UsageError"
+               else blame(error, model, args, kwargs))
         out.send((f"failed-{who}", f"{stage}: {_short(error)}", []))
 
 

@@ -78,7 +78,8 @@ def test_the_model_then_analyzes_with_every_op_counted(model_type):
 
 
 def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
-    """Qwen2-VL's vision tower requires grid_thw, the (frames, rows, columns) of each image's
-    patches: values, not a shape, that the command cannot choose for the user."""
-    with pytest.raises(UsageError, match="'grid_thw'.*--kwargs"):
-        hf_model("qwen2_vl_vision", META, None, layers=1)
+    """Decision Transformer's forward requires a trajectory (states, actions, rewards,
+    returns-to-go, timesteps): an environment's data, which no config field sizes for the
+    command. (Qwen2-VL's grid_thw, once refused here, is now made: tests/test_hf_needs.py.)"""
+    with pytest.raises(UsageError, match="'states'.*--kwargs"):
+        hf_model("decision_transformer", META, None, layers=1)

@@ -34,7 +34,9 @@ FAMILIES = {
     "multimodal": ["clip", "siglip", "blip", "owlvit", "chinese_clip", "paligemma",
                    "unlimited_ocr_text"],
     "sub-model config": ["clip_text_model", "clip_vision_model", "siglip_vision_model",
-                         "align_vision_model", "blip_vision_model", "owlv2_vision_model"],
+                         "align_vision_model", "blip_vision_model", "owlv2_vision_model",
+                         # a class imported from a sibling module; a module, not a model class
+                         "blip_text_model", "idefics_vision"],
 }
 TYPES = [t for types in FAMILIES.values() for t in types]
 

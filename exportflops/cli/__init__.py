@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError
 from ..progress import Progress, showing, stage
-from .hf import raised_by
+from .hf import missed_input, raised_by
 from .options import check, parser
 from .targets import build_target, device_named, hf_options
 
@@ -122,6 +122,11 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
                          dynamic_shapes=dynamic, fast=not ns.full_export)
     except ExportError as error:
+        missed = missed_input(error, model, args, kwargs) if ns.model.startswith("hf:") else None
+        if missed is not None:
+            raise UsageError(f"{type(model).__name__}.forward needs {missed!r} (it read it while "
+                             f"None in {raised_by(error)}), and exportflops does not know how "
+                             f"to make it for this model; pass it with --kwargs.") from error
         if ns.model.startswith("hf:") and raised_by(error).startswith("transformers"):
             raise BuildError(f"transformers' {type(model).__name__}.forward raised in "
                              f"{raised_by(error)}: {error.torch_message}") from error

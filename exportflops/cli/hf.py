@@ -5,7 +5,9 @@ config; the example inputs are `hf_inputs`'."""
 
 from __future__ import annotations
 
+import copy
 import importlib
+import inspect
 import json
 import os
 import re
@@ -14,6 +16,7 @@ from typing import Any
 
 from ..errors import BuildError, UsageError
 from .hf_inputs import hf_inputs
+from .hf_needs import innermost, needed_input
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -44,8 +47,30 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
                 setattr(config_, key, value)
     model = build(config, device, transformers)
     model.eval()
-    args, inputs = hf_inputs(model, device, batch=batch, seq=seq)
+    args, inputs = hf_inputs(_probe(model, config, device, transformers), device, batch=batch,
+                             seq=seq, config=config)
     return model, args, inputs | (kwargs or {})
+
+
+def _probe(model, config, device, transformers):
+    """The model `hf_inputs` runs under fake tensors to find the inputs forward needs: on meta,
+    a twin one layer deep (which inputs a forward needs does not depend on its depth, and a
+    fake run of every layer of a large model costs about a second); else ``model`` itself, as
+    the inputs are made on its device."""
+    if _device_type(device) != "meta" or all(
+            value <= 1 for config_ in (config, *_sub_configs(config))
+            for name, value in vars(config_).items() if _is_layer_count(name, value)):
+        return model
+    twin = copy.deepcopy(config)
+    cap_layers(twin, 1)
+    try:
+        return build(twin, device, transformers).eval()
+    except BuildError:  # a config whose stacks cannot be one layer deep (Gemma 4's audio)
+        return model
+
+
+def _device_type(device) -> str:
+    return getattr(device, "type", str(device).split(":")[0])
 
 
 def _transformers(spec: str):
@@ -152,8 +177,10 @@ def build(config, device, transformers):
     name = (model_class or auto).__name__
     try:
         with device:
-            if model_class is not None:
+            if model_class is not None and hasattr(model_class, "_from_config"):
                 return model_class._from_config(config)
+            if model_class is not None:  # a module of the model, not a PreTrainedModel
+                return model_class(config)
             return auto.from_config(config)
     except Exception as error:
         raise BuildError(f"transformers could not build {config.model_type} with {name} from "
@@ -175,17 +202,49 @@ def _auto_class(config, transformers):
 
 def _declaring_class(config):
     """The model class in the config's own ``modeling_*`` module whose ``config_class`` is the
-    config's class; the base model (a name ending in ``Model``) when several are."""
+    config's class; the base model (the shortest name ending in ``Model``) when several are.
+    The class may be defined in a sibling module and imported there (BLIP's ``BlipTextModel``
+    lives in ``modeling_blip_text``)."""
     module_name = type(config).__module__.replace(".configuration_", ".modeling_")
     try:
         module = importlib.import_module(module_name)
     except ImportError:
         return None
     classes = [c for c in vars(module).values() if isinstance(c, type)
-               and c.__module__ == module_name and getattr(c, "config_class", None) is type(config)
+               and getattr(c, "config_class", None) is type(config)
                and not c.__name__.endswith("PreTrainedModel")]
-    classes.sort(key=lambda c: not c.__name__.endswith("Model"))
-    return classes[0] if classes else None
+    # The base model: a name ending in Model, the shortest (BlipTextModel, not
+    # BlipTextLMHeadModel).
+    classes.sort(key=lambda c: (not c.__name__.endswith("Model"), len(c.__name__)))
+    return classes[0] if classes else _config_module(module, config)
+
+
+def _config_module(module, config):
+    """Where no model class declares the config (SAM's mask decoder, Idefics' vision tower):
+    the module class of ``module`` whose constructor takes the config alone, the one named
+    as the config (``SamMaskDecoderConfig``: ``SamMaskDecoder``), else the one with the most
+    parameters (the outermost: Idefics' vision transformer holds its embeddings)."""
+    import torch
+
+    classes = [c for c in vars(module).values() if isinstance(c, type)
+               and issubclass(c, torch.nn.Module) and _takes_config_alone(c, type(config))]
+    named = [c for c in classes if c.__name__ == type(config).__name__.removesuffix("Config")]
+    if named or len(classes) < 2:
+        return (named or classes or [None])[0]
+    with torch.device("meta"):
+        sizes = {c: sum(p.numel() for p in c(config).parameters()) for c in classes}
+    return max(classes, key=sizes.get)
+
+
+def _takes_config_alone(cls, config_class) -> bool:
+    try:
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in parameters if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return (len(required) == 1 and required[0] is parameters[0]
+            and parameters[0].annotation in (config_class, config_class.__name__))
 
 
 def raised_by(error: BaseException) -> str:
@@ -201,3 +260,33 @@ def raised_by(error: BaseException) -> str:
         if f"/{package}/" in where:
             return f"{package} ({where.rpartition(f'/{package}/')[2]}:{frames[-1].lineno})"
     return "other"
+
+
+def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:
+    """The input of ``model.forward`` that ``error`` shows forward needed and was not given
+    (`needed_input`): a failure in transformers' code caused by the inputs we made, so ours."""
+    parameters = list(inspect.signature(model.forward).parameters)
+    given = set(parameters[:len(args)]) | set(kwargs or {})
+    return needed_input(error, [p for p in parameters if p not in given])
+
+
+def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | None = None) -> str:
+    """``ours`` or ``theirs``: ours when the innermost frame of ``error`` (or of its cause) is
+    in exportflops; when transformers' forward needed an input we did not make
+    (`missed_input`); or when it rejected ours with a ValueError it raises (an input check:
+    "Bbox is required", "Image features and image tokens do not match"). Theirs otherwise: a
+    constructor that rejects its own default config, a forward torch.export cannot capture."""
+    if raised_by(error).startswith("exportflops"):
+        return "ours"
+    if model is None:
+        return "theirs"
+    return "ours" if _checked(error) or missed_input(error, model, args, kwargs) else "theirs"
+
+
+def _checked(error: BaseException) -> bool:
+    """Whether transformers' own code raised ``error``'s innermost cause as a ValueError with a
+    ``raise`` statement: an input check, not Python's unpacking or conversion errors."""
+    cause = innermost(error)
+    frames = traceback.extract_tb(cause.__traceback__)
+    return (isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
+            and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise"))

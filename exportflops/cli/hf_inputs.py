@@ -9,8 +9,11 @@ import inspect
 from typing import Any
 
 from ..errors import UsageError
-from .hf_media import (MEL_BINS, accepted, boxes, config_int, encoder_states, feature_layouts,
-                       fake_error, pixels, time_series, waveform)
+from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
+                       accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
+                       flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
+                       spectrogram, time_series, waveform, with_image_tokens)
+from .hf_needs import needed_input
 
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
@@ -31,15 +34,17 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
 
-def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
+def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=None
               ) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for ``model.forward``: its main input positional when it is forward's
     first parameter (so ``--dynamic seq`` finds it), the others by name. Every parameter that
-    forward requires (no default) is made too, or refused with a UsageError that names it."""
-    config = model.config
+    forward requires (no default) is made too, or refused with a UsageError that names it.
+    ``config`` is the model's own unless given (a module of a sub-model config keeps none)."""
+    config = config if config is not None else model.config
     signature = inspect.signature(model.forward).parameters
     parameters = list(signature)
-    main = model.main_input_name
+    _refuse_objects(model, signature[parameters[0]])
+    main = getattr(model, "main_input_name", parameters[0])
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
@@ -58,35 +63,123 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None
     names += [name for name, p in signature.items() if name not in filled
               and p.default is inspect.Parameter.empty
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names}
+    # A required mask (Qwen3-ASR's input_features_mask) follows the input it masks, made last.
+    masks = [name for name in names if name in MASKS]
+    inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
+              if name not in masks}
+    grid_input = next((name for name in GRID_INPUTS if name in signature), None)
+    # The patches: pixel_values, or forward's first parameter where it has no name we know
+    # (Qwen2-VL's vision tower calls them hidden_states).
+    pixel_name = "pixel_values" if "pixel_values" in inputs else names[0]
     first = names[0] == parameters[0] or names[0] not in parameters
+    if grid_input is not None and (pixel_name in inputs and pixel_name not in parameters
+                                   or pixel_name == "pixel_values"):
+        # Patches where the grid is required, or where whole images fail (RADIO takes either).
+        if (signature[grid_input].default is inspect.Parameter.empty
+                or _fails(model, inputs, names[0] if first else None)):
+            _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
+                          batch=batch)
     for name, candidates in inputs.items():
-        if isinstance(candidates, list):  # layouts to choose from
+        if isinstance(candidates, list):  # layouts to choose from, each with its masks
+
+            def masked(candidate, name=name) -> dict[str, Any]:
+                return {m: _side_input(m, config, {name: candidate}, device, batch=batch,
+                                       seq=seq) for m in masks if MASKS[m] == name}
+
             others = {k: v for k, v in inputs.items() if k != name}
             inputs[name] = accepted(model, name, candidates, others,
-                                    first=first and name == names[0])
+                                    first=first and name == names[0], masks=masked)
+    inputs |= {m: _side_input(m, config, inputs, device, batch=batch, seq=seq) for m in masks}
     args = (inputs.pop(names[0]),) if first else ()
-    return args, _asked_for(model, args, inputs, device, batch=batch, seq=seq)
+    return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
 
-def _asked_for(model, args: tuple, inputs: dict[str, Any], device, *, batch: int,
+def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
+    """Whether forward fails under fake tensors with ``inputs`` (the first of each layout to
+    choose from), ``positional`` passed first."""
+    chosen = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()}
+    args = (chosen.pop(positional),) if positional is not None else ()
+    return fake_error(model, args, chosen) is not None
+
+
+def _refuse_objects(model, first: inspect.Parameter) -> None:
+    """A forward whose first parameter is an object of a class, not a tensor (SAM2-Video's
+    ``inference_session``, which holds the frames and prompts of a tracking session), takes
+    no example we can make from a config."""
+    import torch
+
+    kind = first.annotation
+    # A class of transformers' own; not a tensor type (torch.LongTensor is no subclass of
+    # torch.Tensor), a builtin, or no annotation (inspect's empty marker is a class too).
+    if (isinstance(kind, type) and kind is not inspect.Parameter.empty
+            and not issubclass(kind, torch.Tensor)
+            and kind.__module__.split(".")[0] not in ("builtins", "torch", "typing")):
+        raise UsageError(f"{type(model).__name__}.forward takes {first.name!r}, a "
+                         f"{kind.__name__}, not a tensor: exportflops makes tensors from the "
+                         f"config only. Build that object and call analyze() from Python, or "
+                         f"analyze the model's tensor submodules.")
+
+
+def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, batch: int,
                seq: int | None) -> dict[str, Any]:
-    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors
-    ("You have to specify bbox": BROS; "encoder_hidden_states must be given": BLIP-2's
-    Q-Former), among
-    `SIDE_INPUTS`: forward's signature says these are optional, its code that they are not."""
-    side = [name for name in inspect.signature(model.forward).parameters
-            if name in SIDE_INPUTS and name not in inputs]
-    for _ in side:
+    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors:
+    by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
+    be given": BLIP-2's Q-Former), or by reading it while None (`needed_input`: LongT5's
+    attention_mask, Qwen2-Audio's feature_attention_mask). Forward's signature says these are
+    optional, its code that they are not. An input we cannot make is left out: the export's
+    error names it, and the sweep blames us (`hf.blame`)."""
+    parameters = list(inspect.signature(model.forward).parameters)
+    given = set(parameters[:len(args)]) | set(inputs)
+    side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
+    for _ in range(len(side) + len(MASKS) + 1):  # at most one try per input it could add
         error = fake_error(model, args, inputs)
-        asked = [name for name in side if error is not None and name in str(error)
-                 and name not in inputs]
-        if not asked:
+        if error is None:
             break
+        asked = [name for name in side if name in str(error).lower() and name not in inputs]
+        needed = needed_input(error, [p for p in parameters if p not in given | set(inputs)])
+        if needed is not None and needed not in asked:
+            asked.append(needed)
+        made = {}
         for name in asked:
-            made = example(name, model.config, device, batch=batch, seq=seq)
-            inputs[name] = made[0] if isinstance(made, list) else made
+            try:
+                made[name] = _side_input(name, config, dict(zip(parameters, args)) | inputs,
+                                         device, batch=batch, seq=seq)
+            except UsageError:
+                continue
+        if not made:
+            break
+        for name, candidates in made.items():  # layouts to choose from
+            if isinstance(candidates, list):
+                others = dict(zip(parameters, args)) | inputs
+                made[name] = accepted(model, name, candidates, others, first=False)
+        inputs |= made
     return inputs
+
+
+def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
+                seq: int | None):
+    if name in MASKS and MASKS[name] in given:
+        return mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+    return example(name, config, device, batch=batch, seq=seq)
+
+
+def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
+                  parameters: set[str], config, device, *, batch: int) -> None:
+    """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
+    grid, and, in the tokens, one placeholder per image token (the config's image_token_id),
+    marked as an image's in mm_token_type_ids where forward takes those."""
+    import torch
+
+    vision = _sub_config(config, "vision")
+    inputs[pixel_name] = patches(vision, device, batch=batch)
+    inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
+    token = config_int(config, IMAGE_TOKEN)
+    count = image_tokens(vision)
+    if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
+        inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
+        if "mm_token_type_ids" in parameters:
+            kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
+            inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
 
 
 def _has_sub_config(config, modality: str) -> bool:
@@ -109,12 +202,17 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         text = config.get_text_config(decoder=True if decoder else None)
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
+    if name in IMAGE_SIZES:
+        return sizes(_sub_config(config, "vision"), device, batch=batch)
+    if name in GRID_INPUTS + SIZE_INPUTS:
+        return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
         return pixels(name, _sub_config(config, "vision"), device, batch=batch)
     audio = _sub_config(config, "audio")
     if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    if name in ("inputs_embeds", "query_embeds"):
+    if name in ("inputs_embeds", "query_embeds", "hidden_states"):
+        # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
     if name == "input_values":
@@ -124,6 +222,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         if _has_mel_bins(audio):
             return waves + feature_layouts(audio, device, batch=batch, seq=seq)
         return waves
+    if name == "flattened_patches":
+        return flattened_patches(_sub_config(config, "vision"), device, batch=batch, seq=seq)
+    if name == "spectrogram":
+        return spectrogram(config, device, batch=batch, seq=seq)
     if name in ("past_values", "past_values_padding", "freq"):
         return time_series(name, config, device, batch=batch, seq=seq)
     text = config.get_text_config()

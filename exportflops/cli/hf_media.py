@@ -25,9 +25,11 @@ def config_int(config, names: tuple[str, ...]) -> int | None:
 
 
 def image_size(config) -> tuple[int, int]:
-    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2),
-    else 224."""
-    size = getattr(config, "image_size", None) or getattr(config, "crop_size", None) or 224
+    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2), else
+    its backbone's image_size (ViTPose's 256 x 192), else 224."""
+    backbone = getattr(config, "backbone_config", None)
+    size = (getattr(config, "image_size", None) or getattr(config, "crop_size", None)
+            or getattr(backbone, "image_size", None) or 224)
     if isinstance(size, dict):  # {"height": h, "width": w}
         return size["height"], size["width"]
     if isinstance(size, (list, tuple)):
@@ -39,7 +41,8 @@ def pixels(name: str, vision, device, *, batch: int):
     """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
     width)`` for ``pixel_values_videos``; to choose from (`accepted`) for ``pixel_values``: a
     video and its frames as a batch of images (X-CLIP's vision tower) where the vision config
-    counts frames, else images and a list of one image per example (Idefics2, SmolVLM)."""
+    counts frames, else images, a list of one image per example (Idefics2, SmolVLM), and a
+    pair of images per example (SuperGlue)."""
     import torch
 
     height, width = image_size(vision)
@@ -50,8 +53,11 @@ def pixels(name: str, vision, device, *, batch: int):
     if frames is not None:
         return [torch.zeros((batch, frames, channels, height, width), device=device),
                 torch.zeros((batch * frames, channels, height, width), device=device)]
+    # Images; one per example in a list (Idefics2); a pair per example (the keypoint matchers,
+    # SuperGlue, LightGlue, EfficientLoFTR, match two images).
     return [torch.zeros((batch, channels, height, width), device=device),
-            torch.zeros((batch, 1, channels, height, width), device=device)]
+            torch.zeros((batch, 1, channels, height, width), device=device),
+            torch.zeros((batch, 2, channels, height, width), device=device)]
 
 
 def waveform(config, device, *, batch: int, samples: int) -> list:
@@ -112,25 +118,36 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     import torch
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                                DynamicOutputShapeException, FakeTensorMode)
+    from torch._export.utils import _compiling_state_context
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
 
     from ..capture import quiet_fake_tensor_log
 
+    # As torch.export runs a forward: with a shape environment, so that ``.item()`` and
+    # ``nonzero`` give unbacked sizes and the run goes on to what export meets after them; and
+    # in torch's own exporting state, in which transformers makes no default masks (LongT5
+    # builds an attention_mask of ones unless torch.compiler.is_compiling()).
+    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with torch.no_grad(), quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
             model(*args, **kwargs)
-    except (DataDependentOutputException, DynamicOutputShapeException):
+    except (DataDependentOutputException, DynamicOutputShapeException,
+            GuardOnDataDependentSymNode):
         return None
     except Exception as error:  # the caller reads it; the export reports the real failure
         return error
     return None
 
 
-def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool):
+def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool,
+             masks=lambda candidate: {}):
     """The first of ``candidates`` for input ``name`` (forward's first parameter, if
-    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which layout a
-    forward wants is written in its code, not in its config or signature."""
+    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which
+    layout a forward wants is written in its code, not in its config or signature. ``masks``
+    gives the inputs that follow a candidate's layout (its mask)."""
     for candidate in candidates:
-        args, kwargs = ((candidate,), others) if first else ((), others | {name: candidate})
+        others_ = others | masks(candidate)
+        args, kwargs = ((candidate,), others_) if first else ((), others_ | {name: candidate})
         if fake_error(model, args, kwargs) is None:
             return candidate
     return candidates[0]
@@ -150,14 +167,16 @@ def time_series(name: str, config, device, *, batch: int, seq: int | None):
     return torch.zeros(shape, device=device)
 
 
-def boxes(config, device, *, batch: int, length: int):
-    """One box per token ``(batch, length, 4)``: integer coordinates where the config embeds
-    them (LayoutLM's max_2d_position_embeddings), else floats (BROS projects them)."""
+def boxes(config, device, *, batch: int, length: int) -> list:
+    """One box per token ``(batch, length, 4)``, to choose from (`accepted`): integer
+    coordinates first where the config embeds them (LayoutLM's max_2d_position_embeddings),
+    else floats first (BROS projects them; UDOP, which also embeds them, averages them too)."""
     import torch
 
-    embedded = hasattr(config, "max_2d_position_embeddings")
-    return torch.zeros((batch, length, 4), dtype=torch.long if embedded else torch.float,
-                       device=device)
+    dtypes = [torch.long, torch.float]
+    if not hasattr(config, "max_2d_position_embeddings"):
+        dtypes.reverse()
+    return [torch.zeros((batch, length, 4), dtype=dtype, device=device) for dtype in dtypes]
 
 
 def encoder_states(config, device, *, batch: int, length: int):
@@ -167,3 +186,120 @@ def encoder_states(config, device, *, batch: int, length: int):
 
     width = config_int(config, ("encoder_hidden_size", "hidden_size"))
     return torch.zeros((batch, length, width), device=device)
+
+
+#: The forward parameters that take one patch grid ``(t, h, w)`` per image, with the image as
+#: flattened patches: Qwen2-VL's vision tower (``grid_thw``) and the models around it
+#: (``image_grid_thw``); ``(h, w)`` without time (Nemotron-H Omni's ``image_grid_hw``).
+GRID_INPUTS = ("grid_thw", "image_grid_thw", "image_grid_hw")
+#: The forward parameters that take the ``(h, w)`` patches of each image given whole
+#: (MiniCPM-V's vision tower: ``target_sizes``).
+SIZE_INPUTS = ("target_sizes",)
+#: The forward parameters that take the ``(h, w)`` pixels of each image (LLaVA-NeXT).
+IMAGE_SIZES = ("image_sizes",)
+#: Where a config keeps the token that stands for one image token in ``input_ids``.
+IMAGE_TOKEN = ("image_token_id", "image_token_index")
+#: Where a config counts the tokens one image becomes (Kosmos-2's latent queries).
+IMAGE_TOKENS = ("latent_query_num", "image_seq_length", "num_image_tokens")
+#: The masks a forward reads over another input, and that input: audio frames, image pixels.
+MASKS = {"feature_attention_mask": "input_features", "input_features_mask": "input_features",
+         "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids"}
+
+
+def merge_size(vision) -> int:
+    """Patches a side that the merger joins into one token: spatial_merge_size (Qwen2-VL's 2),
+    else the first of merge_kernel_size (Kimi-K2.5's (2, 2)), else 1."""
+    kernel = getattr(vision, "merge_kernel_size", None)
+    return (config_int(vision, ("spatial_merge_size",))
+            or (kernel[0] if isinstance(kernel, (list, tuple)) else None) or 1)
+
+
+def patch_grid(vision) -> tuple[int, int, int]:
+    """``(t, h, w)``: the patch grid of one still image as Qwen2-VL's processor makes it. One
+    step in time (the processor repeats a still image temporal_patch_size times to fill it), and
+    image_size / patch_size patches a side, rounded down to a multiple of `merge_size` (the
+    merger joins merge x merge patches into one token)."""
+    height, width = image_size(vision)
+    patch = config_int(vision, ("patch_size",)) or 14
+    merge = merge_size(vision)
+    return 1, height // patch // merge * merge, width // patch // merge * merge
+
+
+def patches(vision, device, *, batch: int):
+    """One image per example as Qwen2-VL's processor flattens it: every patch a row
+    ``(batch * t * h * w, channels * temporal_patch_size * patch_size ** 2)``."""
+    import torch
+
+    t, h, w = patch_grid(vision)
+    channels = config_int(vision, ("in_channels", "num_channels")) or 3
+    patch = config_int(vision, ("patch_size",)) or 14
+    depth = config_int(vision, ("temporal_patch_size",)) or 1
+    return torch.zeros((batch * t * h * w, channels * depth * patch * patch), device=device)
+
+
+def grid(name: str, vision, device, *, batch: int):
+    """The `patch_grid` of each example's image ``(batch, 3)``; ``(batch, 2)``, rows and
+    columns, for the inputs named so (``image_grid_hw``, `SIZE_INPUTS`)."""
+    import torch
+
+    t, h, w = patch_grid(vision)
+    rows = [t, h, w] if name.endswith("thw") else [h, w]
+    return torch.tensor([rows] * batch, dtype=torch.long, device=device)
+
+
+def sizes(vision, device, *, batch: int):
+    """Each example's image ``(batch, 2)``: its `image_size` in pixels, rows then columns."""
+    import torch
+
+    return torch.tensor([list(image_size(vision))] * batch, dtype=torch.long, device=device)
+
+
+def image_tokens(vision) -> int:
+    """Tokens one image becomes: its patches over merge x merge."""
+    t, h, w = patch_grid(vision)
+    return t * h * w // merge_size(vision) ** 2
+
+
+def with_image_tokens(ids, token: int, count: int):
+    """``ids`` with the first ``count`` tokens of each example set to ``token`` (the image's
+    placeholders, which the model replaces with the image's features)."""
+    ids = ids.clone()
+    ids[:, :count] = token
+    return ids
+
+
+def mask(name: str, masked, config, audio):
+    """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
+    `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
+    is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
+    dropped)."""
+    import torch
+
+    if MASKS[name] == "input_ids":  # one per image token, where the config counts them
+        count = config_int(config, IMAGE_TOKENS)
+        ones = torch.ones_like(masked)
+        return ones if count is None else with_image_tokens(torch.zeros_like(masked), 1, count)
+    if MASKS[name] == "pixel_values":
+        shape = masked.shape[:-3] + masked.shape[-2:]
+        return torch.ones(shape, dtype=torch.bool, device=masked.device)
+    frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
+    return torch.ones((masked.shape[0], frames), dtype=torch.long, device=masked.device)
+
+
+def flattened_patches(vision, device, *, batch: int, seq: int | None):
+    """Pix2Struct's image: ``seq`` (else the config's seq_len) patches, each its row and column
+    and then its patch_embed_hidden_size pixels ``(batch, patches, 2 + pixels)``."""
+    import torch
+
+    count = seq or config_int(vision, ("seq_len",)) or 2048
+    width = 2 + (config_int(vision, ("patch_embed_hidden_size",)) or 16 * 16 * 3)
+    return torch.zeros((batch, count, width), device=device)
+
+
+def spectrogram(config, device, *, batch: int, seq: int | None):
+    """A vocoder's mel spectrogram (HiFi-GAN's) ``(batch, frames, model_in_dim)``: ``seq`` or
+    HF_DEFAULT_FRAMES frames."""
+    import torch
+
+    bins = config_int(config, ("model_in_dim",)) or mel_bins(config)
+    return torch.zeros((batch, seq or HF_DEFAULT_FRAMES, bins), device=device)

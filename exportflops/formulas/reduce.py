@@ -124,6 +124,16 @@ def sort(call: OpCall) -> Cost:
     return call.cost(flops=x.numel * _ceil_log2(length))
 
 
+@register_formula(aten.searchsorted, aten.bucketize)
+def binary_search(call: OpCall) -> Cost:
+    """A binary search per value over n sorted boundaries: ceil(log2(n + 1)) compares, one
+    halving of the n + 1 slots each (MusicFlamingo's rotary time buckets)."""
+    boundaries = call.get("sorted_sequence") or call["boundaries"]
+    values = call["self"]
+    count = values.numel if hasattr(values, "numel") else 1  # the .Scalar overloads: one value
+    return call.cost(flops=count * _ceil_log2(boundaries.shape[-1] + 1))
+
+
 def _ceil_log2(n):
     if isinstance(n, int):
         return max(n - 1, 0).bit_length()

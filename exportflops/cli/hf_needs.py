@@ -1,0 +1,74 @@
+"""Which input a forward needed and did not get, read from the error it raised: the name whose
+value was None in the innermost frame of transformers' code ("'NoneType' object has no
+attribute 'sum'" at ``input_features_mask.sum(-1)``: AudioFlamingo3; at ``grid_thw.device``:
+Qwen2-VL's vision tower, whose model passes ``image_grid_thw``). A forward's signature makes
+these optional; its code needs them. `hf_inputs` makes the input so named; the sweep blames a
+failure on us when forward needed an input we did not make."""
+
+from __future__ import annotations
+
+import linecache
+import re
+import traceback
+
+#: An attribute read or an item read on a name: ``x.attr`` or ``x[``.
+_READ = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\.\s*[A-Za-z_]|\[)")
+#: Any name.
+_NAME = re.compile(r"\b([A-Za-z_]\w*)\b")
+#: A keyword argument passed a name: ``key=value``.
+_KEYWORD = re.compile(r"\b([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\b")
+
+
+def innermost(error: BaseException) -> BaseException:
+    """The error at the end of ``error``'s chain of causes (what torch.export wraps)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def none_reads(error: BaseException) -> list[str]:
+    """The names whose None value ``error``'s innermost frame read an attribute or item of (or
+    iterated over, or passed to an op), and, one frame up at a time while the None came from
+    there, the names that frame passed down as None (LongT5's ``x.shape`` in a helper is
+    ``attention_mask`` in its caller); empty when ``error`` is not such a use of a None."""
+    error = innermost(error)
+    if not isinstance(error, (AttributeError, TypeError)) or "NoneType" not in str(error):
+        return []
+    frames = list(traceback.walk_tb(error.__traceback__))
+    summaries = traceback.extract_tb(error.__traceback__)  # with each statement's last line
+    names: list[str] = []
+    read = "has no attribute" in str(error) or "not subscriptable" in str(error)
+    for (frame, _), summary in zip(reversed(frames), reversed(summaries)):
+        # The whole statement: a call spread over lines names its arguments on the later ones.
+        line = "".join(linecache.getline(summary.filename, n) for n in
+                       range(summary.lineno, (summary.end_lineno or summary.lineno) + 1))
+        local = frame.f_locals
+        # The innermost frame read an attribute or item of the None, or else iterated over it
+        # or passed it to an op (LLaVA-NeXT: ``for imsize in image_sizes``; BLT: a Linear's
+        # ``input``); its callers passed it on.
+        pattern = _READ if read and not names else _NAME
+        none = [name for name in pattern.findall(line) if name in local and local[name] is None]
+        # In a caller, the argument bound to the None parameter by keyword, else every None
+        # the call passes (Kosmos-2: img_input_mask=image_embeds_position_mask).
+        bound = [value for key, value in _KEYWORD.findall(line)
+                 if names and key == names[-1] and value in none]
+        found = bound or list(dict.fromkeys(none))
+        if not found and names and "/torch/" in summary.filename.replace("\\", "/"):
+            continue  # torch's module call machinery (eager or export's): passes *args on
+        if not found:
+            break
+        names += found
+    return names
+
+
+def needed_input(error: BaseException, parameters) -> str | None:
+    """The parameter of forward (among ``parameters``) that ``error`` shows forward needed: the
+    name read while None (`none_reads`), or the one parameter it ends (``grid_thw`` is
+    ``image_grid_thw`` one call up: the image's before the video's)."""
+    for name in none_reads(error):
+        if name in parameters:
+            return name
+        ending = next((p for p in parameters if p.endswith(f"_{name}")), None)
+        if ending is not None:
+            return ending
+    return None
