@@ -25,8 +25,8 @@ import torch
 
 from .api import collector_paused, count_captured
 from .capture import capture_forward, quiet_fake_tensor_log
-from .forked import beside
 from .errors import GenerationError
+from .forked import beside
 from .generation_seq2seq import kv_counts, seq2seq
 from .generation_sliding import check_key_value_cache, sliding_windows, windowed_step
 from .records import Counts, Report
@@ -43,10 +43,13 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     """The cost of generating ``new_tokens`` tokens after the prompts ``input_ids`` (batch x P).
 
     ``cache="dynamic"`` counts the useful work: a cache that grows by one entry per step, the
-    attention reading ``past + 1`` keys. ``cache="static"`` counts the work as a static cache
+    attention reading ``past + 1`` keys (a sliding-window layer at most its window's; see
+    `GenerationReport.decode_windowed`). ``cache="static"`` counts the work as a static cache
     executes it: a buffer of ``max_cache_len`` entries (default P + ``new_tokens``), attended
-    in full at every position. ``kwargs`` are `analyze`'s ``strict`` and ``formulas``, applied
-    to both analyses. Works on ``meta``: nothing is allocated.
+    in full at every position. An encoder-decoder model whose encoder reads input features
+    (Whisper) takes them as ``input_ids``, (batch, mel bins, frames). ``kwargs`` are
+    `analyze`'s ``strict`` and ``formulas``, applied to both analyses. Works on ``meta``:
+    nothing is allocated.
     """
     with collector_paused():
         return _analyze_generation(model, input_ids, new_tokens, cache, max_cache_len, kwargs)
@@ -71,9 +74,6 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
         dropped, windowed = [], {}
     name = type(model).__name__
     first = 1 if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
-    if windowed:
-        windowed["decode_windowed"] = windowed["decode_windowed"].model_copy(
-            update={"model": name})
     total = request_total(prefill.total, decode.total, first or prompt_len, new_tokens,
                           windowed=windowed["decode_windowed"].total if windowed else None,
                           window=windowed.get("sliding_window"))
@@ -98,7 +98,8 @@ def _windowed(model: Any, input_ids: torch.Tensor, options: dict) -> dict:
     with dynamic_cache_pytree():
         decode, kv = windowed_step(model, input_ids, windows,
                                    _cache_tensors(model, input_ids, length), options)
-    return {"sliding_window": window, "decode_windowed": decode, "kv_cache_windowed": kv}
+    return {"sliding_window": window, "kv_cache_windowed": kv,
+            "decode_windowed": decode.model_copy(update={"model": type(model).__name__})}
 
 
 def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
@@ -148,7 +149,7 @@ def _check_hf_cache(model: Any, cache: str) -> None:
     config = model.config
     if not getattr(config, "is_encoder_decoder", False):
         check_key_value_cache(model)
-    if getattr(config, "is_encoder_decoder", False) and cache == "static":
+    elif cache == "static":
         raise GenerationError(
             f"{type(model).__name__} is an encoder-decoder model: its decode step is analyzed "
             f"with a dynamic cache only (transformers' static-cache export of the decoder "
