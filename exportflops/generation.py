@@ -28,10 +28,10 @@ from .capture import capture_forward, quiet_fake_tensor_log
 from .errors import GenerationError
 from .forked import beside
 from .generation_seq2seq import kv_counts, seq2seq
-from .generation_sliding import check_key_value_cache, sliding_windows, windowed_step
+from .generation_sliding import cache_windows, decode_step
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
-from .program_edits import drop_cache_rebuild, name_input_sizes
+from .program_edits import name_input_sizes
 
 #: The options of `analyze` that `analyze_generation` passes on to both analyses.
 _ANALYZE_OPTIONS = ("strict", "formulas")
@@ -61,9 +61,7 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
     if cache == "dynamic":
         if max_cache_len is not None:
             raise ValueError("max_cache_len sizes a static cache: pass cache='static' with it.")
-        step = _step(model)
-        prefill, decode, kv, dropped = step(model, input_ids, kwargs)
-        windowed = _windowed(model, input_ids, kwargs) if step is _dynamic else {}
+        prefill, decode, kv, dropped, windowed = _step(model)(model, input_ids, kwargs)
     else:
         max_cache_len = prompt_len + new_tokens if max_cache_len is None else max_cache_len
         if max_cache_len < prompt_len + new_tokens - 1:
@@ -84,22 +82,6 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
         prefill=prefill.model_copy(update={"model": name}),
         decode=decode.model_copy(update={"model": name}), kv_cache=kv, dropped_nodes=dropped,
         total=total, **windowed)
-
-
-def _windowed(model: Any, input_ids: torch.Tensor, options: dict) -> dict:
-    """GenerationReport's sliding-window fields (`generation_sliding`); empty when no layer
-    of the model slides."""
-    windows = sliding_windows(model, model.config.get_text_config().num_hidden_layers)
-    if not any(windows):
-        return {}
-    window = next(w for w in windows if w)
-    length = max(input_ids.shape[1], 2)
-    length += length == window - 1  # the full layers' past must be its own size at export
-    with dynamic_cache_pytree():
-        decode, kv = windowed_step(model, input_ids, windows,
-                                   _cache_tensors(model, input_ids, length), options)
-    return {"sliding_window": window, "kv_cache_windowed": kv,
-            "decode_windowed": decode.model_copy(update={"model": type(model).__name__})}
 
 
 def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
@@ -148,7 +130,7 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
 def _check_hf_cache(model: Any, cache: str) -> None:
     config = model.config
     if not getattr(config, "is_encoder_decoder", False):
-        check_key_value_cache(model)
+        cache_windows(model)  # raises for a cache that is not keys and values
     elif cache == "static":
         raise GenerationError(
             f"{type(model).__name__} is an encoder-decoder model: its decode step is analyzed "
@@ -209,8 +191,9 @@ def dynamic_cache_pytree() -> Iterator[None]:
         torch.fx._pytree._deregister_pytree_flatten_spec(DynamicCache)
 
 
-def _dynamic(model, input_ids: torch.Tensor,
-             options: dict) -> tuple[Report, Report, Counts, list[str]]:
+def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
+    """The prefill, the decode step, its KV cache bytes, the cache-rebuild nodes left out, and
+    GenerationReport's sliding-window fields (`generation_sliding`; empty without windows)."""
     from transformers import DynamicCache
 
     def prefill() -> Report:
@@ -219,23 +202,21 @@ def _dynamic(model, input_ids: torch.Tensor,
             "use_cache": True}), **options)
 
     with dynamic_cache_pytree(), beside(prefill, (model, input_ids)) as prefill_report:
+        windows = cache_windows(model)
         # The step is exported at one cache length and holds for all: export specializes sizes 0
-        # and 1, so the example is at least 2.
-        tensors = _cache_tensors(model, input_ids, max(input_ids.shape[1], 2))
-        layers = len(tensors) // 2
-        step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True,
-                "past_key_values": DynamicCache(list(zip(tensors[:layers], tensors[layers:])))}
-        # The flattened DynamicCache is [keys per layer, values per layer]; dim 2 is the length.
-        length = [[{2: torch.export.Dim.DYNAMIC}] * layers] * 2
-        captured = capture_forward(model, (), step, dynamic_shapes={
-            "input_ids": None, "past_key_values": length, "use_cache": None})
-        # User inputs: input_ids, then every layer's keys, then its values.
-        name_input_sizes(captured.program, range(1, 1 + len(tensors)), 2, PAST)
-        # The exported step starts by rebuilding the DynamicCache from its tensors, copying each
-        # (a cat with an empty tensor); a decode loop keeps its cache and does not copy it.
-        dropped = drop_cache_rebuild(captured.program, range(1, 1 + len(tensors)))
-        decode = count_captured(captured, **options)
-        return prefill_report(), decode, kv_counts(tensors), dropped
+        # and 1, so the example is at least 2, and it must not be a full window's W - 1.
+        length = max(input_ids.shape[1], 2)
+        length += length + 1 in windows
+        tensors = _cache_tensors(model, input_ids, length)
+        decode, kv, dropped = decode_step(model, input_ids, [None] * len(windows), tensors,
+                                          options)
+        windowed = {}
+        if any(windows):
+            full, full_kv, _ = decode_step(model, input_ids, windows, tensors, options)
+            windowed = {"sliding_window": next(w for w in windows if w),
+                        "kv_cache_windowed": full_kv,
+                        "decode_windowed": full.model_copy(update={"model": type(model).__name__})}
+        return prefill_report(), decode, kv, dropped, windowed
 
 
 def _step(model: Any):
@@ -253,14 +234,13 @@ def _is_reference_llama(model: Any) -> bool:
     return isinstance(model, Llama)
 
 
-def _reference_llama(model, input_ids: torch.Tensor,
-                     options: dict) -> tuple[Report, Report, Counts, list[str]]:
+def _reference_llama(model, input_ids: torch.Tensor, options: dict) -> tuple:
     """The built-in Llama: ``model(tokens, [])`` is the prefill, ``model(token, cache)`` a step
     after the cache's entries (a (keys, values) pair per layer, (B, kv_heads, past, head_dim))."""
     with beside(lambda: count_captured(capture_forward(model, (input_ids, [])), **options),
                 (model, input_ids)) as prefill:
         step = _reference_llama_step(model, input_ids, options)
-        return (prefill(), *step)
+        return (prefill(), *step, {})
 
 
 def _reference_llama_step(model, input_ids: torch.Tensor,

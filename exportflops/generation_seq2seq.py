@@ -67,16 +67,15 @@ def _tensors(cache) -> tuple[list, list, list, list]:
             [layer.keys for layer in cross], [layer.values for layer in cross])
 
 
-def seq2seq(model, input_ids: torch.Tensor,
-            options: dict) -> tuple[Report, Report, Counts, list[str]]:
+def seq2seq(model, input_ids: torch.Tensor, options: dict) -> tuple:
     """The prefill, the decode step (a polynomial in ``past``, the decoder tokens cached), the
-    step's KV cache bytes and the cache-rebuild nodes left out of it. ``input_ids`` are the
-    encoder's input: token ids, or input features (Whisper)."""
+    step's KV cache bytes, the cache-rebuild nodes left out of it, and no sliding-window
+    fields. ``input_ids`` are the encoder's input: token ids, or input features (Whisper)."""
     start = torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
     with beside(lambda: count_captured(capture_forward(_Prefill(model), (input_ids, start)),
                                        **options), (model, input_ids)) as prefill:
         step = _step(model, input_ids, start, options)
-        return (prefill(), *step)
+        return (prefill(), *step, {})
 
 
 def _step(model, input_ids: torch.Tensor, start: torch.Tensor,

@@ -1,11 +1,13 @@
-"""Sliding-window layers in a decode step (Mistral, Gemma 2 and 3, Qwen2 with its window...).
+"""A decoder-only model's decode step over transformers' ``DynamicCache``, whose layers keep
+every entry or, in a sliding window (Mistral, Gemma 2 and 3, Qwen2 with its window...), the
+last W - 1.
 
-transformers' ``DynamicSlidingWindowLayer`` keeps the last W - 1 entries of its layer, so a
-decode step's attention there reads ``min(past, W - 1) + 1`` keys. One polynomial in ``past``
-cannot say that, so the step is exported twice: with every layer's cache at ``past`` (exact
-while ``past <= W - 1``: `GenerationReport.decode`) and with the sliding layers' caches full at
-W - 1 entries and the others at ``past`` (exact from ``past >= W - 1``:
-``decode_windowed``). `records.generation.request_total` sums each over its own steps.
+A sliding layer's attention reads ``min(past, W - 1) + 1`` keys, and one polynomial in ``past``
+cannot say that, so a model with sliding layers has its step exported twice by `decode_step`:
+with every layer's cache at ``past`` (exact while ``past <= W - 1``: `GenerationReport.decode`)
+and with the sliding layers' caches full at W - 1 entries and the others at ``past`` (exact
+from ``past >= W - 1``: ``decode_windowed``). `records.generation.request_total` sums each
+over its own steps.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from .records.generation import PAST
 from .symbolic import size_symbol
 
 
-def check_key_value_cache(model: Any) -> None:
-    """`GenerationError` unless every layer of the cache transformers builds for the model
-    (``DynamicCache(config=...)``) holds keys and values, in full or in a sliding window: the
-    decode step is exported with such a cache and its bytes counted from it."""
+def cache_windows(model: Any) -> list[int | None]:
+    """Each layer's sliding window in the cache transformers builds for the model
+    (``DynamicCache(config=...)``), None for a layer that keeps every entry. `GenerationError`
+    unless every layer holds keys and values, in full or in one window size: the decode step is
+    exported with such a cache and its bytes counted from it."""
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
@@ -47,52 +50,41 @@ def check_key_value_cache(model: Any) -> None:
             f"only keys and values); analyze_generation counts key/value caches of full and "
             f"sliding-window attention. Analyze a decode step with analyze(model, args, "
             f"dynamic_shapes=...) instead.")
-
-
-def sliding_windows(model: Any, layers: int) -> list[int | None]:
-    """Each layer's window, as transformers' ``DynamicCache(config=...)`` builds the model's
-    cache (None for a layer that keeps every entry); all None when no layer slides."""
-    from transformers import DynamicCache
-    from transformers.cache_utils import DynamicSlidingWindowLayer
-
-    cache_layers = DynamicCache(config=model.config).layers
     windows = [layer.sliding_window if type(layer) is DynamicSlidingWindowLayer else None
                for layer in cache_layers]
-    if not any(windows):
-        return [None] * layers
-    name = type(model).__name__
-    if len(windows) != layers or len(set(windows) - {None}) > 1:
+    if len(set(windows) - {None}) > 1:
         raise GenerationError(
-            f"{name}'s cache has sliding-window layers {windows} that analyze_generation cannot "
-            f"pair with its {layers} attention layers' cache (one window size is supported). "
-            f"Analyze a decode step per context length with analyze(model, args) instead.")
+            f"{name}'s cache has sliding windows of several sizes {windows}; analyze_generation "
+            f"supports one. Analyze a decode step per context length with analyze(model, args) "
+            f"instead.")
     return windows
 
 
-def windowed_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
-                  tensors: list[torch.Tensor], options: dict) -> tuple[Report, Counts]:
-    """The decode step once every window is full, and its KV cache bytes. ``tensors`` are the
-    cache's keys then values, one per layer, at a length other than W - 1 (the full layers'
-    ``past`` at export)."""
+def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
+                tensors: list[torch.Tensor], options: dict) -> tuple[Report, Counts, list[str]]:
+    """The decode step, its KV cache bytes and the cache-rebuild nodes left out of it, with
+    the layers whose window is given here full (W - 1 entries) and the others at ``past``.
+    ``tensors`` are the cache's keys then values, one per layer, at the example length of
+    ``past`` (not a window's W - 1: export would take the two for one size)."""
     from transformers import DynamicCache
 
-    window = next(w for w in windows if w)
     layers = len(windows)
-    sized = [t if w is None else _resized(t, window - 1) for t, w in zip(tensors, windows * 2)]
-    keys, values = sized[:layers], sized[layers:]
+    sized = [t if w is None else _resized(t, w - 1) for t, w in zip(tensors, windows * 2)]
     data = [(k, v) if w is None else (k, v, torch.tensor([w]))
-            for k, v, w in zip(keys, values, windows)]
+            for k, v, w in zip(sized[:layers], sized[layers:], windows)]
     step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True,
             "past_key_values": DynamicCache(data)}
+    # The flattened DynamicCache is [keys per layer, values per layer]; dim 2 is the length.
     spec = [{2: torch.export.Dim.DYNAMIC} if w is None else None for w in windows]
     captured = capture_forward(model, (), step, dynamic_shapes={
         "input_ids": None, "past_key_values": [spec, spec], "use_cache": None})
-    # User inputs: input_ids, then each layer's keys, then its values (the full layers' sized).
-    name_input_sizes(captured.program, range(1, 1 + 2 * layers), 2, PAST)
-    drop_cache_rebuild(captured.program, range(1, 1 + 2 * layers))
-    past = size_symbol(PAST)
-    lengths = [past if w is None else window - 1 for w in windows * 2]
-    return count_captured(captured, **options), kv_counts(sized, lengths)
+    positions = range(1, 1 + 2 * layers)  # user inputs: input_ids, then keys, then values
+    name_input_sizes(captured.program, positions, 2, PAST)
+    # The exported step starts by rebuilding the DynamicCache from its tensors, copying each
+    # (a cat with an empty tensor); a decode loop keeps its cache and does not copy it.
+    dropped = drop_cache_rebuild(captured.program, positions)
+    lengths = [size_symbol(PAST) if w is None else w - 1 for w in windows * 2]
+    return count_captured(captured, **options), kv_counts(sized, lengths), dropped
 
 
 def _resized(tensor: torch.Tensor, length: int) -> torch.Tensor:

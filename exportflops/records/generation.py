@@ -94,14 +94,15 @@ class GenerationReport(Record):
 
     def kv_cache_at(self, past: int) -> Counts:
         """`kv_cache` with ``past`` tokens in the cache."""
-        windowed = self._windowed(past)
-        return _at(self.kv_cache_windowed if windowed else self.kv_cache, past)
+        return _at(self.kv_cache_windowed if self.windows_full(past) else self.kv_cache, past)
 
-    def _windowed(self, past: int) -> bool:
+    def windows_full(self, past: int) -> bool:
+        """Whether the sliding windows are full at a step with ``past`` tokens seen (the step
+        is ``decode_windowed``); False for a model without sliding windows."""
         return self.decode_windowed is not None and past >= self.sliding_window - 1
 
     def _decode_at(self, past: int) -> Report:
-        return self.decode_windowed if self._windowed(past) else self.decode
+        return self.decode_windowed if self.windows_full(past) else self.decode
 
     @property
     def decode_positions(self) -> range:

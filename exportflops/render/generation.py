@@ -27,11 +27,10 @@ def generation_view(report: GenerationReport, style: Style = Style(),
     start = report.first_past or 0  # an encoder-decoder's prefill also decodes a start token
     rows = [_row(style, "prefill", b * (p + start), p if not static else report.max_cache_len,
                  report.prefill.total, None)]
-    window = report.sliding_window
     for past in default_contexts(report) if contexts is None else contexts:
         keys = report.max_cache_len if static else past + 1
-        if report.decode_windowed is not None and past >= window - 1:
-            keys = f"{past + 1} ({window} sliding)"
+        if report.windows_full(past):
+            keys = f"{past + 1} ({report.sliding_window} sliding)"
         rows.append(_row(style, f"decode, past={past}", b, keys, report.step_counts(past),
                          report.kv_cache_at(past).bytes_read))
     rows.append(_row(style, "request", b * (p + start + report.new_tokens - 1), None, report.total,
