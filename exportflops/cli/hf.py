@@ -15,8 +15,9 @@ import traceback
 from typing import Any
 
 from ..errors import BuildError, UsageError
-from .hf_inputs import hf_inputs
+from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_needs import innermost, needed_input
+from .hf_parent import held_module, module_name, parent_inputs
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -39,20 +40,42 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
     KV cache on (generation analyzes it); otherwise it is turned off (`NO_CACHE`)."""
     transformers = _transformers(spec)
     config = hf_config(spec, transformers)
+    model, args, inputs = _model_and_inputs(config, device, transformers, layers=layers,
+                                            batch=batch, seq=seq, use_cache=use_cache)
+    return model, args, inputs | (kwargs or {})
+
+
+def _model_and_inputs(config, device, transformers, *, layers: int | None, batch: int,
+                      seq: int | None, use_cache: bool, whole: bool = False
+                      ) -> tuple[Any, tuple, dict]:
+    """``config``'s model, capped at ``layers`` (the whole composite with ``whole``: see
+    `build`), and its example inputs."""
     if layers is not None:
         cap_layers(config, layers)
     for config_ in (config, *_sub_configs(config)) if not use_cache else ():
         for key, value in NO_CACHE.items():
             if hasattr(config_, key):
                 setattr(config_, key, value)
-    model = build(config, device, transformers)
+    model = build(config, device, transformers, whole=whole)
     model.eval()
-    args, inputs = hf_inputs(_probe(model, config, device, transformers), device, batch=batch,
-                             seq=seq, config=config)
-    return model, args, inputs | (kwargs or {})
+    try:
+        args, inputs = hf_inputs(_probe(model, config, device, transformers, whole=whole),
+                                 device, batch=batch, seq=seq, config=config)
+    except UnknownInputError as missing:
+        # A sub-model whose inputs another model computes (SAM's mask decoder): read them
+        # from the composite model that holds it, built on meta around its config.
+        def composite(parent_config):
+            import torch
+
+            return _model_and_inputs(parent_config, torch.device("meta"), transformers,
+                                     layers=layers, batch=batch, seq=seq,
+                                     use_cache=use_cache, whole=True)
+
+        args, inputs = parent_inputs(model, config, device, composite, missing)
+    return model, args, inputs
 
 
-def _probe(model, config, device, transformers):
+def _probe(model, config, device, transformers, *, whole: bool = False):
     """The model `hf_inputs` runs under fake tensors to find the inputs forward needs: on meta,
     a twin one layer deep (which inputs a forward needs does not depend on its depth, and a
     fake run of every layer of a large model costs about a second); else ``model`` itself, as
@@ -64,7 +87,7 @@ def _probe(model, config, device, transformers):
     twin = copy.deepcopy(config)
     cap_layers(twin, 1)
     try:
-        return build(twin, device, transformers).eval()
+        return build(twin, device, transformers, whole=whole).eval()
     except BuildError:  # a config whose stacks cannot be one layer deep (Gemma 4's audio)
         return model
 
@@ -162,15 +185,22 @@ def _is_layer_count(name: str, value: Any) -> bool:
             and LAYER_COUNT.fullmatch(name) is not None)
 
 
-def build(config, device, transformers):
+def build(config, device, transformers, *, whole: bool = False):
     """``config``'s model on ``device``: the first auto class whose table (transformers'
-    ``MODEL_FOR_*_MAPPING_NAMES``) holds its type, else the model class that declares this
-    config class (the sub-model configs of composite models, such as ``align_vision_model``)."""
+    ``MODEL_FOR_*_MAPPING_NAMES``) holds its type (``AutoModel`` first with ``whole``: a
+    composite's every tower, not its language model alone), else the model class that declares
+    this config class (the sub-model configs of composite models, such as
+    ``align_vision_model``), else the module of that name in the composite that holds it
+    (SAM's prompt encoder, built from the whole ``SamConfig``)."""
     model_class = None
-    auto = _auto_class(config, transformers)
+    auto = _auto_class(config, transformers, whole=whole)
     if auto is None:
         model_class = _declaring_class(config)
         if model_class is None:
+            held = held_module(config, lambda parent: build(parent, device, transformers,
+                                                            whole=True))
+            if held is not None:
+                return held
             raise UsageError(f"transformers {transformers.__version__} has no model class for "
                              f"{type(config).__name__} ({config.model_type}): no auto table "
                              f"holds it and no model class declares it as its config_class.")
@@ -187,13 +217,15 @@ def build(config, device, transformers):
                          f"this config: {type(error).__name__}: {error}") from error
 
 
-def _auto_class(config, transformers):
+def _auto_class(config, transformers, *, whole: bool = False):
     autos = {}
     for name in dir(transformers):
         mapping = getattr(getattr(transformers, name, None), "_model_mapping", None)
         if name.startswith("AutoModel") and mapping is not None:
             autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
     first = (SEQ2SEQ_AUTO if getattr(config, "is_encoder_decoder", False) else ()) + PREFERRED_AUTO
+    if whole:
+        first = ("AutoModel", *first)
     for name in (*first, *sorted(set(autos) - set(first))):
         if config.model_type in autos.get(name, ()):
             return getattr(transformers, name)
@@ -223,12 +255,17 @@ def _config_module(module, config):
     """Where no model class declares the config (SAM's mask decoder, Idefics' vision tower):
     the module class of ``module`` whose constructor takes the config alone, the one named
     as the config (``SamMaskDecoderConfig``: ``SamMaskDecoder``), else the one with the most
-    parameters (the outermost: Idefics' vision transformer holds its embeddings)."""
+    parameters (the outermost: Idefics' vision transformer holds its embeddings); none where
+    the module so named takes another config (`held_module` finds it in its composite)."""
     import torch
 
-    classes = [c for c in vars(module).values() if isinstance(c, type)
-               and issubclass(c, torch.nn.Module) and _takes_config_alone(c, type(config))]
-    named = [c for c in classes if c.__name__ == type(config).__name__.removesuffix("Config")]
+    modules = [c for c in vars(module).values()
+               if isinstance(c, type) and issubclass(c, torch.nn.Module)]
+    if any(c.__name__ == module_name(config) and not _takes_config_alone(c, type(config))
+           for c in modules):
+        return None  # the module of that name takes the composite's config (SAM's prompts)
+    classes = [c for c in modules if _takes_config_alone(c, type(config))]
+    named = [c for c in classes if c.__name__ == module_name(config)]
     if named or len(classes) < 2:
         return (named or classes or [None])[0]
     with torch.device("meta"):

@@ -15,6 +15,10 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 
+class UnknownInputError(UsageError):
+    """forward requires an input that no field of the config shapes."""
+
+
 #: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
 #: positions are fewer: CLIP's text tower has 77).
 HF_DEFAULT_SEQ_LEN = 128
@@ -29,7 +33,11 @@ KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
          "input_values")
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
-SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values")
+SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
+               "high_res_pixel_values", "visual_feats", "visual_pos")
+#: Regions of an image whose detector features LXMERT reads: the 36 objects per image of the
+#: Faster R-CNN features it was pre-trained on (Tan & Bansal 2019, LXMERT).
+DETECTOR_BOXES = 36
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -45,6 +53,10 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     parameters = list(signature)
     _refuse_objects(model, signature[parameters[0]])
     main = getattr(model, "main_input_name", parameters[0])
+    encoder_main = getattr(getattr(model, "encoder", None), "main_input_name", None)
+    if main == "inputs" and encoder_main in KNOWN:
+        # A generic name for the encoder's own input (SpeechEncoderDecoder's waveform).
+        main = encoder_main
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
@@ -58,6 +70,9 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
             names.append(name)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         names.append("decoder_input_ids")
+    if "lang_ids" in parameters and getattr(config, "default_language", "") is None:
+        # X-MOD's language adapters: the language of each example, where no default is set.
+        names.append("lang_ids")
     # The main input fills forward's first parameter where forward lacks its name.
     filled = names + ([parameters[0]] if names[0] not in parameters else [])
     names += [name for name, p in signature.items() if name not in filled
@@ -208,9 +223,21 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
         return pixels(name, _sub_config(config, "vision"), device, batch=batch)
+    if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
+        vision = getattr(config, "high_res_vision_config", None) or _sub_config(config, "vision")
+        return pixels("pixel_values", vision, device, batch=batch)
     audio = _sub_config(config, "audio")
     if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
+    if name in ("visual_feats", "visual_pos"):  # LXMERT's detector features and their boxes
+        width = config.visual_feat_dim if name == "visual_feats" else config.visual_pos_dim
+        return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
+    if name == "lang_ids":
+        return torch.zeros((batch,), dtype=torch.long, device=device)
+    if name == "inputs" and config_int(config, ("d_model",)) is not None:
+        # Perceiver's inputs with no preprocessor: vectors of d_model, as its cross-attention
+        # reads them.
+        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, config.d_model), device=device)
     if name in ("inputs_embeds", "query_embeds", "hidden_states"):
         # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
         hidden = config.get_text_config().hidden_size
@@ -236,7 +263,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name == "qformer_input_ids" and getattr(config, "qformer_config", None) is not None:
         length = text_length(config.qformer_config, seq)
         return torch.zeros((batch, length), dtype=torch.long, device=device)
-    raise UsageError(f"exportflops does not know how to make an example {name!r} for "
+    raise UnknownInputError(f"exportflops does not know how to make an example {name!r} for "
                      f"{type(config).__name__}, and its forward requires it; pass the model's "
                      f"inputs with --input and --kwargs.")
 

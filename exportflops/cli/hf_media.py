@@ -4,6 +4,8 @@ from the config's own fields. Zeros, as in `hf_inputs`: the counts depend on sha
 
 from __future__ import annotations
 
+import contextlib
+import math
 from typing import Any
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
@@ -25,16 +27,32 @@ def config_int(config, names: tuple[str, ...]) -> int | None:
 
 
 def image_size(config) -> tuple[int, int]:
-    """The (height, width) of ``config``'s images: image_size, else crop_size (V-JEPA 2), else
-    its backbone's image_size (ViTPose's 256 x 192), else 224."""
+    """The (height, width) of ``config``'s images: the patch over the smallest of the scaled
+    images' ratios where the config scales its images (DepthPro), else image_size, else
+    crop_size (V-JEPA 2), else its backbone's image_size (ViTPose's 256 x 192), else a VQ-GAN's
+    latent grid scaled up (`_vq_image_size`), else 224."""
     backbone = getattr(config, "backbone_config", None)
+    ratios = getattr(config, "scaled_images_ratios", None)
+    if ratios and isinstance(getattr(config, "patch_size", None), int):
+        # DepthPro cuts its smallest scaling of the image into patches: 384 / 0.25 = 1536.
+        side = math.ceil(config.patch_size / min(ratios))
+        return side, side
     size = (getattr(config, "image_size", None) or getattr(config, "crop_size", None)
-            or getattr(backbone, "image_size", None) or 224)
+            or getattr(backbone, "image_size", None) or _vq_image_size(config) or 224)
     if isinstance(size, dict):  # {"height": h, "width": w}
         return size["height"], size["width"]
     if isinstance(size, (list, tuple)):
         return size[0], size[-1]
     return size, size
+
+
+def _vq_image_size(config) -> int | None:
+    """A VQ-GAN's images where its config gives the latent grid instead (Janus: num_patches 32
+    a side, each encoder stage after the first halving it: 32 x 2^4 = 512)."""
+    side, stages = getattr(config, "num_patches", None), getattr(config, "channel_multiplier", None)
+    if isinstance(side, int) and isinstance(stages, (list, tuple)) and stages:
+        return side * 2 ** (len(stages) - 1)
+    return None
 
 
 def pixels(name: str, vision, device, *, batch: int):
@@ -115,21 +133,12 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
     positions), which fake tensors cannot run and export traces, is None too: the inputs'
     shapes carried forward that far."""
-    import torch
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                               DynamicOutputShapeException, FakeTensorMode)
-    from torch._export.utils import _compiling_state_context
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+                                               DynamicOutputShapeException)
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    from ..capture import quiet_fake_tensor_log
-
-    # As torch.export runs a forward: with a shape environment, so that ``.item()`` and
-    # ``nonzero`` give unbacked sizes and the run goes on to what export meets after them; and
-    # in torch's own exporting state, in which transformers makes no default masks (LongT5
-    # builds an attention_mask of ones unless torch.compiler.is_compiling()).
-    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     try:
-        with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
+        with fake_forward():
             model(*args, **kwargs)
     except (DataDependentOutputException, DynamicOutputShapeException,
             GuardOnDataDependentSymNode):
@@ -137,6 +146,24 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     except Exception as error:  # the caller reads it; the export reports the real failure
         return error
     return None
+
+
+@contextlib.contextmanager
+def fake_forward():
+    """Fake tensors as torch.export runs a forward: with a shape environment, so that
+    ``.item()`` and ``nonzero`` give unbacked sizes and the run goes on to what export meets
+    after them; and in torch's own exporting state, in which transformers makes no default
+    masks (LongT5 builds an attention_mask of ones unless torch.compiler.is_compiling())."""
+    import torch
+    from torch._export.utils import _compiling_state_context
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ..capture import quiet_fake_tensor_log
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
+        yield
 
 
 def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool,

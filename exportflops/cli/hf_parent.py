@@ -1,0 +1,136 @@
+"""The inputs of a sub-model read from the composite model that holds it: a SAM mask decoder
+takes the image embeddings and prompt embeddings its ``SamModel`` computes, a DETR decoder the
+encoder's memory and the text features. No config says their shapes; the composite's own
+forward does. The composite (the config in the same ``configuration_*`` module that lists the
+sub-model's config class among its ``sub_configs``) is built on meta around the sub-model's
+config, given its own example inputs, and run under fake tensors until it calls a module of
+the sub-model's class; the arguments of that call, as zeros of their shapes and dtypes, are the
+sub-model's example inputs."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from ..errors import UsageError
+from .hf_media import fake_forward
+
+
+class _Reached(Exception):
+    """Raised by the hook once the sub-model's call is read: the rest of the run is not needed."""
+
+
+def parent_configs(config) -> list[tuple[Any, str]]:
+    """The composite configs that could hold ``config``, each with the sub-config key that
+    holds it, built around a copy of ``config``: from the config classes of ``config``'s own
+    ``configuration_*`` module whose ``sub_configs`` name its class (SAM's for its mask
+    decoder). Those whose constructor rejects the sub-config are left out."""
+    module = importlib.import_module(type(config).__module__)
+    found = []
+    for cls in vars(module).values():
+        sub_configs = getattr(cls, "sub_configs", None) if isinstance(cls, type) else None
+        if not isinstance(sub_configs, dict) or cls is type(config):
+            continue
+        for key, sub_class in sub_configs.items():
+            if sub_class is not type(config):
+                continue
+            try:
+                found.append((cls(**{key: config.to_dict()}), key))
+            except Exception:  # noqa: BLE001 - a composite that cannot hold this config
+                continue
+    return found
+
+
+def module_name(config) -> str:
+    """The name of the module a sub-config configures: ``SamPromptEncoderConfig``'s is
+    ``SamPromptEncoder``."""
+    return type(config).__name__.removesuffix("Config")
+
+
+def held_module(config, build_parent: Callable[[Any], Any]):
+    """The module named as ``config`` (`module_name`) in the first composite of
+    `parent_configs` that ``build_parent`` builds and that holds one (SAM's prompt encoder,
+    whose constructor takes the whole ``SamConfig``); None when none does."""
+    for parent_config, _ in parent_configs(config):
+        try:
+            parent = build_parent(parent_config)
+        except Exception:  # noqa: BLE001 - the caller reports that no model was found
+            continue
+        held = next((m for m in parent.modules()
+                     if type(m).__name__ == module_name(config)), None)
+        if held is not None:
+            return held
+    return None
+
+
+def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple, dict]],
+                  missing: UsageError) -> tuple[tuple, dict[str, Any]]:
+    """``model``'s example ``(args, kwargs)``, as the first composite of `parent_configs` that
+    builds (``make(parent_config)`` gives its model on meta and its example inputs) calls a
+    module of ``model``'s class; else ``missing`` (the error that said which input we cannot
+    make), with why each composite did not tell."""
+    why = []
+    for parent_config, key in parent_configs(config):
+        name = type(parent_config).__name__
+        try:
+            parent, args, kwargs = make(parent_config)
+            call = _first_call(parent, args, kwargs, type(model))
+        except Exception as error:  # noqa: BLE001 - told to the user in the error below
+            why.append(f"{name} ({key}): {type(error).__name__}: {str(error)[:200]}")
+            continue
+        if call is None:
+            why.append(f"{name} ({key}): its forward did not call a {type(model).__name__}")
+            continue
+        return _examples(call[0], device), _examples(call[1], device)
+    if not why:
+        raise missing
+    raise UsageError(f"{missing} Nor could it be read from the composite model that holds "
+                     f"this config: {'; '.join(why)}.") from None
+
+
+def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
+    """The ``(args, kwargs)`` of ``parent``'s first call of a module of ``module_class`` when
+    its forward runs under fake tensors; None when it makes none."""
+    modules = [m for m in parent.modules() if type(m) is module_class]
+    seen = []
+
+    def hook(_module, call_args, call_kwargs):
+        seen.append((call_args, call_kwargs))
+        raise _Reached
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
+    try:
+        with fake_forward():
+            parent(*args, **kwargs)
+    except _Reached:
+        pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen[0] if seen else None
+
+
+def _examples(value, device):
+    """``value`` with each tensor replaced by zeros of its shape and dtype on ``device`` (a
+    fake tensor of the composite's run is no input to export); a size that depends on the
+    composite's values is no example."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        shape = [_size(size) for size in value.shape]
+        return torch.zeros(shape, dtype=value.dtype, device=device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_examples(item, device) for item in value)
+    if isinstance(value, dict):
+        return {key: _examples(item, device) for key, item in value.items()}
+    return value
+
+
+def _size(size) -> int:
+    try:
+        return int(size)
+    except Exception as error:  # a SymInt with no hint: .item() or nonzero upstream
+        raise UsageError(f"a size of this input depends on the composite model's values "
+                         f"({size}); pass the model's inputs with --input and --kwargs."
+                         ) from error
+

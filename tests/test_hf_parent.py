@@ -1,0 +1,119 @@
+"""Sub-models whose inputs another model computes (issue 12): SAM's mask decoder and prompt
+encoder, SAM 3's DETR stacks. Their example inputs are read from the composite model that
+holds them (`exportflops.cli.hf_parent`), and a few generic input names are made from the
+config.
+
+Sizes from transformers 5.23's default SAM config: the vision tower's image_size 1024 and
+patch_size 16 give a 1024 / 16 = 64 x 64 grid of output_channels 256; the prompt encoder's
+hidden_size is 256. Perceiver's d_model is 768; DepthPro's patch_size 384 and smallest
+scaled-image ratio 0.25 ask for 384 / 0.25 = 1536-pixel images.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from exportflops import analyze
+from exportflops.cli.hf import hf_model
+from exportflops.errors import UsageError
+
+tf = pytest.importorskip("transformers")
+META = torch.device("meta")
+
+
+def _named(model, args, kwargs) -> dict:
+    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
+
+
+def test_a_mask_decoder_gets_the_image_embeddings_its_composite_computes():
+    model, args, kwargs = hf_model("sam_mask_decoder", META, None, layers=1, batch=2)
+    inputs = _named(model, args, kwargs)
+    grid = 1024 // 16
+    assert inputs["image_embeddings"].shape == (2, 256, grid, grid)
+    assert inputs["image_positional_embeddings"].shape == (2, 256, grid, grid)
+    # Fresh zeros on the model's device, not the fake tensors of the composite's run.
+    assert type(inputs["image_embeddings"]) is torch.Tensor
+    assert inputs["image_embeddings"].device == META
+
+
+def test_a_mask_decoder_alone_costs_what_it_costs_inside_its_composite():
+    # The same decoder config, inputs read from SamModel: the standalone analysis and the
+    # mask_decoder row of the composite's analysis are two countings of one computation.
+    alone = analyze(*hf_model("sam_mask_decoder", META, None, layers=1))
+    whole = analyze(*hf_model("sam", META, None, layers=1))
+    inside = next(m for m in whole.modules if m.path == "mask_decoder")
+    assert alone.total.flops == inside.inclusive.flops > 0
+    assert not alone.uncounted
+
+
+def test_a_module_built_from_the_whole_composite_config_is_taken_from_the_composite():
+    # SamPromptEncoder's constructor takes the whole SamConfig: no class takes its own config
+    # alone but the smaller SamMaskEmbedding, which is not it.
+    model, args, kwargs = hf_model("sam_prompt_encoder", META, None, layers=1)
+    assert type(model).__name__ == "SamPromptEncoder"
+    assert not analyze(model, args, kwargs).uncounted
+
+
+def test_a_composite_that_cannot_reach_the_sub_model_is_named_in_the_error():
+    # SAM2-Video's forward takes an inference session, which no config makes.
+    with pytest.raises(UsageError, match=r"'image_embeddings'.*Sam2VideoConfig.*session"):
+        hf_model("sam2_video_mask_decoder", META, None, layers=1)
+
+
+@pytest.mark.parametrize("model_type", ["sam3_detr_encoder", "sam3_detr_decoder"])
+def test_detr_stacks_of_sam3_are_analyzed(model_type):
+    report = analyze(*hf_model(model_type, META, None, layers=1))
+    assert report.total.flops > 0 and not report.uncounted
+
+
+def test_xmod_gets_a_language_per_example_where_its_config_sets_no_default():
+    model, args, kwargs = hf_model("xmod", META, None, layers=1, batch=3, seq=16)
+    assert kwargs["lang_ids"].shape == (3,)
+    assert kwargs["lang_ids"].dtype == torch.long
+    assert not analyze(model, args, kwargs).uncounted
+
+
+def test_perceiver_reads_vectors_of_d_model():
+    model, args, kwargs = hf_model("perceiver", META, None, layers=1, seq=32)
+    assert _named(model, args, kwargs)["inputs"].shape == (1, 32, 768)
+
+
+def test_a_speech_encoder_decoder_takes_its_encoders_waveform():
+    model, args, kwargs = hf_model("speech-encoder-decoder", META, None, layers=1)
+    # wav2vec2's input_values (a parameter of forward too, beside the generic `inputs`): one
+    # second at 16 kHz (HF_DEFAULT_SAMPLES).
+    assert _named(model, args, kwargs)["input_values"].shape == (1, 16_000)
+    assert "decoder_input_ids" in kwargs
+
+
+def test_depth_pro_images_fit_its_smallest_scaling():
+    model, args, kwargs = hf_model("depth_pro", META, None)
+    assert _named(model, args, kwargs)["pixel_values"].shape[-2:] == (1536, 1536)
+
+
+def test_lxmert_reads_36_detector_regions_of_its_feature_and_box_widths():
+    # visual_feat_dim 2048 and visual_pos_dim 4 (LXMERT's default config); 36 objects per image
+    # (Tan & Bansal 2019).
+    model, args, kwargs = hf_model("lxmert", META, None, layers=1, batch=2, seq=8)
+    assert kwargs["visual_feats"].shape == (2, 36, 2048)
+    assert kwargs["visual_pos"].shape == (2, 36, 4)
+    assert not analyze(model, args, kwargs).uncounted
+
+
+def test_a_vq_gan_image_is_its_latent_grid_scaled_by_its_stages():
+    # Janus' VQ-GAN: num_patches 32 a side, channel_multiplier (1, 1, 2, 2, 4): four stages
+    # that halve, so 32 x 2^4 = 512 pixels; its decoder checks for 32 x 32 = 1024 tokens.
+    model, args, kwargs = hf_model("janus_vqgan", META, None, layers=1)
+    assert args[0].shape[-2:] == (512, 512)
+    assert not analyze(model, args, kwargs).uncounted
+
+
+def test_a_second_tower_of_high_resolution_gets_its_own_images():
+    # DeepSeek-VL-Hybrid's forward wants both or neither; its high_res_vision_config has
+    # image_size 1024, the low-resolution tower 224.
+    model, args, kwargs = hf_model("deepseek_vl_hybrid", META, None, layers=1)
+    assert kwargs["pixel_values"].shape[-2:] == (224, 224)
+    assert kwargs["high_res_pixel_values"].shape[-2:] == (1024, 1024)
