@@ -10,12 +10,12 @@ import importlib
 import inspect
 import json
 import os
-import re
 import traceback
 from typing import Any
 
 from ..errors import BuildError, UsageError
 from .hf_inputs import UnknownInputError, hf_inputs
+from .hf_layers import cap_layers, is_layer_count, sub_configs
 from .hf_needs import innermost, needed_input
 from .hf_parent import held_module, module_name, parent_inputs
 
@@ -24,9 +24,6 @@ from .hf_parent import held_module, module_name, parent_inputs
 #: its decoder alone (``BartForCausalLM``, ``WhisperForCausalLM``).
 SEQ2SEQ_AUTO = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
 PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
-#: A layer count's name: num_hidden_layers, n_layer, num_layers, encoder_layers,
-#: num_decoder_layers, text_num_hidden_layers, ...
-LAYER_COUNT = re.compile(r"((text|vision|audio)_)?(num_|n_)?((hidden|encoder|decoder)_)?layers?")
 #: What the analysis turns off in every config that has it: the KV cache does not export
 #: (shared/REFERENCES.md), and a prefill needs none.
 NO_CACHE = {"use_cache": False}
@@ -52,7 +49,7 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
     `build`), and its example inputs."""
     if layers is not None:
         cap_layers(config, layers)
-    for config_ in (config, *_sub_configs(config)) if not use_cache else ():
+    for config_ in (config, *sub_configs(config)) if not use_cache else ():
         for key, value in NO_CACHE.items():
             if hasattr(config_, key):
                 setattr(config_, key, value)
@@ -81,8 +78,8 @@ def _probe(model, config, device, transformers, *, whole: bool = False):
     fake run of every layer of a large model costs about a second); else ``model`` itself, as
     the inputs are made on its device."""
     if _device_type(device) != "meta" or all(
-            value <= 1 for config_ in (config, *_sub_configs(config))
-            for name, value in vars(config_).items() if _is_layer_count(name, value)):
+            value <= 1 for config_ in (config, *sub_configs(config))
+            for name, value in vars(config_).items() if is_layer_count(name, value)):
         return model
     twin = copy.deepcopy(config)
     cap_layers(twin, 1)
@@ -151,38 +148,6 @@ def _local_config(path: str, transformers):
     except Exception as error:
         raise BuildError(f"transformers could not read {file} as a {model_type} config: "
                          f"{type(error).__name__}: {error}") from error
-
-
-def _sub_configs(config) -> list:
-    """The configs inside a composite config (text, vision, audio, encoder, decoder), deep."""
-    found = []
-    for value in vars(config).values():
-        if hasattr(value, "to_dict") and hasattr(value, "model_type") and value is not config:
-            found += [value, *_sub_configs(value)]
-    return found
-
-
-def cap_layers(config, layers: int) -> None:
-    """At most ``layers`` of each stack in ``config`` and its sub-configs: every integer
-    attribute named like a layer count (``num_hidden_layers``, ``n_layer``, ``decoder_layers``,
-    ...), and the per-layer lists as long as the old count (``layer_types``) cut to match."""
-    if layers < 1:
-        raise UsageError(f"--layers {layers}: give a count of at least 1.")
-    for config_ in (config, *_sub_configs(config)):
-        for name, value in list(vars(config_).items()):
-            if not _is_layer_count(name, value) or value <= layers:
-                continue
-            setattr(config_, name, layers)
-            for other, items in list(vars(config_).items()):
-                if isinstance(items, list) and len(items) == value and other != name:
-                    setattr(config_, other, items[:layers])
-
-
-def _is_layer_count(name: str, value: Any) -> bool:
-    # The stacks of blocks only: num_feat_extract_layers (wav2vec2's convolutions) and the like
-    # set a model's frame rate, not its depth.
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and LAYER_COUNT.fullmatch(name) is not None)
 
 
 def build(config, device, transformers, *, whole: bool = False):

@@ -1,0 +1,114 @@
+"""``--layers N``: at most N blocks in each stack of a Hugging Face config, and the fields that
+point into a stack kept pointing inside it (a layer's index, a backbone's output stages), so
+that the capped model builds and runs as the full one does."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import UsageError
+
+#: A layer count's name: num_hidden_layers, n_layer, num_layers, encoder_layers,
+#: num_decoder_layers, text_num_hidden_layers, ...
+LAYER_COUNT = re.compile(r"((text|vision|audio)_)?(num_|n_)?((hidden|encoder|decoder)_)?layers?")
+#: Fields that index a stack's layers or its hidden states (one per layer, and the embeddings
+#: first): DepthPro's intermediate_hook_ids, SAM-style global_attn_indexes, Qwen3-VL's
+#: deepstack_visual_indexes, DPT's backbone_out_indices, a composite's vision_feature_layer.
+LAYER_INDEX = re.compile(r".*(indices|indexes|hook_ids|feature_layers?)")
+
+
+def sub_configs(config) -> list:
+    """The configs inside a composite config (text, vision, audio, encoder, decoder), deep."""
+    found = []
+    for value in vars(config).values():
+        if hasattr(value, "to_dict") and hasattr(value, "model_type") and value is not config:
+            found += [value, *sub_configs(value)]
+    return found
+
+
+def cap_layers(config, layers: int) -> None:
+    """At most ``layers`` of each stack in ``config`` and its sub-configs: every integer
+    attribute named like a layer count (``num_hidden_layers``, ``n_layer``, ``decoder_layers``,
+    ...), the per-layer lists as long as the old count (``layer_types``) cut to match, and the
+    indices into the stack that fall outside it moved to its end (`_keep_indices_inside`). A
+    backbone whose head reads several of its stages keeps one layer per stage read
+    (`_backbone_layers`: Depth Anything's four)."""
+    if layers < 1:
+        raise UsageError(f"--layers {layers}: give a count of at least 1.")
+    for config_ in (config, *sub_configs(config)):
+        for name, value in list(vars(config_).items()):
+            if not is_layer_count(name, value):
+                continue
+            new = _backbone_layers(config_, value, layers)
+            if value <= new:
+                continue
+            setattr(config_, name, new)
+            for other, items in list(vars(config_).items()):
+                if isinstance(items, list) and len(items) == value and other != name:
+                    setattr(config_, other, items[:new])
+            _cap_backbone(config_, value, new)
+            for holder in (config, *sub_configs(config)):
+                # Its own indices, and a composite's into it (vision_feature_layer).
+                if holder is config_ or any(sub is config_ for sub in vars(holder).values()):
+                    _keep_indices_inside(holder, value, new)
+
+
+def is_layer_count(name: str, value: Any) -> bool:
+    # The stacks of blocks only: num_feat_extract_layers (wav2vec2's convolutions) and the like
+    # set a model's frame rate, not its depth.
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and LAYER_COUNT.fullmatch(name) is not None)
+
+
+def _keep_indices_inside(config, old: int, new: int) -> None:
+    """Each index field of ``config`` (`LAYER_INDEX`) into a stack of ``old`` layers, now
+    ``new``: an index past the new end is the last layer (from the end, the first), an
+    index inside is left as it is. Some fields count layers from 0 (DepthPro's hooks read
+    ``hidden_states[i + 1]``), others hidden states, the embeddings first (LLaVA's
+    ``vision_feature_layer``): in both, ``new - 1`` and ``-new`` are inside. The number of
+    indices is kept: a head reads as many features as before (VipLLaVA concatenates five)."""
+    for name, value in list(vars(config).items()):
+        if LAYER_INDEX.fullmatch(name) is None or name == "_out_indices":
+            continue  # a backbone's stages: `_cap_backbone`'s
+        items = list(value) if isinstance(value, (list, tuple)) else [value]
+        if not items or not all(isinstance(i, int) and not isinstance(i, bool) and -old - 1 <= i
+                                <= old for i in items):
+            continue
+        inside = [min(i, new - 1) if i >= 0 else max(i, -new) for i in items]
+        if inside != items:
+            setattr(config, name, type(value)(inside) if isinstance(value, (list, tuple))
+                    else inside[0])
+
+
+def _backbone_layers(config, old: int, layers: int) -> int:
+    """``layers``, or for a backbone (`_stages_read`) at least one layer per stage its head
+    reads (Depth Anything's neck reads four)."""
+    read = _stages_read(config, old)
+    return layers if read is None else max(layers, len(read))
+
+
+def _stages_read(config, old: int) -> list[int] | None:
+    """The stages a backbone config of ``old`` layers outputs (``_out_indices`` into
+    ``stage_names``: the stem, then one stage per layer), or None for a config that is no
+    such backbone."""
+    stages = getattr(config, "stage_names", None)
+    read = getattr(config, "_out_indices", None)
+    if (isinstance(stages, list) and len(stages) == old + 1 and isinstance(read, list)
+            and hasattr(config, "set_output_features_output_indices")):
+        return [i if i >= 0 else old + 1 + i for i in read]
+    return None
+
+
+def _cap_backbone(config, old: int, new: int) -> None:
+    """A backbone's stages cut to ``new`` layers and its outputs kept inside them: a stage
+    past the end is the last, and where that repeats one (which transformers refuses) the
+    stages read are the last ones, in order."""
+    read = _stages_read(config, old)
+    if read is None:
+        return
+    inside = [min(i, new) for i in read]
+    if len(set(inside)) < len(inside):
+        inside = list(range(new - len(read) + 1, new + 1))
+    config.stage_names = config.stage_names[:new + 1]
+    config.set_output_features_output_indices(out_features=None, out_indices=inside)

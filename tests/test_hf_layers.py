@@ -1,0 +1,67 @@
+"""``--layers N`` keeps the fields that point into a stack inside it (issue 12): a capped model
+builds and runs as the full one does.
+
+Fields of transformers 5.23's default configs: Depth Anything's DINOv2 backbone has 12 layers
+and outputs stages [9, 10, 11, 12]; ViTPose's outputs stage [4] of 12; VipLLaVA reads the
+vision tower's hidden states (-2, -5, -8, -11, 6) of 24 layers; DepthPro hooks layers (11, 5)
+of its 12-layer image encoder; LLaVA reads hidden state -2 of 24 layers.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from exportflops import analyze
+from exportflops.cli.hf import hf_model
+from exportflops.cli.hf_layers import cap_layers
+
+tf = pytest.importorskip("transformers")
+META = torch.device("meta")
+
+
+def _capped(model_type: str, layers: int):
+    config = tf.AutoConfig.for_model(model_type)
+    cap_layers(config, layers)
+    return config
+
+
+def test_a_backbone_keeps_one_layer_per_stage_its_head_reads():
+    # Four distinct stages cannot fit in two layers (stem, stage1, stage2); transformers
+    # refuses a stage read twice. So four layers, the last four stages.
+    backbone = _capped("depth_anything", 2).backbone_config
+    assert backbone.num_hidden_layers == 4
+    assert backbone.out_indices == [1, 2, 3, 4]
+    assert backbone.out_features == ["stage1", "stage2", "stage3", "stage4"]
+    assert backbone.stage_names == ["stem", "stage1", "stage2", "stage3", "stage4"]
+
+
+def test_a_backbone_stage_past_the_end_is_the_last():
+    backbone = _capped("vitpose", 2).backbone_config
+    assert backbone.num_hidden_layers == 2
+    assert backbone.out_indices == [2]  # stage 4 of 12 layers -> stage 2, the last of 2
+
+
+def test_hidden_state_indices_past_the_end_move_to_the_ends_and_keep_their_count():
+    # 2 layers: hidden states are the embeddings and two layers' outputs, indices -3..2; the
+    # last layer is 1 (from the start) and the first -2 (from the end). -2 stays; -5, -8 and
+    # -11 move to -2; 6 moves to 1. Five features still, as VipLLaVA's projector reads five.
+    config = _capped("vipllava", 2)
+    assert config.vision_feature_layers == (-2, -2, -2, -2, 1)
+
+
+def test_layer_indices_past_the_end_are_the_last_layer():
+    # DepthPro reads hidden_states[hook + 1]: hooks 11 and 5 of 12 layers -> 1, the last of 2.
+    config = _capped("depth_pro", 2)
+    assert list(config.intermediate_hook_ids) == [1, 1]
+
+
+def test_an_index_inside_the_capped_stack_is_left_as_it_is():
+    assert _capped("llava", 2).vision_feature_layer == -2
+    assert list(_capped("depth_pro", 12).intermediate_hook_ids) == [11, 5]
+
+
+@pytest.mark.parametrize("model_type", ["depth_anything", "vitpose", "vipllava", "depth_pro"])
+def test_models_that_point_into_their_stacks_analyze_with_two_layers(model_type):
+    report = analyze(*hf_model(model_type, META, None, layers=2))
+    assert report.total.flops > 0 and not report.uncounted
