@@ -117,3 +117,15 @@ def test_a_second_tower_of_high_resolution_gets_its_own_images():
     model, args, kwargs = hf_model("deepseek_vl_hybrid", META, None, layers=1)
     assert kwargs["pixel_values"].shape[-2:] == (224, 224)
     assert kwargs["high_res_pixel_values"].shape[-2:] == (1024, 1024)
+
+
+def test_spectrograms_of_windowed_encoders_are_whole_windows():
+    # Qwen3-ASR cuts its features into windows of 2 x n_window (50) = 100 frames: the default
+    # 128 frames round up to 200; a config with no windows keeps 128 (HF_DEFAULT_FRAMES).
+    from types import SimpleNamespace
+
+    from exportflops.cli.hf_media import spectrogram_frames
+
+    assert spectrogram_frames(SimpleNamespace(n_window=50), None, bins_first=False) == 200
+    assert spectrogram_frames(SimpleNamespace(), None, bins_first=False) == 128
+    assert spectrogram_frames(SimpleNamespace(n_window=50), 96, bins_first=False) == 96

@@ -6,7 +6,6 @@ config; the example inputs are `hf_inputs`'."""
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 import json
 import os
@@ -17,7 +16,8 @@ from ..errors import BuildError, UsageError
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, is_layer_count, sub_configs
 from .hf_needs import innermost, needed_input
-from .hf_parent import held_module, module_name, parent_inputs
+from .hf_parent import (held_in_composite, modeling_module, module_name, parent_inputs,
+                        takes_config_alone)
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -157,21 +157,21 @@ def build(config, device, transformers, *, whole: bool = False):
     this config class (the sub-model configs of composite models, such as
     ``align_vision_model``), else the module of that name in the composite that holds it
     (SAM's prompt encoder, built from the whole ``SamConfig``)."""
-    model_class = None
+    model_class = held = None
     auto = _auto_class(config, transformers, whole=whole)
     if auto is None:
         model_class = _declaring_class(config)
-        if model_class is None:
-            held = held_module(config, lambda parent: build(parent, device, transformers,
-                                                            whole=True))
-            if held is not None:
-                return held
+        held = held_in_composite(config) if model_class is None else None
+        if model_class is None and held is None:
             raise UsageError(f"transformers {transformers.__version__} has no model class for "
                              f"{type(config).__name__} ({config.model_type}): no auto table "
                              f"holds it and no model class declares it as its config_class.")
-    name = (model_class or auto).__name__
+    name = (model_class or auto or held[0]).__name__
     try:
         with device:
+            if held is not None:  # a module built from its composite's whole config
+                module_class, composite = held
+                return module_class(composite)
             if model_class is not None and hasattr(model_class, "_from_config"):
                 return model_class._from_config(config)
             if model_class is not None:  # a module of the model, not a PreTrainedModel
@@ -202,10 +202,8 @@ def _declaring_class(config):
     config's class; the base model (the shortest name ending in ``Model``) when several are.
     The class may be defined in a sibling module and imported there (BLIP's ``BlipTextModel``
     lives in ``modeling_blip_text``)."""
-    module_name = type(config).__module__.replace(".configuration_", ".modeling_")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
+    module = modeling_module(config)
+    if module is None:
         return None
     classes = [c for c in vars(module).values() if isinstance(c, type)
                and getattr(c, "config_class", None) is type(config)
@@ -221,32 +219,21 @@ def _config_module(module, config):
     the module class of ``module`` whose constructor takes the config alone, the one named
     as the config (``SamMaskDecoderConfig``: ``SamMaskDecoder``), else the one with the most
     parameters (the outermost: Idefics' vision transformer holds its embeddings); none where
-    the module so named takes another config (`held_module` finds it in its composite)."""
+    the module so named takes another config (`held_in_composite` builds it)."""
     import torch
 
     modules = [c for c in vars(module).values()
                if isinstance(c, type) and issubclass(c, torch.nn.Module)]
-    if any(c.__name__ == module_name(config) and not _takes_config_alone(c, type(config))
+    if any(c.__name__ == module_name(config) and not takes_config_alone(c, type(config))
            for c in modules):
         return None  # the module of that name takes the composite's config (SAM's prompts)
-    classes = [c for c in modules if _takes_config_alone(c, type(config))]
+    classes = [c for c in modules if takes_config_alone(c, type(config))]
     named = [c for c in classes if c.__name__ == module_name(config)]
     if named or len(classes) < 2:
         return (named or classes or [None])[0]
     with torch.device("meta"):
         sizes = {c: sum(p.numel() for p in c(config).parameters()) for c in classes}
     return max(classes, key=sizes.get)
-
-
-def _takes_config_alone(cls, config_class) -> bool:
-    try:
-        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
-    except (TypeError, ValueError):
-        return False
-    required = [p for p in parameters if p.default is p.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    return (len(required) == 1 and required[0] is parameters[0]
-            and parameters[0].annotation in (config_class, config_class.__name__))
 
 
 def raised_by(error: BaseException) -> str:

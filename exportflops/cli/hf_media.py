@@ -93,13 +93,19 @@ def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
     """Frames of a spectrogram: ``seq``; else, for whisper's layout, twice max_source_positions
     (its feature extractor pads 30 s to 3,000 frames and its convolution strides by 2); else the
     config's max_length (AST's 1,024); else HF_DEFAULT_FRAMES, a length that frames-first
-    encoders (Conformers, Speech2Text) take as any other."""
+    encoders (Conformers, Speech2Text) take as any other; each rounded up to whole
+    windows of 2 x ``n_window`` frames where the config has those."""
     positions = config_int(audio, ("max_source_positions",))
     if seq:
         return seq
     if bins_first and positions is not None:
-        return 2 * positions
-    return config_int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
+        frames = 2 * positions
+    else:
+        frames = config_int(audio, ("max_length",)) or HF_DEFAULT_FRAMES
+    # Encoders that cut the features into windows of 2 x n_window frames (Qwen3-ASR's 100)
+    # take whole windows only.
+    window = 2 * (config_int(audio, ("n_window",)) or 1)
+    return math.ceil(frames / window) * window
 
 
 def mel_bins(audio) -> int:

@@ -5,11 +5,13 @@ forward does. The composite (the config in the same ``configuration_*`` module t
 sub-model's config class among its ``sub_configs``) is built on meta around the sub-model's
 config, given its own example inputs, and run under fake tensors until it calls a module of
 the sub-model's class; the arguments of that call, as zeros of their shapes and dtypes, are the
-sub-model's example inputs."""
+sub-model's example inputs. A module whose constructor takes the composite's whole config
+(SAM's prompt encoder) is built from the composite config around the sub-model's."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import Any, Callable
 
 from ..errors import UsageError
@@ -47,20 +49,38 @@ def module_name(config) -> str:
     return type(config).__name__.removesuffix("Config")
 
 
-def held_module(config, build_parent: Callable[[Any], Any]):
-    """The module named as ``config`` (`module_name`) in the first composite of
-    `parent_configs` that ``build_parent`` builds and that holds one (SAM's prompt encoder,
-    whose constructor takes the whole ``SamConfig``); None when none does."""
+def held_in_composite(config) -> tuple[type, Any] | None:
+    """The module class named as ``config`` (`module_name`) in its ``modeling_*`` module and
+    the first composite config of `parent_configs` its constructor takes alone (SAM's prompt
+    encoder takes the whole ``SamConfig``); None when there is none."""
+    module_class = getattr(modeling_module(config), module_name(config), None)
+    if not isinstance(module_class, type):
+        return None
     for parent_config, _ in parent_configs(config):
-        try:
-            parent = build_parent(parent_config)
-        except Exception:  # noqa: BLE001 - the caller reports that no model was found
-            continue
-        held = next((m for m in parent.modules()
-                     if type(m).__name__ == module_name(config)), None)
-        if held is not None:
-            return held
+        if takes_config_alone(module_class, type(parent_config)):
+            return module_class, parent_config
     return None
+
+
+def modeling_module(config):
+    """The ``modeling_*`` module beside ``config``'s ``configuration_*`` module, or None."""
+    try:
+        return importlib.import_module(
+            type(config).__module__.replace(".configuration_", ".modeling_"))
+    except ImportError:
+        return None
+
+
+def takes_config_alone(cls, config_class) -> bool:
+    """Whether ``cls``'s constructor takes one argument, a ``config_class``."""
+    try:
+        parameters = list(inspect.signature(cls.__init__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    required = [p for p in parameters if p.default is p.empty
+                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    return (len(required) == 1 and required[0] is parameters[0]
+            and parameters[0].annotation in (config_class, config_class.__name__))
 
 
 def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple, dict]],
