@@ -59,8 +59,12 @@ def test_a_module_built_from_the_whole_composite_config_is_taken_from_the_compos
 
 def test_a_composite_that_cannot_reach_the_sub_model_is_named_in_the_error():
     # SAM2-Video's forward takes an inference session, which no config makes.
-    with pytest.raises(UsageError, match=r"'image_embeddings'.*Sam2VideoConfig.*session"):
+    with pytest.raises(UsageError, match=r"'image_embeddings'.*Sam2VideoConfig.*session") as caught:
         hf_model("sam2_video_mask_decoder", META, None, layers=1)
+    # One paragraph, the composite's reason in whole sentences: not cut mid-word.
+    message = str(caught.value)
+    assert "\n" not in message and ".." not in message
+    assert message.endswith("not a tensor: exportflops makes tensors from the config only.")
 
 
 @pytest.mark.parametrize("model_type", ["sam3_detr_encoder", "sam3_detr_decoder"])

@@ -96,7 +96,7 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
             parent, args, kwargs = make(parent_config)
             call = _first_call(parent, args, kwargs, type(model))
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
-            why.append(f"{name} ({key}): {type(error).__name__}: {str(error)[:200]}")
+            why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
             continue
         if call is None:
             why.append(f"{name} ({key}): its forward did not call a {type(model).__name__}")
@@ -154,3 +154,10 @@ def _size(size) -> int:
                          f"({size}); pass the model's inputs with --input and --kwargs."
                          ) from error
 
+
+def _first_sentence(error: BaseException) -> str:
+    """The first sentence of ``error``'s message, which says what went wrong (the rest is
+    advice for that model, not for this one), without its period."""
+    text = " ".join(str(error).split())
+    end = text.find(". ")
+    return (text if end < 0 else text[:end]).rstrip(".")
