@@ -270,6 +270,11 @@ def _example_inputs(program: torch.export.ExportedProgram) -> tuple[tuple, dict]
 
 
 _HINTS = [
+    # Before the signature hint: torch's device message names the "argument" it checked.
+    (("devices, meta and cpu", "devices, cpu and meta"),
+     "the model's code makes a tensor on cpu (torch.tensor or torch.arange without device=) "
+     "and meets the model's meta tensors. Analyze the model on cpu (the command: --device cpu, "
+     "with --layers N to keep it small), or create that tensor on the model's device."),
     (("Inference tensors", "inference tensor"),
      "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
      "cannot train them. For mode='train', build the model and inputs outside inference_mode."),

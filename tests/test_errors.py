@@ -56,6 +56,19 @@ def test_data_dependent_control_flow_carries_torchs_reason_and_the_hint():
     assert "torch.cond" in error.value.hint
 
 
+class _OffsetOnCpu(nn.Module):
+    def forward(self, x):
+        return x + torch.ones(x.shape[-1])  # made on cpu: no device=
+
+
+def test_a_tensor_made_on_cpu_inside_a_meta_model_hints_at_cpu_not_at_the_signature():
+    # torch's message names the "argument" it checked; the hint is about devices.
+    with pytest.raises(ExportError) as error:
+        analyze(_OffsetOnCpu(), (torch.zeros(2, 3, device="meta"),))
+    assert "--device cpu" in error.value.hint
+    assert "signature" not in error.value.hint
+
+
 def test_a_cache_output_is_an_export_error_with_the_use_cache_hint():
     tf = pytest.importorskip("transformers")
     config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
