@@ -133,3 +133,13 @@ def test_spectrograms_of_windowed_encoders_are_whole_windows():
     assert spectrogram_frames(SimpleNamespace(n_window=50), None, bins_first=False) == 200
     assert spectrogram_frames(SimpleNamespace(), None, bins_first=False) == 128
     assert spectrogram_frames(SimpleNamespace(n_window=50), 96, bins_first=False) == 96
+
+
+def test_mllamas_vision_tower_gets_one_image_of_tiles_and_its_aspect_ratio():
+    # MllamaVisionConfig: max_num_tiles 4, image_size 448, num_channels 3; one image per
+    # example, its aspect-ratio id and the mask of its tiles.
+    model, args, kwargs = hf_model("mllama_vision_model", META, None, layers=1, batch=2)
+    assert args[0].shape == (2, 1, 4, 3, 448, 448)
+    assert kwargs["aspect_ratio_ids"].shape == (2, 1)
+    assert kwargs["aspect_ratio_mask"].shape == (2, 1, 4)
+    assert not analyze(model, args, kwargs).uncounted

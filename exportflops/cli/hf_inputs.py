@@ -232,6 +232,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name in ("visual_feats", "visual_pos"):  # LXMERT's detector features and their boxes
         width = config.visual_feat_dim if name == "visual_feats" else config.visual_pos_dim
         return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
+    if name in ("aspect_ratio_ids", "aspect_ratio_mask"):  # Mllama's, per image (one)
+        tiles = _sub_config(config, "vision").max_num_tiles
+        shape = (batch, 1) if name == "aspect_ratio_ids" else (batch, 1, tiles)
+        return torch.zeros(shape, dtype=torch.long, device=device)
     if name == "lang_ids":
         return torch.zeros((batch,), dtype=torch.long, device=device)
     if name == "inputs" and config_int(config, ("d_model",)) is not None:

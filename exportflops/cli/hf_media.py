@@ -59,7 +59,8 @@ def pixels(name: str, vision, device, *, batch: int):
     """Images ``(batch, channels, height, width)``; a video ``(batch, frames, channels, height,
     width)`` for ``pixel_values_videos``; to choose from (`accepted`) for ``pixel_values``: a
     video and its frames as a batch of images (X-CLIP's vision tower) where the vision config
-    counts frames, else images, a list of one image per example (Idefics2, SmolVLM), and a
+    counts frames, one image of ``max_num_tiles`` tiles where it tiles them (Mllama), else
+    images, a list of one image per example (Idefics2, SmolVLM), and a
     pair of images per example (SuperGlue)."""
     import torch
 
@@ -71,6 +72,9 @@ def pixels(name: str, vision, device, *, batch: int):
     if frames is not None:
         return [torch.zeros((batch, frames, channels, height, width), device=device),
                 torch.zeros((batch * frames, channels, height, width), device=device)]
+    tiles = config_int(vision, ("max_num_tiles",))
+    if tiles is not None:  # Mllama: each image cut into up to max_num_tiles tiles
+        return [torch.zeros((batch, 1, tiles, channels, height, width), device=device)]
     # Images; one per example in a list (Idefics2); a pair per example (the keypoint matchers,
     # SuperGlue, LightGlue, EfficientLoFTR, match two images).
     return [torch.zeros((batch, channels, height, width), device=device),
