@@ -143,3 +143,15 @@ def test_mllamas_vision_tower_gets_one_image_of_tiles_and_its_aspect_ratio():
     assert kwargs["aspect_ratio_ids"].shape == (2, 1)
     assert kwargs["aspect_ratio_mask"].shape == (2, 1, 4)
     assert not analyze(model, args, kwargs).uncounted
+
+
+def test_decision_transformer_reads_a_trajectory_of_states_actions_and_returns():
+    # DecisionTransformerConfig: state_dim 17 and act_dim 4 (Hopper's); a return-to-go is one
+    # number; timesteps index the episode. --seq sets the steps.
+    model, args, kwargs = hf_model("decision_transformer", META, None, layers=1, seq=20)
+    inputs = _named(model, args, kwargs)
+    assert inputs["states"].shape == (1, 20, 17)
+    assert inputs["actions"].shape == (1, 20, 4)
+    assert inputs["returns_to_go"].shape == (1, 20, 1)
+    assert inputs["timesteps"].shape == (1, 20) and inputs["timesteps"].dtype == torch.long
+    assert not analyze(model, args, kwargs).uncounted

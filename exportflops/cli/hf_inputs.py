@@ -38,6 +38,9 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
 #: Regions of an image whose detector features LXMERT reads: the 36 objects per image of the
 #: Faster R-CNN features it was pre-trained on (Tan & Bansal 2019, LXMERT).
 DETECTOR_BOXES = 36
+#: The steps of a trajectory an offline-RL transformer reads, and the config field of each
+#: one's width (a return-to-go is one number).
+TRAJECTORY = {"states": "state_dim", "actions": "act_dim", "returns_to_go": None}
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -232,6 +235,11 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name in ("visual_feats", "visual_pos"):  # LXMERT's detector features and their boxes
         width = config.visual_feat_dim if name == "visual_feats" else config.visual_pos_dim
         return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
+    if name in TRAJECTORY:  # Decision Transformer's: a state, an action, a return per step
+        width = getattr(config, TRAJECTORY[name]) if TRAJECTORY[name] else 1
+        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, width), device=device)
+    if name == "timesteps":
+        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN), dtype=torch.long, device=device)
     if name in ("aspect_ratio_ids", "aspect_ratio_mask"):  # Mllama's, per image (one)
         tiles = _sub_config(config, "vision").max_num_tiles
         shape = (batch, 1) if name == "aspect_ratio_ids" else (batch, 1, tiles)
