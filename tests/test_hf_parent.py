@@ -155,3 +155,14 @@ def test_decision_transformer_reads_a_trajectory_of_states_actions_and_returns()
     assert inputs["returns_to_go"].shape == (1, 20, 1)
     assert inputs["timesteps"].shape == (1, 20) and inputs["timesteps"].dtype == torch.long
     assert not analyze(model, args, kwargs).uncounted
+
+
+def test_gemma3n_audio_reads_a_spectrogram_and_a_boolean_mask_of_its_frames():
+    # Gemma3nAudioConfig: input_feat_size 128 mel bins; forward annotates audio_mel_mask a
+    # torch.BoolTensor (torch.where's predicate). --seq 64 frames.
+    model, args, kwargs = hf_model("gemma3n_audio", META, None, layers=1, seq=64)
+    inputs = _named(model, args, kwargs)
+    assert inputs["audio_mel"].shape == (1, 64, 128)
+    assert inputs["audio_mel_mask"].shape == (1, 64)
+    assert inputs["audio_mel_mask"].dtype == torch.bool
+    assert not analyze(model, args, kwargs).uncounted

@@ -101,15 +101,29 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
         if isinstance(candidates, list):  # layouts to choose from, each with its masks
 
             def masked(candidate, name=name) -> dict[str, Any]:
-                return {m: _side_input(m, config, {name: candidate}, device, batch=batch,
-                                       seq=seq) for m in masks if MASKS[m] == name}
+                return {m: _typed(model, m, _side_input(m, config, {name: candidate}, device,
+                                                        batch=batch, seq=seq))
+                        for m in masks if MASKS[m] == name}
 
             others = {k: v for k, v in inputs.items() if k != name}
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
-    inputs |= {m: _side_input(m, config, inputs, device, batch=batch, seq=seq) for m in masks}
+    inputs |= {m: _typed(model, m, _side_input(m, config, inputs, device, batch=batch, seq=seq))
+               for m in masks}
     args = (inputs.pop(names[0]),) if first else ()
     return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
+
+
+def _typed(model, name: str, value):
+    """``value`` as booleans where forward annotates ``name`` a ``torch.BoolTensor`` (Gemma 3n's
+    audio_mel_mask, which torch.where takes as its predicate)."""
+    import torch
+
+    parameter = inspect.signature(model.forward).parameters.get(name)
+    kind = getattr(parameter, "annotation", None)
+    if isinstance(value, torch.Tensor) and (kind is torch.BoolTensor or kind == "torch.BoolTensor"):
+        return value.bool()
+    return value
 
 
 def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
@@ -230,7 +244,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         vision = getattr(config, "high_res_vision_config", None) or _sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)
     audio = _sub_config(config, "audio")
-    if name == "input_features":  # a spectrogram: its layout is chosen by hf_inputs
+    if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
     if name in ("visual_feats", "visual_pos"):  # LXMERT's detector features and their boxes
         width = config.visual_feat_dim if name == "visual_feats" else config.visual_pos_dim

@@ -11,7 +11,7 @@ from typing import Any
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
 #: stack two frames of 80 bins: feature_projection_input_dim 160).
 MEL_BINS = ("feature_projection_input_dim", "num_mel_bins", "feature_size",
-            "input_feat_per_channel", "n_mels", "input_dim")
+            "input_feat_per_channel", "n_mels", "input_dim", "input_feat_size")
 #: Where a config keeps the frames of a video clip (VideoMAE 16, ViViT 32, TimeSformer 8,
 #: V-JEPA 2 64).
 VIDEO_FRAMES = ("num_frames", "frames_per_clip")
@@ -240,7 +240,8 @@ IMAGE_TOKEN = ("image_token_id", "image_token_index")
 IMAGE_TOKENS = ("latent_query_num", "image_seq_length", "num_image_tokens")
 #: The masks a forward reads over another input, and that input: audio frames, image pixels.
 MASKS = {"feature_attention_mask": "input_features", "input_features_mask": "input_features",
-         "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids"}
+         "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids",
+         "audio_mel_mask": "audio_mel"}
 
 
 def merge_size(vision) -> int:
