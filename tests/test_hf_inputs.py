@@ -78,8 +78,9 @@ def test_the_model_then_analyzes_with_every_op_counted(model_type):
 
 
 def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
-    """Decision Transformer's forward requires a trajectory (states, actions, rewards,
-    returns-to-go, timesteps): an environment's data, which no config field sizes for the
-    command. (Qwen2-VL's grid_thw, once refused here, is now made: tests/test_hf_needs.py.)"""
-    with pytest.raises(UsageError, match="'states'.*--kwargs"):
-        hf_model("decision_transformer", META, None, layers=1)
+    """ESMFold2's forward requires token_index, an index of each residue's token that no
+    config field sizes, and no composite model holds its config to show one. (Qwen2-VL's
+    grid_thw and Decision Transformer's states, once refused here, are now made:
+    tests/test_hf_needs.py, tests/test_hf_parent.py.)"""
+    with pytest.raises(UsageError, match="'token_index'.*--kwargs"):
+        hf_model("esmfold2", META, None, layers=1)
