@@ -15,6 +15,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 
+
 class UnknownInputError(UsageError):
     """forward requires an input that no field of the config shapes."""
 
@@ -38,9 +39,9 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
 #: Regions of an image whose detector features LXMERT reads: the 36 objects per image of the
 #: Faster R-CNN features it was pre-trained on (Tan & Bansal 2019, LXMERT).
 DETECTOR_BOXES = 36
-#: The steps of a trajectory an offline-RL transformer reads, and the config field of each
-#: one's width (a return-to-go is one number).
-TRAJECTORY = {"states": "state_dim", "actions": "act_dim", "returns_to_go": None}
+#: The steps of a trajectory an offline-RL transformer reads and the config field of each
+#: one's width (a return-to-go, the third, is one number).
+TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -246,24 +247,9 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     audio = _sub_config(config, "audio")
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    if name in ("visual_feats", "visual_pos"):  # LXMERT's detector features and their boxes
-        width = config.visual_feat_dim if name == "visual_feats" else config.visual_pos_dim
-        return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
-    if name in TRAJECTORY:  # Decision Transformer's: a state, an action, a return per step
-        width = getattr(config, TRAJECTORY[name]) if TRAJECTORY[name] else 1
-        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, width), device=device)
-    if name == "timesteps":
-        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN), dtype=torch.long, device=device)
-    if name in ("aspect_ratio_ids", "aspect_ratio_mask"):  # Mllama's, per image (one)
-        tiles = _sub_config(config, "vision").max_num_tiles
-        shape = (batch, 1) if name == "aspect_ratio_ids" else (batch, 1, tiles)
-        return torch.zeros(shape, dtype=torch.long, device=device)
-    if name == "lang_ids":
-        return torch.zeros((batch,), dtype=torch.long, device=device)
-    if name == "inputs" and config_int(config, ("d_model",)) is not None:
-        # Perceiver's inputs with no preprocessor: vectors of d_model, as its cross-attention
-        # reads them.
-        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, config.d_model), device=device)
+    made = _task_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
+    if made is not None:
+        return made
     if name in ("inputs_embeds", "query_embeds", "hidden_states"):
         # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
         hidden = config.get_text_config().hidden_size
@@ -290,8 +276,35 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         length = text_length(config.qformer_config, seq)
         return torch.zeros((batch, length), dtype=torch.long, device=device)
     raise UnknownInputError(f"exportflops does not know how to make an example {name!r} for "
-                     f"{type(config).__name__}, and its forward requires it; pass the model's "
-                     f"inputs with --input and --kwargs.")
+                            f"{type(config).__name__}, and its forward requires it; pass the "
+                            f"model's inputs with --input and --kwargs.")
+
+
+def _task_input(name: str, config, device, *, batch: int, steps: int):
+    """The input ``name`` of one model family, sized by the config field it is named for; None
+    where the config has no such field. LXMERT's detector features and their boxes; Decision
+    Transformer's trajectory (a state, an action, a return-to-go, a timestep per step); Mllama's
+    aspect ratio of its one image and the mask of its tiles; X-MOD's language per example;
+    Perceiver's inputs with no preprocessor (vectors of d_model, as its cross-attention reads
+    them)."""
+    import torch
+
+    tiles = config_int(_sub_config(config, "vision"), ("max_num_tiles",))
+    field = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim",
+             "inputs": "d_model", **TRAJECTORY}.get(name)
+    width = config_int(config, (field,)) if field else None
+    if name == "returns_to_go":
+        width = 1
+    if name in ("visual_feats", "visual_pos") and width is not None:
+        return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
+    if width is not None:
+        return torch.zeros((batch, steps, width), device=device)
+    long = {"timesteps": (batch, steps), "lang_ids": (batch,)}
+    if tiles is not None:
+        long |= {"aspect_ratio_ids": (batch, 1), "aspect_ratio_mask": (batch, 1, tiles)}
+    if name in long:
+        return torch.zeros(long[name], dtype=torch.long, device=device)
+    return None
 
 
 def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
