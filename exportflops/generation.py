@@ -27,7 +27,7 @@ from .api import collector_paused, count_captured
 from .capture import capture_forward, quiet_fake_tensor_log
 from .errors import GenerationError
 from .forked import beside
-from .generation_seq2seq import kv_counts, seq2seq
+from .generation_seq2seq import cache_zeros, kv_counts, seq2seq
 from .generation_sliding import cache_windows, decode_step
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
@@ -264,11 +264,8 @@ def _cache_tensors(model, input_ids: torch.Tensor, length: int) -> list[torch.Te
     """Zero keys then values, one per layer, (batch, kv_heads, length, head_dim), shaped as the
     model fills transformers' own cache: its key/value heads, and a multi-query or latent
     attention layout whose keys and values differ in width (`_cache_layout`)."""
-    def zeros(shape: tuple, dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros((*shape[:2], length, *shape[3:]), dtype=dtype,
-                           device=input_ids.device)
-
-    return [zeros(shape, dtype) for shape, dtype in _cache_layout(model, input_ids)]
+    return [cache_zeros(shape, dtype, input_ids.device, length)
+            for shape, dtype in _cache_layout(model, input_ids)]
 
 
 def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dtype]]:

@@ -90,8 +90,7 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     hidden = torch.zeros(batch, encoded, width, dtype=keys[0].dtype, device=device)
 
     def cache(like: list, length: int) -> list[torch.Tensor]:
-        return [torch.zeros(t.shape[:2] + (length,) + t.shape[3:], dtype=t.dtype,
-                            device=device) for t in like]
+        return [cache_zeros(t.shape, t.dtype, device, length) for t in like]
 
     layers = len(keys)
     # Export specializes sizes 0 and 1: the example cache holds 2 entries.
@@ -109,6 +108,12 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     constant = sum(t.numel() * t.dtype.itemsize for t in args[4] + args[5])
     kv = kv_counts(keys + values) + Counts(bytes_read=constant)
     return decode, kv, dropped
+
+
+def cache_zeros(shape: tuple, dtype: torch.dtype, device, length: int) -> torch.Tensor:
+    """Zeros of a cache tensor's layout (batch, kv_heads, length, head_dim) holding ``length``
+    entries."""
+    return torch.zeros((*shape[:2], length, *shape[3:]), dtype=dtype, device=device)
 
 
 def kv_counts(tensors: list[torch.Tensor], lengths: list | None = None) -> Counts:

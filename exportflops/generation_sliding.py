@@ -19,7 +19,7 @@ import torch
 from .api import count_captured
 from .capture import capture_forward
 from .errors import GenerationError
-from .generation_seq2seq import kv_counts
+from .generation_seq2seq import cache_zeros, kv_counts
 from .program_edits import drop_cache_rebuild, name_input_sizes
 from .records import Counts, Report
 from .records.generation import PAST
@@ -69,7 +69,8 @@ def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
     from transformers import DynamicCache
 
     layers = len(windows)
-    sized = [t if w is None else _resized(t, w - 1) for t, w in zip(tensors, windows * 2)]
+    sized = [t if w is None else cache_zeros(t.shape, t.dtype, t.device, w - 1)
+             for t, w in zip(tensors, windows * 2)]
     data = [(k, v) if w is None else (k, v, torch.tensor([w]))
             for k, v, w in zip(sized[:layers], sized[layers:], windows)]
     step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True,
@@ -85,8 +86,3 @@ def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
     dropped = drop_cache_rebuild(captured.program, positions)
     lengths = [size_symbol(PAST) if w is None else w - 1 for w in windows * 2]
     return count_captured(captured, **options), kv_counts(sized, lengths), dropped
-
-
-def _resized(tensor: torch.Tensor, length: int) -> torch.Tensor:
-    shape = (*tensor.shape[:2], length, *tensor.shape[3:])
-    return torch.zeros(shape, dtype=tensor.dtype, device=tensor.device)

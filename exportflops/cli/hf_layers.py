@@ -36,7 +36,8 @@ def cap_layers(config, layers: int) -> None:
     (`_backbone_layers`: Depth Anything's four)."""
     if layers < 1:
         raise UsageError(f"--layers {layers}: give a count of at least 1.")
-    for config_ in (config, *sub_configs(config)):
+    configs = (config, *sub_configs(config))
+    for config_ in configs:
         for name, value in list(vars(config_).items()):
             if not is_layer_count(name, value):
                 continue
@@ -48,7 +49,7 @@ def cap_layers(config, layers: int) -> None:
                 if isinstance(items, list) and len(items) == value and other != name:
                     setattr(config_, other, items[:new])
             _cap_backbone(config_, value, new)
-            for holder in (config, *sub_configs(config)):
+            for holder in configs:
                 # Its own indices, and a composite's into it (vision_feature_layer).
                 if holder is config_ or any(sub is config_ for sub in vars(holder).values()):
                     _keep_indices_inside(holder, value, new)
