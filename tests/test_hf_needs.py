@@ -190,14 +190,6 @@ def test_an_input_check_in_transformers_forward_is_blamed_on_the_builder():
     assert blame(error) == "theirs"  # without the model, its frame is all that is known
 
 
-def test_a_forward_that_takes_an_object_is_refused_naming_it():
-    # SAM2-Video tracks through an inference session (frames and prompts), not tensors.
-    from exportflops.errors import UsageError
-
-    with pytest.raises(UsageError, match="'inference_session', a Sam2VideoInferenceSession"):
-        hf_model("sam2_video", META, None, layers=1)
-
-
 def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(capfd):
     # BLT's local encoder reads patch_ids, which maps its bytes to the global model's patches:
     # the global model's output, not a size of this config.

@@ -55,6 +55,11 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
                 setattr(config_, key, value)
     model = build(config, device, transformers, whole=whole)
     model.eval()
+    from .hf_session import session_class, tracked_frame  # torch, imported when it is needed
+
+    session = session_class(model)
+    if session is not None:  # a video tracker: one frame of a session it builds from tensors
+        return tracked_frame(model, session, config, device, batch=batch)
     try:
         args, inputs = hf_inputs(_probe(model, config, device, transformers, whole=whole),
                                  device, batch=batch, seq=seq, config=config)

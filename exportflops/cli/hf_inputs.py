@@ -55,7 +55,6 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     config = config if config is not None else model.config
     signature = inspect.signature(model.forward).parameters
     parameters = list(signature)
-    _refuse_objects(model, signature[parameters[0]])
     main = getattr(model, "main_input_name", parameters[0])
     encoder_main = getattr(getattr(model, "encoder", None), "main_input_name", None)
     if main == "inputs" and encoder_main in KNOWN:
@@ -133,24 +132,6 @@ def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
     chosen = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()}
     args = (chosen.pop(positional),) if positional is not None else ()
     return fake_error(model, args, chosen) is not None
-
-
-def _refuse_objects(model, first: inspect.Parameter) -> None:
-    """A forward whose first parameter is an object of a class, not a tensor (SAM2-Video's
-    ``inference_session``, which holds the frames and prompts of a tracking session), takes
-    no example we can make from a config."""
-    import torch
-
-    kind = first.annotation
-    # A class of transformers' own; not a tensor type (torch.LongTensor is no subclass of
-    # torch.Tensor), a builtin, or no annotation (inspect's empty marker is a class too).
-    if (isinstance(kind, type) and kind is not inspect.Parameter.empty
-            and not issubclass(kind, torch.Tensor)
-            and kind.__module__.split(".")[0] not in ("builtins", "torch", "typing")):
-        raise UsageError(f"{type(model).__name__}.forward takes {first.name!r}, a "
-                         f"{kind.__name__}, not a tensor: exportflops makes tensors from the "
-                         f"config only. Build that object and call analyze() from Python, or "
-                         f"analyze the model's tensor submodules.")
 
 
 def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, batch: int,
