@@ -57,14 +57,26 @@ def test_a_module_built_from_the_whole_composite_config_is_taken_from_the_compos
     assert not analyze(model, args, kwargs).uncounted
 
 
-def test_a_composite_that_cannot_reach_the_sub_model_is_named_in_the_error():
-    # SAM2-Video's forward takes an inference session, which no config makes.
-    with pytest.raises(UsageError, match=r"'image_embeddings'.*Sam2VideoConfig.*session") as caught:
-        hf_model("sam2_video_mask_decoder", META, None, layers=1)
-    # One paragraph, the composite's reason in whole sentences: not cut mid-word.
-    message = str(caught.value)
-    assert "\n" not in message and ".." not in message
-    assert message.endswith("not a tensor: exportflops makes tensors from the config only.")
+def test_a_composite_that_does_not_call_the_sub_model_is_named_in_the_error():
+    # Sam3Model calls its geometry encoder only with box prompts (input_boxes), which its
+    # example inputs (an image and text) do not hold.
+    with pytest.raises(UsageError, match=r"'box_embeddings'.*Sam3Config \(geometry_encoder_config"
+                       r"\): its forward did not call a Sam3GeometryEncoder\.$") as caught:
+        hf_model("sam3_geometry_encoder", META, None, layers=1)
+    assert "\n" not in str(caught.value)  # one paragraph
+
+
+@pytest.mark.parametrize("model_type", ["sam3_mask_decoder", "sam3_lite_text_mask_decoder"])
+def test_a_sub_model_is_reached_where_a_plain_fake_run_stops_on_a_value(model_type):
+    # SAM 3's DETR decoder sizes a mask by its feature map's spatial_shapes (a tensor) before
+    # the mask decoder runs: torch.export traces past it. The decoder reads the vision tower's
+    # three FPN levels: 1008 / 14 = 72 patches a side, scaled by 4, 2 and 1.
+    model, args, kwargs = hf_model(model_type, META, None, layers=1)
+    shapes = {tuple(t.shape) for t in [*args, *kwargs.values()] if isinstance(t, torch.Tensor)}
+    shapes |= {tuple(t.shape) for v in kwargs.values() if isinstance(v, (list, tuple))
+               for t in v}
+    assert {(1, 256, 288, 288), (1, 256, 144, 144), (1, 256, 72, 72)} <= shapes
+    assert not analyze(model, args, kwargs).uncounted
 
 
 @pytest.mark.parametrize("model_type", ["sam3_detr_encoder", "sam3_detr_decoder"])

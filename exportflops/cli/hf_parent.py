@@ -3,7 +3,7 @@ takes the image embeddings and prompt embeddings its ``SamModel`` computes, a DE
 encoder's memory and the text features. No config says their shapes; the composite's own
 forward does. The composite (the config in the same ``configuration_*`` module that lists the
 sub-model's config class among its ``sub_configs``) is built on meta around the sub-model's
-config, given its own example inputs, and run under fake tensors until it calls a module of
+config, given its own example inputs, and traced by torch.export until it calls a module of
 the sub-model's class; the arguments of that call, as zeros of their shapes and dtypes, are the
 sub-model's example inputs. A module whose constructor takes the composite's whole config
 (SAM's prompt encoder) is built from the composite config around the sub-model's."""
@@ -15,7 +15,6 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import UsageError
-from .hf_media import fake_forward
 
 
 class _Reached(Exception):
@@ -110,7 +109,12 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
 
 def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
     """The ``(args, kwargs)`` of ``parent``'s first call of a module of ``module_class`` when
-    its forward runs under fake tensors; None when it makes none."""
+    torch.export traces its forward; None when it makes none. The trace, not a plain run under
+    fake tensors: export's own tracing passes where such a run stops on a size read from a
+    tensor (SAM 3's DETR decoder, before its mask decoder, sizes a mask by its feature map's
+    ``spatial_shapes``)."""
+    import torch
+
     modules = [m for m in parent.modules() if type(m) is module_class]
     seen = []
 
@@ -120,10 +124,10 @@ def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
 
     handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
     try:
-        with fake_forward():
-            parent(*args, **kwargs)
-    except _Reached:
-        pass
+        torch.export.export(parent, args, kwargs, strict=False)
+    except Exception:  # the hook's _Reached, as export wraps it; else the composite's failure
+        if not seen:
+            raise
     finally:
         for handle in handles:
             handle.remove()
