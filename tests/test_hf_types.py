@@ -62,3 +62,17 @@ def test_a_config_transformers_cannot_build_is_blamed_on_transformers():
         hf_model("dbrx", META, None, layers=1)
     assert "transformers could not build dbrx" in str(failed.value)
     assert raised_by(failed.value).startswith("transformers (")
+
+
+@pytest.mark.skipif("gemma4_unified_vision" not in tf.CONFIG_MAPPING,
+                    reason="Gemma 4 Unified is registered from transformers 5.23")
+def test_a_config_with_no_model_class_is_transformers_not_ours():
+    # Gemma 4 Unified's vision config sizes an embedder that also takes the text config
+    # (Gemma4UnifiedVisionEmbedder(vision_config, text_config)): transformers builds no model
+    # from it alone, so the type is one transformers cannot build.
+    from exportflops.cli.hf import blame
+
+    with pytest.raises(BuildError, match="has no model class for Gemma4UnifiedVisionConfig"
+                       ) as failed:
+        hf_model("gemma4_unified_vision", META, None, layers=1)
+    assert blame(failed.value) == "theirs"

@@ -168,9 +168,13 @@ def build(config, device, transformers, *, whole: bool = False):
         model_class = _declaring_class(config)
         held = held_in_composite(config) if model_class is None else None
         if model_class is None and held is None:
-            raise UsageError(f"transformers {transformers.__version__} has no model class for "
+            # A config transformers registers for a part it builds inside another model
+            # (Gemma 4 Unified's vision embedder also takes the text config): transformers'.
+            raise BuildError(f"transformers {transformers.__version__} has no model class for "
                              f"{type(config).__name__} ({config.model_type}): no auto table "
-                             f"holds it and no model class declares it as its config_class.")
+                             f"holds it, no model class declares it as its config_class, and no "
+                             f"module of its model takes it alone. Analyze the model that "
+                             f"holds it, or build the part in Python and call analyze().")
     name = (model_class or auto or held[0]).__name__
     try:
         with device:
@@ -269,7 +273,10 @@ def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | Non
     in exportflops; when transformers' forward needed an input we did not make
     (`missed_input`); or when it rejected ours with a ValueError it raises (an input check:
     "Bbox is required", "Image features and image tokens do not match"). Theirs otherwise: a
-    constructor that rejects its own default config, a forward torch.export cannot capture."""
+    constructor that rejects its own default config or a config with no model class
+    (`BuildError`), a forward torch.export cannot capture."""
+    if isinstance(error, BuildError):  # transformers cannot build it from this config
+        return "theirs"
     if raised_by(error).startswith("exportflops"):
         return "ours"
     if model is None:
