@@ -140,8 +140,9 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
     be given": BLIP-2's Q-Former), or by reading it while None (`needed_input`: LongT5's
     attention_mask, Qwen2-Audio's feature_attention_mask). Forward's signature says these are
-    optional, its code that they are not. An input we cannot make is left out: the export's
-    error names it, and the sweep blames us (`hf.blame`)."""
+    optional, its code that they are not. One that forward reads and we cannot make is an
+    `UnknownInputError` (its composite may hold it: `hf_parent`); one only named in an error
+    is left out, for the export's error to name it."""
     parameters = list(inspect.signature(model.forward).parameters)
     given = set(parameters[:len(args)]) | set(inputs)
     side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
@@ -158,6 +159,9 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
             try:
                 made[name] = _side_input(name, config, dict(zip(parameters, args)) | inputs,
                                          device, batch=batch, seq=seq)
+            except UnknownInputError:
+                if name == needed:  # forward reads it: a composite that holds this may tell
+                    raise
             except UsageError:
                 continue
         if not made:
