@@ -178,3 +178,24 @@ def test_gemma3n_audio_reads_a_spectrogram_and_a_boolean_mask_of_its_frames():
     assert inputs["audio_mel_mask"].shape == (1, 64)
     assert inputs["audio_mel_mask"].dtype == torch.bool
     assert not analyze(model, args, kwargs).uncounted
+
+
+def test_a_sub_model_whose_composites_transformers_cannot_build_is_transformers_failure():
+    # EdgeTAM's composite needs timm where it is not installed: no composite is built, so the
+    # failure is transformers' (BuildError, exit 1), with the composite's reason.
+    from exportflops.cli.hf import blame
+    from exportflops.cli.hf_inputs import UnknownInputError
+    from exportflops.cli.hf_parent import parent_inputs
+    from exportflops.errors import BuildError
+
+    config = tf.SamMaskDecoderConfig()
+    model = tf.models.sam.modeling_sam.SamMaskDecoder(config)
+
+    def unbuildable(parent_config):
+        raise BuildError(f"transformers could not build {parent_config.model_type}: ImportError")
+
+    missing = UnknownInputError("exportflops does not know how to make 'image_embeddings'.")
+    with pytest.raises(BuildError, match=r"SamConfig \(mask_decoder_config\): BuildError: "
+                                         r"transformers could not build sam") as failed:
+        parent_inputs(model, config, META, unbuildable, missing)
+    assert blame(failed.value) == "theirs"

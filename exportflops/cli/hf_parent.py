@@ -14,7 +14,7 @@ import importlib
 import inspect
 from typing import Any, Callable
 
-from ..errors import UsageError
+from ..errors import BuildError, UsageError
 
 
 class _Reached(Exception):
@@ -87,12 +87,18 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
     """``model``'s example ``(args, kwargs)``, as the first composite of `parent_configs` that
     builds (``make(parent_config)`` gives its model on meta and its example inputs) calls a
     module of ``model``'s class; else ``missing`` (the error that said which input we cannot
-    make), with why each composite did not tell."""
-    why = []
+    make), with why each composite did not tell: a `BuildError` (transformers') where
+    transformers builds none of them here (EdgeTAM's needs timm), else a `UsageError`."""
+    why, unbuilt = [], []
     for parent_config, key in parent_configs(config):
         name = type(parent_config).__name__
         try:
             parent, args, kwargs = make(parent_config)
+        except BuildError as error:
+            unbuilt.append(error)
+            why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
+            continue
+        try:
             call = _first_call(parent, args, kwargs, type(model))
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
             why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
@@ -103,8 +109,10 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
         return _examples(call[0], device), _examples(call[1], device)
     if not why:
         raise missing
-    raise UsageError(f"{missing} Nor could it be read from the composite model that holds "
-                     f"this config: {'; '.join(why)}.") from None
+    message = f"{missing} Nor could it be read from the composite model that holds this config: "
+    if len(unbuilt) == len(why):  # transformers builds none of them here: transformers' failure
+        raise BuildError(message + "; ".join(why) + ".") from unbuilt[0]
+    raise UsageError(message + "; ".join(why) + ".") from None
 
 
 def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
