@@ -23,7 +23,15 @@ from .hf_parent import (held_in_composite, modeling_module, module_name, parent_
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
 #: its decoder alone (``BartForCausalLM``, ``WhisperForCausalLM``).
 SEQ2SEQ_AUTO = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
+#: A model with vision or audio towers takes these before ``AutoModel``, which drops the
+#: language head (LlavaModel; LlavaForConditionalGeneration has it). ``AutoModelForCausalLM``
+#: still comes first: where its table holds a multimodal type it builds the whole model
+#: (Gemma 3) or the language model alone (MllamaForCausalLM, whose whole model torch.export
+#: cannot trace on meta for most of them: Qwen3.5's image grid is split by its values).
+MULTIMODAL_AUTO = ("AutoModelForImageTextToText", "AutoModelForMultimodalLM")
 PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
+#: The sub-configs that make a config multimodal where they are set.
+TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
 #: (shared/REFERENCES.md), and a prefill needs none.
 NO_CACHE = {"use_cache": False}
@@ -197,7 +205,9 @@ def _auto_class(config, transformers, *, whole: bool = False):
         mapping = getattr(getattr(transformers, name, None), "_model_mapping", None)
         if name.startswith("AutoModel") and mapping is not None:
             autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
-    first = (SEQ2SEQ_AUTO if getattr(config, "is_encoder_decoder", False) else ()) + PREFERRED_AUTO
+    multimodal = any(getattr(config, tower, None) is not None for tower in TOWERS)
+    first = ((SEQ2SEQ_AUTO if getattr(config, "is_encoder_decoder", False) else ())
+             + PREFERRED_AUTO[:1] + (MULTIMODAL_AUTO if multimodal else ()) + PREFERRED_AUTO[1:])
     if whole:
         first = ("AutoModel", *first)
     for name in (*first, *sorted(set(autos) - set(first))):
