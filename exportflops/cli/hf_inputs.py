@@ -14,6 +14,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
+from .hf_task_inputs import PROMPT_IMAGES, family_input
 
 
 class UnknownInputError(UsageError):
@@ -86,6 +87,9 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     masks = [name for name in names if name in MASKS]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
               if name not in masks}
+    if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
+        # SegGPT stacks its prompt above the input image: the two of one shape.
+        inputs["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -247,7 +251,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     audio = _sub_config(config, "audio")
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    made = _task_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
+    steps = seq or HF_DEFAULT_SEQ_LEN
+    made = _task_input(name, config, device, batch=batch, steps=steps)
+    if made is None:
+        made = family_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
     if name in ("inputs_embeds", "query_embeds", "hidden_states"):

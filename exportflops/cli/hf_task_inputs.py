@@ -1,0 +1,54 @@
+"""Inputs that one model family's forward requires, each sized by the config field that the
+model's own code reads for it, and made only where the config has that field (else None, and
+`hf_inputs.example` raises its typed error). Zeros, as in `hf_inputs`, unless a comment says
+why the forward needs other values."""
+
+from __future__ import annotations
+
+from .hf_media import config_int
+
+#: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
+#: number of options and its question type.
+DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
+#: SegGPT's prompt: an image and its mask, each stacked above the input image (the model
+#: concatenates them along the height) to fill the config's image_size.
+PROMPT_IMAGES = ("prompt_pixel_values", "prompt_masks")
+
+
+def family_input(name: str, config, device, *, batch: int, steps: int):
+    """The input ``name`` of the family whose config field sizes it, ``steps`` long where its
+    length is a free choice; None where ``config`` has no such field."""
+    import torch
+
+    if name in DECISION_INPUTS and isinstance(getattr(config, "offsets", None), dict):
+        # JEV: one question of each type whose first score row `offsets` keeps (noul, score,
+        # choice), asked of one prompt.
+        return torch.zeros((batch, len(config.offsets)), dtype=torch.long, device=device)
+    if name in PROMPT_IMAGES:
+        return prompt_image(config, device, batch=batch)
+    long = {"task_inputs": "task_seq_len"}
+    floats = {"state": "max_state_dim"}
+    field = long.get(name) or floats.get(name)
+    size = config_int(config, (field,)) if field else None
+    if size is not None:
+        dtype = torch.long if name in long else torch.float
+        # OneFormer's task tokens (its task_seq_len); PI0's robot state (max_state_dim, zero
+        # padded to it).
+        return torch.zeros((batch, size), dtype=dtype, device=device)
+    if name == "latents" and config_int(config, ("latent_stride",)) is not None:
+        # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
+        # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
+        return torch.zeros((batch, config.hidden_size, steps), device=device)
+    return None
+
+
+def prompt_image(config, device, *, batch: int):
+    """SegGPT's prompt image (or mask) ``(batch, num_channels, height / 2, width)``: its
+    image_size (896, 448) is a prompt above an input, concatenated along the height by its
+    forward. None where image_size is not such a pair."""
+    import torch
+
+    size = getattr(config, "image_size", None)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2):
+        return None
+    return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
