@@ -195,9 +195,10 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
 
 def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
                 seq: int | None):
+    made = None
     if name in MASKS and MASKS[name] in given:
-        return mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
-    return example(name, config, device, batch=batch, seq=seq)
+        made = mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+    return made if made is not None else example(name, config, device, batch=batch, seq=seq)
 
 
 def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
