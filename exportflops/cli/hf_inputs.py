@@ -14,7 +14,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
-from .hf_task_inputs import PROMPT_IMAGES, family_input
+from .hf_task_inputs import companions, family_input
 
 
 class UnknownInputError(UsageError):
@@ -87,9 +87,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     masks = [name for name in names if name in MASKS]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
               if name not in masks}
-    if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
-        # SegGPT stacks its prompt above the input image: the two of one shape.
-        inputs["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
+    inputs |= companions(set(signature), config, inputs)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).

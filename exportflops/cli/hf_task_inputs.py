@@ -35,6 +35,15 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # OneFormer's task tokens (its task_seq_len); PI0's robot state (max_state_dim, zero
         # padded to it).
         return torch.zeros((batch, size), dtype=dtype, device=device)
+    block = config_int(config, ("block_size",))
+    if name == "noise_embeds" and block is not None:
+        # Muse Glimmer's assistant denoises a block of block_size embeddings of hidden_size.
+        return torch.zeros((batch, block, config.hidden_size), device=device)
+    layers = getattr(config, "target_layer_ids", None)
+    if name == "context_hidden_states" and isinstance(layers, (list, tuple)):
+        # ... reading the states of its target model's target_layer_ids layers, concatenated:
+        # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
+        return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
     if name == "latents" and config_int(config, ("latent_stride",)) is not None:
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
@@ -52,3 +61,21 @@ def prompt_image(config, device, *, batch: int):
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
         return None
     return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
+
+
+def companions(parameters: set[str], config, inputs: dict) -> dict:
+    """The inputs that follow from the ones ``inputs`` holds, in the family whose forward reads
+    them together (each made only where its partners are): SegGPT's image, stacked below its
+    prompt, of the prompt's shape; Muse Glimmer's assistant's attention_mask, which its forward
+    needs over the keys of its context and its block alike (without one, its mask covers the
+    block alone), of ones."""
+    import torch
+
+    made = {}
+    if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
+        made["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
+    if {"noise_embeds", "context_hidden_states"} <= set(inputs) and "attention_mask" in parameters:
+        noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
+        made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
+                                            dtype=torch.long, device=noise.device)
+    return made
