@@ -65,6 +65,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
+    if (main not in parameters and parameters[0] not in KNOWN
+            and family_input(parameters[0], config, "meta", batch=1, steps=1) is not None):
+        # A first parameter that a family's rule makes (Qwen2.5-Omni's DiT reads mel frames
+        # that it calls hidden_states).
+        main = parameters[0]
     # A forward that lacks its main_input_name takes forward's first parameter: made by its own
     # name where it is one we know (BLIP-2's Q-Former: query_embeds), else as the main input
     # (Florence-2's vision backbone calls its pixels hidden_states).

@@ -44,6 +44,10 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # ... reading the states of its target model's target_layer_ids layers, concatenated:
         # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
         return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
+    made = speech_dit_input(name, getattr(config, "dit_config", None) or config, device,
+                            batch=batch, codes=steps)
+    if made is not None:
+        return made
     if name == "latents" and config_int(config, ("latent_stride",)) is not None:
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
@@ -61,6 +65,26 @@ def prompt_image(config, device, *, batch: int):
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
         return None
     return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
+
+
+def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
+    """Qwen2.5-Omni's code-to-mel DiT (and Token2Wav around it): ``codes`` speech codes, each
+    repeats mel frames of mel_dim; a reference mel as long, which its speaker encoder reads; the
+    speaker's embedding (enc_emb_dim) per frame, or once (Token2Wav's conditioning); the time of
+    the flow per example. None where ``dit`` has no mel_dim, repeats and enc_emb_dim."""
+    import torch
+
+    mel, repeats, speaker = (config_int(dit, (field,)) for field in
+                             ("mel_dim", "repeats", "enc_emb_dim"))
+    if None in (mel, repeats, speaker):
+        return None
+    frames = codes * repeats
+    shapes = {"hidden_states": (batch, frames, mel), "condition_vector": (batch, frames, mel),
+              "reference_mel": (batch, frames, mel), "speaker_embedding": (batch, frames, speaker),
+              "conditioning": (batch, speaker), "time_step": (batch,)}
+    if name in ("quantized_code", "code"):
+        return torch.zeros((batch, codes), dtype=torch.long, device=device)
+    return torch.zeros(shapes[name], device=device) if name in shapes else None
 
 
 def companions(parameters: set[str], config, inputs: dict) -> dict:
