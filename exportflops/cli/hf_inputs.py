@@ -92,7 +92,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     masks = [name for name in names if name in MASKS]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
               if name not in masks}
-    inputs |= companions(set(signature), config, inputs)
+    inputs |= companions(set(signature), config, inputs, steps=seq or HF_DEFAULT_SEQ_LEN)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).

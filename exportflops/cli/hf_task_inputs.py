@@ -5,7 +5,7 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import config_int
+from .hf_media import IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, with_image_tokens
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -26,15 +26,14 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         return torch.zeros((batch, len(config.offsets)), dtype=torch.long, device=device)
     if name in PROMPT_IMAGES:
         return prompt_image(config, device, batch=batch)
-    long = {"task_inputs": "task_seq_len"}
-    floats = {"state": "max_state_dim"}
-    field = long.get(name) or floats.get(name)
-    size = config_int(config, (field,)) if field else None
-    if size is not None:
-        dtype = torch.long if name in long else torch.float
-        # OneFormer's task tokens (its task_seq_len); PI0's robot state (max_state_dim, zero
-        # padded to it).
-        return torch.zeros((batch, size), dtype=dtype, device=device)
+    tasks = config_int(config, ("task_seq_len",))
+    if name == "task_inputs" and tasks is not None:  # OneFormer's task tokens
+        return torch.zeros((batch, tasks), dtype=torch.long, device=device)
+    chunk, expert = config_int(config, ("chunk_size",)), getattr(config, "dit_config", None)
+    if name == "action_embeds" and chunk is not None and expert is not None:
+        # PI0's suffix: a token of the robot's state and chunk_size tokens of actions, of its
+        # action expert's (dit_config) hidden_size.
+        return torch.zeros((batch, 1 + chunk, expert.hidden_size), device=device)
     block = config_int(config, ("block_size",))
     if name == "noise_embeds" and block is not None:
         # Muse Glimmer's assistant denoises a block of block_size embeddings of hidden_size.
@@ -87,15 +86,19 @@ def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
     return torch.zeros(shapes[name], device=device) if name in shapes else None
 
 
-def companions(parameters: set[str], config, inputs: dict) -> dict:
+def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dict:
     """The inputs that follow from the ones ``inputs`` holds, in the family whose forward reads
     them together (each made only where its partners are): SegGPT's image, stacked below its
     prompt, of the prompt's shape; Muse Glimmer's assistant's attention_mask, which its forward
     needs over the keys of its context and its block alike (without one, its mask covers the
-    block alone), of ones."""
+    block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
+    before its actions (without images it has no cache to read them from)."""
     import torch
 
     made = {}
+    vlm = getattr(config, "vlm_config", None)
+    if "action_embeds" in inputs and vlm is not None and "pixel_values" in parameters:
+        made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
     if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
         made["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
     if {"noise_embeds", "context_hidden_states"} <= set(inputs) and "attention_mask" in parameters:
@@ -103,3 +106,26 @@ def companions(parameters: set[str], config, inputs: dict) -> dict:
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
                                             dtype=torch.long, device=noise.device)
     return made
+
+
+def camera_prefix(vlm, actions, *, steps: int) -> dict:
+    """PI0's prefix, which its PaliGemma (``vlm``) reads: one camera's image per example
+    ``(batch, 1, channels, height, width)`` of the vision tower's image_size (one image per
+    example, as `hf_media.pixels` makes a list of them), that camera marked present, and its
+    tokens: the vlm's num_image_tokens placeholders (image_token_id), then ``steps`` of text.
+    Empty where the vlm counts no image tokens."""
+    import torch
+
+    tokens = config_int(vlm.get_text_config(), IMAGE_TOKENS) or config_int(vlm, IMAGE_TOKENS)
+    token = config_int(vlm, IMAGE_TOKEN)
+    if tokens is None or token is None:
+        return {}
+    batch, device = actions.shape[0], actions.device
+    vision = vlm.vision_config
+    height, width = image_size(vision)
+    ids = torch.zeros((batch, tokens + steps), dtype=torch.long, device=device)
+    return {"pixel_values": torch.zeros((batch, 1, vision.num_channels, height, width),
+                                        device=device),
+            # Ones: the camera is there (PI0 matches each image token to a present camera).
+            "pixel_attention_mask": torch.ones((batch, 1), dtype=torch.bool, device=device),
+            "input_ids": with_image_tokens(ids, token, tokens)}
