@@ -314,7 +314,8 @@ def mask(name: str, masked, config, audio):
     """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
     `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
     is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
-    dropped)."""
+    dropped); for audio lengths in samples, each example's frames times the config's
+    hop_length (None where it has none)."""
     import torch
 
     if MASKS[name] == "input_ids":  # one per image token, where the config counts them
@@ -325,6 +326,12 @@ def mask(name: str, masked, config, audio):
         shape = masked.shape[:-3] + masked.shape[-2:]
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
+    if name == "chunk_sample_lengths":
+        # Not zeros: Dots3-Note masks the frames past length / hop_length of each example, and
+        # its adapter reads the frames left. All of them: the samples of every frame.
+        hop = config_int(audio, ("hop_length",))
+        return None if hop is None else torch.full((masked.shape[0],), frames * hop,
+                                                   dtype=torch.long, device=masked.device)
     return torch.ones((masked.shape[0], frames), dtype=torch.long, device=masked.device)
 
 
