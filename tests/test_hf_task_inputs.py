@@ -100,8 +100,9 @@ def test_dots3_lengths_are_the_samples_of_every_frame():
 
 
 def test_oneformer_reads_task_tokens_of_its_task_seq_len():
-    # On cpu: OneFormer's own code makes a tensor on cpu that meets meta tensors.
-    model, args, kwargs = hf_model("oneformer", torch.device("cpu"), None, layers=1)
+    # On cpu: OneFormer's own code makes a tensor on cpu that meets meta tensors. Two layers:
+    # at one, a loop of its own code runs no time and reads a variable it never set.
+    model, args, kwargs = hf_model("oneformer", torch.device("cpu"), None, layers=2)
     named = _named(model, args, kwargs)
     assert tuple(named["task_inputs"].shape) == (1, 77)
     assert named["task_inputs"].dtype == torch.long
