@@ -22,7 +22,8 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
 
     if name in DECISION_INPUTS and isinstance(getattr(config, "offsets", None), dict):
         # JEV: one question of each type whose first score row `offsets` keeps (noul, score,
-        # choice), asked of one prompt.
+        # choice), asked of one prompt. Zeros index rows that exist: mark 0 reads the last
+        # token (its forward reads marks - 1), type 0 the first offset.
         return torch.zeros((batch, len(config.offsets)), dtype=torch.long, device=device)
     if name in PROMPT_IMAGES:
         return prompt_image(config, device, batch=batch)
