@@ -14,6 +14,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
+from .hf_task_inputs import companions, family_input
 
 
 class UnknownInputError(UsageError):
@@ -63,6 +64,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     if main not in parameters and _has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
+    if (main not in parameters and parameters[0] not in KNOWN
+            and family_input(parameters[0], config, "meta", batch=1, steps=1) is not None):
+        # A first parameter that a family's rule makes (Qwen2.5-Omni's DiT reads mel frames
+        # that it calls hidden_states).
+        main = parameters[0]
     # A forward that lacks its main_input_name takes forward's first parameter: made by its own
     # name where it is one we know (BLIP-2's Q-Former: query_embeds), else as the main input
     # (Florence-2's vision backbone calls its pixels hidden_states).
@@ -85,6 +91,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     masks = [name for name in names if name in MASKS]
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
               if name not in masks}
+    inputs |= companions(set(signature), config, inputs, steps=seq or HF_DEFAULT_SEQ_LEN)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -176,9 +183,10 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
 
 def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
                 seq: int | None):
+    made = None
     if name in MASKS and MASKS[name] in given:
-        return mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
-    return example(name, config, device, batch=batch, seq=seq)
+        made = mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+    return made if made is not None else example(name, config, device, batch=batch, seq=seq)
 
 
 def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
@@ -232,7 +240,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     audio = _sub_config(config, "audio")
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    made = _task_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
+    steps = seq or HF_DEFAULT_SEQ_LEN
+    made = _task_input(name, config, device, batch=batch, steps=steps)
+    if made is None:
+        made = family_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
     if name in ("inputs_embeds", "query_embeds", "hidden_states"):

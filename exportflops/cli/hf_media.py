@@ -9,9 +9,10 @@ import math
 from typing import Any
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
-#: stack two frames of 80 bins: feature_projection_input_dim 160).
+#: stack two frames of 80 bins: feature_projection_input_dim 160; Phi-4-multimodal's audio
+#: encoder normalizes and convolves input_size 80).
 MEL_BINS = ("feature_projection_input_dim", "num_mel_bins", "feature_size",
-            "input_feat_per_channel", "n_mels", "input_dim", "input_feat_size")
+            "input_feat_per_channel", "n_mels", "input_dim", "input_feat_size", "input_size")
 #: Where a config keeps the frames of a video clip (VideoMAE 16, ViViT 32, TimeSformer 8,
 #: V-JEPA 2 64).
 VIDEO_FRAMES = ("num_frames", "frames_per_clip")
@@ -238,10 +239,13 @@ IMAGE_SIZES = ("image_sizes",)
 IMAGE_TOKEN = ("image_token_id", "image_token_index")
 #: Where a config counts the tokens one image becomes (Kosmos-2's latent queries).
 IMAGE_TOKENS = ("latent_query_num", "image_seq_length", "num_image_tokens")
-#: The masks a forward reads over another input, and that input: audio frames, image pixels.
+#: The masks a forward reads over another input, and that input: audio frames, image pixels
+#: (Phi-4-multimodal's audio encoder calls its mask of frames ``mask``); and the lengths of each
+#: example's audio that a forward masks its frames by (Dots3-Note's, in waveform samples).
 MASKS = {"feature_attention_mask": "input_features", "input_features_mask": "input_features",
          "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids",
-         "audio_mel_mask": "audio_mel"}
+         "audio_mel_mask": "audio_mel", "mask": "input_features",
+         "chunk_sample_lengths": "input_features"}
 
 
 def merge_size(vision) -> int:
@@ -310,7 +314,8 @@ def mask(name: str, masked, config, audio):
     """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
     `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
     is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
-    dropped)."""
+    dropped); for audio lengths in samples, each example's frames times the config's
+    hop_length (None where it has none)."""
     import torch
 
     if MASKS[name] == "input_ids":  # one per image token, where the config counts them
@@ -321,6 +326,12 @@ def mask(name: str, masked, config, audio):
         shape = masked.shape[:-3] + masked.shape[-2:]
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
+    if name == "chunk_sample_lengths":
+        # Not zeros: Dots3-Note masks the frames past length / hop_length of each example, and
+        # its adapter reads the frames left. All of them: the samples of every frame.
+        hop = config_int(audio, ("hop_length",))
+        return None if hop is None else torch.full((masked.shape[0],), frames * hop,
+                                                   dtype=torch.long, device=masked.device)
     return torch.ones((masked.shape[0], frames), dtype=torch.long, device=masked.device)
 
 

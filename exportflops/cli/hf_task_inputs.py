@@ -1,0 +1,132 @@
+"""Inputs that one model family's forward requires, each sized by the config field that the
+model's own code reads for it, and made only where the config has that field (else None, and
+`hf_inputs.example` raises its typed error). Zeros, as in `hf_inputs`, unless a comment says
+why the forward needs other values."""
+
+from __future__ import annotations
+
+from .hf_media import IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, with_image_tokens
+
+#: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
+#: number of options and its question type.
+DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
+#: SegGPT's prompt: an image and its mask, each stacked above the input image (the model
+#: concatenates them along the height) to fill the config's image_size.
+PROMPT_IMAGES = ("prompt_pixel_values", "prompt_masks")
+
+
+def family_input(name: str, config, device, *, batch: int, steps: int):
+    """The input ``name`` of the family whose config field sizes it, ``steps`` long where its
+    length is a free choice; None where ``config`` has no such field."""
+    import torch
+
+    if name in DECISION_INPUTS and isinstance(getattr(config, "offsets", None), dict):
+        # JEV: one question of each type whose first score row `offsets` keeps (noul, score,
+        # choice), asked of one prompt. Zeros index rows that exist: mark 0 reads the last
+        # token (its forward reads marks - 1), type 0 the first offset.
+        return torch.zeros((batch, len(config.offsets)), dtype=torch.long, device=device)
+    if name in PROMPT_IMAGES:
+        return prompt_image(config, device, batch=batch)
+    tasks = config_int(config, ("task_seq_len",))
+    if name == "task_inputs" and tasks is not None:  # OneFormer's task tokens
+        return torch.zeros((batch, tasks), dtype=torch.long, device=device)
+    chunk, expert = config_int(config, ("chunk_size",)), getattr(config, "dit_config", None)
+    if name == "action_embeds" and chunk is not None and expert is not None:
+        # PI0's suffix: a token of the robot's state and chunk_size tokens of actions, of its
+        # action expert's (dit_config) hidden_size.
+        return torch.zeros((batch, 1 + chunk, expert.hidden_size), device=device)
+    block = config_int(config, ("block_size",))
+    if name == "noise_embeds" and block is not None:
+        # Muse Glimmer's assistant denoises a block of block_size embeddings of hidden_size.
+        return torch.zeros((batch, block, config.hidden_size), device=device)
+    layers = getattr(config, "target_layer_ids", None)
+    if name == "context_hidden_states" and isinstance(layers, (list, tuple)):
+        # ... reading the states of its target model's target_layer_ids layers, concatenated:
+        # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
+        return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
+    made = speech_dit_input(name, getattr(config, "dit_config", None) or config, device,
+                            batch=batch, codes=steps)
+    if made is not None:
+        return made
+    if name == "latents" and config_int(config, ("latent_stride",)) is not None:
+        # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
+        # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
+        return torch.zeros((batch, config.hidden_size, steps), device=device)
+    return None
+
+
+def prompt_image(config, device, *, batch: int):
+    """SegGPT's prompt image (or mask) ``(batch, num_channels, height / 2, width)``: its
+    image_size (896, 448) is a prompt above an input, concatenated along the height by its
+    forward. None where image_size is not such a pair."""
+    import torch
+
+    size = getattr(config, "image_size", None)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2):
+        return None
+    return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
+
+
+def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
+    """Qwen2.5-Omni's code-to-mel DiT (and Token2Wav around it): ``codes`` speech codes, each
+    repeats mel frames of mel_dim; a reference mel as long, which its speaker encoder reads; the
+    speaker's embedding (enc_emb_dim) per frame, or once (Token2Wav's conditioning); the time of
+    the flow per example. None where ``dit`` has no mel_dim, repeats and enc_emb_dim."""
+    import torch
+
+    mel, repeats, speaker = (config_int(dit, (field,)) for field in
+                             ("mel_dim", "repeats", "enc_emb_dim"))
+    if None in (mel, repeats, speaker):
+        return None
+    frames = codes * repeats
+    shapes = {"hidden_states": (batch, frames, mel), "condition_vector": (batch, frames, mel),
+              "reference_mel": (batch, frames, mel), "speaker_embedding": (batch, frames, speaker),
+              "conditioning": (batch, speaker), "time_step": (batch,)}
+    if name in ("quantized_code", "code"):
+        return torch.zeros((batch, codes), dtype=torch.long, device=device)
+    return torch.zeros(shapes[name], device=device) if name in shapes else None
+
+
+def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dict:
+    """The inputs that follow from the ones ``inputs`` holds, in the family whose forward reads
+    them together (each made only where its partners are): SegGPT's image, stacked below its
+    prompt, of the prompt's shape; Muse Glimmer's assistant's attention_mask, which its forward
+    needs over the keys of its context and its block alike (without one, its mask covers the
+    block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
+    before its actions (without images it has no cache to read them from)."""
+    import torch
+
+    made = {}
+    vlm = getattr(config, "vlm_config", None)
+    if "action_embeds" in inputs and vlm is not None and "pixel_values" in parameters:
+        made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
+    if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
+        made["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
+    if {"noise_embeds", "context_hidden_states"} <= set(inputs) and "attention_mask" in parameters:
+        noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
+        made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
+                                            dtype=torch.long, device=noise.device)
+    return made
+
+
+def camera_prefix(vlm, actions, *, steps: int) -> dict:
+    """PI0's prefix, which its PaliGemma (``vlm``) reads: one camera's image per example
+    ``(batch, 1, channels, height, width)`` of the vision tower's image_size (one image per
+    example, as `hf_media.pixels` makes a list of them), that camera marked present, and its
+    tokens: the vlm's num_image_tokens placeholders (image_token_id), then ``steps`` of text.
+    Empty where the vlm counts no image tokens."""
+    import torch
+
+    tokens = config_int(vlm.get_text_config(), IMAGE_TOKENS) or config_int(vlm, IMAGE_TOKENS)
+    token = config_int(vlm, IMAGE_TOKEN)
+    if tokens is None or token is None:
+        return {}
+    batch, device = actions.shape[0], actions.device
+    vision = vlm.vision_config
+    height, width = image_size(vision)
+    ids = torch.zeros((batch, tokens + steps), dtype=torch.long, device=device)
+    return {"pixel_values": torch.zeros((batch, 1, vision.num_channels, height, width),
+                                        device=device),
+            # Ones: the camera is there (PI0 matches each image token to a present camera).
+            "pixel_attention_mask": torch.ones((batch, 1), dtype=torch.bool, device=device),
+            "input_ids": with_image_tokens(ids, token, tokens)}

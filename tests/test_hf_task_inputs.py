@@ -1,0 +1,119 @@
+"""Inputs of one model family each (`exportflops.cli.hf_task_inputs`), sized by the config field
+the model's own code reads for it; each model then analyzes with every op counted.
+
+Sizes from transformers 5.23's default configs, at batch 1 and the default length
+HF_DEFAULT_SEQ_LEN = 128 where the length is a free choice (frames, codes, accepted tokens):
+Mimi's and Pocket TTS's decoders upsample latents of hidden_size 512 (Pocket TTS's latent_dim
+32 is its encoder's projection, not what the decoder reads); OneFormer's task_seq_len 77; JEV's
+offsets name three question types (noul, score, choice); SegGPT's image_size (896, 448) is a
+prompt above an input image of num_channels 3; Phi-4-multimodal's audio encoder has input_size
+80 mel bins; Dots3-Note's audio encoder feature_size 128 bins and hop_length 160; Muse Glimmer's
+assistant block_size 16 of hidden_size 6656; Qwen2.5-Omni's DiT mel_dim 80, repeats 2 mel frames
+per code, enc_emb_dim 192; PI0's chunk_size 50 actions, its action expert's (dit_config)
+hidden_size 1024, its PaliGemma's num_image_tokens 256 (224 / 14 = 16 a side) and
+image_token_id 257152 of images 224 x 224 x 3.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from exportflops import analyze
+from exportflops.cli.hf import hf_model
+from exportflops.cli.hf_inputs import HF_DEFAULT_SEQ_LEN, UnknownInputError, example
+from exportflops.cli.hf_media import mask
+
+tf = pytest.importorskip("transformers")
+META = torch.device("meta")
+SEQ = HF_DEFAULT_SEQ_LEN
+
+# model type -> {input name: shape} at one layer, batch 1, default length.
+CASES = {
+    "mimi_decoder": {"latents": (1, 512, SEQ)},
+    "pocket_tts_audio_tokenizer_decoder": {"latents": (1, 512, SEQ)},
+    "jev": {"input_ids": (1, SEQ), "marks": (1, 3), "num_options": (1, 3),
+            "question_type_ids": (1, 3)},
+    # Prompt and input each half of the 896 rows: 448 x 448.
+    "seggpt": {"pixel_values": (1, 3, 448, 448), "prompt_pixel_values": (1, 3, 448, 448),
+               "prompt_masks": (1, 3, 448, 448)},
+    # Frames first, 128 of 80 bins, and a mask over the frames.
+    "phi4_multimodal_audio": {"hidden_states": (1, SEQ, 80), "mask": (1, SEQ)},
+    # 128 bins x 128 frames; one length per example.
+    "dots3_note_audio_encoder": {"input_features": (1, 128, 128), "chunk_sample_lengths": (1,)},
+    # 128 codes, 2 x 128 = 256 mel frames of 80 bins; the reference as long.
+    "qwen2_5_omni_dit": {"hidden_states": (1, 2 * SEQ, 80), "condition_vector": (1, 2 * SEQ, 80),
+                         "speaker_embedding": (1, 2 * SEQ, 192), "quantized_code": (1, SEQ),
+                         "time_step": (1,)},
+    "qwen2_5_omni_token2wav": {"code": (1, SEQ), "conditioning": (1, 192),
+                               "reference_mel": (1, 2 * SEQ, 80)},
+    # A state token and 50 action tokens of 1024; one camera; 256 image tokens, then 128 of text.
+    "pi0": {"action_embeds": (1, 1 + 50, 1024), "pixel_values": (1, 1, 3, 224, 224),
+            "pixel_attention_mask": (1, 1), "input_ids": (1, 256 + SEQ)},
+}
+#: Those whose export then fails in transformers' own code, not for want of an input:
+#: Token2Wav's ODE solver loops while a tensor's value says (Eq(u0, 1) on its time points).
+NOT_EXPORTED = {"qwen2_5_omni_token2wav"}
+
+
+def _named(model, args, kwargs) -> dict:
+    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
+
+
+@pytest.mark.parametrize("model_type", list(CASES))
+def test_each_family_input_is_shaped_from_its_config(model_type):
+    model, args, kwargs = hf_model(model_type, META, None, layers=1)
+    named = _named(model, args, kwargs)
+    assert {name: tuple(named[name].shape) for name in CASES[model_type] if name in named} \
+        == CASES[model_type]
+
+
+@pytest.mark.parametrize("model_type", [t for t in CASES if t not in NOT_EXPORTED])
+def test_the_model_then_analyzes_with_every_op_counted(model_type):
+    report = analyze(*hf_model(model_type, META, None, layers=1))
+    assert report.total.flops != 0
+    assert not report.uncounted
+
+
+def test_muse_glimmers_assistant_reads_a_block_and_the_context_of_its_target_layers():
+    # block_size 16 of hidden_size 6656; the context is as wide as the target layers hf: keeps
+    # (its projection reads hidden_size x len(target_layer_ids)); the mask spans the context's
+    # 128 accepted tokens and the block's 16.
+    model, args, kwargs = hf_model("muse_glimmer_assistant", META, None, layers=1)
+    named = _named(model, args, kwargs)
+    width = 6656 * len(model.config.target_layer_ids)
+    assert model.encoder.fc.in_features == width
+    assert tuple(named["noise_embeds"].shape) == (1, 16, 6656)
+    assert tuple(named["context_hidden_states"].shape) == (1, SEQ, width)
+    assert tuple(named["attention_mask"].shape) == (1, SEQ + 16)
+    assert not analyze(model, args, kwargs).uncounted
+
+
+def test_dots3_lengths_are_the_samples_of_every_frame():
+    # Frames first, 64 of them (the axis that is not feature_size's 128 bins): 64 x hop_length
+    # 160 = 10,240 samples each, so that no frame is masked as padding.
+    config = tf.AutoConfig.for_model("dots3_note_audio_encoder")
+    lengths = mask("chunk_sample_lengths", torch.zeros((2, 64, 128)), config, config)
+    assert lengths.tolist() == [64 * 160, 64 * 160]
+
+
+def test_oneformer_reads_task_tokens_of_its_task_seq_len():
+    # On cpu: OneFormer's own code makes a tensor on cpu that meets meta tensors. Two layers:
+    # at one, a loop of its own code runs no time and reads a variable it never set.
+    model, args, kwargs = hf_model("oneformer", torch.device("cpu"), None, layers=2)
+    named = _named(model, args, kwargs)
+    assert tuple(named["task_inputs"].shape) == (1, 77)
+    assert named["task_inputs"].dtype == torch.long
+    assert not analyze(model, args, kwargs).uncounted
+
+
+@pytest.mark.parametrize("name", ["task_inputs", "marks", "prompt_pixel_values", "latents",
+                                  "noise_embeds", "action_embeds", "quantized_code"])
+def test_a_family_input_is_refused_where_the_config_lacks_its_field(name):
+    # BERT's config has none of task_seq_len, offsets, an (h, w) image_size, latent_stride,
+    # block_size, chunk_size and dit_config, mel_dim: the typed error names the input.
+    config = tf.AutoConfig.for_model("bert")
+    with pytest.raises(UnknownInputError, match=repr(name)):
+        example(name, config, META, batch=1, seq=None)
