@@ -76,3 +76,14 @@ def test_a_config_with_no_model_class_is_transformers_not_ours():
                        ) as failed:
         hf_model("gemma4_unified_vision", META, None, layers=1)
     assert blame(failed.value) == "theirs"
+
+
+def test_a_vision_language_model_is_built_with_its_language_head():
+    # LlavaConfig's default text model is Llama's: hidden_size 4096, vocab_size 32000. The head
+    # maps each of the 128 tokens to the vocabulary: 2 x 128 x 4096 x 32000 FLOPs. AutoModel's
+    # LlavaModel has no head; LlavaForConditionalGeneration, the model that generates, has.
+    model, args, kwargs = hf_model("llava", META, None, layers=1)
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert args[0].shape == (1, 128)
+    head = next(m for m in analyze(model, args, kwargs).modules if m.path == "lm_head")
+    assert head.inclusive.flops == 2 * 128 * 4096 * 32000
