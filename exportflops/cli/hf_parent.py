@@ -94,13 +94,10 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
         name = type(parent_config).__name__
         try:
             parent, args, kwargs = make(parent_config)
-        except BuildError as error:
-            unbuilt.append(error)
-            why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
-            continue
-        try:
             call = _first_call(parent, args, kwargs, type(model))
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
+            if isinstance(error, BuildError):  # make's: transformers could not build it
+                unbuilt.append(error)
             why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
             continue
         if call is None:
