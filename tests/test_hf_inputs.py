@@ -52,6 +52,9 @@ CASES = {
     # Inputs the forward's code requires though its signature makes them optional.
     "bros": {"input_ids": (1, 128), "bbox": (1, 128, 4)},
     "blip_2_qformer": {"query_embeds": (1, 128, 768), "encoder_hidden_states": (1, 128, 1408)},
+    # Qwen3-ASR: bins first (num_mel_bins 128), frames in whole windows of 2 x n_window 50, so
+    # 128 rounded up to 200; its optional mask over those frames, which its forward reads.
+    "qwen3_asr": {"input_features": (1, 128, 200), "input_features_mask": (1, 200)},
 }
 
 

@@ -8,6 +8,8 @@ import contextlib
 import math
 from typing import Any
 
+from .hf_needs import needed_input
+
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
 #: stack two frames of 80 bins: feature_projection_input_dim 160; Phi-4-multimodal's audio
 #: encoder normalizes and convolves input_size 80).
@@ -180,15 +182,26 @@ def fake_forward():
 def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool,
              masks=lambda candidate: {}):
     """The first of ``candidates`` for input ``name`` (forward's first parameter, if
-    ``first``) that ``model``'s forward runs with under fake tensors, else the first: which
-    layout a forward wants is written in its code, not in its config or signature. ``masks``
-    gives the inputs that follow a candidate's layout (its mask)."""
+    ``first``) that ``model``'s forward runs with under fake tensors; else the first that
+    fails only for want of an optional input forward reads while None (`needed_input`: made
+    after, by `hf_inputs._asked_for`; Qwen3-ASR's input_features_mask, read once the frames
+    passed its window check); else the first. Which layout a forward wants is written in its
+    code, not in its config or signature. ``masks`` gives the inputs that follow a candidate's
+    layout (its mask)."""
+    import inspect
+
+    wanting = None
     for candidate in candidates:
         others_ = others | masks(candidate)
         args, kwargs = ((candidate,), others_) if first else ((), others_ | {name: candidate})
-        if fake_error(model, args, kwargs) is None:
+        error = fake_error(model, args, kwargs)
+        if error is None:
             return candidate
-    return candidates[0]
+        missing = [p for p in inspect.signature(model.forward).parameters
+                   if p not in kwargs and p != name]
+        if wanting is None and needed_input(error, missing) is not None:
+            wanting = candidate
+    return candidates[0] if wanting is None else wanting
 
 
 def time_series(name: str, config, device, *, batch: int, seq: int | None):
