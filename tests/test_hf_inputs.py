@@ -55,6 +55,10 @@ CASES = {
     # Qwen3-ASR: bins first (num_mel_bins 128), frames in whole windows of 2 x n_window 50, so
     # 128 rounded up to 200; its optional mask over those frames, which its forward reads.
     "qwen3_asr": {"input_features": (1, 128, 200), "input_features_mask": (1, 200)},
+    # SigLIP 2's NaFlex patches: num_patches 256 (16 x 16) of 3 x 16 x 16 pixels, their mask,
+    # and the grid of each image.
+    "siglip2_vision_model": {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
+                             "spatial_shapes": (1, 2)},
 }
 
 
@@ -87,3 +91,12 @@ def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
     tests/test_hf_needs.py, tests/test_hf_parent.py.)"""
     with pytest.raises(UsageError, match="'token_index'.*--kwargs"):
         hf_model("esmfold2", META, None, layers=1)
+
+
+def test_siglip2_is_analyzed_and_its_value_sized_resize_is_named_uncounted():
+    # SigLIP 2 resizes its position embeddings to each image's grid, read from spatial_shapes'
+    # values: a size export cannot know, so that one resize is reported uncounted, not zero.
+    report = analyze(*hf_model("siglip2", META, None, layers=1))
+    assert [u.op for u in report.uncounted] == ["aten._upsample_bilinear2d_aa.vec"]
+    assert "spatial_shapes" in report.uncounted[0].reason
+    assert report.total.macs > 0

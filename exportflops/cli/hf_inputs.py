@@ -11,7 +11,8 @@ from typing import Any
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, patches, pixels, sizes,
+                       flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
+                       sizes,
                        spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 from .hf_task_inputs import companions, family_input
@@ -92,6 +93,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
               if name not in masks}
     inputs |= companions(set(signature), config, inputs, steps=seq or HF_DEFAULT_SEQ_LEN)
+    images = naflex(_sub_config(config, "vision"), device, batch=batch)
+    if "spatial_shapes" in signature and "pixel_values" in inputs and images is not None:
+        # SigLIP 2's patches with their grid, which its composite's forward takes optionally
+        # too (without them its vision tower embeds raw pixels as patches and fails).
+        inputs |= {name: value for name, value in images.items() if name in signature}
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -116,7 +122,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
     inputs |= {m: _typed(model, m, _side_input(m, config, inputs, device, batch=batch, seq=seq))
-               for m in masks}
+               for m in masks if m not in inputs}
     args = (inputs.pop(names[0]),) if first else ()
     return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
@@ -230,6 +236,8 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
                            device=device)
     if name in IMAGE_SIZES:
         return sizes(_sub_config(config, "vision"), device, batch=batch)
+    if name == "spatial_shapes" and naflex(_sub_config(config, "vision"), device, batch=batch):
+        return naflex(_sub_config(config, "vision"), device, batch=batch)[name]
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):

@@ -280,6 +280,26 @@ def patch_grid(vision) -> tuple[int, int, int]:
     return 1, height // patch // merge * merge, width // patch // merge * merge
 
 
+def naflex(vision, device, *, batch: int) -> dict | None:
+    """SigLIP 2's NaFlex images, as its processor makes them: each image resized to a grid of
+    at most num_patches patches (a square image: isqrt(num_patches) a side; 16 x 16 of 256),
+    its patches flattened ``(batch, patches, channels * patch_size ** 2)``, a mask over them,
+    and the grid per image (``spatial_shapes``). None where the config has no num_patches."""
+    import torch
+
+    count = config_int(vision, ("num_patches",))
+    if count is None:
+        return None
+    side = math.isqrt(count)
+    patch = config_int(vision, ("patch_size",)) or 16
+    channels = config_int(vision, ("num_channels",)) or 3
+    return {"pixel_values": torch.zeros((batch, side * side, channels * patch * patch),
+                                        device=device),
+            "pixel_attention_mask": torch.ones((batch, side * side), dtype=torch.long,
+                                               device=device),
+            "spatial_shapes": torch.full((batch, 2), side, dtype=torch.long, device=device)}
+
+
 def patches(vision, device, *, batch: int):
     """One image per example as Qwen2-VL's processor flattens it: every patch a row
     ``(batch * t * h * w, channels * temporal_patch_size * patch_size ** 2)``."""

@@ -51,8 +51,11 @@ def _window_sum(size_in: int, size_out: int, taps: int, align_corners: bool,
                 scale_factor: float | None) -> int:
     """The input pixels every output position of one dim reads, summed over the positions."""
     if not isinstance(size_in, int) or not isinstance(size_out, int):
-        raise ValueError("an antialiased resize is counted at fixed sizes only (its windows "
-                         "depend on the sizes' ratio); analyze it without dynamic image sizes")
+        raise ValueError(f"an antialiased resize is counted at fixed sizes only (its windows "
+                         f"depend on the sizes' ratio), and it resizes {size_in} to {size_out}: "
+                         f"analyze it without dynamic image sizes, or, where a size is read "
+                         f"from a tensor's values (a u symbol: SigLIP 2's spatial_shapes), "
+                         f"with those sizes fixed in the model")
     if align_corners:
         scale = (size_in - 1) / (size_out - 1) if size_out > 1 else 0.0
     else:
