@@ -12,8 +12,7 @@ from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
                        flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
-                       sizes,
-                       spectrogram, time_series, waveform, with_image_tokens)
+                       sizes, spectrogram, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 from .hf_task_inputs import companions, family_input
 
@@ -236,8 +235,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
                            device=device)
     if name in IMAGE_SIZES:
         return sizes(_sub_config(config, "vision"), device, batch=batch)
-    if name == "spatial_shapes" and naflex(_sub_config(config, "vision"), device, batch=batch):
-        return naflex(_sub_config(config, "vision"), device, batch=batch)[name]
+    images = naflex(_sub_config(config, "vision"), device, batch=batch) if (
+        name == "spatial_shapes") else None
+    if images is not None:
+        return images[name]
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
