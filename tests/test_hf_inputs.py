@@ -59,6 +59,8 @@ CASES = {
     # and the grid of each image.
     "siglip2_vision_model": {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                              "spatial_shapes": (1, 2)},
+    # Qwen2.5-Omni's audio encoder reads the frames of each example (feature_lens) while None.
+    "qwen2_5_omni_audio_encoder": {"feature_lens": (1,)},
 }
 
 

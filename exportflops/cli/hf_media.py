@@ -258,7 +258,7 @@ IMAGE_TOKENS = ("latent_query_num", "image_seq_length", "num_image_tokens")
 MASKS = {"feature_attention_mask": "input_features", "input_features_mask": "input_features",
          "pixel_attention_mask": "pixel_values", "image_embeds_position_mask": "input_ids",
          "audio_mel_mask": "audio_mel", "mask": "input_features",
-         "chunk_sample_lengths": "input_features"}
+         "chunk_sample_lengths": "input_features", "feature_lens": "input_features"}
 
 
 def merge_size(vision) -> int:
@@ -347,8 +347,9 @@ def mask(name: str, masked, config, audio):
     """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
     `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
     is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
-    dropped); for audio lengths in samples, each example's frames times the config's
-    hop_length (None where it has none)."""
+    dropped); for audio lengths, each example's frames (``feature_lens``; one length where
+    the frames of one example come concatenated, bins first, with no batch axis), or in
+    samples, its frames times the config's hop_length (None where it has none)."""
     import torch
 
     if MASKS[name] == "input_ids":  # one per image token, where the config counts them
@@ -358,7 +359,12 @@ def mask(name: str, masked, config, audio):
     if MASKS[name] == "pixel_values":
         shape = masked.shape[:-3] + masked.shape[-2:]
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
+    if masked.dim() == 2 and masked.shape[0] == mel_bins(audio):
+        # One example's frames, concatenated (Qwen2.5-Omni's audio encoder): its length.
+        return torch.full((1,), masked.shape[1], dtype=torch.long, device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
+    if name == "feature_lens":  # each example's frames (Qwen2.5-Omni's audio encoder)
+        return torch.full((masked.shape[0],), frames, dtype=torch.long, device=masked.device)
     if name == "chunk_sample_lengths":
         # Not zeros: Dots3-Note masks the frames past length / hop_length of each example, and
         # its adapter reads the frames left. All of them: the samples of every frame.
