@@ -199,3 +199,33 @@ def test_a_sub_model_whose_composites_transformers_cannot_build_is_transformers_
                                          r"transformers could not build sam") as failed:
         parent_inputs(model, config, META, unbuildable, missing)
     assert blame(failed.value) == "theirs"
+
+
+def test_a_composite_that_calls_the_sub_model_at_a_value_read_size_is_a_reason_named():
+    # A composite that sizes the sub-model's input by a tensor's values (BLT's patches): the
+    # call is reached under torch.export with a size no example has, which the error names
+    # beside the input that hf: could not make.
+    from exportflops.cli.hf_inputs import UnknownInputError
+    from exportflops.cli.hf_parent import parent_inputs
+
+    class Held(torch.nn.Module):
+        def forward(self, patches):
+            return patches * 2
+
+    class Composite(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.held = Held()
+
+        def forward(self, x):
+            return self.held(x.nonzero().float())  # as many rows as x has nonzeros
+
+    def make(_parent_config):
+        return Composite(), (torch.ones(4),), {}
+
+    missing = UnknownInputError("exportflops does not know how to make an example 'patches'.")
+    with pytest.raises(UsageError, match=r"'patches'.*SamConfig \(mask_decoder_config\): "
+                                         r"UsageError: a size of this input depends on the "
+                                         r"composite model's values \(u\d+\)") as failed:
+        parent_inputs(Held(), tf.SamMaskDecoderConfig(), META, make, missing)
+    assert "\n" not in str(failed.value)

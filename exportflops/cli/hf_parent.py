@@ -95,15 +95,14 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
         try:
             parent, args, kwargs = make(parent_config)
             call = _first_call(parent, args, kwargs, type(model))
+            if call is not None:
+                return _examples(call[0], device), _examples(call[1], device)
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
             if isinstance(error, BuildError):  # make's: transformers could not build it
                 unbuilt.append(error)
             why.append(f"{name} ({key}): {type(error).__name__}: {_first_sentence(error)}")
             continue
-        if call is None:
-            why.append(f"{name} ({key}): its forward did not call a {type(model).__name__}")
-            continue
-        return _examples(call[0], device), _examples(call[1], device)
+        why.append(f"{name} ({key}): its forward did not call a {type(model).__name__}")
     if not why:
         raise missing
     message = f"{missing} Nor could it be read from the composite model that holds this config: "
