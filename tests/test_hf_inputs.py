@@ -61,6 +61,8 @@ CASES = {
                              "spatial_shapes": (1, 2)},
     # Qwen2.5-Omni's audio encoder reads the frames of each example (feature_lens) while None.
     "qwen2_5_omni_audio_encoder": {"feature_lens": (1,)},
+    # IDEFICS: which of its images (one per example) each of the 128 tokens attends to.
+    "idefics": {"pixel_values": (1, 1, 3, 224, 224), "image_attention_mask": (1, 128, 1)},
 }
 
 
@@ -78,7 +80,7 @@ def test_each_input_family_is_shaped_from_its_config(model_type):
 
 @pytest.mark.parametrize("model_type", ["videomae", "audio-spectrogram-transformer",
                                         "parakeet_encoder", "clap_audio_model", "patchtst",
-                                        "bros", "dac"])
+                                        "bros", "dac", "idefics"])
 def test_the_model_then_analyzes_with_every_op_counted(model_type):
     model, args, kwargs = hf_model(model_type, META, None, layers=1)
     report = analyze(model, args, kwargs)

@@ -188,9 +188,18 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
 
 def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
                 seq: int | None):
+    import torch
+
     made = None
     if name in MASKS and MASKS[name] in given:
         made = mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+    images = given.get("pixel_values")
+    if (name == "image_attention_mask" and "input_ids" in given
+            and isinstance(images, torch.Tensor) and images.dim() == 5):
+        # IDEFICS: the images ``(batch, images, ...)`` each token attends to; every token
+        # attends to every image: ones ``(batch, tokens, images)``.
+        made = torch.ones(given["input_ids"].shape + images.shape[1:2], dtype=torch.long,
+                          device=images.device)
     return made if made is not None else example(name, config, device, batch=batch, seq=seq)
 
 
