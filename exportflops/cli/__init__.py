@@ -103,9 +103,20 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
                                        hf_options=hf_options(ns))
     if ns.generate is not None:
         from ..generation import analyze_generation
-        return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
-                                           cache=ns.cache, max_cache_len=ns.max_cache_len,
-                                           strict=ns.strict), None)
+        try:
+            if not args:
+                raise ValueError(f"it takes its inputs by name ({', '.join(kwargs or {})})")
+            return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
+                                               cache=ns.cache, max_cache_len=ns.max_cache_len,
+                                               strict=ns.strict), None)
+        except ValueError as error:
+            if type(error) is not ValueError:  # a typed error of ours says what it is itself
+                raise
+            # analyze_generation's own check: the first input is no prompt.
+            raise UsageError(f"--generate analyzes a model that generates tokens from a prompt "
+                             f"of token ids (or from features: Whisper), and "
+                             f"{type(model).__name__} does not take one: {error}. Analyze its "
+                             f"forward without --generate.") from error
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
