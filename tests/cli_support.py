@@ -116,3 +116,21 @@ def write_models(folder: Path) -> Path:
     """``folder/cli_models.py``, the factories, importable as ``cli_models:NAME``."""
     (folder / "cli_models.py").write_text(FACTORIES)
     return folder
+
+
+def named_inputs(model, args: tuple, kwargs: dict) -> dict:
+    """The example inputs ``hf:`` made for ``model``, each by its forward parameter's name."""
+    import inspect
+
+    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
+
+
+def input_shapes(model_type: str, names) -> dict:
+    """The shapes of the inputs among ``names`` that ``hf:model_type`` makes at one layer on
+    meta, batch 1, default length."""
+    import torch
+
+    from exportflops.cli.hf import hf_model
+
+    named = named_inputs(*hf_model(model_type, torch.device("meta"), None, layers=1))
+    return {name: tuple(named[name].shape) for name in names if name in named}

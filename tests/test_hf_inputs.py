@@ -16,8 +16,6 @@ encoder_hidden_size 1,408; the codecs (EnCodec's audio_channels 1, DAC mono) one
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_media import HF_DEFAULT_FRAMES
 from exportflops.errors import UsageError
+from tests.cli_support import input_shapes
 
 pytest.importorskip("transformers")
 META = torch.device("meta")
@@ -66,16 +65,9 @@ CASES = {
 }
 
 
-def _named(model, args, kwargs) -> dict:
-    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
-
-
 @pytest.mark.parametrize("model_type", list(CASES))
 def test_each_input_family_is_shaped_from_its_config(model_type):
-    model, args, kwargs = hf_model(model_type, META, None, layers=1)
-    named = _named(model, args, kwargs)
-    got = {name: tuple(named[name].shape) for name in CASES[model_type] if name in named}
-    assert got == CASES[model_type]
+    assert input_shapes(model_type, CASES[model_type]) == CASES[model_type]
 
 
 @pytest.mark.parametrize("model_type", ["videomae", "audio-spectrogram-transformer",

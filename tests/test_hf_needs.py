@@ -11,8 +11,6 @@ max_source_positions 1,500 x 2 frames.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -20,14 +18,11 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model, missed_input
 from exportflops.cli.hf_media import grid, image_tokens, mask, patch_grid, patches
 from exportflops.cli.hf_needs import needed_input
+from tests.cli_support import named_inputs
 
 tf = pytest.importorskip("transformers")
 META = torch.device("meta")
 CPU = torch.device("cpu")
-
-
-def _named(model, args, kwargs) -> dict:
-    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
 
 
 # --- reading the None --------------------------------------------------------------------
@@ -134,7 +129,7 @@ def test_the_patch_grid_and_image_tokens_follow_the_config(model_type, side):
 
 def test_qwen2_vl_gets_patches_a_grid_and_one_placeholder_per_image_token():
     model, args, kwargs = hf_model("qwen2_vl", META, None, layers=1)
-    named = _named(model, args, kwargs)
+    named = named_inputs(model, args, kwargs)
     assert tuple(named["pixel_values"].shape) == (16 * 16, 1176)
     assert tuple(named["image_grid_thw"].shape) == (1, 3)
     assert tuple(named["mm_token_type_ids"].shape) == tuple(named["input_ids"].shape)
@@ -169,7 +164,7 @@ def test_a_token_mask_marks_as_many_image_tokens_as_the_config_counts():
 ])
 def test_a_needed_mask_is_made_and_the_model_analyzes(model_type, name, shape):
     model, args, kwargs = hf_model(model_type, META, None, layers=1)
-    assert tuple(_named(model, args, kwargs)[name].shape) == shape
+    assert tuple(named_inputs(model, args, kwargs)[name].shape) == shape
     report = analyze(model, args, kwargs)
     assert report.uncounted == [] and report.total.flops > 0
 
@@ -204,7 +199,7 @@ def test_a_deeper_model_gets_the_inputs_its_one_layer_twin_was_probed_for():
     # At 2 layers hf: probes a 1-layer twin on meta; LongT5 still gets its attention_mask.
     model, args, kwargs = hf_model("longt5", META, None, layers=2)
     assert model.config.num_layers == 2
-    named = _named(model, args, kwargs)
+    named = named_inputs(model, args, kwargs)
     assert tuple(named["attention_mask"].shape) == (1, 128)
 
 

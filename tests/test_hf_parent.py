@@ -11,26 +11,21 @@ scaled-image ratio 0.25 ask for 384 / 0.25 = 1536-pixel images.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
 from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.errors import UsageError
+from tests.cli_support import named_inputs
 
 tf = pytest.importorskip("transformers")
 META = torch.device("meta")
 
 
-def _named(model, args, kwargs) -> dict:
-    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
-
-
 def test_a_mask_decoder_gets_the_image_embeddings_its_composite_computes():
     model, args, kwargs = hf_model("sam_mask_decoder", META, None, layers=1, batch=2)
-    inputs = _named(model, args, kwargs)
+    inputs = named_inputs(model, args, kwargs)
     grid = 1024 // 16
     assert inputs["image_embeddings"].shape == (2, 256, grid, grid)
     assert inputs["image_positional_embeddings"].shape == (2, 256, grid, grid)
@@ -94,20 +89,20 @@ def test_xmod_gets_a_language_per_example_where_its_config_sets_no_default():
 
 def test_perceiver_reads_vectors_of_d_model():
     model, args, kwargs = hf_model("perceiver", META, None, layers=1, seq=32)
-    assert _named(model, args, kwargs)["inputs"].shape == (1, 32, 768)
+    assert named_inputs(model, args, kwargs)["inputs"].shape == (1, 32, 768)
 
 
 def test_a_speech_encoder_decoder_takes_its_encoders_waveform():
     model, args, kwargs = hf_model("speech-encoder-decoder", META, None, layers=1)
     # wav2vec2's input_values (a parameter of forward too, beside the generic `inputs`): one
     # second at 16 kHz (HF_DEFAULT_SAMPLES).
-    assert _named(model, args, kwargs)["input_values"].shape == (1, 16_000)
+    assert named_inputs(model, args, kwargs)["input_values"].shape == (1, 16_000)
     assert "decoder_input_ids" in kwargs
 
 
 def test_depth_pro_images_fit_its_smallest_scaling():
     model, args, kwargs = hf_model("depth_pro", META, None)
-    assert _named(model, args, kwargs)["pixel_values"].shape[-2:] == (1536, 1536)
+    assert named_inputs(model, args, kwargs)["pixel_values"].shape[-2:] == (1536, 1536)
 
 
 def test_lxmert_reads_36_detector_regions_of_its_feature_and_box_widths():
@@ -161,7 +156,7 @@ def test_decision_transformer_reads_a_trajectory_of_states_actions_and_returns()
     # DecisionTransformerConfig: state_dim 17 and act_dim 4 (Hopper's); a return-to-go is one
     # number; timesteps index the episode. --seq sets the steps.
     model, args, kwargs = hf_model("decision_transformer", META, None, layers=1, seq=20)
-    inputs = _named(model, args, kwargs)
+    inputs = named_inputs(model, args, kwargs)
     assert inputs["states"].shape == (1, 20, 17)
     assert inputs["actions"].shape == (1, 20, 4)
     assert inputs["returns_to_go"].shape == (1, 20, 1)
@@ -173,7 +168,7 @@ def test_gemma3n_audio_reads_a_spectrogram_and_a_boolean_mask_of_its_frames():
     # Gemma3nAudioConfig: input_feat_size 128 mel bins; forward annotates audio_mel_mask a
     # torch.BoolTensor (torch.where's predicate). --seq 64 frames.
     model, args, kwargs = hf_model("gemma3n_audio", META, None, layers=1, seq=64)
-    inputs = _named(model, args, kwargs)
+    inputs = named_inputs(model, args, kwargs)
     assert inputs["audio_mel"].shape == (1, 64, 128)
     assert inputs["audio_mel_mask"].shape == (1, 64)
     assert inputs["audio_mel_mask"].dtype == torch.bool
@@ -201,7 +196,7 @@ def test_a_sub_model_whose_composites_transformers_cannot_build_is_transformers_
     assert blame(failed.value) == "theirs"
 
 
-def test_a_composite_that_calls_the_sub_model_at_a_value_read_size_is_a_reason_named():
+def test_a_composite_that_calls_the_sub_model_at_a_value_read_size_is_a_reasonnamed_inputs():
     # A composite that sizes the sub-model's input by a tensor's values (BLT's patches): the
     # call is reached under torch.export with a size no example has, which the error names
     # beside the input that hf: could not make.

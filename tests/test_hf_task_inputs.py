@@ -16,8 +16,6 @@ image_token_id 257152 of images 224 x 224 x 3.
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -25,6 +23,7 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_inputs import HF_DEFAULT_SEQ_LEN, UnknownInputError, example
 from exportflops.cli.hf_media import mask
+from tests.cli_support import input_shapes, named_inputs
 
 tf = pytest.importorskip("transformers")
 META = torch.device("meta")
@@ -58,16 +57,9 @@ CASES = {
 NOT_EXPORTED = {"qwen2_5_omni_token2wav"}
 
 
-def _named(model, args, kwargs) -> dict:
-    return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
-
-
 @pytest.mark.parametrize("model_type", list(CASES))
 def test_each_family_input_is_shaped_from_its_config(model_type):
-    model, args, kwargs = hf_model(model_type, META, None, layers=1)
-    named = _named(model, args, kwargs)
-    assert {name: tuple(named[name].shape) for name in CASES[model_type] if name in named} \
-        == CASES[model_type]
+    assert input_shapes(model_type, CASES[model_type]) == CASES[model_type]
 
 
 @pytest.mark.parametrize("model_type", [t for t in CASES if t not in NOT_EXPORTED])
@@ -82,7 +74,7 @@ def test_muse_glimmers_assistant_reads_a_block_and_the_context_of_its_target_lay
     # (its projection reads hidden_size x len(target_layer_ids)); the mask spans the context's
     # 128 accepted tokens and the block's 16.
     model, args, kwargs = hf_model("muse_glimmer_assistant", META, None, layers=1)
-    named = _named(model, args, kwargs)
+    named = named_inputs(model, args, kwargs)
     width = 6656 * len(model.config.target_layer_ids)
     assert model.encoder.fc.in_features == width
     assert tuple(named["noise_embeds"].shape) == (1, 16, 6656)
@@ -103,7 +95,7 @@ def test_oneformer_reads_task_tokens_of_its_task_seq_len():
     # On cpu: OneFormer's own code makes a tensor on cpu that meets meta tensors. Two layers:
     # at one, a loop of its own code runs no time and reads a variable it never set.
     model, args, kwargs = hf_model("oneformer", torch.device("cpu"), None, layers=2)
-    named = _named(model, args, kwargs)
+    named = named_inputs(model, args, kwargs)
     assert tuple(named["task_inputs"].shape) == (1, 77)
     assert named["task_inputs"].dtype == torch.long
     assert not analyze(model, args, kwargs).uncounted

@@ -37,12 +37,6 @@ KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
 SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
                "high_res_pixel_values", "visual_feats", "visual_pos")
-#: Regions of an image whose detector features LXMERT reads: the 36 objects per image of the
-#: Faster R-CNN features it was pre-trained on (Tan & Bansal 2019, LXMERT).
-DETECTOR_BOXES = 36
-#: The steps of a trajectory an offline-RL transformer reads and the config field of each
-#: one's width (a return-to-go, the third, is one number).
-TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -89,14 +83,15 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
               and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     # A required mask (Qwen3-ASR's input_features_mask) follows the input it masks, made last.
     masks = [name for name in names if name in MASKS]
+    # SigLIP 2's images: patches with their mask and grid, made together, and also where its
+    # composite's forward takes them as optional (raw pixels fail in its patch embedding).
+    images = (naflex(_sub_config(config, "vision"), device, batch=batch)
+              if "spatial_shapes" in signature and "pixel_values" in names else None) or {}
+    together = {name: value for name, value in images.items() if name in signature}
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
-              if name not in masks}
+              if name not in masks and name not in together}
     inputs |= companions(set(signature), config, inputs, steps=seq or HF_DEFAULT_SEQ_LEN)
-    images = naflex(_sub_config(config, "vision"), device, batch=batch)
-    if "spatial_shapes" in signature and "pixel_values" in inputs and images is not None:
-        # SigLIP 2's patches with their grid, which its composite's forward takes optionally
-        # too (without them its vision tower embeds raw pixels as patches and fails).
-        inputs |= {name: value for name, value in images.items() if name in signature}
+    inputs |= together
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -244,10 +239,6 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
                            device=device)
     if name in IMAGE_SIZES:
         return sizes(_sub_config(config, "vision"), device, batch=batch)
-    images = naflex(_sub_config(config, "vision"), device, batch=batch) if (
-        name == "spatial_shapes") else None
-    if images is not None:
-        return images[name]
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, _sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
@@ -258,10 +249,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     audio = _sub_config(config, "audio")
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
-    steps = seq or HF_DEFAULT_SEQ_LEN
-    made = _task_input(name, config, device, batch=batch, steps=steps)
-    if made is None:
-        made = family_input(name, config, device, batch=batch, steps=steps)
+    made = family_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
     if made is not None:
         return made
     if name in ("inputs_embeds", "query_embeds", "hidden_states"):
@@ -292,33 +280,6 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     raise UnknownInputError(f"exportflops does not know how to make an example {name!r} for "
                             f"{type(config).__name__}, and its forward requires it; pass the "
                             f"model's inputs with --input and --kwargs.")
-
-
-def _task_input(name: str, config, device, *, batch: int, steps: int):
-    """The input ``name`` of one model family, sized by the config field it is named for; None
-    where the config has no such field. LXMERT's detector features and their boxes; Decision
-    Transformer's trajectory (a state, an action, a return-to-go, a timestep per step); Mllama's
-    aspect ratio of its one image and the mask of its tiles; X-MOD's language per example;
-    Perceiver's inputs with no preprocessor (vectors of d_model, as its cross-attention reads
-    them)."""
-    import torch
-
-    tiles = config_int(_sub_config(config, "vision"), ("max_num_tiles",))
-    field = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim",
-             "inputs": "d_model", **TRAJECTORY}.get(name)
-    width = config_int(config, (field,)) if field else None
-    if name == "returns_to_go":
-        width = 1
-    if name in ("visual_feats", "visual_pos") and width is not None:
-        return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
-    if width is not None:
-        return torch.zeros((batch, steps, width), device=device)
-    long = {"timesteps": (batch, steps), "lang_ids": (batch,)}
-    if tiles is not None:
-        long |= {"aspect_ratio_ids": (batch, 1), "aspect_ratio_mask": (batch, 1, tiles)}
-    if name in long:
-        return torch.zeros(long[name], dtype=torch.long, device=device)
-    return None
 
 
 def text_length(config, seq: int | None, *, decoder: bool = False) -> int:

@@ -13,12 +13,22 @@ DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
 #: SegGPT's prompt: an image and its mask, each stacked above the input image (the model
 #: concatenates them along the height) to fill the config's image_size.
 PROMPT_IMAGES = ("prompt_pixel_values", "prompt_masks")
+#: Regions of an image whose detector features LXMERT reads: the 36 objects per image of the
+#: Faster R-CNN features it was pre-trained on (Tan & Bansal 2019, LXMERT).
+DETECTOR_BOXES = 36
+#: The steps of a trajectory an offline-RL transformer reads and the config field of each
+#: one's width (a return-to-go, the third, is one number).
+TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
 
 
 def family_input(name: str, config, device, *, batch: int, steps: int):
     """The input ``name`` of the family whose config field sizes it, ``steps`` long where its
     length is a free choice; None where ``config`` has no such field."""
     import torch
+
+    made = _sized_by_field(name, config, device, batch=batch, steps=steps)
+    if made is not None:
+        return made
 
     if name in DECISION_INPUTS and isinstance(getattr(config, "offsets", None), dict):
         # JEV: one question of each type whose first score row `offsets` keeps (noul, score,
@@ -52,6 +62,33 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
         return torch.zeros((batch, config.hidden_size, steps), device=device)
+    return None
+
+
+def _sized_by_field(name: str, config, device, *, batch: int, steps: int):
+    """The input ``name`` of one model family, sized by the config field it is named for; None
+    where the config has no such field. LXMERT's detector features and their boxes; Decision
+    Transformer's trajectory (a state, an action, a return-to-go, a timestep per step); Mllama's
+    aspect ratio of its one image and the mask of its tiles; X-MOD's language per example;
+    Perceiver's inputs with no preprocessor (vectors of d_model, as its cross-attention reads
+    them)."""
+    import torch
+
+    tiles = config_int(getattr(config, "vision_config", None) or config, ("max_num_tiles",))
+    field = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim",
+             "inputs": "d_model", **TRAJECTORY}.get(name)
+    width = config_int(config, (field,)) if field else None
+    if name == "returns_to_go":
+        width = 1
+    if name in ("visual_feats", "visual_pos") and width is not None:
+        return torch.zeros((batch, DETECTOR_BOXES, width), device=device)
+    if width is not None:
+        return torch.zeros((batch, steps, width), device=device)
+    long = {"timesteps": (batch, steps), "lang_ids": (batch,)}
+    if tiles is not None:
+        long |= {"aspect_ratio_ids": (batch, 1), "aspect_ratio_mask": (batch, 1, tiles)}
+    if name in long:
+        return torch.zeros(long[name], dtype=torch.long, device=device)
     return None
 
 
