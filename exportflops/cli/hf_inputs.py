@@ -12,7 +12,7 @@ from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
                        flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
-                       sizes, spectrogram, time_series, waveform, with_image_tokens)
+                       sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
 from .hf_task_inputs import companions, family_input
 
@@ -69,7 +69,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     names = [main if main in parameters or parameters[0] not in KNOWN else parameters[0]]
     for modality, name in MODALITIES.items():
         # A composite model with a sub-config of this modality takes its input too.
-        if name in parameters and name not in names and _has_sub_config(config, modality):
+        if name in parameters and name not in names and _hassub_config(config, modality):
             names.append(name)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         names.append("decoder_input_ids")
@@ -85,7 +85,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     masks = [name for name in names if name in MASKS]
     # SigLIP 2's images: patches with their mask and grid, made together, and also where its
     # composite's forward takes them as optional (raw pixels fail in its patch embedding).
-    images = (naflex(_sub_config(config, "vision"), device, batch=batch)
+    images = (naflex(sub_config(config, "vision"), device, batch=batch)
               if "spatial_shapes" in signature and "pixel_values" in names else None) or {}
     together = {name: value for name, value in images.items() if name in signature}
     inputs = {name: example(name, config, device, batch=batch, seq=seq) for name in names
@@ -187,7 +187,7 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
 
     made = None
     if name in MASKS and MASKS[name] in given:
-        made = mask(name, given[MASKS[name]], config, _sub_config(config, "audio"))
+        made = mask(name, given[MASKS[name]], config, sub_config(config, "audio"))
     images = given.get("pixel_values")
     if (name == "image_attention_mask" and "input_ids" in given
             and isinstance(images, torch.Tensor) and images.dim() == 5):
@@ -205,7 +205,7 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     marked as an image's in mm_token_type_ids where forward takes those."""
     import torch
 
-    vision = _sub_config(config, "vision")
+    vision = sub_config(config, "vision")
     inputs[pixel_name] = patches(vision, device, batch=batch)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     token = config_int(config, IMAGE_TOKEN)
@@ -217,14 +217,10 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
             inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
 
 
-def _has_sub_config(config, modality: str) -> bool:
+def _hassub_config(config, modality: str) -> bool:
     # Set, not merely declared: embedding_gemma2 keeps vision_config = None.
     return any(getattr(config, f"{modality}_{part}", None) is not None
                for part in ("config", "configs"))
-
-
-def _sub_config(config, modality: str):
-    return getattr(config, f"{modality}_config", None) or config
 
 
 def example(name: str, config, device, *, batch: int, seq: int | None):
@@ -238,15 +234,15 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
                            device=device)
     if name in IMAGE_SIZES:
-        return sizes(_sub_config(config, "vision"), device, batch=batch)
+        return sizes(sub_config(config, "vision"), device, batch=batch)
     if name in GRID_INPUTS + SIZE_INPUTS:
-        return grid(name, _sub_config(config, "vision"), device, batch=batch)
+        return grid(name, sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
-        return pixels(name, _sub_config(config, "vision"), device, batch=batch)
+        return pixels(name, sub_config(config, "vision"), device, batch=batch)
     if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
-        vision = getattr(config, "high_res_vision_config", None) or _sub_config(config, "vision")
+        vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)
-    audio = _sub_config(config, "audio")
+    audio = sub_config(config, "audio")
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
     made = family_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
@@ -264,7 +260,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
             return waves + feature_layouts(audio, device, batch=batch, seq=seq)
         return waves
     if name == "flattened_patches":
-        return flattened_patches(_sub_config(config, "vision"), device, batch=batch, seq=seq)
+        return flattened_patches(sub_config(config, "vision"), device, batch=batch, seq=seq)
     if name == "spectrogram":
         return spectrogram(config, device, batch=batch, seq=seq)
     if name in ("past_values", "past_values_padding", "freq"):

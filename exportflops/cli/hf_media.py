@@ -29,6 +29,12 @@ def config_int(config, names: tuple[str, ...]) -> int | None:
                  and not isinstance(getattr(config, n), bool)), None)
 
 
+def sub_config(config, modality: str):
+    """``config``'s sub-config of ``modality`` (``vision_config``), or ``config`` itself where
+    it has none (a vision model's own config)."""
+    return getattr(config, f"{modality}_config", None) or config
+
+
 def image_size(config) -> tuple[int, int]:
     """The (height, width) of ``config``'s images: the patch over the smallest of the scaled
     images' ratios where the config scales its images (DepthPro), else image_size, else

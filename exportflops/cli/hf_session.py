@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from .hf_media import image_size
+from .hf_media import image_size, sub_config
 
 #: The points clicked on each object in the frame: one, a positive click (label 1), as a
 #: user's first click on an object is.
@@ -85,7 +85,7 @@ def tracked_frame(model, session: type, config, device, *, batch: int
                          f"only for trackers prompted by clicked points (SAM2-Video): build it "
                          f"and call analyze() from Python, or analyze the model's tensor "
                          f"submodules.")
-    vision = getattr(config, "vision_config", None) or config
+    vision = sub_config(config, "vision")
     height, width = image_size(vision)
     frame = torch.zeros((1, getattr(vision, "num_channels", 3), height, width), device=device)
     points = torch.zeros((1, batch, POINTS_PER_OBJECT, 2), device=device)

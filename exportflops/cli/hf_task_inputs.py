@@ -5,7 +5,8 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, with_image_tokens
+from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, sub_config,
+                       with_image_tokens)
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -54,7 +55,7 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # ... reading the states of its target model's target_layer_ids layers, concatenated:
         # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
         return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
-    made = speech_dit_input(name, getattr(config, "dit_config", None) or config, device,
+    made = speech_dit_input(name, sub_config(config, "dit"), device,
                             batch=batch, codes=steps)
     if made is not None:
         return made
@@ -74,7 +75,7 @@ def _sized_by_field(name: str, config, device, *, batch: int, steps: int):
     them)."""
     import torch
 
-    tiles = config_int(getattr(config, "vision_config", None) or config, ("max_num_tiles",))
+    tiles = config_int(sub_config(config, "vision"), ("max_num_tiles",))
     field = {"visual_feats": "visual_feat_dim", "visual_pos": "visual_pos_dim",
              "inputs": "d_model", **TRAJECTORY}.get(name)
     width = config_int(config, (field,)) if field else None
