@@ -16,8 +16,8 @@ import torch
 
 from exportflops import analyze
 from exportflops.cli.hf import hf_model, missed_input
-from exportflops.cli.hf_media import grid, image_tokens, mask, patch_grid, patches
-from exportflops.cli.hf_needs import needed_input
+from exportflops.cli.hf_media import fake_error, grid, image_tokens, mask, patch_grid, patches
+from exportflops.cli.hf_needs import innermost, needed_input
 from tests.cli_support import named_inputs
 
 tf = pytest.importorskip("transformers")
@@ -183,6 +183,27 @@ def test_an_input_check_in_transformers_forward_is_blamed_on_the_builder():
     assert isinstance(error, ValueError)
     assert blame(error, model, args, both) == "ours"
     assert blame(error) == "theirs"  # without the model, its frame is all that is known
+
+
+def test_a_check_of_the_config_itself_is_blamed_on_transformers():
+    # Step 3.5's default config sets no sliding_window, which its masks read: transformers'
+    # mask code raises a ValueError about the config, naming none of forward's inputs.
+    from exportflops.cli.hf import blame
+
+    model, args, kwargs = hf_model("step3p5", META, None, layers=1)
+    assert model.config.sliding_window is None
+    error = innermost(fake_error(model, args, kwargs))
+    assert isinstance(error, ValueError) and "config" in str(error)
+    assert blame(error, model, args, kwargs) == "theirs"
+
+
+def test_embeddings_replace_ids_that_forward_refuses():
+    # Qwen3-Omni's code predictor raises "`input_ids` is expected to be `None`": it reads the
+    # embeddings its talker sums, (batch, tokens, hidden_size 1024 in the default config).
+    model, args, kwargs = hf_model("qwen3_omni_moe_talker_code_predictor", META, None, layers=1)
+    named = named_inputs(model, args, kwargs)
+    assert "input_ids" not in named and tuple(named["inputs_embeds"].shape) == (1, 128, 1024)
+    assert analyze(model, args, kwargs).uncounted == []
 
 
 def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(capfd):

@@ -9,6 +9,7 @@ import copy
 import inspect
 import json
 import os
+import re
 import traceback
 from typing import Any
 
@@ -284,20 +285,28 @@ def blame(error: BaseException, model=None, args: tuple = (), kwargs: dict | Non
     (`missed_input`); or when it rejected ours with a ValueError it raises (an input check:
     "Bbox is required", "Image features and image tokens do not match"). Theirs otherwise: a
     constructor that rejects its own default config or a config with no model class
-    (`BuildError`), a forward torch.export cannot capture."""
+    (`BuildError`), a check of the config's own fields ("Could not find a `sliding_window`
+    argument in the config"), a forward torch.export cannot capture."""
     if isinstance(error, BuildError):  # transformers cannot build it from this config
         return "theirs"
     if raised_by(error).startswith("exportflops"):
         return "ours"
     if model is None:
         return "theirs"
-    return "ours" if _checked(error) or missed_input(error, model, args, kwargs) else "theirs"
+    return ("ours" if _checked(error, model) or missed_input(error, model, args, kwargs)
+            else "theirs")
 
 
-def _checked(error: BaseException) -> bool:
+def _checked(error: BaseException, model) -> bool:
     """Whether transformers' own code raised ``error``'s innermost cause as a ValueError with a
-    ``raise`` statement: an input check, not Python's unpacking or conversion errors."""
+    ``raise`` statement about the inputs: an input check, not Python's unpacking or conversion
+    errors, nor a check of the config that names none of forward's parameters."""
     cause = innermost(error)
     frames = traceback.extract_tb(cause.__traceback__)
-    return (isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
-            and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise"))
+    raised = (isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
+              and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise"))
+    message = str(cause)
+    about_config = "config" in message and not any(
+        re.search(rf"\b{re.escape(name)}\b", message)
+        for name in inspect.signature(model.forward).parameters)
+    return raised and not about_config

@@ -13,7 +13,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
                        flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
                        sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
-from .hf_needs import needed_input
+from .hf_needs import innermost, needed_input
 from .hf_task_inputs import companions, family_input
 
 
@@ -118,7 +118,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     inputs |= {m: _typed(model, m, _side_input(m, config, inputs, device, batch=batch, seq=seq))
                for m in masks if m not in inputs}
     args = (inputs.pop(names[0]),) if first else ()
-    return args, _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
+    return _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
 
 def _typed(model, name: str, value):
@@ -142,8 +142,9 @@ def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
 
 
 def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, batch: int,
-               seq: int | None) -> dict[str, Any]:
-    """``inputs`` and the optional inputs that forward's own error asks for under fake tensors:
+               seq: int | None) -> tuple[tuple, dict[str, Any]]:
+    """``(args, inputs)`` with the optional inputs that forward's own error asks for under fake
+    tensors, and embeddings in place of ids where its own check refuses ids (`_refused_ids`):
     by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
     be given": BLIP-2's Q-Former), or by reading it while None (`needed_input`: LongT5's
     attention_mask, Qwen2-Audio's feature_attention_mask). Forward's signature says these are
@@ -153,10 +154,18 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     parameters = list(inspect.signature(model.forward).parameters)
     given = set(parameters[:len(args)]) | set(inputs)
     side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
-    for _ in range(len(side) + len(MASKS) + 1):  # at most one try per input it could add
+    # At most one try per input it could add, and one for embeddings in place of ids.
+    for _ in range(len(side) + len(MASKS) + 2):
         error = fake_error(model, args, inputs)
         if error is None:
             break
+        if _refused_ids(error, parameters, args, inputs):
+            # Qwen3-Omni's code predictor reads only embeddings (its talker sums several
+            # codebooks' into them) and raises on ids.
+            args, inputs = (), {k: v for k, v in inputs.items() if k != "input_ids"}
+            inputs["inputs_embeds"] = example("inputs_embeds", config, device, batch=batch,
+                                              seq=seq)
+            continue
         asked = [name for name in side if name in str(error).lower() and name not in inputs]
         needed = needed_input(error, [p for p in parameters if p not in given | set(inputs)])
         if needed is not None and needed not in asked:
@@ -178,7 +187,18 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
                 others = dict(zip(parameters, args)) | inputs
                 made[name] = accepted(model, name, candidates, others, first=False)
         inputs |= made
-    return inputs
+    return args, inputs
+
+
+def _refused_ids(error: BaseException, parameters: list[str], args: tuple,
+                 inputs: dict[str, Any]) -> bool:
+    """Whether ``error`` is forward's own ValueError naming the ``input_ids`` it was given,
+    where it takes ``inputs_embeds`` instead."""
+    given = set(parameters[:len(args)]) | set(inputs)
+    cause = innermost(error)
+    return ("input_ids" in given and "inputs_embeds" in parameters
+            and "inputs_embeds" not in given and isinstance(cause, ValueError)
+            and "input_ids" in str(cause))
 
 
 def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
