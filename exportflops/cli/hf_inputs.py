@@ -11,8 +11,9 @@ from typing import Any
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
-                       sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
+                       flattened_patches, grid, image_tokens, mask, merge_size, naflex, patches,
+                       pixels, sizes, spectrogram, sub_config, time_series, waveform,
+                       with_image_tokens)
 from .hf_needs import innermost, needed_input
 from .hf_task_inputs import companions, family_input
 
@@ -37,6 +38,8 @@ KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
 SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
                "high_res_pixel_values", "visual_feats", "visual_pos")
+#: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
+MERGE_SIZES = {"image_merge_sizes", "merge_sizes"}
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -221,13 +224,16 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
 def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
                   parameters: set[str], config, device, *, batch: int) -> None:
     """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
-    grid, and, in the tokens, one placeholder per image token (the config's image_token_id),
-    marked as an image's in mm_token_type_ids where forward takes those."""
+    grid (and its `merge_size` where forward takes one per image), and, in the tokens, one
+    placeholder per image token (the config's image_token_id), marked as an image's in
+    mm_token_type_ids where forward takes those."""
     import torch
 
     vision = sub_config(config, "vision")
     inputs[pixel_name] = patches(vision, device, batch=batch)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
+    for name in MERGE_SIZES & parameters:  # VideoLLaMA 3 takes the merge per image
+        inputs[name] = torch.full((batch,), merge_size(vision), dtype=torch.long, device=device)
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
     if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
