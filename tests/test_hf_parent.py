@@ -52,13 +52,19 @@ def test_a_module_built_from_the_whole_composite_config_is_taken_from_the_compos
     assert not analyze(model, args, kwargs).uncounted
 
 
-def test_a_composite_that_does_not_call_the_sub_model_is_named_in_the_error():
+@pytest.mark.parametrize("model_type",
+                         ["sam3_geometry_encoder", "sam3_lite_text_geometry_encoder"])
+def test_a_sub_model_run_only_on_prompts_gets_its_composites_prompt(model_type):
     # Sam3Model calls its geometry encoder only with box prompts (input_boxes), which its
-    # example inputs (an image and text) do not hold.
-    with pytest.raises(UsageError, match=r"'box_embeddings'.*Sam3Config \(geometry_encoder_config"
-                       r"\): its forward did not call a Sam3GeometryEncoder\.$") as caught:
-        hf_model("sam3_geometry_encoder", META, None, layers=1)
-    assert "\n" not in str(caught.value)  # one paragraph
+    # example inputs (an image and text) do not hold: asked again with one box per example,
+    # the encoder reads that box (batch 1, 1 box, cx cy w h) and the three FPN levels of
+    # 1008 / 14 = 72 patches a side, scaled by 4, 2 and 1 (image features and positions).
+    model, args, kwargs = hf_model(model_type, META, None, layers=1)
+    named = named_inputs(model, args, kwargs)
+    assert tuple(named["box_embeddings"].shape) == (1, 1, 4)
+    assert tuple(named["box_mask"].shape) == (1, 1)
+    assert [tuple(t.shape) for t in named["img_feats"]] == [
+        (1, 256, 288, 288), (1, 256, 144, 144), (1, 256, 72, 72)]
 
 
 @pytest.mark.parametrize("model_type", ["sam3_mask_decoder", "sam3_lite_text_mask_decoder"])

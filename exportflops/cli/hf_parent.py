@@ -95,6 +95,9 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
         try:
             parent, args, kwargs = make(parent_config)
             call = _first_call(parent, args, kwargs, type(model))
+            prompted = _prompted(parent, args, kwargs)
+            if call is None and prompted is not kwargs:  # it runs only when prompted
+                call = _first_call(parent, args, prompted, type(model))
             if call is not None:
                 return _examples(call[0], device), _examples(call[1], device)
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
@@ -109,6 +112,19 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
     if len(unbuilt) == len(why):  # transformers builds none of them here: transformers' failure
         raise BuildError(message + "; ".join(why) + ".") from unbuilt[0]
     raise UsageError(message + "; ".join(why) + ".") from None
+
+
+def _prompted(parent, args: tuple, kwargs: dict) -> dict:
+    """``kwargs`` with one box per example where ``parent``'s forward takes box prompts and
+    none were given: SAM 3 runs its geometry encoder only on boxes, ``(batch, boxes, 4)``."""
+    import torch
+
+    given = list(args) + list(kwargs.values())
+    first = next((v for v in given if isinstance(v, torch.Tensor)), None)
+    if (first is None or "input_boxes" in kwargs
+            or "input_boxes" not in inspect.signature(parent.forward).parameters):
+        return kwargs
+    return kwargs | {"input_boxes": torch.zeros((first.shape[0], 1, 4), device=first.device)}
 
 
 def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
