@@ -60,6 +60,9 @@ CASES = {
                              "spatial_shapes": (1, 2)},
     # Qwen2.5-Omni's audio encoder reads the frames of each example (feature_lens) while None.
     "qwen2_5_omni_audio_encoder": {"feature_lens": (1,)},
+    # Granite Speech 5: frames first, each 4 stacked frames of num_mel_bins 80 (its
+    # input_linear reads num_mel_bins * 4; its feature extractor stacks them).
+    "granite_speech5_encoder": {"input_features": (1, HF_DEFAULT_FRAMES, 4 * 80)},
     # IDEFICS: which of its images (one per example) each of the 128 tokens attends to.
     "idefics": {"pixel_values": (1, 1, 3, 224, 224), "image_attention_mask": (1, 128, 1)},
 }
@@ -72,7 +75,7 @@ def test_each_input_family_is_shaped_from_its_config(model_type):
 
 @pytest.mark.parametrize("model_type", ["videomae", "audio-spectrogram-transformer",
                                         "parakeet_encoder", "clap_audio_model", "patchtst",
-                                        "bros", "dac", "idefics"])
+                                        "bros", "dac", "idefics", "granite_speech5_ctc"])
 def test_the_model_then_analyzes_with_every_op_counted(model_type):
     model, args, kwargs = hf_model(model_type, META, None, layers=1)
     report = analyze(model, args, kwargs)

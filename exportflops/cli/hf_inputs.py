@@ -11,8 +11,8 @@ from typing import Any
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, merge_size, naflex, patches,
-                       pixels, sizes, spectrogram, sub_config, time_series, waveform,
+                       flattened_patches, grid, image_tokens, mask, mel_bins, merge_size, naflex,
+                       patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import innermost, needed_input
 from .hf_task_inputs import companions, family_input
@@ -116,12 +116,31 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                         for m in masks if MASKS[m] == name}
 
             others = {k: v for k, v in inputs.items() if k != name}
+            candidates = candidates + _stacked_frames(model, candidates, config)
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
     inputs |= {m: _typed(model, m, _side_input(m, config, inputs, device, batch=batch, seq=seq))
                for m in masks if m not in inputs}
     args = (inputs.pop(names[0]),) if first else ()
     return _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
+
+
+def _stacked_frames(model, layouts: list, config) -> list:
+    """A last layout to choose from: frames first, each of k stacked frames of the config's
+    mel bins, where the first linear layer of ``model`` that reads a multiple of the bins reads
+    k of them (Granite Speech 5's input_linear: num_mel_bins x 4, its feature extractor's
+    stacking, in no config field). Empty where ``layouts`` are no spectrograms or no layer
+    reads such a multiple."""
+    import torch
+
+    bins = mel_bins(sub_config(config, "audio"))
+    frames_first = next((t for t in layouts if isinstance(t, torch.Tensor) and t.dim() == 3
+                         and t.shape[-1] == bins), None)
+    width = next((m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)
+                  and m.in_features % bins == 0), None)
+    if frames_first is None or width is None or width == bins:
+        return []
+    return [frames_first.new_zeros(frames_first.shape[:-1] + (width,))]
 
 
 def _typed(model, name: str, value):
