@@ -6,6 +6,7 @@ shapes only."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 from ..errors import UsageError
@@ -332,7 +333,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name == "input_values":
         # A waveform, or a spectrogram where the config has mel bins (AST calls its own
         # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).
-        waves = waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
+        # Whole tokens of samples_per_token samples (Muse Spark's 1,920: 80 ms at 24 kHz).
+        per_token = config_int(audio, ("samples_per_token",)) or 1
+        samples = seq or math.ceil(HF_DEFAULT_SAMPLES / per_token) * per_token
+        waves = waveform(audio, device, batch=batch, samples=samples)
         if _has_mel_bins(audio):
             return waves + feature_layouts(audio, device, batch=batch, seq=seq)
         return waves

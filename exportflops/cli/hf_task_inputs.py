@@ -204,6 +204,15 @@ def audio_family_input(name: str, config, device, *, batch: int, steps: int):
     if name == "audio_input_ids":  # Inkling's audio: a token per codebook (n_mel_bins) a frame
         return codebook_layouts(torch.zeros((batch, steps), dtype=torch.long, device=device),
                                 config)
+    mels = config_int(config, ("mel_dim",))
+    if name == "mel_spectrogram" and mels is not None:
+        # A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
+        # ``(batch, mel_dim, frames)``.
+        return torch.zeros((batch, mels, steps), device=device)
+    if name == "hidden_states" and getattr(config, "upsampling_ratios", None):
+        # A codec's decoder that upsamples latent frames of hidden_size by upsampling_ratios
+        # (VibeVoice's, whose stem convolution reads hidden_size channels).
+        return torch.zeros((batch, config.hidden_size, steps), device=device)
     cross = config_int(config, ("cross_hidden_size",))
     if name == "encoder_hidden_states" and cross is not None:
         # Dia's decoder: its cross-attention projects its encoder's states of cross_hidden_size.
