@@ -5,8 +5,8 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, MEL_BINS, config_int, image_size,
-                       sub_config, with_image_tokens)
+from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, MEL_BINS, config_int, feature_layouts,
+                       image_size, sub_config, with_image_tokens)
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -147,6 +147,7 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
         made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
     if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
         made["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
+    made |= audio_companions(config, inputs)
     if {"noise_embeds", "context_hidden_states"} <= set(inputs) and "attention_mask" in parameters:
         noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
@@ -234,3 +235,16 @@ def features_config(config):
         if part is not None and config_int(part, MEL_BINS) is not None:
             return part
     return getattr(config, "semantic_model_config", None) or audio
+
+
+def audio_companions(config, inputs: dict) -> dict:
+    """Voxtral Realtime's spectrogram, which its forward adds to the tokens one audio embedding
+    a token: audio_length_per_tok mel frames per token of input_ids, in the layouts to choose
+    from (`feature_layouts`). Empty where the config has no audio_length_per_tok."""
+    per_token = config_int(config, ("audio_length_per_tok",))
+    ids = inputs.get("input_ids")
+    if per_token is None or ids is None or "input_features" not in inputs:
+        return {}
+    ids = ids[0] if isinstance(ids, list) else ids
+    return {"input_features": feature_layouts(features_config(config), ids.device,
+                                              batch=ids.shape[0], seq=ids.shape[1] * per_token)}
