@@ -238,13 +238,26 @@ def features_config(config):
 
 
 def audio_companions(config, inputs: dict) -> dict:
-    """Voxtral Realtime's spectrogram, which its forward adds to the tokens one audio embedding
-    a token: audio_length_per_tok mel frames per token of input_ids, in the layouts to choose
-    from (`feature_layouts`). Empty where the config has no audio_length_per_tok."""
+    """The spectrogram that follows from the other inputs of an audio family, in the layouts
+    to choose from (`feature_layouts`): Voxtral Realtime adds one audio embedding to each token,
+    audio_length_per_tok mel frames a token of input_ids; XCodec2 concatenates its semantic
+    model's frames with its acoustic encoder's, one per prod(downsampling_ratios) samples of
+    the waveform (NeuCodec trims both to the shorter). Empty for any other config."""
+    import math
+
     per_token = config_int(config, ("audio_length_per_tok",))
-    ids = inputs.get("input_ids")
-    if per_token is None or ids is None or "input_features" not in inputs:
+    ratios = getattr(config, "downsampling_ratios", None)
+    given = {name: value[0] if isinstance(value, list) else value
+             for name, value in inputs.items()}
+    if "input_features" not in given:
         return {}
-    ids = ids[0] if isinstance(ids, list) else ids
-    return {"input_features": feature_layouts(features_config(config), ids.device,
-                                              batch=ids.shape[0], seq=ids.shape[1] * per_token)}
+    if per_token is not None and "input_ids" in given:
+        tokens = given["input_ids"]
+        frames = tokens.shape[1] * per_token
+    elif ratios and hasattr(config, "semantic_model_config") and "input_values" in given:
+        tokens = given["input_values"]
+        frames = tokens.shape[-1] // math.prod(ratios)
+    else:
+        return {}
+    return {"input_features": feature_layouts(features_config(config), tokens.device,
+                                              batch=tokens.shape[0], seq=frames)}
