@@ -13,8 +13,8 @@ mel_dim 80 channels; VibeVoice's acoustic decoder upsamples latents of hidden_si
 encoder reads num_stacked_frames 7 frames of num_mel_bins 80 a row (7 x 80 = 560);
 NeuCodec's and XCodec2's semantic model (a wav2vec2-BERT) reads feature_projection_input_dim
 160 a frame, one frame per prod(downsampling_ratios (2, 2, 4, 4, 5)) = 320 samples of the mono
-waveform of one second at 16 kHz that their acoustic encoder reads; Nemotron 3.5 Transcribe's audio model reads
-its asr_config's num_mel_bins 128; Voxtral Realtime adds one audio embedding of
+waveform of one second at 16 kHz that their acoustic encoder reads; Nemotron 3.5 Transcribe's
+audio model reads its asr_config's num_mel_bins 128; Voxtral Realtime adds one audio embedding of
 audio_length_per_tok 8 mel frames (of num_mel_bins 128) to each token; Mimi's and Pocket TTS's
 encoders read ``(batch, channels, samples)`` (``_, channels, length = input_values.shape``).
 """

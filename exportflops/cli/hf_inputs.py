@@ -126,9 +126,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
 
+    ours = [m for m in masks if m not in inputs]  # the masks made here, over what they mask
+
     def made_masks(given: dict[str, Any]) -> dict[str, Any]:
         return {m: _typed(model, m, _side_input(m, config, given, device, batch=batch, seq=seq))
-                for m in masks if m not in inputs}
+                for m in ours}
 
     inputs |= made_masks(inputs)
     positional = names[0] if first else None
