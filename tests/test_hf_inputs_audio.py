@@ -95,10 +95,11 @@ def test_dias_decoder_tokens_carry_each_of_its_nine_codebooks():
 
 
 def test_muse_sparks_waveform_is_whole_tokens_of_samples():
-    # At two layers its patch_sizes (16, 6, 5, 4) keep (16, 6): 16 x 6 = 96 samples a token;
-    # one second at 16 kHz, 16,000 samples, rounded up to whole tokens: ceil(16000 / 96) = 167,
-    # 167 x 96 = 16,032.
-    model, args, kwargs = built("muse_spark_audio", 2)
-    assert model.config.samples_per_token == 96
-    assert tuple(named_inputs(model, args, kwargs)["input_values"].shape) == (1, 167 * 96)
+    # Its whole default config (--layers would cap num_hidden_layers, not its per-layer
+    # hidden_sizes): patch_sizes (16, 6, 5, 4), 16 x 6 x 5 x 4 = 1,920 samples a token; one
+    # second at 16 kHz, 16,000 samples, rounded up to whole tokens: ceil(16000 / 1920) = 9,
+    # 9 x 1920 = 17,280.
+    model, args, kwargs = built("muse_spark_audio", None)
+    assert model.config.samples_per_token == 1920
+    assert tuple(named_inputs(model, args, kwargs)["input_values"].shape) == (1, 9 * 1920)
     assert not analyze(model, args, kwargs).uncounted

@@ -46,10 +46,8 @@ def cap_layers(config, layers: int) -> None:
                 continue
             setattr(config_, name, new)
             for other, items in list(vars(config_).items()):
-                # Lists, and the tuples of a default config (Muse Spark's audio hidden_sizes).
-                if (isinstance(items, (list, tuple)) and len(items) == value
-                        and other != name):
-                    setattr(config_, other, type(items)(items[:new]))
+                if isinstance(items, list) and len(items) == value and other != name:
+                    setattr(config_, other, items[:new])
             _cap_backbone(config_, value, new)
             for holder in configs:
                 # Its own indices, and a composite's into it (vision_feature_layer).
