@@ -252,12 +252,12 @@ def audio_companions(config, inputs: dict) -> dict:
     if "input_features" not in given:
         return {}
     if per_token is not None and "input_ids" in given:
-        tokens = given["input_ids"]
-        frames = tokens.shape[1] * per_token
+        source = given["input_ids"]  # (batch, tokens)
+        frames = source.shape[1] * per_token
     elif ratios and hasattr(config, "semantic_model_config") and "input_values" in given:
-        tokens = given["input_values"]
-        frames = tokens.shape[-1] // math.prod(ratios)
+        source = given["input_values"]  # (batch, [channels,] samples)
+        frames = source.shape[-1] // math.prod(ratios)
     else:
         return {}
-    return {"input_features": feature_layouts(features_config(config), tokens.device,
-                                              batch=tokens.shape[0], seq=frames)}
+    return {"input_features": feature_layouts(features_config(config), source.device,
+                                              batch=source.shape[0], seq=frames)}
