@@ -6,6 +6,7 @@ shapes only."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 from ..errors import UsageError
@@ -15,7 +16,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import innermost, needed_input
-from .hf_task_inputs import companions, family_input
+from .hf_task_inputs import codebook_layouts, companions, family_input, features_config
 
 
 class UnknownInputError(UsageError):
@@ -40,6 +41,8 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
                "high_res_pixel_values", "visual_feats", "visual_pos")
 #: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
 MERGE_SIZES = {"image_merge_sizes", "merge_sizes"}
+#: Combinations of layouts tried at most, where several inputs come in layouts to choose from.
+MAX_TOGETHER = 16
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -107,6 +110,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                 or _fails(model, inputs, names[0] if first else None)):
             _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
                           batch=batch)
+    layouts = {name: value for name, value in inputs.items() if isinstance(value, list)}
     for name, candidates in inputs.items():
         if isinstance(candidates, list):  # layouts to choose from, each with its masks
 
@@ -115,12 +119,23 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                                                         batch=batch, seq=seq))
                         for m in masks if MASKS[m] == name}
 
-            others = {k: v for k, v in inputs.items() if k != name}
+            # The first layout of another input still to choose (Dia's encoder's tokens).
+            others = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()
+                      if k != name}
             candidates = candidates + _stacked_frames(model, candidates, config)
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
-    inputs |= {m: _typed(model, m, _side_input(m, config, inputs, device, batch=batch, seq=seq))
-               for m in masks if m not in inputs}
+
+    ours = [m for m in masks if m not in inputs]  # the masks made here, over what they mask
+
+    def made_masks(given: dict[str, Any]) -> dict[str, Any]:
+        return {m: _typed(model, m, _side_input(m, config, given, device, batch=batch, seq=seq))
+                for m in ours}
+
+    inputs |= made_masks(inputs)
+    positional = names[0] if first else None
+    if len(layouts) > 1 and _fails(model, inputs, positional):
+        inputs |= _together(model, layouts, inputs, positional, made_masks)
     args = (inputs.pop(names[0]),) if first else ()
     return _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
 
@@ -153,6 +168,23 @@ def _typed(model, name: str, value):
     if isinstance(value, torch.Tensor) and (kind is torch.BoolTensor or kind == "torch.BoolTensor"):
         return value.bool()
     return value
+
+
+def _together(model, layouts: dict[str, list], inputs: dict[str, Any], positional: str | None,
+              masks) -> dict[str, Any]:
+    """The first combination of the inputs' ``layouts`` (in their order) that forward runs
+    with, where those chosen one input at a time, each beside the others' first, fail together:
+    NeuCodec's waveform and its semantic model's features run only in their second layouts
+    each. ``masks`` gives the masks that follow a combination. Empty where none runs (the
+    export then names the failure); at most `MAX_TOGETHER` tries."""
+    import itertools
+
+    for combination in itertools.islice(itertools.product(*layouts.values()), MAX_TOGETHER):
+        trial = inputs | dict(zip(layouts, combination))
+        trial |= masks(trial)
+        if not _fails(model, trial, positional):
+            return trial
+    return {}
 
 
 def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
@@ -229,7 +261,7 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
 
     made = None
     if name in MASKS and MASKS[name] in given:
-        made = mask(name, given[MASKS[name]], config, sub_config(config, "audio"))
+        made = mask(name, given[MASKS[name]], config, features_config(config))
     images = given.get("pixel_values")
     if (name == "image_attention_mask" and "input_ids" in given
             and isinstance(images, torch.Tensor) and images.dim() == 5):
@@ -276,8 +308,11 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         decoder = name == "decoder_input_ids"
         # decoder=False would mean "not the decoder's" and return a composite config itself.
         text = config.get_text_config(decoder=True if decoder else None)
-        return torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
-                           device=device)
+        ids = torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
+                          device=device)
+        # Tokens of several audio codebooks a step come in layouts to choose from.
+        layouts = codebook_layouts(ids, text) if name.endswith("input_ids") else None
+        return layouts or ids
     if name in IMAGE_SIZES:
         return sizes(sub_config(config, "vision"), device, batch=batch)
     if name in GRID_INPUTS + SIZE_INPUTS:
@@ -287,7 +322,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
         vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)
-    audio = sub_config(config, "audio")
+    audio = features_config(config)
     if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
         return feature_layouts(audio, device, batch=batch, seq=seq)
     made = family_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
@@ -300,7 +335,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name == "input_values":
         # A waveform, or a spectrogram where the config has mel bins (AST calls its own
         # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).
-        waves = waveform(audio, device, batch=batch, samples=seq or HF_DEFAULT_SAMPLES)
+        # Whole tokens of samples_per_token samples (Muse Spark's 1,920: 80 ms at 24 kHz).
+        per_token = config_int(audio, ("samples_per_token",)) or 1
+        samples = seq or math.ceil(HF_DEFAULT_SAMPLES / per_token) * per_token
+        waves = waveform(audio, device, batch=batch, samples=samples)
         if _has_mel_bins(audio):
             return waves + feature_layouts(audio, device, batch=batch, seq=seq)
         return waves

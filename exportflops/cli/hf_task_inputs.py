@@ -5,8 +5,8 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, sub_config,
-                       with_image_tokens)
+from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, MEL_BINS, config_int, feature_layouts,
+                       image_size, sub_config, with_image_tokens)
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -20,6 +20,10 @@ DETECTOR_BOXES = 36
 #: The steps of a trajectory an offline-RL transformer reads and the config field of each
 #: one's width (a return-to-go, the third, is one number).
 TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
+#: Where a config counts the codebooks of the audio tokens its model reads at each step
+#: (Inkling's audio config maps num_codebooks to its n_mel_bins; Dia's decoder calls them
+#: num_channels, and is told from an image config by its vocab_size).
+CODEBOOKS = ("num_codebooks", "num_channels")
 
 
 def family_input(name: str, config, device, *, batch: int, steps: int):
@@ -57,6 +61,9 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
     made = speech_dit_input(name, sub_config(config, "dit"), device,
                             batch=batch, codes=steps)
+    if made is not None:
+        return made
+    made = audio_family_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
     if name == "latents" and config_int(config, ("latent_stride",)) is not None:
@@ -140,6 +147,7 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
         made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
     if "pixel_values" in inputs and PROMPT_IMAGES[0] in inputs:
         made["pixel_values"] = inputs[PROMPT_IMAGES[0]].clone()
+    made |= audio_companions(config, inputs)
     if {"noise_embeds", "context_hidden_states"} <= set(inputs) and "attention_mask" in parameters:
         noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
@@ -168,3 +176,88 @@ def camera_prefix(vlm, actions, *, steps: int) -> dict:
             # Ones: the camera is there (PI0 matches each image token to a present camera).
             "pixel_attention_mask": torch.ones((batch, 1), dtype=torch.bool, device=device),
             "input_ids": with_image_tokens(ids, token, tokens)}
+
+
+def codebook_layouts(ids, config) -> list | None:
+    """Token ids ``(batch, seq)`` of a model that reads one token per codebook at each step, to
+    choose from (`accepted`) where its config counts `CODEBOOKS`: as they are; the codebooks
+    folded into the batch ``(batch * codebooks, seq)`` (MusicGen reshapes them to ``(-1,
+    num_codebooks, seq)``); codebooks last ``(batch, seq, codebooks)``, which an embedding that
+    adds each codebook's offset (``arange(codebooks) * vocab``) reads (Dia's decoder, Inkling's
+    audio); and a text token before them ``(batch, seq, 1 + codebooks)`` (Kyutai pads its
+    offsets with one for it). Which one a forward reads is in its code, not in its config.
+    None where the config counts no codebooks."""
+    codebooks = config_int(config, CODEBOOKS[:1])
+    if codebooks is None and config_int(config, ("vocab_size",)) is not None:
+        codebooks = config_int(config, CODEBOOKS[1:])
+    if codebooks is None:
+        return None
+    batch, seq = ids.shape
+    return [ids, ids.new_zeros((batch * codebooks, seq)), ids.new_zeros((batch, seq, codebooks)),
+            ids.new_zeros((batch, seq, 1 + codebooks))]
+
+
+def audio_family_input(name: str, config, device, *, batch: int, steps: int):
+    """Inputs of the audio families, each sized by the config field that its model's code
+    reads for it; None where ``config`` has no such field."""
+    import torch
+
+    if name == "audio_input_ids":  # Inkling's audio: a token per codebook (n_mel_bins) a frame
+        return codebook_layouts(torch.zeros((batch, steps), dtype=torch.long, device=device),
+                                config)
+    mels = config_int(config, ("mel_dim",))
+    if name == "mel_spectrogram" and mels is not None:
+        # A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
+        # ``(batch, mel_dim, frames)``.
+        return torch.zeros((batch, mels, steps), device=device)
+    if name == "hidden_states" and getattr(config, "upsampling_ratios", None):
+        # A codec's decoder that upsamples latent frames of hidden_size by upsampling_ratios
+        # (VibeVoice's, whose stem convolution reads hidden_size channels).
+        return torch.zeros((batch, config.hidden_size, steps), device=device)
+    cross = config_int(config, ("cross_hidden_size",))
+    if name == "encoder_hidden_states" and cross is not None:
+        # Dia's decoder: its cross-attention projects its encoder's states of cross_hidden_size.
+        return torch.zeros((batch, steps, cross), device=device)
+    return None
+
+
+def features_config(config):
+    """The config whose fields size ``config``'s audio features: its audio sub-config (else
+    itself); where that has no mel bins, the first of its sub-configs that has them (Nemotron
+    3.5 Transcribe's audio model reads one spectrogram with its ASR encoder, asr_config's
+    num_mel_bins 128, and its diarization model alike); else the config of the semantic model
+    that reads them (NeuCodec's and XCodec2's wav2vec2-BERT, semantic_model_config)."""
+    audio = sub_config(config, "audio")
+    if config_int(audio, MEL_BINS) is not None:
+        return audio
+    for key in getattr(audio, "sub_configs", {}):
+        part = getattr(audio, key, None)
+        if part is not None and config_int(part, MEL_BINS) is not None:
+            return part
+    return getattr(config, "semantic_model_config", None) or audio
+
+
+def audio_companions(config, inputs: dict) -> dict:
+    """The spectrogram that follows from the other inputs of an audio family, in the layouts
+    to choose from (`feature_layouts`): Voxtral Realtime adds one audio embedding to each token,
+    audio_length_per_tok mel frames a token of input_ids; XCodec2 concatenates its semantic
+    model's frames with its acoustic encoder's, one per prod(downsampling_ratios) samples of
+    the waveform (NeuCodec trims both to the shorter). Empty for any other config."""
+    import math
+
+    per_token = config_int(config, ("audio_length_per_tok",))
+    ratios = getattr(config, "downsampling_ratios", None)
+    given = {name: value[0] if isinstance(value, list) else value
+             for name, value in inputs.items()}
+    if "input_features" not in given:
+        return {}
+    if per_token is not None and "input_ids" in given:
+        source = given["input_ids"]  # (batch, tokens)
+        frames = source.shape[1] * per_token
+    elif ratios and hasattr(config, "semantic_model_config") and "input_values" in given:
+        source = given["input_values"]  # (batch, [channels,] samples)
+        frames = source.shape[-1] // math.prod(ratios)
+    else:
+        return {}
+    return {"input_features": feature_layouts(features_config(config), source.device,
+                                              batch=source.shape[0], seq=frames)}
