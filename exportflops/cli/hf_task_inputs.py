@@ -63,6 +63,8 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
         return torch.zeros((batch, config.hidden_size, steps), device=device)
+    if name == "hidden_states":
+        return windowed_states(config, device, batch=batch)
     return None
 
 
@@ -131,10 +133,11 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     prompt, of the prompt's shape; Muse Glimmer's assistant's attention_mask, which its forward
     needs over the keys of its context and its block alike (without one, its mask covers the
     block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
-    before its actions (without images it has no cache to read them from)."""
+    before its actions (without images it has no cache to read them from); RAG's retrieved
+    documents (`retrieved_contexts`)."""
     import torch
 
-    made = {}
+    made = retrieved_contexts(parameters, config, inputs)
     vlm = getattr(config, "vlm_config", None)
     if "action_embeds" in inputs and vlm is not None and "pixel_values" in parameters:
         made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
@@ -168,3 +171,41 @@ def camera_prefix(vlm, actions, *, steps: int) -> dict:
             # Ones: the camera is there (PI0 matches each image token to a present camera).
             "pixel_attention_mask": torch.ones((batch, 1), dtype=torch.bool, device=device),
             "input_ids": with_image_tokens(ids, token, tokens)}
+
+
+def windowed_states(config, device, *, batch: int):
+    """The patch states a windowed ViT encoder (LW-DETR's, RF-DETR's DINOv2) reads, cut into
+    windows by its embeddings: ``(batch * windows, patches / windows, hidden_size)``, each
+    image's image_size / patch_size patches a side. Its layers fold the windows back into the
+    batch by num_windows: all the windows where the config also keeps num_windows_side
+    (LW-DETR), else the windows a side, squared (RF-DETR). None where the config has no
+    num_windows."""
+    import torch
+
+    count, patch = config_int(config, ("num_windows",)), config_int(config, ("patch_size",))
+    if count is None or patch is None:
+        return None
+    windows = count if config_int(config, ("num_windows_side",)) else count ** 2
+    height, width = image_size(config)
+    patches = (height // patch) * (width // patch)
+    return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
+
+
+def retrieved_contexts(parameters: set[str], config, inputs: dict) -> dict:
+    """RAG's retrieved documents, which its forward needs where no retriever is set (none is, on
+    meta): n_docs contexts per question, each a document joined to the question, of
+    max_combined_length tokens (``(batch * n_docs, max_combined_length)``), their mask of
+    ones, and a score per document ``(batch, n_docs)``. Empty where the config has no n_docs
+    and max_combined_length, or forward takes no context_input_ids."""
+    import torch
+
+    docs, length = (config_int(config, (field,)) for field in ("n_docs", "max_combined_length"))
+    ids = inputs.get("input_ids")
+    if docs is None or length is None or ids is None or "context_input_ids" not in parameters:
+        return {}
+    batch, device = ids.shape[0], ids.device
+    return {"context_input_ids": torch.zeros((batch * docs, length), dtype=torch.long,
+                                             device=device),
+            "context_attention_mask": torch.ones((batch * docs, length), dtype=torch.long,
+                                                 device=device),
+            "doc_scores": torch.zeros((batch, docs), device=device)}
