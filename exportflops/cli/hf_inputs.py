@@ -14,7 +14,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
                        sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
 from .hf_needs import needed_input
-from .hf_task_inputs import companions, family_input
+from .hf_task_inputs import companions, family_input, patch_rows
 
 
 class UnknownInputError(UsageError):
@@ -238,7 +238,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
-        return pixels(name, sub_config(config, "vision"), device, batch=batch)
+        made = pixels(name, sub_config(config, "vision"), device, batch=batch)
+        # Last, rows of flattened patches: a tower whose patch embedding is linear (Molmo2's).
+        rows = patch_rows(sub_config(config, "vision"), device, batch=batch)
+        return made + [rows] if isinstance(made, list) and rows is not None else made
     if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
         vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)

@@ -209,3 +209,20 @@ def retrieved_contexts(parameters: set[str], config, inputs: dict) -> dict:
             "context_attention_mask": torch.ones((batch * docs, length), dtype=torch.long,
                                                  device=device),
             "doc_scores": torch.zeros((batch, docs), device=device)}
+
+
+def patch_rows(vision, device, *, batch: int):
+    """Images as rows of flattened patches ``(batch, patches, num_channels * patch_size ** 2)``,
+    image_size / patch_size patches a side: what a tower whose patch embedding is a linear
+    layer over flattened patches reads (Molmo2's). None where ``vision`` has no int
+    patch_size."""
+    import torch
+
+    patch = config_int(vision, ("patch_size",))
+    if patch is None:
+        return None
+    height, width = image_size(vision)
+    channels = config_int(vision, ("num_channels",)) or 3
+    return torch.zeros((batch, (height // patch) * (width // patch), channels * patch * patch),
+                       device=device)
+
