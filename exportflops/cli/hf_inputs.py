@@ -210,11 +210,29 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
+    if "input_ids" in inputs and token is not None:
+        inputs |= _room_for_image(inputs, config, count)
     if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
         inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
         if "mm_token_type_ids" in parameters:
             kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
             inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
+
+
+def _room_for_image(inputs: dict[str, Any], config, count: int) -> dict[str, Any]:
+    """The text of ``inputs`` lengthened to hold an image's ``count`` tokens before its own,
+    where the image has more tokens than the text (MiniMax-M3-VL's image_size 2016 in patches
+    of 14, merged 2 x 2: 72 x 72 = 5184) and the text model's positions hold both; its
+    attention_mask too, of ones. Empty where the text already holds them."""
+    ids = inputs["input_ids"]
+    limit = config_int(config.get_text_config(), MAX_POSITIONS)
+    length = count + ids.shape[1]
+    if count <= ids.shape[1] or (limit is not None and length > limit):
+        return {}
+    made = {"input_ids": ids.new_zeros((ids.shape[0], length))}
+    if "attention_mask" in inputs:
+        made["attention_mask"] = ids.new_ones((ids.shape[0], length))
+    return made
 
 
 def _hassub_config(config, modality: str) -> bool:
