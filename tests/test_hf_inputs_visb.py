@@ -11,7 +11,10 @@ RF-DETR's backbone (DINOv2): image_size 518, patch_size 14, num_windows 4 a side
 side, 36 in whole windows; Molmo2's vision tower: image_size 378, patch_size 14 (27 x 27 = 729
 patches), num_channels 3, its patch embedding a linear layer over 3 x 14 x 14 = 588 pixels;
 TVP: num_frames 48 of max_img_size 448 (its frame-pad prompt is built for frames of that side);
-RAG: n_docs 5 documents per question, max_combined_length 300 tokens each.
+RAG: n_docs 5 documents per question, max_combined_length 300 tokens each; MiniMax-M3-VL's
+vision tower: image_size 2016, patch_size 14 (144 x 144 = 20736 patches), temporal_patch_size
+2, num_channels 3, spatial_merge_size 2 (72 x 72 = 5184 image tokens, more than the text's
+128; its text's max_position_embeddings 524288 holds both).
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ CASES = {
     # 5 contexts of 300 tokens for the one question; a score per document.
     "rag": {"context_input_ids": (1 * 5, 300), "context_attention_mask": (1 * 5, 300),
             "doc_scores": (1, 5), "decoder_input_ids": (1, SEQ)},
+    # The image's 5184 tokens, then the text's 128; each patch 3 x 2 x 14 x 14 = 1176 pixels.
+    "minimax_m3_vl": {"input_ids": (1, 72 * 72 + SEQ), "pixel_values": (144 * 144, 1176),
+                      "image_grid_thw": (1, 3)},
 }
 #: Those whose export on meta then fails in transformers' own code: LW-DETR's layers make their
 #: layer scales with the legacy ``torch.Tensor(dim)``, which ignores the meta device (on cpu).
