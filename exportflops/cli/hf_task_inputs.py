@@ -65,6 +65,12 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         return torch.zeros((batch, config.hidden_size, steps), device=device)
     if name == "hidden_states":
         return windowed_states(config, device, batch=batch)
+    if name == "merge_sizes":
+        # VideoLLaMA3's vision tower: how many patches a side each image's tokens merge, the
+        # config's spatial_merge_size where it keeps one, else 1 (its image processor's
+        # merge_size: an image's patches stay tokens; a video's merge 2).
+        merge = config_int(config, ("spatial_merge_size",)) or 1
+        return torch.full((batch,), merge, dtype=torch.long, device=device)
     return None
 
 
