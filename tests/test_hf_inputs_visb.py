@@ -15,7 +15,8 @@ RAG: n_docs 5 documents per question, max_combined_length 300 tokens each; MiniM
 vision tower: image_size 2016, patch_size 14 (144 x 144 = 20736 patches), temporal_patch_size
 2, num_channels 3, spatial_merge_size 2 (72 x 72 = 5184 image tokens, more than the text's
 128; its text's max_position_embeddings 524288 holds both); VideoLLaMA3's vision tower: no
-spatial_merge_size, so one merge size per image of 1 (its image processor's merge_size).
+spatial_merge_size, so one merge size per image of 1 (its image processor's merge_size), and
+its default image (224 / patch_size 16 = 14 a side) 14 x 14 = 196 tokens, more than the text's.
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ CASES = {
     "minimax_m3_vl": {"input_ids": (1, 72 * 72 + SEQ), "pixel_values": (144 * 144, 1176),
                       "image_grid_thw": (1, 3)},
     "video_llama_3_vision": {"merge_sizes": (1,), "grid_thw": (1, 3)},
+    # The composite: the image's 196 tokens before the text's 128, and its merge size.
+    "video_llama_3": {"image_merge_sizes": (1,), "input_ids": (1, 196 + SEQ)},
 }
 #: Those whose export on meta then fails in transformers' own code: LW-DETR's layers make their
 #: layer scales with the legacy ``torch.Tensor(dim)``, which ignores the meta device (on cpu).
 ON_CPU = {"lw_detr_vit"}
 #: Those whose export then fails on data-dependent sizes: VideoLLaMA3's tower splits its patches
 #: by the values of grid_thw (as the Qwen-VL family's does).
-NOT_EXPORTED = {"video_llama_3_vision"}
+NOT_EXPORTED = {"video_llama_3_vision", "video_llama_3"}
 
 
 @pytest.mark.parametrize("model_type", list(CASES))

@@ -65,8 +65,8 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         return torch.zeros((batch, config.hidden_size, steps), device=device)
     if name == "hidden_states":
         return windowed_states(config, device, batch=batch)
-    if name == "merge_sizes":
-        # VideoLLaMA3's vision tower: how many patches a side each image's tokens merge, the
+    if name in ("merge_sizes", "image_merge_sizes"):
+        # VideoLLaMA3 (and its tower): how many patches a side each image's tokens merge, the
         # config's spatial_merge_size where it keeps one, else 1 (its image processor's
         # merge_size: an image's patches stay tokens; a video's merge 2).
         merge = config_int(config, ("spatial_merge_size",)) or 1
@@ -140,10 +140,16 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     needs over the keys of its context and its block alike (without one, its mask covers the
     block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
     before its actions (without images it has no cache to read them from); RAG's retrieved
-    documents (`retrieved_contexts`)."""
+    documents (`retrieved_contexts`); VideoLLaMA3's merge size of each image."""
     import torch
 
     made = retrieved_contexts(parameters, config, inputs)
+    ids = inputs.get("input_ids")
+    if "image_merge_sizes" in parameters and "pixel_values" in inputs and ids is not None:
+        # VideoLLaMA3 reads each image's merge size with its grid (one image per example), as
+        # its tower does; the optional input is read before any error could name it.
+        made["image_merge_sizes"] = family_input("image_merge_sizes", config, ids.device,
+                                                 batch=ids.shape[0], steps=steps)
     vlm = getattr(config, "vlm_config", None)
     if "action_embeds" in inputs and vlm is not None and "pixel_values" in parameters:
         made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
