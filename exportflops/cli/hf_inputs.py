@@ -12,11 +12,12 @@ from typing import Any
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, mel_bins, merge_size, naflex,
-                       patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
+                       flattened_patches, grid, image_tokens, mask, mel_bins, naflex, patches,
+                       pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import innermost, needed_input
-from .hf_task_inputs import codebook_layouts, companions, family_input, features_config
+from .hf_task_inputs import (MERGE_SIZES, codebook_layouts, companions, family_input,
+                             features_config, patch_rows)
 
 
 class UnknownInputError(UsageError):
@@ -39,8 +40,6 @@ KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
 SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
                "high_res_pixel_values", "visual_feats", "visual_pos")
-#: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
-MERGE_SIZES = {"image_merge_sizes", "merge_sizes"}
 #: Combinations of layouts tried at most, where several inputs come in layouts to choose from.
 MAX_TOGETHER = 16
 #: The inputs of each modality, by the names transformers' forwards use.
@@ -283,15 +282,33 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     vision = sub_config(config, "vision")
     inputs[pixel_name] = patches(vision, device, batch=batch)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
-    for name in MERGE_SIZES & parameters:  # VideoLLaMA 3 takes the merge per image
-        inputs[name] = torch.full((batch,), merge_size(vision), dtype=torch.long, device=device)
+    for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid
+        inputs[name] = family_input(name, config, device, batch=batch, steps=1)
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
+    if "input_ids" in inputs and token is not None:
+        inputs |= _room_for_image(inputs, config, count)
     if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
         inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
         if "mm_token_type_ids" in parameters:
             kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
             inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
+
+
+def _room_for_image(inputs: dict[str, Any], config, count: int) -> dict[str, Any]:
+    """The text of ``inputs`` lengthened to hold an image's ``count`` tokens before its own,
+    where the image has more tokens than the text (MiniMax-M3-VL's image_size 2016 in patches
+    of 14, merged 2 x 2: 72 x 72 = 5184) and the text model's positions hold both; its
+    attention_mask too, of ones. Empty where the text already holds them."""
+    ids = inputs["input_ids"]
+    limit = config_int(config.get_text_config(), MAX_POSITIONS)
+    length = count + ids.shape[1]
+    if count <= ids.shape[1] or (limit is not None and length > limit):
+        return {}
+    made = {"input_ids": ids.new_zeros((ids.shape[0], length))}
+    if "attention_mask" in inputs:
+        made["attention_mask"] = ids.new_ones((ids.shape[0], length))
+    return made
 
 
 def _hassub_config(config, modality: str) -> bool:
@@ -318,7 +335,10 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, sub_config(config, "vision"), device, batch=batch)
     if name in ("pixel_values", "pixel_values_videos"):
-        return pixels(name, sub_config(config, "vision"), device, batch=batch)
+        made = pixels(name, sub_config(config, "vision"), device, batch=batch)
+        # Last, rows of flattened patches: a tower whose patch embedding is linear (Molmo2's).
+        rows = patch_rows(sub_config(config, "vision"), device, batch=batch)
+        return made + [rows] if isinstance(made, list) and rows is not None else made
     if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
         vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)

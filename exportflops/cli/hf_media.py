@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from .hf_needs import needed_input
+from .hf_sizes import vq_image_size, windowed_side
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
 #: stack two frames of 80 bins: feature_projection_input_dim 160; Phi-4-multimodal's audio
@@ -38,8 +39,9 @@ def sub_config(config, modality: str):
 def image_size(config) -> tuple[int, int]:
     """The (height, width) of ``config``'s images: the patch over the smallest of the scaled
     images' ratios where the config scales its images (DepthPro), else image_size, else
-    crop_size (V-JEPA 2), else its backbone's image_size (ViTPose's 256 x 192), else a VQ-GAN's
-    latent grid scaled up (`_vq_image_size`), else 224."""
+    crop_size (V-JEPA 2), else the frames a visual prompt pads (TVP's max_img_size), else its
+    backbone's image_size (ViTPose's 256 x 192), else a VQ-GAN's latent grid scaled up
+    (`hf_sizes.vq_image_size`), else 224; each side rounded to whole windows (`windowed_side`)."""
     backbone = getattr(config, "backbone_config", None)
     ratios = getattr(config, "scaled_images_ratios", None)
     if ratios and isinstance(getattr(config, "patch_size", None), int):
@@ -47,21 +49,12 @@ def image_size(config) -> tuple[int, int]:
         side = math.ceil(config.patch_size / min(ratios))
         return side, side
     size = (getattr(config, "image_size", None) or getattr(config, "crop_size", None)
-            or getattr(backbone, "image_size", None) or _vq_image_size(config) or 224)
+            or getattr(config, "max_img_size", None) or getattr(backbone, "image_size", None)
+            or vq_image_size(config) or 224)
     if isinstance(size, dict):  # {"height": h, "width": w}
-        return size["height"], size["width"]
-    if isinstance(size, (list, tuple)):
-        return size[0], size[-1]
-    return size, size
-
-
-def _vq_image_size(config) -> int | None:
-    """A VQ-GAN's images where its config gives the latent grid instead (Janus: num_patches 32
-    a side, each encoder stage after the first halving it: 32 x 2^4 = 512)."""
-    side, stages = getattr(config, "num_patches", None), getattr(config, "channel_multiplier", None)
-    if isinstance(side, int) and isinstance(stages, (list, tuple)) and stages:
-        return side * 2 ** (len(stages) - 1)
-    return None
+        size = size["height"], size["width"]
+    height, width = (size[0], size[-1]) if isinstance(size, (list, tuple)) else (size, size)
+    return windowed_side(height, config), windowed_side(width, config)
 
 
 def pixels(name: str, vision, device, *, batch: int):

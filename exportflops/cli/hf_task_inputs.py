@@ -6,8 +6,10 @@ why the forward needs other values."""
 from __future__ import annotations
 
 from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, MEL_BINS, config_int, feature_layouts,
-                       image_size, sub_config, with_image_tokens)
+                       image_size, merge_size, sub_config, with_image_tokens)
 
+#: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
+MERGE_SIZES = ("image_merge_sizes", "merge_sizes")
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
 DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
@@ -70,6 +72,14 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
         return torch.zeros((batch, config.hidden_size, steps), device=device)
+    if name == "hidden_states":
+        return windowed_states(config, device, batch=batch)
+    if name in MERGE_SIZES:
+        # VideoLLaMA3 (and its tower): how many patches a side each image's tokens merge, the
+        # vision config's `merge_size`, 1 where it keeps none (its image processor's merge_size:
+        # an image's patches stay tokens; a video's merge 2).
+        merge = merge_size(sub_config(config, "vision"))
+        return torch.full((batch,), merge, dtype=torch.long, device=device)
     return None
 
 
@@ -138,10 +148,11 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     prompt, of the prompt's shape; Muse Glimmer's assistant's attention_mask, which its forward
     needs over the keys of its context and its block alike (without one, its mask covers the
     block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
-    before its actions (without images it has no cache to read them from)."""
+    before its actions (without images it has no cache to read them from); RAG's retrieved
+    documents (`retrieved_contexts`)."""
     import torch
 
-    made = {}
+    made = retrieved_contexts(parameters, config, inputs)
     vlm = getattr(config, "vlm_config", None)
     if "action_embeds" in inputs and vlm is not None and "pixel_values" in parameters:
         made |= camera_prefix(vlm, inputs["action_embeds"], steps=steps)
@@ -261,3 +272,58 @@ def audio_companions(config, inputs: dict) -> dict:
         return {}
     return {"input_features": feature_layouts(features_config(config), source.device,
                                               batch=source.shape[0], seq=frames)}
+
+
+def windowed_states(config, device, *, batch: int):
+    """The patch states a windowed ViT encoder (LW-DETR's, RF-DETR's DINOv2) reads, cut into
+    windows by its embeddings: ``(batch * windows, patches / windows, hidden_size)``, each
+    image's image_size / patch_size patches a side. Its layers fold the windows back into the
+    batch by num_windows: all the windows where the config also keeps num_windows_side
+    (LW-DETR), else the windows a side, squared (RF-DETR). None where the config has no
+    num_windows."""
+    import torch
+
+    count, patch = config_int(config, ("num_windows",)), config_int(config, ("patch_size",))
+    if count is None or patch is None:
+        return None
+    windows = count if config_int(config, ("num_windows_side",)) else count ** 2
+    height, width = image_size(config)
+    patches = (height // patch) * (width // patch)
+    return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
+
+
+def retrieved_contexts(parameters: set[str], config, inputs: dict) -> dict:
+    """RAG's retrieved documents, which its forward needs where no retriever is set (none is, on
+    meta): n_docs contexts per question, each a document joined to the question, of
+    max_combined_length tokens (``(batch * n_docs, max_combined_length)``), their mask of
+    ones, and a score per document ``(batch, n_docs)``. Empty where the config has no n_docs
+    and max_combined_length, or forward takes no context_input_ids."""
+    import torch
+
+    docs, length = (config_int(config, (field,)) for field in ("n_docs", "max_combined_length"))
+    ids = inputs.get("input_ids")
+    if docs is None or length is None or ids is None or "context_input_ids" not in parameters:
+        return {}
+    batch, device = ids.shape[0], ids.device
+    return {"context_input_ids": torch.zeros((batch * docs, length), dtype=torch.long,
+                                             device=device),
+            "context_attention_mask": torch.ones((batch * docs, length), dtype=torch.long,
+                                                 device=device),
+            "doc_scores": torch.zeros((batch, docs), device=device)}
+
+
+def patch_rows(vision, device, *, batch: int):
+    """Images as rows of flattened patches ``(batch, patches, num_channels * patch_size ** 2)``,
+    image_size / patch_size patches a side: what a tower whose patch embedding is a linear
+    layer over flattened patches reads (Molmo2's). None where ``vision`` has no int
+    patch_size."""
+    import torch
+
+    patch = config_int(vision, ("patch_size",))
+    if patch is None:
+        return None
+    height, width = image_size(vision)
+    channels = config_int(vision, ("num_channels",)) or 3
+    return torch.zeros((batch, (height // patch) * (width // patch), channels * patch * patch),
+                       device=device)
+
