@@ -5,7 +5,7 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, sub_config,
+from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
                        with_image_tokens)
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
@@ -63,6 +63,25 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
         # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
         return torch.zeros((batch, config.hidden_size, steps), device=device)
+    made = renamed_input(name, config, device, batch=batch, steps=steps)
+    if made is not None:
+        return made
+    return None
+
+
+def renamed_input(name: str, config, device, *, batch: int, steps: int):
+    """An input we know under another name: ``image``, the images that BridgeTower's vision
+    tower takes as its first parameter (made as pixel_values, layouts to choose from); a
+    perceiver resampler's ``context`` (Idefics2's), the states its resampler_n_latents latents
+    cross-attend to: ``steps`` vectors of its hidden_size, which its input norm reads. None
+    where ``config`` has no such field."""
+    import torch
+
+    if name == "image":
+        return pixels("pixel_values", sub_config(config, "vision"), device, batch=batch)
+    width = config_int(config, ("hidden_size",))
+    if name == "context" and config_int(config, ("resampler_n_latents",)) and width:
+        return torch.zeros((batch, steps, width), device=device)
     return None
 
 
