@@ -15,7 +15,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import innermost, needed_input
-from .hf_task_inputs import companions, family_input
+from .hf_task_inputs import companions, family_input, patch_layouts
 
 
 class UnknownInputError(UsageError):
@@ -249,7 +249,8 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     import torch
 
     vision = sub_config(config, "vision")
-    inputs[pixel_name] = patches(vision, device, batch=batch)
+    # Flattened, or each patch an image (Kimi-K2.5's): to choose from.
+    inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in MERGE_SIZES & parameters:  # VideoLLaMA 3 takes the merge per image
         inputs[name] = torch.full((batch,), merge_size(vision), dtype=torch.long, device=device)

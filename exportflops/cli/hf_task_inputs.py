@@ -187,3 +187,15 @@ def camera_prefix(vlm, actions, *, steps: int) -> dict:
             # Ones: the camera is there (PI0 matches each image token to a present camera).
             "pixel_attention_mask": torch.ones((batch, 1), dtype=torch.bool, device=device),
             "input_ids": with_image_tokens(ids, token, tokens)}
+
+
+def patch_layouts(flat, vision):
+    """Qwen2-VL's flattened patches ``flat`` ``(patches, channels * patch_size ** 2)``, and, to
+    choose from (`hf_media.accepted`), each patch as an image ``(patches, channels,
+    patch_size, patch_size)``: Kimi-K2.5's vision tower convolves each (a Conv2d of kernel and
+    stride patch_size). ``flat`` alone where the vision config has a temporal_patch_size (a
+    patch of several frames, flattened: Qwen2-VL's Conv3d reshapes the rows itself)."""
+    patch = config_int(vision, ("patch_size",))
+    if config_int(vision, ("temporal_patch_size",)) is not None or patch is None:
+        return flat
+    return [flat, flat.view(flat.shape[0], -1, patch, patch)]
