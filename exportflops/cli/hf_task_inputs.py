@@ -163,6 +163,8 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
         noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
                                             dtype=torch.long, device=noise.device)
+    if "pixel_values" in inputs and "input_ids" in inputs:
+        made |= projector_images(config, inputs["input_ids"])
     return made
 
 
@@ -199,3 +201,28 @@ def patch_layouts(flat, vision):
     if config_int(vision, ("temporal_patch_size",)) is not None or patch is None:
         return flat
     return [flat, flat.view(flat.shape[0], -1, patch, patch)]
+
+
+def projector_images(config, ids) -> dict:
+    """Aria's images, for the tokens ``ids``: its projector looks its queries up by an image's
+    patch count (projector_patch_to_query_dict, 1225: 128 and 4900: 256 by default), so each
+    image is the fewest patches it takes, a square of isqrt(1225) = 35 patches of the vision
+    tower's patch_size a side (its embeddings bucket any grid onto their positions); and in the
+    tokens, one placeholder (image_token_index) per query. Empty where the config has no such
+    table or its patch counts are no square."""
+    import math
+
+    import torch
+
+    table, vision = getattr(config, "projector_patch_to_query_dict", None), sub_config(config,
+                                                                                     "vision")
+    token, patch = config_int(config, IMAGE_TOKEN), config_int(vision, ("patch_size",))
+    if not isinstance(table, dict) or not table or None in (token, patch):
+        return {}
+    count = min(table)
+    side = math.isqrt(count)
+    if side * side != count or table[count] > ids.shape[1]:
+        return {}
+    channels = config_int(vision, ("num_channels",)) or 3
+    images = torch.zeros((ids.shape[0], channels, side * patch, side * patch), device=ids.device)
+    return {"pixel_values": images, "input_ids": with_image_tokens(ids, token, table[count])}
