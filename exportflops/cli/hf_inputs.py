@@ -34,7 +34,7 @@ MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_s
 #: The inputs `example` makes.
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
-         "input_values")
+         "input_values", "flattened_patches")
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
 SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
                "high_res_pixel_values", "visual_feats", "visual_pos")
