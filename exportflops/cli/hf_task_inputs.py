@@ -66,6 +66,11 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     made = renamed_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
+    if name == "pixel_position_ids" and pooled_patches(config) is not None:
+        # Gemma 4's vision tower: the (x, y) of each patch of `pooled_patches`' grid; zeros,
+        # every patch a real one (-1 marks padding), pooled as any other.
+        return torch.zeros((batch, pooled_patches(config) ** 2, 2), dtype=torch.long,
+                           device=device)
     return None
 
 
@@ -165,6 +170,13 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
                                             dtype=torch.long, device=noise.device)
     if "pixel_values" in inputs and "input_ids" in inputs:
         made |= projector_images(config, inputs["input_ids"])
+    positions = inputs.get("pixel_position_ids")
+    if "pixel_values" in inputs and positions is not None and pooled_patches(config):
+        # ... and its patches, flattened: channels x patch_size ** 2 values each.
+        patch = config.patch_size
+        channels = config_int(config, ("num_channels",)) or 3
+        made["pixel_values"] = torch.zeros(positions.shape[:2] + (channels * patch * patch,),
+                                           device=positions.device)
     return made
 
 
@@ -226,3 +238,14 @@ def projector_images(config, ids) -> dict:
     channels = config_int(vision, ("num_channels",)) or 3
     images = torch.zeros((ids.shape[0], channels, side * patch, side * patch), device=ids.device)
     return {"pixel_values": images, "input_ids": with_image_tokens(ids, token, table[count])}
+
+
+def pooled_patches(vision) -> int | None:
+    """Patches a side of one image of Gemma 4's vision tower, which pools pooling_kernel_size x
+    pooling_kernel_size patches into one token: its image_size (224 where it names none) over
+    patch_size, rounded down to a multiple of pooling_kernel_size, as its processor sizes an
+    image (224 / 16 = 14, so 12 a side, 16 tokens). None where the config does not pool so."""
+    pool, patch = (config_int(vision, (field,)) for field in ("pooling_kernel_size", "patch_size"))
+    if pool is None or patch is None or not hasattr(vision, "position_embedding_size"):
+        return None
+    return image_size(vision)[0] // patch // pool * pool
