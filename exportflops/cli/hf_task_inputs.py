@@ -5,8 +5,8 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
-                       with_image_tokens)
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size,
+                       patch_grid, pixels, sub_config, with_image_tokens)
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -170,6 +170,9 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
                                             dtype=torch.long, device=noise.device)
     if "pixel_values" in inputs and "input_ids" in inputs:
         made |= projector_images(config, inputs["input_ids"])
+    images = inputs.get("pixel_values")
+    if isinstance(images, list) and not parameters & set(GRID_INPUTS):
+        made["pixel_values"] = images + patch_cubes(sub_config(config, "vision"), images[0])
     positions = inputs.get("pixel_position_ids")
     if "pixel_values" in inputs and positions is not None and pooled_patches(config):
         # ... and its patches, flattened: channels x patch_size ** 2 values each.
@@ -249,3 +252,21 @@ def pooled_patches(vision) -> int | None:
     if pool is None or patch is None or not hasattr(vision, "position_embedding_size"):
         return None
     return image_size(vision)[0] // patch // pool * pool
+
+
+def patch_cubes(vision, image) -> list:
+    """Each example's image (``image``, ``(batch, channels, height, width)``) as Inkling's
+    processor cuts it: `patch_grid`'s patches of every example in one row, each a clip of
+    temporal_patch_size frames (a still image repeated), channels last ``(patches,
+    temporal_patch_size, patch_size, patch_size, channels)``, which its vision tower folds into
+    one token each; a layout to choose from, for a forward that takes no patch grid. Empty
+    where the vision config has no temporal_patch_size."""
+    import torch
+
+    depth, patch = (config_int(vision, (field,)) for field in ("temporal_patch_size",
+                                                               "patch_size"))
+    if depth is None or patch is None:
+        return []
+    _, h, w = patch_grid(vision)
+    count = image.shape[0] * h * w
+    return [torch.zeros((count, depth, patch, patch, image.shape[1]), device=image.device)]
