@@ -171,8 +171,10 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     if "pixel_values" in inputs and "input_ids" in inputs:
         made |= projector_images(config, inputs["input_ids"])
     images = inputs.get("pixel_values")
-    if isinstance(images, list) and not parameters & set(GRID_INPUTS):
-        made["pixel_values"] = images + patch_cubes(sub_config(config, "vision"), images[0])
+    if (isinstance(images, list) and not parameters & set(GRID_INPUTS)
+            and "pixel_values" not in made):
+        cubes = patch_cubes(sub_config(config, "vision"), images[0])
+        made |= {"pixel_values": images + cubes} if cubes else {}
     positions = inputs.get("pixel_position_ids")
     if "pixel_values" in inputs and positions is not None and pooled_patches(config):
         # ... and its patches, flattened: channels x patch_size ** 2 values each.
