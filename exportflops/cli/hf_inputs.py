@@ -15,7 +15,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import innermost, needed_input
-from .hf_task_inputs import companions, family_input, patch_layouts
+from .hf_task_inputs import companions, family_input, patch_layouts, token_blocks
 
 
 class UnknownInputError(UsageError):
@@ -107,6 +107,14 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                 or _fails(model, inputs, names[0] if first else None)):
             _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
                           batch=batch)
+            # A grid counted in merged tokens, each a block of patches (Inkling 2's), where
+            # the patch grid fails.
+            blocks = token_blocks(sub_config(config, "vision"), device, batch=batch)
+            blocks = dict(zip((pixel_name, grid_input), blocks or ()))
+            positional = names[0] if first else None
+            if (blocks and _fails(model, inputs, positional)
+                    and not _fails(model, inputs | blocks, positional)):
+                inputs |= blocks
     for name, candidates in inputs.items():
         if isinstance(candidates, list):  # layouts to choose from, each with its masks
 

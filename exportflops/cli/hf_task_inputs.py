@@ -5,6 +5,8 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
+import math
+
 from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size,
                        patch_grid, pixels, sub_config, with_image_tokens)
 
@@ -227,8 +229,6 @@ def projector_images(config, ids) -> dict:
     tower's patch_size a side (its embeddings bucket any grid onto their positions); and in the
     tokens, one placeholder (image_token_index) per query. Empty where the config has no such
     table or its patch counts are no square."""
-    import math
-
     import torch
 
     table, vision = getattr(config, "projector_patch_to_query_dict", None), sub_config(config,
@@ -272,3 +272,21 @@ def patch_cubes(vision, image) -> list:
     _, h, w = patch_grid(vision)
     count = image.shape[0] * h * w
     return [torch.zeros((count, depth, patch, patch, image.shape[1]), device=image.device)]
+
+
+def token_blocks(vision, device, *, batch: int) -> tuple | None:
+    """Inkling 2's image inputs, to try where Qwen2-VL's patch grid fails: each token's merge x
+    merge patches as one block of pixels, channels last ``(tokens, merge * patch_size, merge *
+    patch_size, num_channels)``, and the grid counted in those tokens ``(batch, 3)``: the
+    `patch_grid` over spatial_merge_size a side. None where the config merges no patches."""
+    import torch
+
+    merge, patch = (config_int(vision, (field,)) for field in ("spatial_merge_size",
+                                                               "patch_size"))
+    if merge is None or merge < 2 or patch is None:
+        return None
+    t, h, w = patch_grid(vision)
+    rows = [t, h // merge, w // merge]
+    side, channels = merge * patch, config_int(vision, ("num_channels",)) or 3
+    blocks = torch.zeros((batch * math.prod(rows), side, side, channels), device=device)
+    return blocks, torch.tensor([rows] * batch, dtype=torch.long, device=device)
