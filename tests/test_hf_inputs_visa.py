@@ -11,7 +11,9 @@ up by patch count (projector_patch_to_query_dict {1225: 128, 4900: 256}) over a 
 patch_size 32, image_token_index 9; Gemma 4's vision tower has patch_size 16,
 pooling_kernel_size 3 and no image_size (224 assumed); Inkling's vision tower patch_size 40,
 temporal_patch_size 2, num_channels 3, no image_size (224); Kimi-K2.5's vision tower patch_size
-14, merge_kernel_size (2, 2), no image_size (224), a Conv2d(3, ...) per patch.
+14, merge_kernel_size (2, 2), no image_size (224), a Conv2d(3, ...) per patch; Inkling 2's
+vision tower patch_size 20, spatial_merge_size 2, num_channels 3, no image_size (224), its grid
+counted in merged tokens.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_inputs import HF_DEFAULT_SEQ_LEN
-from exportflops.cli.hf_task_inputs import projector_images
+from exportflops.cli.hf_task_inputs import projector_images, token_blocks
 from tests.cli_support import input_shapes
 
 tf = pytest.importorskip("transformers")
@@ -47,6 +49,9 @@ CASES = {
     "inkling_mm_model": {"pixel_values": (25, 2, 40, 40, 3), "input_ids": (1, SEQ)},
     # 224 // 14 = 16 patches a side (a multiple of the merge 2): 256 patches of 3 x 14 x 14.
     "kimi_k25_vision": {"pixel_values": (256, 3, 14, 14), "grid_thw": (1, 3)},
+    # 224 // 20 = 11 patches a side, down to a multiple of 2: 10, merged 2 x 2: 5 x 5 = 25
+    # tokens, each a block of 2 x 20 = 40 pixels a side, channels last.
+    "inkling2_vision": {"pixel_values": (25, 40, 40, 3), "image_grid_thw": (1, 3)},
 }
 #: Those whose export then fails in transformers' own code, not for want of an input:
 #: Kimi-K2.5 reads its grid's values (get_vision_frame_index: grid_thw.tolist()).
@@ -90,3 +95,11 @@ def test_the_kimi_export_fails_in_transformers_reading_the_grid():
 def test_two_layers_analyze_too(model_type):
     report = analyze(*hf_model(model_type, META, None, layers=2))
     assert not report.uncounted
+
+
+def test_inkling2s_grid_counts_merged_tokens_not_patches():
+    # 10 x 10 patches of 20 pixels, merged 2 x 2: a grid of (1, 5, 5), one 40 x 40 block each.
+    vision = tf.AutoConfig.for_model("inkling2_vision")
+    blocks, grid = token_blocks(vision, torch.device("cpu"), batch=1)
+    assert grid.tolist() == [[1, 5, 5]]
+    assert tuple(blocks.shape) == (5 * 5, 40, 40, 3)
