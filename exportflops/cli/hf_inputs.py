@@ -10,14 +10,14 @@ import math
 from typing import Any
 
 from ..errors import UsageError
+from .hf_audio_inputs import codebook_layouts, features_config, stacked_frames
+from .hf_image_inputs import patch_layouts, patch_rows, token_blocks
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, mel_bins, naflex, patches,
-                       pixels, sizes, spectrogram, sub_config, time_series, waveform,
-                       with_image_tokens)
+                       flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
+                       sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
 from .hf_needs import innermost, needed_input
-from .hf_task_inputs import (MERGE_SIZES, codebook_layouts, companions, family_input,
-                             features_config, patch_rows)
+from .hf_task_inputs import MERGE_SIZES, companions, family_input
 
 
 class UnknownInputError(UsageError):
@@ -36,7 +36,7 @@ MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_s
 #: The inputs `example` makes.
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
-         "input_values")
+         "input_values", "flattened_patches")
 #: The optional inputs made when forward's error under fake tensors names them (`_asked_for`).
 SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_values",
                "high_res_pixel_values", "visual_feats", "visual_pos")
@@ -109,6 +109,14 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                 or _fails(model, inputs, names[0] if first else None)):
             _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
                           batch=batch)
+            # A grid counted in merged tokens, each a block of patches (Inkling 2's), where
+            # the patch grid fails.
+            blocks = token_blocks(sub_config(config, "vision"), device, batch=batch)
+            blocks = dict(zip((pixel_name, grid_input), blocks or ()))
+            positional = names[0] if first else None
+            if (blocks and _fails(model, inputs, positional)
+                    and not _fails(model, inputs | blocks, positional)):
+                inputs |= blocks
     layouts = {name: value for name, value in inputs.items() if isinstance(value, list)}
     for name, candidates in inputs.items():
         if isinstance(candidates, list):  # layouts to choose from, each with its masks
@@ -121,7 +129,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
             # The first layout of another input still to choose (Dia's encoder's tokens).
             others = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()
                       if k != name}
-            candidates = candidates + _stacked_frames(model, candidates, config)
+            candidates = candidates + stacked_frames(model, candidates, config)
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
 
@@ -137,24 +145,6 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
         inputs |= _together(model, layouts, inputs, positional, made_masks)
     args = (inputs.pop(names[0]),) if first else ()
     return _asked_for(model, config, args, inputs, device, batch=batch, seq=seq)
-
-
-def _stacked_frames(model, layouts: list, config) -> list:
-    """A last layout to choose from: frames first, each of k stacked frames of the config's
-    mel bins, where the first linear layer of ``model`` that reads a multiple of the bins reads
-    k of them (Granite Speech 5's input_linear: num_mel_bins x 4, its feature extractor's
-    stacking, in no config field). Empty where ``layouts`` are no spectrograms or no layer
-    reads such a multiple."""
-    import torch
-
-    bins = mel_bins(sub_config(config, "audio"))
-    frames_first = next((t for t in layouts if isinstance(t, torch.Tensor) and t.dim() == 3
-                         and t.shape[-1] == bins), None)
-    width = next((m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)
-                  and m.in_features % bins == 0), None)
-    if frames_first is None or width is None or width == bins:
-        return []
-    return [frames_first.new_zeros(frames_first.shape[:-1] + (width,))]
 
 
 def _typed(model, name: str, value):
@@ -280,7 +270,8 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     import torch
 
     vision = sub_config(config, "vision")
-    inputs[pixel_name] = patches(vision, device, batch=batch)
+    # Flattened, or each patch an image (Kimi-K2.5's): to choose from.
+    inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid
         inputs[name] = family_input(name, config, device, batch=batch, steps=1)

@@ -5,8 +5,11 @@ why the forward needs other values."""
 
 from __future__ import annotations
 
-from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, MEL_BINS, config_int, feature_layouts,
-                       image_size, merge_size, sub_config, with_image_tokens)
+from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_input
+from .hf_image_inputs import (patch_cubes, pooled_patches, projector_images, prompt_image,
+                              windowed_states)
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size,
+                       merge_size, pixels, sub_config, with_image_tokens)
 
 #: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
 MERGE_SIZES = ("image_merge_sizes", "merge_sizes")
@@ -22,10 +25,6 @@ DETECTOR_BOXES = 36
 #: The steps of a trajectory an offline-RL transformer reads and the config field of each
 #: one's width (a return-to-go, the third, is one number).
 TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
-#: Where a config counts the codebooks of the audio tokens its model reads at each step
-#: (Inkling's audio config maps num_codebooks to its n_mel_bins; Dia's decoder calls them
-#: num_channels, and is told from an image config by its vocab_size).
-CODEBOOKS = ("num_codebooks", "num_channels")
 
 
 def family_input(name: str, config, device, *, batch: int, steps: int):
@@ -80,6 +79,30 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # an image's patches stay tokens; a video's merge 2).
         merge = merge_size(sub_config(config, "vision"))
         return torch.full((batch,), merge, dtype=torch.long, device=device)
+    made = renamed_input(name, config, device, batch=batch, steps=steps)
+    if made is not None:
+        return made
+    if name == "pixel_position_ids" and pooled_patches(config) is not None:
+        # Gemma 4's vision tower: the (x, y) of each patch of `pooled_patches`' grid; zeros,
+        # every patch a real one (-1 marks padding), pooled as any other.
+        return torch.zeros((batch, pooled_patches(config) ** 2, 2), dtype=torch.long,
+                           device=device)
+    return None
+
+
+def renamed_input(name: str, config, device, *, batch: int, steps: int):
+    """An input we know under another name: ``image``, the images that BridgeTower's vision
+    tower takes as its first parameter (made as pixel_values, layouts to choose from); a
+    perceiver resampler's ``context`` (Idefics2's), the states its resampler_n_latents latents
+    cross-attend to: ``steps`` vectors of its hidden_size, which its input norm reads. None
+    where ``config`` has no such field."""
+    import torch
+
+    if name == "image":
+        return pixels("pixel_values", sub_config(config, "vision"), device, batch=batch)
+    width = config_int(config, ("hidden_size",))
+    if name == "context" and config_int(config, ("resampler_n_latents",)) and width:
+        return torch.zeros((batch, steps, width), device=device)
     return None
 
 
@@ -110,38 +133,6 @@ def _sized_by_field(name: str, config, device, *, batch: int, steps: int):
     return None
 
 
-def prompt_image(config, device, *, batch: int):
-    """SegGPT's prompt image (or mask) ``(batch, num_channels, height / 2, width)``: its
-    image_size (896, 448) is a prompt above an input, concatenated along the height by its
-    forward. None where image_size is not such a pair."""
-    import torch
-
-    size = getattr(config, "image_size", None)
-    if not (isinstance(size, (list, tuple)) and len(size) == 2):
-        return None
-    return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
-
-
-def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
-    """Qwen2.5-Omni's code-to-mel DiT (and Token2Wav around it): ``codes`` speech codes, each
-    repeats mel frames of mel_dim; a reference mel as long, which its speaker encoder reads; the
-    speaker's embedding (enc_emb_dim) per frame, or once (Token2Wav's conditioning); the time of
-    the flow per example. None where ``dit`` has no mel_dim, repeats and enc_emb_dim."""
-    import torch
-
-    mel, repeats, speaker = (config_int(dit, (field,)) for field in
-                             ("mel_dim", "repeats", "enc_emb_dim"))
-    if None in (mel, repeats, speaker):
-        return None
-    frames = codes * repeats
-    shapes = {"hidden_states": (batch, frames, mel), "condition_vector": (batch, frames, mel),
-              "reference_mel": (batch, frames, mel), "speaker_embedding": (batch, frames, speaker),
-              "conditioning": (batch, speaker), "time_step": (batch,)}
-    if name in ("quantized_code", "code"):
-        return torch.zeros((batch, codes), dtype=torch.long, device=device)
-    return torch.zeros(shapes[name], device=device) if name in shapes else None
-
-
 def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dict:
     """The inputs that follow from the ones ``inputs`` holds, in the family whose forward reads
     them together (each made only where its partners are): SegGPT's image, stacked below its
@@ -163,6 +154,20 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
         noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
                                             dtype=torch.long, device=noise.device)
+    if "pixel_values" in inputs and "input_ids" in inputs:
+        made |= projector_images(config, inputs["input_ids"])
+    images = inputs.get("pixel_values")
+    if (isinstance(images, list) and not parameters & set(GRID_INPUTS)
+            and "pixel_values" not in made):
+        cubes = patch_cubes(sub_config(config, "vision"), images[0])
+        made |= {"pixel_values": images + cubes} if cubes else {}
+    positions = inputs.get("pixel_position_ids")
+    if "pixel_values" in inputs and positions is not None and pooled_patches(config):
+        # ... and its patches, flattened: channels x patch_size ** 2 values each.
+        patch = config.patch_size
+        channels = config_int(config, ("num_channels",)) or 3
+        made["pixel_values"] = torch.zeros(positions.shape[:2] + (channels * patch * patch,),
+                                           device=positions.device)
     return made
 
 
@@ -189,109 +194,6 @@ def camera_prefix(vlm, actions, *, steps: int) -> dict:
             "input_ids": with_image_tokens(ids, token, tokens)}
 
 
-def codebook_layouts(ids, config) -> list | None:
-    """Token ids ``(batch, seq)`` of a model that reads one token per codebook at each step, to
-    choose from (`accepted`) where its config counts `CODEBOOKS`: as they are; the codebooks
-    folded into the batch ``(batch * codebooks, seq)`` (MusicGen reshapes them to ``(-1,
-    num_codebooks, seq)``); codebooks last ``(batch, seq, codebooks)``, which an embedding that
-    adds each codebook's offset (``arange(codebooks) * vocab``) reads (Dia's decoder, Inkling's
-    audio); and a text token before them ``(batch, seq, 1 + codebooks)`` (Kyutai pads its
-    offsets with one for it). Which one a forward reads is in its code, not in its config.
-    None where the config counts no codebooks."""
-    codebooks = config_int(config, CODEBOOKS[:1])
-    if codebooks is None and config_int(config, ("vocab_size",)) is not None:
-        codebooks = config_int(config, CODEBOOKS[1:])
-    if codebooks is None:
-        return None
-    batch, seq = ids.shape
-    return [ids, ids.new_zeros((batch * codebooks, seq)), ids.new_zeros((batch, seq, codebooks)),
-            ids.new_zeros((batch, seq, 1 + codebooks))]
-
-
-def audio_family_input(name: str, config, device, *, batch: int, steps: int):
-    """Inputs of the audio families, each sized by the config field that its model's code
-    reads for it; None where ``config`` has no such field."""
-    import torch
-
-    if name == "audio_input_ids":  # Inkling's audio: a token per codebook (n_mel_bins) a frame
-        return codebook_layouts(torch.zeros((batch, steps), dtype=torch.long, device=device),
-                                config)
-    mels = config_int(config, ("mel_dim",))
-    if name == "mel_spectrogram" and mels is not None:
-        # A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
-        # ``(batch, mel_dim, frames)``.
-        return torch.zeros((batch, mels, steps), device=device)
-    if name == "hidden_states" and getattr(config, "upsampling_ratios", None):
-        # A codec's decoder that upsamples latent frames of hidden_size by upsampling_ratios
-        # (VibeVoice's, whose stem convolution reads hidden_size channels).
-        return torch.zeros((batch, config.hidden_size, steps), device=device)
-    cross = config_int(config, ("cross_hidden_size",))
-    if name == "encoder_hidden_states" and cross is not None:
-        # Dia's decoder: its cross-attention projects its encoder's states of cross_hidden_size.
-        return torch.zeros((batch, steps, cross), device=device)
-    return None
-
-
-def features_config(config):
-    """The config whose fields size ``config``'s audio features: its audio sub-config (else
-    itself); where that has no mel bins, the first of its sub-configs that has them (Nemotron
-    3.5 Transcribe's audio model reads one spectrogram with its ASR encoder, asr_config's
-    num_mel_bins 128, and its diarization model alike); else the config of the semantic model
-    that reads them (NeuCodec's and XCodec2's wav2vec2-BERT, semantic_model_config)."""
-    audio = sub_config(config, "audio")
-    if config_int(audio, MEL_BINS) is not None:
-        return audio
-    for key in getattr(audio, "sub_configs", {}):
-        part = getattr(audio, key, None)
-        if part is not None and config_int(part, MEL_BINS) is not None:
-            return part
-    return getattr(config, "semantic_model_config", None) or audio
-
-
-def audio_companions(config, inputs: dict) -> dict:
-    """The spectrogram that follows from the other inputs of an audio family, in the layouts
-    to choose from (`feature_layouts`): Voxtral Realtime adds one audio embedding to each token,
-    audio_length_per_tok mel frames a token of input_ids; XCodec2 concatenates its semantic
-    model's frames with its acoustic encoder's, one per prod(downsampling_ratios) samples of
-    the waveform (NeuCodec trims both to the shorter). Empty for any other config."""
-    import math
-
-    per_token = config_int(config, ("audio_length_per_tok",))
-    ratios = getattr(config, "downsampling_ratios", None)
-    given = {name: value[0] if isinstance(value, list) else value
-             for name, value in inputs.items()}
-    if "input_features" not in given:
-        return {}
-    if per_token is not None and "input_ids" in given:
-        source = given["input_ids"]  # (batch, tokens)
-        frames = source.shape[1] * per_token
-    elif ratios and hasattr(config, "semantic_model_config") and "input_values" in given:
-        source = given["input_values"]  # (batch, [channels,] samples)
-        frames = source.shape[-1] // math.prod(ratios)
-    else:
-        return {}
-    return {"input_features": feature_layouts(features_config(config), source.device,
-                                              batch=source.shape[0], seq=frames)}
-
-
-def windowed_states(config, device, *, batch: int):
-    """The patch states a windowed ViT encoder (LW-DETR's, RF-DETR's DINOv2) reads, cut into
-    windows by its embeddings: ``(batch * windows, patches / windows, hidden_size)``, each
-    image's image_size / patch_size patches a side. Its layers fold the windows back into the
-    batch by num_windows: all the windows where the config also keeps num_windows_side
-    (LW-DETR), else the windows a side, squared (RF-DETR). None where the config has no
-    num_windows."""
-    import torch
-
-    count, patch = config_int(config, ("num_windows",)), config_int(config, ("patch_size",))
-    if count is None or patch is None:
-        return None
-    windows = count if config_int(config, ("num_windows_side",)) else count ** 2
-    height, width = image_size(config)
-    patches = (height // patch) * (width // patch)
-    return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
-
-
 def retrieved_contexts(parameters: set[str], config, inputs: dict) -> dict:
     """RAG's retrieved documents, which its forward needs where no retriever is set (none is, on
     meta): n_docs contexts per question, each a document joined to the question, of
@@ -311,19 +213,4 @@ def retrieved_contexts(parameters: set[str], config, inputs: dict) -> dict:
                                                  device=device),
             "doc_scores": torch.zeros((batch, docs), device=device)}
 
-
-def patch_rows(vision, device, *, batch: int):
-    """Images as rows of flattened patches ``(batch, patches, num_channels * patch_size ** 2)``,
-    image_size / patch_size patches a side: what a tower whose patch embedding is a linear
-    layer over flattened patches reads (Molmo2's). None where ``vision`` has no int
-    patch_size."""
-    import torch
-
-    patch = config_int(vision, ("patch_size",))
-    if patch is None:
-        return None
-    height, width = image_size(vision)
-    channels = config_int(vision, ("num_channels",)) or 3
-    return torch.zeros((batch, (height // patch) * (width // patch), channels * patch * patch),
-                       device=device)
 

@@ -1,0 +1,138 @@
+"""Image inputs in the layouts one family's vision tower reads, each sized by the config fields
+its code reads: SegGPT's prompt, a windowed ViT's patch states, patches as rows, as images, as
+clips or as blocks of merged tokens, Aria's images of its projector's patch counts, Gemma 4's
+pooled grid. None (or empty) where the config has no such field, as in `hf_task_inputs`."""
+
+from __future__ import annotations
+
+import math
+
+from .hf_media import IMAGE_TOKEN, config_int, image_size, patch_grid, sub_config, with_image_tokens
+
+
+def prompt_image(config, device, *, batch: int):
+    """SegGPT's prompt image (or mask) ``(batch, num_channels, height / 2, width)``: its
+    image_size (896, 448) is a prompt above an input, concatenated along the height by its
+    forward. None where image_size is not such a pair."""
+    import torch
+
+    size = getattr(config, "image_size", None)
+    if not (isinstance(size, (list, tuple)) and len(size) == 2):
+        return None
+    return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
+
+
+def windowed_states(config, device, *, batch: int):
+    """The patch states a windowed ViT encoder (LW-DETR's, RF-DETR's DINOv2) reads, cut into
+    windows by its embeddings: ``(batch * windows, patches / windows, hidden_size)``, each
+    image's image_size / patch_size patches a side. Its layers fold the windows back into the
+    batch by num_windows: all the windows where the config also keeps num_windows_side
+    (LW-DETR), else the windows a side, squared (RF-DETR). None where the config has no
+    num_windows."""
+    import torch
+
+    count, patch = config_int(config, ("num_windows",)), config_int(config, ("patch_size",))
+    if count is None or patch is None:
+        return None
+    windows = count if config_int(config, ("num_windows_side",)) else count ** 2
+    height, width = image_size(config)
+    patches = (height // patch) * (width // patch)
+    return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
+
+
+def patch_rows(vision, device, *, batch: int):
+    """Images as rows of flattened patches ``(batch, patches, num_channels * patch_size ** 2)``,
+    image_size / patch_size patches a side: what a tower whose patch embedding is a linear
+    layer over flattened patches reads (Molmo2's). None where ``vision`` has no int
+    patch_size."""
+    import torch
+
+    patch = config_int(vision, ("patch_size",))
+    if patch is None:
+        return None
+    height, width = image_size(vision)
+    channels = config_int(vision, ("num_channels",)) or 3
+    return torch.zeros((batch, (height // patch) * (width // patch), channels * patch * patch),
+                       device=device)
+
+
+def patch_layouts(flat, vision):
+    """Qwen2-VL's flattened patches ``flat`` ``(patches, channels * patch_size ** 2)``, and, to
+    choose from (`hf_media.accepted`), each patch as an image ``(patches, channels,
+    patch_size, patch_size)``: Kimi-K2.5's vision tower convolves each (a Conv2d of kernel and
+    stride patch_size). ``flat`` alone where the vision config has a temporal_patch_size (a
+    patch of several frames, flattened: Qwen2-VL's Conv3d reshapes the rows itself)."""
+    patch = config_int(vision, ("patch_size",))
+    if config_int(vision, ("temporal_patch_size",)) is not None or patch is None:
+        return flat
+    return [flat, flat.view(flat.shape[0], -1, patch, patch)]
+
+
+def projector_images(config, ids) -> dict:
+    """Aria's images, for the tokens ``ids``: its projector looks its queries up by an image's
+    patch count (projector_patch_to_query_dict, 1225: 128 and 4900: 256 by default), so each
+    image is the fewest patches it takes, a square of isqrt(1225) = 35 patches of the vision
+    tower's patch_size a side (its embeddings bucket any grid onto their positions); and in the
+    tokens, one placeholder (image_token_index) per query. Empty where the config has no such
+    table or its patch counts are no square."""
+    import torch
+
+    table, vision = getattr(config, "projector_patch_to_query_dict", None), sub_config(config,
+                                                                                     "vision")
+    token, patch = config_int(config, IMAGE_TOKEN), config_int(vision, ("patch_size",))
+    if not isinstance(table, dict) or not table or None in (token, patch):
+        return {}
+    count = min(table)
+    side = math.isqrt(count)
+    if side * side != count or table[count] > ids.shape[1]:
+        return {}
+    channels = config_int(vision, ("num_channels",)) or 3
+    images = torch.zeros((ids.shape[0], channels, side * patch, side * patch), device=ids.device)
+    return {"pixel_values": images, "input_ids": with_image_tokens(ids, token, table[count])}
+
+
+def pooled_patches(vision) -> int | None:
+    """Patches a side of one image of Gemma 4's vision tower, which pools pooling_kernel_size x
+    pooling_kernel_size patches into one token: its image_size (224 where it names none) over
+    patch_size, rounded down to a multiple of pooling_kernel_size, as its processor sizes an
+    image (224 / 16 = 14, so 12 a side, 16 tokens). None where the config does not pool so."""
+    pool, patch = (config_int(vision, (field,)) for field in ("pooling_kernel_size", "patch_size"))
+    if pool is None or patch is None or not hasattr(vision, "position_embedding_size"):
+        return None
+    return image_size(vision)[0] // patch // pool * pool
+
+
+def patch_cubes(vision, image) -> list:
+    """Each example's image (``image``, ``(batch, channels, height, width)``) as Inkling's
+    processor cuts it: `patch_grid`'s patches of every example in one row, each a clip of
+    temporal_patch_size frames (a still image repeated), channels last ``(patches,
+    temporal_patch_size, patch_size, patch_size, channels)``, which its vision tower folds into
+    one token each; a layout to choose from, for a forward that takes no patch grid. Empty
+    where the vision config has no temporal_patch_size."""
+    import torch
+
+    depth, patch = (config_int(vision, (field,)) for field in ("temporal_patch_size",
+                                                               "patch_size"))
+    if depth is None or patch is None:
+        return []
+    _, h, w = patch_grid(vision)
+    count = image.shape[0] * h * w
+    return [torch.zeros((count, depth, patch, patch, image.shape[1]), device=image.device)]
+
+
+def token_blocks(vision, device, *, batch: int) -> tuple | None:
+    """Inkling 2's image inputs, to try where Qwen2-VL's patch grid fails: each token's merge x
+    merge patches as one block of pixels, channels last ``(tokens, merge * patch_size, merge *
+    patch_size, num_channels)``, and the grid counted in those tokens ``(batch, 3)``: the
+    `patch_grid` over spatial_merge_size a side. None where the config merges no patches."""
+    import torch
+
+    merge, patch = (config_int(vision, (field,)) for field in ("spatial_merge_size",
+                                                               "patch_size"))
+    if merge is None or merge < 2 or patch is None:
+        return None
+    t, h, w = patch_grid(vision)
+    rows = [t, h // merge, w // merge]
+    side, channels = merge * patch, config_int(vision, ("num_channels",)) or 3
+    blocks = torch.zeros((batch * math.prod(rows), side, side, channels), device=device)
+    return blocks, torch.tensor([rows] * batch, dtype=torch.long, device=device)
