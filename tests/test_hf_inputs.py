@@ -100,16 +100,3 @@ def test_siglip2_is_analyzed_and_its_value_sized_resize_is_named_uncounted():
     assert "spatial_shapes" in report.uncounted[0].reason
     assert report.total.macs > 0
 
-
-def test_videollama3_gets_each_images_merge_of_patches():
-    # VideoLLaMA 3's forward reads image_merge_sizes while its grid is given; its image
-    # processor merges 1 x 1 patches of a still image (merge_size = 1; 2 for videos). On cpu,
-    # for the values.
-    from exportflops.cli.hf_inputs import _patch_inputs
-
-    config = pytest.importorskip("transformers").AutoConfig.for_model("video_llama_3")
-    inputs = {}
-    _patch_inputs(inputs, "pixel_values", "image_grid_thw", {"image_merge_sizes"}, config,
-                  torch.device("cpu"), batch=2)
-    assert inputs["image_merge_sizes"].tolist() == [1, 1]
-    assert inputs["image_grid_thw"].shape == (2, 3)

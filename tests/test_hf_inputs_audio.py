@@ -1,4 +1,4 @@
-"""Inputs of the audio families (`exportflops.cli.hf_task_inputs`, `hf_inputs.example`), each
+"""Inputs of the audio families (`exportflops.cli.hf_audio_inputs`, `hf_inputs.example`), each
 sized by the config field that the model's own code reads for it; each model then analyzes
 with every op counted, or fails in transformers' own code, not for want of an input.
 
@@ -86,10 +86,10 @@ def test_codebook_tokens_are_integers():
 
 def test_dias_decoder_tokens_carry_each_of_its_nine_codebooks():
     # DiaForConditionalGeneration: the decoder's 128 steps of num_channels 9 codebooks, in either
-    # layout its forward takes ((batch * 9, seq) or (batch, seq, 9)); the encoder's text alone.
+    # layout its forward takes (2-D ids it reshapes to (batch, 9, seq), or (batch, seq, 9));
+    # the encoder's text alone.
     named = named_inputs(*built("dia"))
-    assert named["decoder_input_ids"].numel() == 9 * SEQ
-    assert 9 in named["decoder_input_ids"].shape
+    assert tuple(named["decoder_input_ids"].shape) in {(1 * 9, SEQ), (1, SEQ, 9)}
     assert tuple(named["input_ids"].shape) == (1, SEQ)
     assert not analyze(*built("dia")).uncounted
 

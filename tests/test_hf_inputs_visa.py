@@ -1,5 +1,5 @@
 """Image inputs of vision towers and vision-language models that the sweep blamed on
-transformers while our example inputs had the wrong shape (`exportflops.cli.hf_task_inputs`);
+transformers while our example inputs had the wrong shape (`exportflops.cli.hf_image_inputs`);
 each model then analyzes with every op counted (or fails where only transformers' code is).
 
 Sizes from transformers 5.23's default configs, at batch 1 and the default length

@@ -28,6 +28,7 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_inputs import HF_DEFAULT_SEQ_LEN
 from exportflops.cli.hf_sizes import windowed_side
+from exportflops.errors import ExportError
 from tests.cli_support import input_shapes
 
 tf = pytest.importorskip("transformers")
@@ -77,7 +78,7 @@ def test_the_model_then_analyzes_with_every_op_counted(model_type):
 
 def test_lw_detr_vit_fails_on_meta_only_for_its_cpu_layer_scales():
     # The shapes are right (the cpu run above analyzes); on meta the cpu parameter meets them.
-    with pytest.raises(Exception, match="cpu"):
+    with pytest.raises(ExportError, match="meta and cpu"):
         analyze(*hf_model("lw_detr_vit", META, None, layers=1))
 
 
@@ -93,3 +94,17 @@ def test_a_side_is_rounded_to_whole_windows_of_whole_patches(side, expected):
 
 def test_a_config_without_windows_keeps_its_side():
     assert windowed_side(518, tf.AutoConfig.for_model("dinov2")) == 518
+
+
+def test_videollama3s_merge_of_patches_is_its_image_processors_one():
+    # VideoLLaMA 3's forward reads image_merge_sizes while its grid is given; its image
+    # processor merges 1 x 1 patches of a still image (merge_size = 1; 2 for videos). On cpu,
+    # for the values.
+    from exportflops.cli.hf_inputs import _patch_inputs
+
+    config = tf.AutoConfig.for_model("video_llama_3")
+    inputs = {}
+    _patch_inputs(inputs, "pixel_values", "image_grid_thw", {"image_merge_sizes"}, config,
+                  torch.device("cpu"), batch=2)
+    assert inputs["image_merge_sizes"].tolist() == [1, 1]
+    assert inputs["image_grid_thw"].shape == (2, 3)

@@ -52,6 +52,22 @@ def test_a_module_built_from_the_whole_composite_config_is_taken_from_the_compos
     assert not analyze(model, args, kwargs).uncounted
 
 
+def test_a_composite_that_never_calls_the_sub_model_is_named_in_the_error(monkeypatch):
+    # A stand-in composite (a Linear) that holds no ReLU, asked for a ReLU's inputs: its
+    # forward, even asked again with its prompts, calls none.
+    from exportflops.cli import hf_parent
+
+    class Holder:
+        pass
+
+    monkeypatch.setattr(hf_parent, "parent_configs", lambda config: [(Holder(), "relu_config")])
+    composite = (torch.nn.Linear(2, 2), (torch.zeros(1, 2),), {})
+    missing = UsageError("no input")
+    with pytest.raises(UsageError, match=r"^no input Nor could it be read .*Holder \(relu_config"
+                       r"\): its forward did not call a ReLU\.$"):
+        hf_parent.parent_inputs(torch.nn.ReLU(), None, META, lambda config: composite, missing)
+
+
 @pytest.mark.parametrize("model_type",
                          ["sam3_geometry_encoder", "sam3_lite_text_geometry_encoder"])
 def test_a_sub_model_run_only_on_prompts_gets_its_composites_prompt(model_type):

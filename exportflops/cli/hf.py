@@ -306,7 +306,9 @@ def _checked(error: BaseException, model) -> bool:
     raised = (isinstance(cause, ValueError) and raised_by(cause).startswith("transformers")
               and bool(frames) and (frames[-1].line or "").lstrip().startswith("raise"))
     message = str(cause)
-    about_config = "config" in message and not any(
+    # "the config" as a noun (not "configuration", not a field read as config.x).
+    about_config = re.search(r"\bconfig\b(?!\.)", message) is not None and not any(
         re.search(rf"\b{re.escape(name)}\b", message)
-        for name in inspect.signature(model.forward).parameters)
+        for name, p in inspect.signature(model.forward).parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
     return raised and not about_config

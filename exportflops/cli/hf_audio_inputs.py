@@ -9,10 +9,9 @@ from __future__ import annotations
 
 from .hf_media import MEL_BINS, config_int, feature_layouts, mel_bins, sub_config
 
-#: Where a config counts the codebooks of the audio tokens its model reads at each step
-#: (Inkling's audio config maps num_codebooks to its n_mel_bins; Dia's decoder calls them
-#: num_channels, and is told from an image config by its vocab_size).
-CODEBOOKS = ("num_codebooks", "num_channels")
+#: The fields of a config of images, whose num_channels are colours, not codebooks (LayoutLMv3,
+#: ViLT and UDOP have a vocab_size and num_channels 3).
+IMAGE_FIELDS = ("image_size", "patch_size", "input_size")
 
 
 def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
@@ -37,16 +36,18 @@ def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
 
 def codebook_layouts(ids, config) -> list | None:
     """Token ids ``(batch, seq)`` of a model that reads one token per codebook at each step, to
-    choose from (`accepted`) where its config counts `CODEBOOKS`: as they are; the codebooks
+    choose from (`accepted`) where its config counts codebooks: as they are; the codebooks
     folded into the batch ``(batch * codebooks, seq)`` (MusicGen reshapes them to ``(-1,
     num_codebooks, seq)``); codebooks last ``(batch, seq, codebooks)``, which an embedding that
     adds each codebook's offset (``arange(codebooks) * vocab``) reads (Dia's decoder, Inkling's
     audio); and a text token before them ``(batch, seq, 1 + codebooks)`` (Kyutai pads its
     offsets with one for it). Which one a forward reads is in its code, not in its config.
-    None where the config counts no codebooks."""
-    codebooks = config_int(config, CODEBOOKS[:1])
-    if codebooks is None and config_int(config, ("vocab_size",)) is not None:
-        codebooks = config_int(config, CODEBOOKS[1:])
+    None where the config counts no codebooks: num_codebooks (Inkling's audio config maps it
+    to its n_mel_bins), or num_channels in a text config of no images (Dia's decoder)."""
+    codebooks = config_int(config, ("num_codebooks",))
+    if (codebooks is None and config_int(config, ("vocab_size",)) is not None
+            and config_int(config, IMAGE_FIELDS) is None):
+        codebooks = config_int(config, ("num_channels",))
     if codebooks is None:
         return None
     batch, seq = ids.shape
@@ -121,18 +122,18 @@ def audio_companions(config, inputs: dict) -> dict:
 
 
 def stacked_frames(model, layouts: list, config) -> list:
-    """A last layout to choose from: frames first, each of k stacked frames of the config's
-    mel bins, where the first linear layer of ``model`` that reads a multiple of the bins reads
-    k of them (Granite Speech 5's input_linear: num_mel_bins x 4, its feature extractor's
-    stacking, in no config field). Empty where ``layouts`` are no spectrograms or no layer
-    reads such a multiple."""
+    """A last spectrogram layout to choose from: frames first, each of k stacked frames of the
+    config's mel bins, where ``model``'s first linear layer reads k times the bins (Granite
+    Speech 5's input_linear: num_mel_bins x 4, its feature extractor's stacking, in no config
+    field). Empty where ``layouts`` have no frames-first spectrogram or that layer reads
+    another width."""
     import torch
 
-    bins = mel_bins(sub_config(config, "audio"))
+    bins = mel_bins(features_config(config))
     frames_first = next((t for t in layouts if isinstance(t, torch.Tensor) and t.dim() == 3
-                         and t.shape[-1] == bins), None)
-    width = next((m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)
-                  and m.in_features % bins == 0), None)
-    if frames_first is None or width is None or width == bins:
+                         and t.shape[-1] == bins and t.is_floating_point()), None)
+    first = next((m for m in model.modules() if isinstance(m, torch.nn.Linear)), None)
+    width = first.in_features if first is not None else bins
+    if frames_first is None or width % bins or width == bins:
         return []
     return [frames_first.new_zeros(frames_first.shape[:-1] + (width,))]

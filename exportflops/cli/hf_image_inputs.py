@@ -40,20 +40,20 @@ def windowed_states(config, device, *, batch: int):
     return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
 
 
-def patch_rows(vision, device, *, batch: int):
+def patch_rows(model, vision, device, *, batch: int) -> list:
     """Images as rows of flattened patches ``(batch, patches, num_channels * patch_size ** 2)``,
-    image_size / patch_size patches a side: what a tower whose patch embedding is a linear
-    layer over flattened patches reads (Molmo2's). None where ``vision`` has no int
-    patch_size."""
+    image_size / patch_size patches a side, to choose from last: what a tower whose patch
+    embedding is a linear layer over flattened patches reads (Molmo2's). Empty where
+    ``vision`` has no int patch_size or no linear layer of ``model`` reads such a row."""
     import torch
 
     patch = config_int(vision, ("patch_size",))
-    if patch is None:
-        return None
-    height, width = image_size(vision)
     channels = config_int(vision, ("num_channels",)) or 3
-    return torch.zeros((batch, (height // patch) * (width // patch), channels * patch * patch),
-                       device=device)
+    row = channels * patch * patch if patch is not None else None
+    if not any(isinstance(m, torch.nn.Linear) and m.in_features == row for m in model.modules()):
+        return []
+    height, width = image_size(vision)
+    return [torch.zeros((batch, (height // patch) * (width // patch), row), device=device)]
 
 
 def patch_layouts(flat, vision):
@@ -95,7 +95,9 @@ def pooled_patches(vision) -> int | None:
     """Patches a side of one image of Gemma 4's vision tower, which pools pooling_kernel_size x
     pooling_kernel_size patches into one token: its image_size (224 where it names none) over
     patch_size, rounded down to a multiple of pooling_kernel_size, as its processor sizes an
-    image (224 / 16 = 14, so 12 a side, 16 tokens). None where the config does not pool so."""
+    image (224 / 16 = 14, so 12 a side, 16 tokens). None where the config does not pool so, or
+    keeps no position_embedding_size: a tower that pools patches but reads no position per
+    patch takes whole images, not these."""
     pool, patch = (config_int(vision, (field,)) for field in ("pooling_kernel_size", "patch_size"))
     if pool is None or patch is None or not hasattr(vision, "position_embedding_size"):
         return None

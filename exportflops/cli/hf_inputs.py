@@ -16,7 +16,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, S
                        accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
                        flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
                        sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
-from .hf_needs import innermost, needed_input
+from .hf_needs import needed_input, refused_ids
 from .hf_task_inputs import MERGE_SIZES, companions, family_input
 
 
@@ -42,6 +42,10 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
                "high_res_pixel_values", "visual_feats", "visual_pos")
 #: Combinations of layouts tried at most, where several inputs come in layouts to choose from.
 MAX_TOGETHER = 16
+#: The inputs that take a spectrogram, in the layouts `feature_layouts` makes.
+SPECTROGRAMS = ("input_features", "audio_mel")
+#: The inputs that take images, in the layouts `pixels` makes.
+IMAGES = ("pixel_values", "pixel_values_videos")
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -108,7 +112,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
         if (signature[grid_input].default is inspect.Parameter.empty
                 or _fails(model, inputs, names[0] if first else None)):
             _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
-                          batch=batch)
+                          batch=batch, seq=seq)
             # A grid counted in merged tokens, each a block of patches (Inkling 2's), where
             # the patch grid fails.
             blocks = token_blocks(sub_config(config, "vision"), device, batch=batch)
@@ -129,7 +133,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
             # The first layout of another input still to choose (Dia's encoder's tokens).
             others = {k: v[0] if isinstance(v, list) else v for k, v in inputs.items()
                       if k != name}
-            candidates = candidates + stacked_frames(model, candidates, config)
+            if name in SPECTROGRAMS:
+                candidates = candidates + stacked_frames(model, candidates, config)
+            if name in IMAGES:  # last, rows of patches for a linear patch embedding (Molmo2's)
+                candidates = candidates + patch_rows(model, sub_config(config, "vision"), device,
+                                                     batch=batch)
             inputs[name] = accepted(model, name, candidates, others,
                                     first=first and name == names[0], masks=masked)
 
@@ -187,7 +195,7 @@ def _fails(model, inputs: dict[str, Any], positional: str | None) -> bool:
 def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, batch: int,
                seq: int | None) -> tuple[tuple, dict[str, Any]]:
     """``(args, inputs)`` with the optional inputs that forward's own error asks for under fake
-    tensors, and embeddings in place of ids where its own check refuses ids (`_refused_ids`):
+    tensors, and embeddings in place of ids where its own check refuses ids (`refused_ids`):
     by name among `SIDE_INPUTS` ("You have to specify bbox": BROS; "encoder_hidden_states must
     be given": BLIP-2's Q-Former), or by reading it while None (`needed_input`: LongT5's
     attention_mask, Qwen2-Audio's feature_attention_mask). Forward's signature says these are
@@ -202,7 +210,7 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
         error = fake_error(model, args, inputs)
         if error is None:
             break
-        if _refused_ids(error, parameters, args, inputs):
+        if refused_ids(error, parameters, args, inputs):
             # Qwen3-Omni's code predictor reads only embeddings (its talker sums several
             # codebooks' into them) and raises on ids.
             args, inputs = (), {k: v for k, v in inputs.items() if k != "input_ids"}
@@ -233,17 +241,6 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     return args, inputs
 
 
-def _refused_ids(error: BaseException, parameters: list[str], args: tuple,
-                 inputs: dict[str, Any]) -> bool:
-    """Whether ``error`` is forward's own ValueError naming the ``input_ids`` it was given,
-    where it takes ``inputs_embeds`` instead."""
-    given = set(parameters[:len(args)]) | set(inputs)
-    cause = innermost(error)
-    return ("input_ids" in given and "inputs_embeds" in parameters
-            and "inputs_embeds" not in given and isinstance(cause, ValueError)
-            and "input_ids" in str(cause))
-
-
 def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
                 seq: int | None):
     import torch
@@ -262,7 +259,8 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
 
 
 def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
-                  parameters: set[str], config, device, *, batch: int) -> None:
+                  parameters: set[str], config, device, *, batch: int,
+                  seq: int | None = None) -> None:
     """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
     grid (and its `merge_size` where forward takes one per image), and, in the tokens, one
     placeholder per image token (the config's image_token_id), marked as an image's in
@@ -278,7 +276,7 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
     if "input_ids" in inputs and token is not None:
-        inputs |= _room_for_image(inputs, config, count)
+        inputs |= _room_for_image(inputs, config, count, seq)
     if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
         inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
         if "mm_token_type_ids" in parameters:
@@ -286,20 +284,24 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
             inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
 
 
-def _room_for_image(inputs: dict[str, Any], config, count: int) -> dict[str, Any]:
-    """The text of ``inputs`` lengthened to hold an image's ``count`` tokens before its own,
-    where the image has more tokens than the text (MiniMax-M3-VL's image_size 2016 in patches
-    of 14, merged 2 x 2: 72 x 72 = 5184) and the text model's positions hold both; its
-    attention_mask too, of ones. Empty where the text already holds them."""
+def _room_for_image(inputs: dict[str, Any], config, count: int, seq: int | None
+                    ) -> dict[str, Any]:
+    """The text of ``inputs`` (its ids, token types and mask of ones) lengthened to hold an
+    image's ``count`` tokens before its own, where the image has more tokens than the default
+    text (MiniMax-M3-VL's image_size 2016 in patches of 14, merged 2 x 2: 72 x 72 = 5184) and
+    the text model's positions hold both. Empty where the text already holds them; a
+    UsageError where ``--seq`` set a text too short for them."""
     ids = inputs["input_ids"]
     limit = config_int(config.get_text_config(), MAX_POSITIONS)
     length = count + ids.shape[1]
     if count <= ids.shape[1] or (limit is not None and length > limit):
         return {}
-    made = {"input_ids": ids.new_zeros((ids.shape[0], length))}
-    if "attention_mask" in inputs:
-        made["attention_mask"] = ids.new_ones((ids.shape[0], length))
-    return made
+    if seq is not None:
+        raise UsageError(f"--seq {seq}: one image of {type(config).__name__} takes {count} "
+                         f"tokens of the text; pass --seq {count} or more.")
+    shape = (ids.shape[0], length)
+    return {name: ids.new_ones(shape) if name == "attention_mask" else ids.new_zeros(shape)
+            for name in ("input_ids", "token_type_ids", "attention_mask") if name in inputs}
 
 
 def _hassub_config(config, modality: str) -> bool:
@@ -325,17 +327,13 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         return sizes(sub_config(config, "vision"), device, batch=batch)
     if name in GRID_INPUTS + SIZE_INPUTS:
         return grid(name, sub_config(config, "vision"), device, batch=batch)
-    if name in ("pixel_values", "pixel_values_videos"):
-        made = pixels(name, sub_config(config, "vision"), device, batch=batch)
-        # Last, rows of flattened patches: a tower whose patch embedding is linear (Molmo2's).
-        rows = patch_rows(sub_config(config, "vision"), device, batch=batch)
-        return made + [rows] if isinstance(made, list) and rows is not None else made
+    if name in IMAGES:
+        return pixels(name, sub_config(config, "vision"), device, batch=batch)
     if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
         vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
         return pixels("pixel_values", vision, device, batch=batch)
-    audio = features_config(config)
-    if name in ("input_features", "audio_mel"):  # a spectrogram, its layout chosen by hf_inputs
-        return feature_layouts(audio, device, batch=batch, seq=seq)
+    if name in SPECTROGRAMS:  # a spectrogram, its layout chosen by hf_inputs
+        return feature_layouts(features_config(config), device, batch=batch, seq=seq)
     made = family_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
     if made is not None:
         return made
@@ -343,6 +341,7 @@ def example(name: str, config, device, *, batch: int, seq: int | None):
         # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
         hidden = config.get_text_config().hidden_size
         return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
+    audio = sub_config(config, "audio")
     if name == "input_values":
         # A waveform, or a spectrogram where the config has mel bins (AST calls its own
         # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).

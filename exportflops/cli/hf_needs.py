@@ -3,7 +3,8 @@ value was None in the innermost frame of transformers' code ("'NoneType' object 
 attribute 'sum'" at ``input_features_mask.sum(-1)``: AudioFlamingo3; at ``grid_thw.device``:
 Qwen2-VL's vision tower, whose model passes ``image_grid_thw``). A forward's signature makes
 these optional; its code needs them. `hf_inputs` makes the input so named; the sweep blames a
-failure on us when forward needed an input we did not make."""
+failure on us when forward needed an input we did not make. And the token ids a forward refuses
+(`refused_ids`), which it takes as embeddings."""
 
 from __future__ import annotations
 
@@ -72,3 +73,16 @@ def needed_input(error: BaseException, parameters) -> str | None:
         if ending is not None:
             return ending
     return None
+
+
+def refused_ids(error: BaseException, parameters: list[str], args: tuple,
+                 inputs: dict) -> bool:
+    """Whether ``error`` is transformers' own ValueError naming the ``input_ids`` it was given
+    (not decoder_input_ids), where forward takes ``inputs_embeds`` instead."""
+    given = set(parameters[:len(args)]) | set(inputs)
+    cause = innermost(error)
+    frames = traceback.extract_tb(cause.__traceback__)
+    return ("input_ids" in given and "inputs_embeds" in parameters
+            and "inputs_embeds" not in given and isinstance(cause, ValueError)
+            and bool(frames) and "/transformers/" in frames[-1].filename.replace("\\", "/")
+            and re.search(r"\binput_ids\b", str(cause)) is not None)

@@ -74,9 +74,9 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     if name == "hidden_states":
         return windowed_states(config, device, batch=batch)
     if name in MERGE_SIZES:
-        # VideoLLaMA3 (and its tower): how many patches a side each image's tokens merge, the
-        # vision config's `merge_size`, 1 where it keeps none (its image processor's merge_size:
-        # an image's patches stay tokens; a video's merge 2).
+        # VideoLLaMA3 (and its tower): how many patches a side each image's tokens merge: the
+        # vision config's `merge_size` where it keeps one, else 1, VideoLLaMA3's image
+        # processor's for a still image (its video processor merges 2).
         merge = merge_size(sub_config(config, "vision"))
         return torch.full((batch,), merge, dtype=torch.long, device=device)
     made = renamed_input(name, config, device, batch=batch, steps=steps)
@@ -140,7 +140,10 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     needs over the keys of its context and its block alike (without one, its mask covers the
     block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
     before its actions (without images it has no cache to read them from); RAG's retrieved
-    documents (`retrieved_contexts`)."""
+    documents (`retrieved_contexts`); the spectrogram that follows from a model's tokens or
+    waveform (`audio_companions`: Voxtral Realtime, XCodec2); Aria's images of its projector's
+    patch counts (`projector_images`); Inkling's patches as clips (`patch_cubes`); Gemma 4's
+    pooled patches."""
     import torch
 
     made = retrieved_contexts(parameters, config, inputs)
