@@ -68,9 +68,11 @@ def audio_family_input(name: str, config, device, *, batch: int, steps: int):
         # A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
         # ``(batch, mel_dim, frames)``.
         return torch.zeros((batch, mels, steps), device=device)
-    if name == "hidden_states" and getattr(config, "upsampling_ratios", None):
-        # A codec's decoder that upsamples latent frames of hidden_size by upsampling_ratios
-        # (VibeVoice's, whose stem convolution reads hidden_size channels).
+    if (name == "latents" and config_int(config, ("latent_stride",)) is not None
+            or name == "hidden_states" and getattr(config, "upsampling_ratios", None)):
+        # A codec's decoder: latent frames of hidden_size ``(batch, hidden_size, frames)``,
+        # which its upsampling convolution (Mimi's, stride latent_stride) or its stem
+        # convolution before upsampling_ratios (VibeVoice's) reads.
         return torch.zeros((batch, config.hidden_size, steps), device=device)
     cross = config_int(config, ("cross_hidden_size",))
     if name == "encoder_hidden_states" and cross is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from .hf_media import IMAGE_TOKEN, config_int, image_size, patch_grid, sub_config, with_image_tokens
+from .hf_sizes import windows
 
 
 def prompt_image(config, device, *, batch: int):
@@ -26,18 +27,17 @@ def windowed_states(config, device, *, batch: int):
     """The patch states a windowed ViT encoder (LW-DETR's, RF-DETR's DINOv2) reads, cut into
     windows by its embeddings: ``(batch * windows, patches / windows, hidden_size)``, each
     image's image_size / patch_size patches a side. Its layers fold the windows back into the
-    batch by num_windows: all the windows where the config also keeps num_windows_side
-    (LW-DETR), else the windows a side, squared (RF-DETR). None where the config has no
-    num_windows."""
+    batch by all its `windows` (LW-DETR's num_windows, RF-DETR's num_windows squared). None
+    where the config has no num_windows."""
     import torch
 
-    count, patch = config_int(config, ("num_windows",)), config_int(config, ("patch_size",))
-    if count is None or patch is None:
+    cut, patch = windows(config), config_int(config, ("patch_size",))
+    if cut is None or patch is None:
         return None
-    windows = count if config_int(config, ("num_windows_side",)) else count ** 2
+    count = cut[1]
     height, width = image_size(config)
     patches = (height // patch) * (width // patch)
-    return torch.zeros((batch * windows, patches // windows, config.hidden_size), device=device)
+    return torch.zeros((batch * count, patches // count, config.hidden_size), device=device)
 
 
 def patch_rows(model, vision, device, *, batch: int) -> list:

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from .hf_needs import needed_input
-from .hf_sizes import vq_image_size, windowed_side
+from .hf_sizes import config_int, vq_image_size, windowed_side
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
 #: stack two frames of 80 bins: feature_projection_input_dim 160; Phi-4-multimodal's audio
@@ -21,13 +21,6 @@ MEL_BINS = ("feature_projection_input_dim", "num_mel_bins", "feature_size",
 VIDEO_FRAMES = ("num_frames", "frames_per_clip")
 #: Frames of a spectrogram when the config bounds none: whisper's 30 s are 3,000.
 HF_DEFAULT_FRAMES = 128
-
-
-def config_int(config, names: tuple[str, ...]) -> int | None:
-    """The first of the fields ``names`` that ``config`` holds as an int (not a bool)."""
-    return next((getattr(config, n) for n in names
-                 if isinstance(getattr(config, n, None), int)
-                 and not isinstance(getattr(config, n), bool)), None)
 
 
 def sub_config(config, modality: str):

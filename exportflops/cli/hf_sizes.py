@@ -4,9 +4,22 @@ rounding of a side to what a model's windows cut whole. Pure arithmetic on confi
 from __future__ import annotations
 
 
-def _int(config, name: str) -> int | None:
-    value = getattr(config, name, None)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def config_int(config, names: tuple[str, ...]) -> int | None:
+    """The first of the fields ``names`` that ``config`` holds as an int (not a bool)."""
+    return next((getattr(config, n) for n in names
+                 if isinstance(getattr(config, n, None), int)
+                 and not isinstance(getattr(config, n), bool)), None)
+
+
+def windows(config) -> tuple[int, int] | None:
+    """``(windows a side, windows in all)`` of a windowed ViT encoder's config: num_windows
+    counts them all where the config also keeps num_windows_side (LW-DETR's), else a side
+    (RF-DETR's DINOv2). None where the config has no num_windows."""
+    count = config_int(config, ("num_windows",))
+    if count is None:
+        return None
+    side = config_int(config, ("num_windows_side",))
+    return (side, count) if side else (count, count ** 2)
 
 
 def vq_image_size(config) -> int | None:
@@ -20,13 +33,12 @@ def vq_image_size(config) -> int | None:
 
 def windowed_side(side: int, config) -> int:
     """``side`` pixels rounded down to whole windows of whole patches where ``config`` (or its
-    backbone_config) cuts each image into windows: a side holds a multiple of the windows a
-    side (num_windows_side where the config keeps it, LW-DETR's; else num_windows, RF-DETR's
-    DINOv2, whose 518 pixels of 14-pixel patches are 37 patches, 36 in 4 windows: 504),
+    backbone_config) cuts each image into windows: a side holds a multiple of the `windows` a
+    side (RF-DETR's DINOv2: 518 pixels of 14-pixel patches are 37 patches, 36 in 4 windows: 504),
     one window at least. ``side`` unchanged elsewhere."""
     windowed = next((c for c in (config, getattr(config, "backbone_config", None))
-                     if _int(c, "num_windows") and _int(c, "patch_size")), None)
+                     if windows(c) and config_int(c, ("patch_size",))), None)
     if windowed is None:
         return side
-    unit = windowed.patch_size * (_int(windowed, "num_windows_side") or windowed.num_windows)
+    unit = windowed.patch_size * windows(windowed)[0]
     return max(unit, side // unit * unit)

@@ -67,10 +67,6 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     made = audio_family_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
-    if name == "latents" and config_int(config, ("latent_stride",)) is not None:
-        # A Mimi-style codec's decoder: latent frames of hidden_size, which its upsampling
-        # convolution (stride latent_stride) reads, ``(batch, hidden_size, frames)``.
-        return torch.zeros((batch, config.hidden_size, steps), device=device)
     if name == "hidden_states":
         return windowed_states(config, device, batch=batch)
     if name in MERGE_SIZES:
