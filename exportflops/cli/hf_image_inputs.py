@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from .hf_media import IMAGE_TOKEN, config_int, image_size, patch_grid, sub_config, with_image_tokens
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MERGE_SIZES, config_int, image_size, merge_size,
+                       patch_grid, sub_config, with_image_tokens)
 from .hf_sizes import windows
 
 
@@ -138,3 +139,47 @@ def token_blocks(vision, device, *, batch: int) -> tuple | None:
     side, channels = merge * patch, config_int(vision, ("num_channels",)) or 3
     blocks = torch.zeros((batch * math.prod(rows), side, side, channels), device=device)
     return blocks, torch.tensor([rows] * batch, dtype=torch.long, device=device)
+
+
+def image_family_input(name: str, config, device, *, batch: int):
+    """The image inputs of one family, each sized by the config fields its code reads: a
+    windowed ViT's patch states (`windowed_states`); VideoLLaMA3's (and its tower's) merge of
+    each image's patches, a side: the vision config's `merge_size` where it keeps one, else 1,
+    VideoLLaMA3's image processor's for a still image (its video processor merges 2); Gemma
+    4's (x, y) of each patch of its `pooled_patches` grid: zeros, every patch a real one (-1
+    marks padding). None where ``config`` has no such field."""
+    import torch
+
+    if name == "hidden_states":
+        return windowed_states(config, device, batch=batch)
+    if name in MERGE_SIZES:
+        merge = merge_size(sub_config(config, "vision"))
+        return torch.full((batch,), merge, dtype=torch.long, device=device)
+    side = pooled_patches(config)
+    if name == "pixel_position_ids" and side is not None:
+        return torch.zeros((batch, side ** 2, 2), dtype=torch.long, device=device)
+    return None
+
+
+def image_companions(parameters: set[str], config, inputs: dict, made: dict) -> dict:
+    """The image inputs that follow from ``inputs`` (and the others ``made`` so far): Aria's
+    images of its projector's patch counts (`projector_images`); Inkling's patches as clips, to
+    choose from where forward takes no grid (`patch_cubes`); Gemma 4's patches beside their
+    positions, flattened: num_channels x patch_size ** 2 values each."""
+    import torch
+
+    found = {}
+    if "pixel_values" in inputs and "input_ids" in inputs:
+        found |= projector_images(config, inputs["input_ids"])
+    images = inputs.get("pixel_values")
+    if (isinstance(images, list) and not parameters & set(GRID_INPUTS)
+            and "pixel_values" not in made | found):
+        cubes = patch_cubes(sub_config(config, "vision"), images[0])
+        found |= {"pixel_values": images + cubes} if cubes else {}
+    positions = inputs.get("pixel_position_ids")
+    if "pixel_values" in inputs and positions is not None and pooled_patches(config):
+        patch = config.patch_size
+        channels = config_int(config, ("num_channels",)) or 3
+        found["pixel_values"] = torch.zeros(positions.shape[:2] + (channels * patch * patch,),
+                                            device=positions.device)
+    return found

@@ -12,12 +12,13 @@ from typing import Any
 from ..errors import UsageError
 from .hf_audio_inputs import codebook_layouts, features_config, stacked_frames
 from .hf_image_inputs import patch_layouts, patch_rows, token_blocks
-from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, SIZE_INPUTS,
-                       accepted, boxes, config_int, encoder_states, fake_error, feature_layouts,
-                       flattened_patches, grid, image_tokens, mask, naflex, patches, pixels,
-                       sizes, spectrogram, sub_config, time_series, waveform, with_image_tokens)
+from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, MERGE_SIZES,
+                       SIZE_INPUTS, accepted, boxes, config_int, encoder_states, fake_error,
+                       feature_layouts, flattened_patches, grid, image_tokens, mask, naflex,
+                       patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
+                       with_image_tokens)
 from .hf_needs import needed_input, refused_ids
-from .hf_task_inputs import MERGE_SIZES, companions, family_input
+from .hf_task_inputs import companions, family_input
 
 
 class UnknownInputError(UsageError):

@@ -237,6 +237,8 @@ def encoder_states(config, device, *, batch: int, length: int):
 #: flattened patches: Qwen2-VL's vision tower (``grid_thw``) and the models around it
 #: (``image_grid_thw``); ``(h, w)`` without time (Nemotron-H Omni's ``image_grid_hw``).
 GRID_INPUTS = ("grid_thw", "image_grid_thw", "image_grid_hw")
+#: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
+MERGE_SIZES = ("image_merge_sizes", "merge_sizes")
 #: The forward parameters that take the ``(h, w)`` patches of each image given whole
 #: (MiniCPM-V's vision tower: ``target_sizes``).
 SIZE_INPUTS = ("target_sizes",)

@@ -6,13 +6,10 @@ why the forward needs other values."""
 from __future__ import annotations
 
 from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_input
-from .hf_image_inputs import (patch_cubes, pooled_patches, projector_images, prompt_image,
-                              windowed_states)
-from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size,
-                       merge_size, pixels, sub_config, with_image_tokens)
+from .hf_image_inputs import image_companions, image_family_input, prompt_image
+from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
+                       with_image_tokens)
 
-#: Where forward takes each image's merge of patches into tokens, a side (VideoLLaMA 3's).
-MERGE_SIZES = ("image_merge_sizes", "merge_sizes")
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
 DECISION_INPUTS = ("marks", "num_options", "question_type_ids")
@@ -67,23 +64,10 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     made = audio_family_input(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
-    if name == "hidden_states":
-        return windowed_states(config, device, batch=batch)
-    if name in MERGE_SIZES:
-        # VideoLLaMA3 (and its tower): how many patches a side each image's tokens merge: the
-        # vision config's `merge_size` where it keeps one, else 1, VideoLLaMA3's image
-        # processor's for a still image (its video processor merges 2).
-        merge = merge_size(sub_config(config, "vision"))
-        return torch.full((batch,), merge, dtype=torch.long, device=device)
-    made = renamed_input(name, config, device, batch=batch, steps=steps)
+    made = image_family_input(name, config, device, batch=batch)
     if made is not None:
         return made
-    if name == "pixel_position_ids" and pooled_patches(config) is not None:
-        # Gemma 4's vision tower: the (x, y) of each patch of `pooled_patches`' grid; zeros,
-        # every patch a real one (-1 marks padding), pooled as any other.
-        return torch.zeros((batch, pooled_patches(config) ** 2, 2), dtype=torch.long,
-                           device=device)
-    return None
+    return renamed_input(name, config, device, batch=batch, steps=steps)
 
 
 def renamed_input(name: str, config, device, *, batch: int, steps: int):
@@ -137,9 +121,8 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
     block alone), of ones; PI0's prefix (`camera_prefix`), which its forward reads the keys of
     before its actions (without images it has no cache to read them from); RAG's retrieved
     documents (`retrieved_contexts`); the spectrogram that follows from a model's tokens or
-    waveform (`audio_companions`: Voxtral Realtime, XCodec2); Aria's images of its projector's
-    patch counts (`projector_images`); Inkling's patches as clips (`patch_cubes`); Gemma 4's
-    pooled patches."""
+    waveform (`audio_companions`: Voxtral Realtime, XCodec2); the images that follow from the
+    tokens or positions (`image_companions`: Aria, Inkling, Gemma 4)."""
     import torch
 
     made = retrieved_contexts(parameters, config, inputs)
@@ -153,21 +136,7 @@ def companions(parameters: set[str], config, inputs: dict, *, steps: int) -> dic
         noise, context = inputs["noise_embeds"], inputs["context_hidden_states"]
         made["attention_mask"] = torch.ones((noise.shape[0], context.shape[1] + noise.shape[1]),
                                             dtype=torch.long, device=noise.device)
-    if "pixel_values" in inputs and "input_ids" in inputs:
-        made |= projector_images(config, inputs["input_ids"])
-    images = inputs.get("pixel_values")
-    if (isinstance(images, list) and not parameters & set(GRID_INPUTS)
-            and "pixel_values" not in made):
-        cubes = patch_cubes(sub_config(config, "vision"), images[0])
-        made |= {"pixel_values": images + cubes} if cubes else {}
-    positions = inputs.get("pixel_position_ids")
-    if "pixel_values" in inputs and positions is not None and pooled_patches(config):
-        # ... and its patches, flattened: channels x patch_size ** 2 values each.
-        patch = config.patch_size
-        channels = config_int(config, ("num_channels",)) or 3
-        made["pixel_values"] = torch.zeros(positions.shape[:2] + (channels * patch * patch,),
-                                           device=positions.device)
-    return made
+    return made | image_companions(parameters, config, inputs, made)
 
 
 def camera_prefix(vlm, actions, *, steps: int) -> dict:
