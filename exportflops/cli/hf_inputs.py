@@ -107,18 +107,18 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     # (Qwen2-VL's vision tower calls them hidden_states).
     pixel_name = "pixel_values" if "pixel_values" in inputs else names[0]
     first = names[0] == parameters[0] or names[0] not in parameters
+    positional = names[0] if first else None
     if grid_input is not None and (pixel_name in inputs and pixel_name not in parameters
                                    or pixel_name == "pixel_values"):
         # Patches where the grid is required, or where whole images fail (RADIO takes either).
         if (signature[grid_input].default is inspect.Parameter.empty
-                or _fails(model, inputs, names[0] if first else None)):
+                or _fails(model, inputs, positional)):
             _patch_inputs(inputs, pixel_name, grid_input, set(signature), config, device,
                           batch=batch, seq=seq)
             # A grid counted in merged tokens, each a block of patches (Inkling 2's), where
             # the patch grid fails.
             blocks = token_blocks(sub_config(config, "vision"), device, batch=batch)
             blocks = dict(zip((pixel_name, grid_input), blocks or ()))
-            positional = names[0] if first else None
             if (blocks and _fails(model, inputs, positional)
                     and not _fails(model, inputs | blocks, positional)):
                 inputs |= blocks
@@ -149,7 +149,6 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                 for m in ours}
 
     inputs |= made_masks(inputs)
-    positional = names[0] if first else None
     if len(layouts) > 1 and _fails(model, inputs, positional):
         inputs |= _together(model, layouts, inputs, positional, made_masks)
     args = (inputs.pop(names[0]),) if first else ()
