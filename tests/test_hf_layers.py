@@ -65,3 +65,17 @@ def test_an_index_inside_the_capped_stack_is_left_as_it_is():
 def test_models_that_point_into_their_stacks_analyze_with_two_layers(model_type):
     report = analyze(*hf_model(model_type, META, None, layers=2))
     assert report.total.flops > 0 and not report.uncounted
+
+
+def test_a_stack_of_stages_sized_by_tuples_keeps_its_stages():
+    # Muse Spark's audio encoder: 4 stages (num_hidden_layers 4) of hidden_sizes (256, 512,
+    # 1024, 2048) and patch_sizes (16, 6, 5, 4); 2 stages of 4 sizes would not fit together.
+    config = tf.AutoConfig.for_model("muse_spark_audio")
+    cap_layers(config, 2)
+    assert config.num_hidden_layers == 4 and config.hidden_sizes == (256, 512, 1024, 2048)
+    report = analyze(*hf_model("muse_spark_audio", META, None, layers=2))
+    assert report.uncounted == [] and report.total.flops > 0
+    # A stack with no such tuples is still cut (Llama: 32 layers to 2).
+    llama = tf.AutoConfig.for_model("llama")
+    cap_layers(llama, 2)
+    assert llama.num_hidden_layers == 2

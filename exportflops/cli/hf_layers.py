@@ -31,7 +31,8 @@ def cap_layers(config, layers: int) -> None:
     """At most ``layers`` of each stack in ``config`` and its sub-configs: every integer
     attribute named like a layer count (``num_hidden_layers``, ``n_layer``, ``decoder_layers``,
     ...), the per-layer lists as long as the old count (``layer_types``) cut to match, and the
-    indices into the stack that fall outside it moved to its end (`_keep_indices_inside`). A
+    indices into the stack that fall outside it moved to its end (`_keep_indices_inside`); a
+    stack of stages sized by tuples keeps its stages (`_stages`). A
     backbone whose head reads several of its stages keeps one layer per stage read
     (`_backbone_layers`: Depth Anything's four)."""
     if layers < 1:
@@ -42,7 +43,7 @@ def cap_layers(config, layers: int) -> None:
             if not is_layer_count(name, value):
                 continue
             new = _backbone_layers(config_, value, layers)
-            if value <= new:
+            if value <= new or _stages(config_, value):
                 continue
             setattr(config_, name, new)
             for other, items in list(vars(config_).items()):
@@ -53,6 +54,15 @@ def cap_layers(config, layers: int) -> None:
                 # Its own indices, and a composite's into it (vision_feature_layer).
                 if holder is config_ or any(sub is config_ for sub in vars(holder).values()):
                     _keep_indices_inside(holder, value, new)
+
+
+def _stages(config, count: int) -> list[str]:
+    """The tuples of ``config`` with one entry per layer of a stack ``count`` long: the stages
+    of a hierarchical model (Swin's depths and num_heads, Muse Spark's audio hidden_sizes and
+    patch_sizes), whose sizes its code reads from those tuples' lengths and last entries (CLAP's
+    head reads the last stage's width), so the stack keeps its stages."""
+    return [name for name, value in vars(config).items()
+            if isinstance(value, tuple) and len(value) == count > 2]
 
 
 def is_layer_count(name: str, value: Any) -> bool:
