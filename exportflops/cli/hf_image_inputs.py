@@ -1,7 +1,8 @@
 """Image inputs in the layouts one family's vision tower reads, each sized by the config fields
 its code reads: SegGPT's prompt, a windowed ViT's patch states, patches as rows, as images, as
 clips or as blocks of merged tokens, Aria's images of its projector's patch counts, Gemma 4's
-pooled grid. None (or empty) where the config has no such field, as in `hf_task_inputs`."""
+pooled grid, VideoLLaMA 3's merge sizes; `image_family_input` and `image_companions` are what
+`hf_task_inputs` asks. None (or empty) where the config has no such field, as there."""
 
 from __future__ import annotations
 
