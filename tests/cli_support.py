@@ -125,6 +125,19 @@ def named_inputs(model, args: tuple, kwargs: dict) -> dict:
     return dict(zip(inspect.signature(model.forward).parameters, args)) | kwargs
 
 
+def analyzes_with_every_op_counted(model_type: str, device=None, layers: int = 1) -> None:
+    """``hf:model_type`` at ``layers`` layers on ``device`` (meta) analyzes to some FLOPs with
+    no uncounted op."""
+    import torch
+
+    from exportflops import analyze
+    from exportflops.cli.hf import hf_model
+
+    report = analyze(*hf_model(model_type, device or torch.device("meta"), None, layers=layers))
+    assert report.total.flops != 0
+    assert not report.uncounted
+
+
 def input_shapes(model_type: str, names) -> dict:
     """The shapes of the inputs among ``names`` that ``hf:model_type`` makes at one layer on
     meta, batch 1, default length."""

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import BuildError, UsageError
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, is_layer_count, sub_configs
-from .hf_needs import innermost, needed_input
+from .hf_needs import innermost, needed_input, raised_by
 from .hf_parent import (held_in_composite, modeling_module, module_name, parent_inputs,
                         takes_config_alone)
 
@@ -254,21 +254,6 @@ def _config_module(module, config):
     with torch.device("meta"):
         sizes = {c: sum(p.numel() for p in c(config).parameters()) for c in classes}
     return max(classes, key=sizes.get)
-
-
-def raised_by(error: BaseException) -> str:
-    """Whose code raised ``error`` (or the cause it chains): ``transformers``, ``torch``,
-    ``exportflops``, or ``other``, by the file of the innermost frame, with its line."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return "other"
-    where = frames[-1].filename.replace(os.sep, "/")
-    for package in ("transformers", "torch", "exportflops"):
-        if f"/{package}/" in where:
-            return f"{package} ({where.rpartition(f'/{package}/')[2]}:{frames[-1].lineno})"
-    return "other"
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

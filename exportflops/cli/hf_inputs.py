@@ -79,7 +79,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     names = [main if main in parameters or parameters[0] not in KNOWN else parameters[0]]
     for modality, name in MODALITIES.items():
         # A composite model with a sub-config of this modality takes its input too.
-        if name in parameters and name not in names and _hassub_config(config, modality):
+        if name in parameters and name not in names and _has_sub_config(config, modality):
             names.append(name)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in parameters:
         names.append("decoder_input_ids")
@@ -275,9 +275,10 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
         inputs[name] = family_input(name, config, device, batch=batch, steps=1)
     token = config_int(config, IMAGE_TOKEN)
     count = image_tokens(vision)
-    if "input_ids" in inputs and token is not None:
-        inputs |= _room_for_image(inputs, config, count, seq)
-    if "input_ids" in inputs and token is not None and count <= inputs["input_ids"].shape[1]:
+    if "input_ids" not in inputs or token is None:
+        return
+    inputs |= _room_for_image(inputs, config, count, seq)
+    if count <= inputs["input_ids"].shape[1]:
         inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
         if "mm_token_type_ids" in parameters:
             kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
@@ -304,7 +305,7 @@ def _room_for_image(inputs: dict[str, Any], config, count: int, seq: int | None
             for name in ("input_ids", "token_type_ids", "attention_mask") if name in inputs}
 
 
-def _hassub_config(config, modality: str) -> bool:
+def _has_sub_config(config, modality: str) -> bool:
     # Set, not merely declared: embedding_gemma2 keeps vision_config = None.
     return any(getattr(config, f"{modality}_{part}", None) is not None
                for part in ("config", "configs"))

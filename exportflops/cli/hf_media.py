@@ -107,7 +107,9 @@ def spectrogram_frames(audio, seq: int | None, *, bins_first: bool) -> int:
     return math.ceil(frames / window) * window
 
 
-def mel_bins(audio) -> int:  # frames stacked num_stacked_frames a row: Fun-ASR's 7 x 80 bins
+def mel_bins(audio) -> int:
+    """The features of one spectrogram row: the config's mel bins (80 where it names none),
+    times the frames stacked in a row (Fun-ASR's num_stacked_frames: 7 x 80)."""
     return (config_int(audio, MEL_BINS) or 80) * (config_int(audio, ("num_stacked_frames",)) or 1)
 
 

@@ -4,11 +4,12 @@ attribute 'sum'" at ``input_features_mask.sum(-1)``: AudioFlamingo3; at ``grid_t
 Qwen2-VL's vision tower, whose model passes ``image_grid_thw``). A forward's signature makes
 these optional; its code needs them. `hf_inputs` makes the input so named; the sweep blames a
 failure on us when forward needed an input we did not make. And the token ids a forward refuses
-(`refused_ids`), which it takes as embeddings."""
+(`refused_ids`), which it takes as embeddings; and whose code raised an error (`raised_by`)."""
 
 from __future__ import annotations
 
 import linecache
+import os
 import re
 import traceback
 
@@ -62,6 +63,20 @@ def none_reads(error: BaseException) -> list[str]:
     return names
 
 
+def raised_by(error: BaseException) -> str:
+    """Whose code raised ``error`` (or the cause it chains): ``transformers``, ``torch``,
+    ``exportflops``, or ``other``, by the file of the innermost frame, with its line."""
+    error = innermost(error)
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "other"
+    where = frames[-1].filename.replace(os.sep, "/")
+    for package in ("transformers", "torch", "exportflops"):
+        if f"/{package}/" in where:
+            return f"{package} ({where.rpartition(f'/{package}/')[2]}:{frames[-1].lineno})"
+    return "other"
+
+
 def needed_input(error: BaseException, parameters) -> str | None:
     """The parameter of forward (among ``parameters``) that ``error`` shows forward needed: the
     name read while None (`none_reads`), or the one parameter it ends (``grid_thw`` is
@@ -81,8 +96,7 @@ def refused_ids(error: BaseException, parameters: list[str], args: tuple,
     (not decoder_input_ids), where forward takes ``inputs_embeds`` instead."""
     given = set(parameters[:len(args)]) | set(inputs)
     cause = innermost(error)
-    frames = traceback.extract_tb(cause.__traceback__)
     return ("input_ids" in given and "inputs_embeds" in parameters
             and "inputs_embeds" not in given and isinstance(cause, ValueError)
-            and bool(frames) and "/transformers/" in frames[-1].filename.replace("\\", "/")
+            and raised_by(cause).startswith("transformers")
             and re.search(r"\binput_ids\b", str(cause)) is not None)
