@@ -28,7 +28,8 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.cli.hf import blame, hf_model
+from exportflops.cli.hf import blame, decide_on_cpu, hf_model
+from exportflops.errors import ExportError
 
 
 def try_type(model_type: str, layers: int, out) -> None:
@@ -39,7 +40,14 @@ def try_type(model_type: str, layers: int, out) -> None:
     try:
         model, args, kwargs = hf_model(model_type, torch.device("meta"), None, layers=layers)
         stage = "analyze"
-        report = analyze(model, args, kwargs)
+        try:
+            report = analyze(model, args, kwargs)
+        except ExportError as error:
+            if not decide_on_cpu(error, model):
+                raise
+            # As the command does: on cpu, where the example's values decide the branches.
+            model, args, kwargs = hf_model(model_type, torch.device("cpu"), None, layers=layers)
+            report = analyze(model, args, kwargs)
         out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
         who = ("ours" if type(error).__name__ == "UsageError"

@@ -154,11 +154,19 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
                                   data_dependent=s.example is None)
                  for s in graph.symbols],
     )
+    if captured.value_guards:
+        report = report.model_copy(update={"value_guards": list(captured.value_guards)})
     if not captured.given_sizes:
         return report
-    # A saved program analyzed for the inputs the user gave: counted at their sizes.
-    return report.evaluate(**{graph.renames.get(symbol, symbol).name: value
-                              for symbol, value in captured.given_sizes.items()})
+    # A saved program analyzed for the inputs the user gave, or a program whose branches the
+    # example's values decided: counted at those sizes (all of them known, else left symbolic).
+    named = {s.name for s in report.symbols}
+    sizes = {graph.renames.get(symbol, symbol).name: value
+             for symbol, value in captured.given_sizes.items()}
+    sizes = {name: value for name, value in sizes.items() if name in named}
+    if any(s.example is None and s.name not in sizes for s in report.symbols):
+        return report
+    return report.evaluate(**sizes)
 
 
 @contextlib.contextmanager

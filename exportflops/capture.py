@@ -5,19 +5,24 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import json
 import logging
 import os
+import sys
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import ExportError, InputError
 from .placement import check_inputs, input_name
+from .walk import shape_env
 
 
 @dataclass(frozen=True)
@@ -32,7 +37,12 @@ class Captured:
     """The inputs counted: the user's, else the program's example inputs."""
     given_sizes: dict | None = None
     """For a program already exported and inputs the user gave for it (checked against it):
-    the value of each of its dynamic sizes (torch's symbol -> int) in those inputs."""
+    the value of each of its dynamic sizes (torch's symbol -> int) in those inputs; for a
+    program whose branches were decided by the example's values, each data-dependent size's
+    value in the example."""
+    value_guards: tuple[str, ...] = ()
+    """The conditions on the example's values that decided the program's branches (see
+    `Report.value_guards`)."""
 
 
 def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -60,16 +70,88 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     name = type(target).__name__
     _check_leaves(name, args, kwargs or {})
     _check_dynamic_dims(target, args, kwargs or {}, dynamic_shapes)
-    # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
-    # random stream advanced (dropout draws), so it runs on a fork of it.
+    real = _all_real(target, args, kwargs or {})
+    # torch prints the partial graph of a data-dependent failure to stderr; where the values
+    # then decide the branches that graph is no news, else it is passed on.
+    printed = io.StringIO()
     try:
-        with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
-                quiet_fake_tensor_log(), _lazy_graph_code(), \
-                _fake_dispatch_cache(dynamic_shapes is None):
+        with _exporting(forward_only, dynamic_shapes), \
+                contextlib.redirect_stderr(printed) if real else contextlib.nullcontext():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
-        raise ExportError(name, _first_lines(error), _hint(error, target)) from error
+        if not (real and data_dependent(error)):
+            sys.stderr.write(printed.getvalue())
+            raise ExportError(name, _first_lines(error), _hint(error, target)) from error
+        return _decided_by_values(target, args, kwargs or {}, dynamic_shapes, forward_only,
+                                  error)
+    sys.stderr.write(printed.getvalue())
     return Captured(program, name, target, args, kwargs or {})
+
+
+@contextlib.contextmanager
+def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
+    # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
+    # random stream advanced (dropout draws), so it runs on a fork of it.
+    with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
+            quiet_fake_tensor_log(), _lazy_graph_code(), \
+            _fake_dispatch_cache(dynamic_shapes is None):
+        yield
+
+
+def data_dependent(error: BaseException) -> bool:
+    """Whether torch's ``error`` is a branch on a tensor's value that shapes cannot decide."""
+    return any(n in f"{type(error).__name__} {error}" for n in _DATA_DEPENDENT)
+
+
+def _all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+    """Every parameter, buffer and input tensor holds values (none on meta, none fake)."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(leaf for leaf in pytree.tree_leaves((args, kwargs))
+                 if isinstance(leaf, torch.Tensor))]
+    return all(t.device.type != "meta" and not isinstance(t, FakeTensor) for t in tensors)
+
+
+def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any,
+                       forward_only: bool, error: Exception) -> Captured:
+    """A model that branches on its inputs' values (a vision tower splitting by its image
+    grid), exported by `torch.export.draft_export`: it runs the model on the real example
+    alongside the fake one and decides each such branch as the example does. The counts are
+    then the example's, and each condition decided is kept (`Report.value_guards`)."""
+    name = type(model).__name__
+    try:
+        # torch warns of each branch it decides; the report lists them instead.
+        with _exporting(forward_only, dynamic_shapes), \
+                _quiet(logging.ERROR, "torch.export._draft_export",
+                       "torch.fx.experimental.symbolic_shapes"):
+            program = torch.export.draft_export(model, args, kwargs,
+                                                dynamic_shapes=dynamic_shapes)
+    except Exception as draft_error:  # the first error is the one to act on
+        raise ExportError(name, _first_lines(error), (
+            f"the model branches on a tensor's value, and deciding each branch as the example's "
+            f"values do failed too (torch.export.draft_export: {type(draft_error).__name__}: "
+            f"{_first_lines(draft_error, 2)}). Rewrite the branch with torch.cond (both "
+            f"branches are then counted), or make the condition depend on shapes only."
+        )) from error
+    guards = tuple(f"{f.data['expr']} is {f.data['result']}" for f in program._report.failures
+                   if "expr" in f.data and "result" in f.data)
+    values = shape_env(program.graph).real_tensor_prop_unbacked_vals
+    sizes = {symbol: int(value) for symbol, value in values.items()
+             if isinstance(symbol, sympy.Symbol)}
+    return Captured(program, name, model, args, kwargs, sizes, guards)
+
+
+@contextlib.contextmanager
+def _quiet(level: int, *names: str) -> Iterator[None]:
+    """torch's loggers ``names`` at ``level`` for the block."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        for logger, old in zip(loggers, levels):
+            logger.setLevel(old)
 
 
 def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -79,18 +161,11 @@ def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
     return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, forward_only=True)
 
 
-@contextlib.contextmanager
-def quiet_fake_tensor_log() -> Iterator[None]:
+def quiet_fake_tensor_log():
     """Fake tensors log an op that fails (its whole traceback, at ERROR) before raising; the
     error itself reaches the caller (an `ExportError` with torch's message, or the cheap pass's
     fall back to the full export), so the log line would say it twice."""
-    logger = logging.getLogger("torch._subclasses.fake_tensor")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
+    return _quiet(logging.CRITICAL, "torch._subclasses.fake_tensor")
 
 
 def _lazy_graph_code():
@@ -269,6 +344,7 @@ def _example_inputs(program: torch.export.ExportedProgram) -> tuple[tuple, dict]
     return example if example is not None else ((), {})
 
 
+_DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
 _HINTS = [
     # Before the signature hint: torch's device message names the "argument" it checked.
     (("devices, meta and cpu", "devices, cpu and meta"),
@@ -278,9 +354,12 @@ _HINTS = [
     (("Inference tensors", "inference tensor"),
      "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
      "cannot train them. For mode='train', build the model and inputs outside inference_mode."),
-    (("GuardOnDataDependentSymNode", "data-dependent", "data dependent"),
-     "the model branches on a tensor's value. Rewrite the branch with torch.cond (both branches "
-     "are then counted), or make the condition depend on shapes only."),
+    (_DATA_DEPENDENT,
+     "the model branches on a tensor's value. With real tensors (not meta), exportflops decides "
+     "each such branch as the example's values do (torch.export.draft_export) and counts that "
+     "path: build the model and inputs on cpu (the command: --device cpu, with --layers N to "
+     "keep it small). Or rewrite the branch with torch.cond (both branches are then counted), "
+     "or make the condition depend on shapes only."),
     (("Cache", "pytree", "flatten"),
      "an input or output is an object torch.export cannot flatten. For Hugging Face models "
      "pass use_cache=False (the DynamicCache output), or return plain tensors."),

@@ -79,3 +79,30 @@ def test_a_stack_of_stages_sized_by_tuples_keeps_its_stages():
     llama = tf.AutoConfig.for_model("llama")
     cap_layers(llama, 2)
     assert llama.num_hidden_layers == 2
+
+
+def test_a_vision_tower_counting_its_blocks_in_depth_is_capped():
+    # Qwen2-VL's vision tower: depth 32, and no field named like a layer count.
+    config = tf.AutoConfig.for_model("qwen2_vl_vision")
+    cap_layers(config, 2)
+    assert config.depth == 2
+    # Beside a layer count, depth is something else (Janus's aligner: depth 2 of 24 layers).
+    janus = tf.AutoConfig.for_model("janus_vision_model")
+    depth = janus.depth
+    cap_layers(janus, 1)
+    assert janus.num_hidden_layers == 1 and janus.depth == depth
+
+
+def test_a_count_of_the_stacks_last_layers_stays_inside_it():
+    # EoMT's last num_blocks = 4 of 24 layers also attend to its queries, which join at layer
+    # 24 - 4; at 2 layers, 2 - 4 is no layer and the queries would never join.
+    config = tf.AutoConfig.for_model("eomt")
+    cap_layers(config, 2)
+    assert (config.num_hidden_layers, config.num_blocks) == (2, 2)
+    sapiens = tf.AutoConfig.for_model("sapiens2")  # its last 8 of 24 attend to every token
+    cap_layers(sapiens, 2)
+    assert sapiens.num_last_full_attention_layers == 2
+    # Inside the capped stack already: left as it is.
+    config = tf.AutoConfig.for_model("eomt")
+    cap_layers(config, 12)
+    assert config.num_blocks == 4

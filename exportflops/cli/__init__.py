@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError
 from ..progress import Progress, showing, stage
-from .hf import missed_input, raised_by
+from .hf import decide_on_cpu, missed_input, raised_by
 from .options import check, parser
 from .targets import build_target, device_named, hf_options
 
@@ -130,8 +130,18 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
         maxima = {name: max(values) for name, values in ns.points.items()}
         dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
     try:
-        report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
-                         dynamic_shapes=dynamic, fast=not ns.full_export)
+        try:
+            report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
+                             dynamic_shapes=dynamic, fast=not ns.full_export)
+        except ExportError as error:
+            if not (ns.model.startswith("hf:") and ns.device is None
+                    and decide_on_cpu(error, model)):
+                raise
+            # Built on meta by default, it has no values to decide its branches by: on cpu.
+            model, args, kwargs = build_target(ns.model, device_named("cpu"), shapes=ns.shapes,
+                                               kwargs=ns.kwargs, hf_options=hf_options(ns))
+            report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
+                             dynamic_shapes=dynamic, fast=not ns.full_export)
     except ExportError as error:
         missed = missed_input(error, model, args, kwargs) if ns.model.startswith("hf:") else None
         if missed is not None:

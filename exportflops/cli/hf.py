@@ -13,9 +13,10 @@ import re
 import traceback
 from typing import Any
 
-from ..errors import BuildError, UsageError
+from ..capture import data_dependent
+from ..errors import BuildError, ExportError, UsageError
 from .hf_inputs import UnknownInputError, hf_inputs
-from .hf_layers import cap_layers, is_layer_count, sub_configs
+from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by
 from .hf_parent import (held_in_composite, modeling_module, module_name, parent_inputs,
                         takes_config_alone)
@@ -31,6 +32,9 @@ SEQ2SEQ_AUTO = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
 #: cannot trace on meta for most of them: Qwen3.5's image grid is split by its values).
 MULTIMODAL_AUTO = ("AutoModelForImageTextToText", "AutoModelForMultimodalLM")
 PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
+#: The most bytes of parameters and buffers that a model built on meta is built again on cpu
+#: for (`decide_on_cpu`): a vision tower a few layers deep, not a language model's vocabulary.
+CPU_REBUILD_BYTES = 2 * 2**30
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
@@ -93,7 +97,7 @@ def _probe(model, config, device, transformers, *, whole: bool = False):
     the inputs are made on its device."""
     if _device_type(device) != "meta" or all(
             value <= 1 for config_ in (config, *sub_configs(config))
-            for name, value in vars(config_).items() if is_layer_count(name, value)):
+            for value in layer_counts(config_).values()):
         return model
     twin = copy.deepcopy(config)
     cap_layers(twin, 1)
@@ -254,6 +258,16 @@ def _config_module(module, config):
     with torch.device("meta"):
         sizes = {c: sum(p.numel() for p in c(config).parameters()) for c in classes}
     return max(classes, key=sizes.get)
+
+
+def decide_on_cpu(error: BaseException, model) -> bool:
+    """Whether ``model``, built on meta, failed to export on a branch on its inputs' values (a
+    vision tower splitting by its image grid) and is small enough (`CPU_REBUILD_BYTES`) to be
+    built again on cpu, where its example's values decide each branch (`capture`)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return (isinstance(error, ExportError) and data_dependent(error.__cause__ or error)
+            and all(t.device.type == "meta" for t in tensors)
+            and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES)
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

@@ -12,6 +12,9 @@ from ..errors import UsageError
 #: A layer count's name: num_hidden_layers, n_layer, num_layers, encoder_layers,
 #: num_decoder_layers, text_num_hidden_layers, ...
 LAYER_COUNT = re.compile(r"((text|vision|audio)_)?(num_|n_)?((hidden|encoder|decoder)_)?layers?")
+#: Fields that count some of a stack's layers: EoMT's and VideoMT's num_blocks (the last layers,
+#: which also attend to the queries), Sapiens2's num_last_full_attention_layers.
+LAYER_SHARE = re.compile(r"num_blocks|num_last_\w*layers")
 #: Fields that index a stack's layers or its hidden states (one per layer, and the embeddings
 #: first): DepthPro's intermediate_hook_ids, SAM-style global_attn_indexes, Qwen3-VL's
 #: deepstack_visual_indexes, DPT's backbone_out_indices, a composite's vision_feature_layer.
@@ -39,9 +42,7 @@ def cap_layers(config, layers: int) -> None:
         raise UsageError(f"--layers {layers}: give a count of at least 1.")
     configs = (config, *sub_configs(config))
     for config_ in configs:
-        for name, value in list(vars(config_).items()):
-            if not is_layer_count(name, value):
-                continue
+        for name, value in layer_counts(config_).items():
             new = _backbone_layers(config_, value, layers)
             if value <= new or _stages(config_, value):
                 continue
@@ -49,6 +50,8 @@ def cap_layers(config, layers: int) -> None:
             for other, items in list(vars(config_).items()):
                 if isinstance(items, list) and len(items) == value and other != name:
                     setattr(config_, other, items[:new])
+                if LAYER_SHARE.fullmatch(other) and _is_int(items) and new < items <= value:
+                    setattr(config_, other, new)  # a share of the stack, still inside it
             _cap_backbone(config_, value, new)
             for holder in configs:
                 # Its own indices, and a composite's into it (vision_feature_layer).
@@ -65,11 +68,19 @@ def _stages(config, count: int) -> list[str]:
             if isinstance(value, tuple) and len(value) == count > 2]
 
 
-def is_layer_count(name: str, value: Any) -> bool:
-    # The stacks of blocks only: num_feat_extract_layers (wav2vec2's convolutions) and the like
-    # set a model's frame rate, not its depth.
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and LAYER_COUNT.fullmatch(name) is not None)
+def layer_counts(config) -> dict[str, int]:
+    """``config``'s layer counts by name. The stacks of blocks only: num_feat_extract_layers
+    (wav2vec2's convolutions) and the like set a model's frame rate, not its depth. A config
+    with no such name counts its blocks in ``depth`` (the Qwen-VL and GLM-4V vision towers);
+    beside a layer count, ``depth`` is something else (Janus's aligner's)."""
+    counts = {name: value for name, value in vars(config).items()
+              if _is_int(value) and LAYER_COUNT.fullmatch(name) is not None}
+    depth = getattr(config, "depth", None)
+    return counts or ({"depth": depth} if _is_int(depth) else {})
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _keep_indices_inside(config, old: int, new: int) -> None:

@@ -55,6 +55,7 @@ def summary_view(report: Report, style: Style = Style()) -> str:
         ["bytes written", s.count(total.bytes_written, "B"), "each op's outputs"],
         ["coverage", s.percent(report.coverage, 1), _coverage_note(report)],
         ["uncounted ops", sum(u.calls for u in report.uncounted), _uncounted_note(report)],
+        *_value_guard_rows(report),
         *collective_summary_rows(report, style),
     ]
     if report.runtime is not None:
@@ -95,6 +96,14 @@ def _sizes_rows(report: Report) -> list[list]:
                      f"allowed {low}..{high}; counts below are expressions of it, rankings use "
                      f"the example value"])
     return rows
+
+
+def _value_guard_rows(report: Report) -> list[list]:
+    if not report.value_guards:
+        return []
+    return [["decided by values", len(report.value_guards),
+             "branches on the example's values, counted as it takes them: "
+             + "; ".join(report.value_guards)]]
 
 
 def _tied_note(report: Report) -> str:

@@ -1,0 +1,104 @@
+"""A model that branches on its inputs' values (issue 12): with real tensors the example's
+values decide each branch (torch.export.draft_export), the counts are that path's and the
+report lists each condition decided; on meta the error says how to get there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from exportflops import analyze
+from exportflops.errors import ExportError
+from exportflops.records import Report
+from tests.cli_support import one_paragraph, report_of, run
+
+
+class ByValue(nn.Module):
+    """A wide layer when any flag is set, else a narrow one: the branch reads the values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Linear(16, 64, bias=False)
+        self.narrow = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        if flags.sum() > 0:
+            return self.wide(x)
+        return self.narrow(x)
+
+
+class SplitByLengths(nn.Module):
+    """Rows split into pieces whose lengths are an input's values (a vision tower's per-image
+    attention); an empty piece is skipped, a branch on a value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        pieces = torch.split(self.proj(x), lengths.tolist())
+        return torch.cat([p.T @ p for p in pieces if p.shape[0] > 0])
+
+
+def test_the_examples_values_choose_the_branch_counted():
+    x = torch.randn(3, 16)
+    wide = analyze(ByValue(), (x, torch.tensor([0, 1])))
+    narrow = analyze(ByValue(), (x, torch.tensor([0, 0])))
+    # By hand: 3 rows x 16 inputs x 64 (or 4) outputs.
+    assert wide.total.macs == 3 * 16 * 64
+    assert narrow.total.macs == 3 * 16 * 4
+    assert wide.value_guards and narrow.value_guards
+    assert wide.value_guards != narrow.value_guards
+    assert not wide.uncounted and not wide.symbols
+
+
+def test_sizes_read_from_values_are_counted_at_the_examples_values():
+    report = analyze(SplitByLengths(), (torch.randn(7, 8), torch.tensor([3, 0, 4])))
+    # By hand: the projection 7 x 8 x 8; then per piece of n rows, p.T @ p is 8 x n x 8, the
+    # empty piece skipped.
+    assert report.total.macs == 7 * 8 * 8 + 8 * 3 * 8 + 8 * 4 * 8
+    assert report.symbols == [] and report.value_guards
+    assert Report.model_validate_json(report.model_dump_json()) == report
+
+
+def test_on_meta_there_are_no_values_and_the_hint_says_so():
+    model = ByValue().to("meta")
+    with pytest.raises(ExportError, match="--device cpu") as raised:
+        analyze(model, (torch.randn(3, 16, device="meta"),
+                        torch.zeros(2, dtype=torch.long, device="meta")))
+    assert "data-dependent" in raised.value.torch_message
+
+
+def test_a_model_with_no_value_branch_lists_none():
+    report = analyze(nn.Linear(4, 4), (torch.randn(2, 4),))
+    assert report.value_guards == []
+
+
+def _tiny_qwen2_vl_vision(folder) -> str:
+    tf = pytest.importorskip("transformers")
+    tf.Qwen2VLVisionConfig(depth=1, embed_dim=32, hidden_size=48, num_heads=2, mlp_ratio=2,
+                           patch_size=14, temporal_patch_size=2, in_channels=3,
+                           spatial_merge_size=2).save_pretrained(folder)
+    return f"hf:{folder}"
+
+
+def test_the_command_builds_on_cpu_a_small_model_that_meta_cannot_decide(tmp_path):
+    # Qwen2-VL's vision tower splits its patches by the image grid's values: built on meta (the
+    # default) export stops there, so the command builds it again on cpu.
+    report = report_of(run(_tiny_qwen2_vl_vision(tmp_path), "--format", "json"))
+    patches = report.inputs[0].shape[0]
+    # By hand, for P patches of 3 x 2 x 14 x 14 = 1176 values: the patch embedding P x 1176 x
+    # 32; the block's qkv, proj, fc1 and fc2 P x 32 x (96 + 32 + 64 + 64); attention over the
+    # one image, 2 heads x (QK and AV) x P x P x 16; the merger on P / 4 rows of 4 x 32 = 128,
+    # 128 x 128 then 128 x 48.
+    assert report.total.macs == (patches * 1176 * 32 + patches * 32 * 256
+                                 + 2 * 2 * patches * patches * 16
+                                 + patches // 4 * 128 * (128 + 48))
+    assert report.value_guards and not report.uncounted
+
+
+def test_the_command_on_meta_says_to_build_on_cpu(tmp_path):
+    result = run(_tiny_qwen2_vl_vision(tmp_path), "--device", "meta", "--view", "summary")
+    assert result.returncode != 0
+    assert one_paragraph(result.stderr) and "--device cpu" in result.stderr
