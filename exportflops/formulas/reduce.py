@@ -134,6 +134,23 @@ def binary_search(call: OpCall) -> Cost:
     return call.cost(flops=count * _ceil_log2(boundaries.shape[-1] + 1))
 
 
+@register_formula(aten.unique_consecutive)
+def unique_consecutive(call: OpCall) -> Cost:
+    """One compare of each element with its neighbour (along ``dim``, else flattened): runs of
+    equal values collapse (Qwen2.5-VL's window index). The counts and inverse are indices."""
+    return call.cost(flops=call["self"].numel)
+
+
+@register_formula(aten._unique, aten._unique2, aten.unique_dim)
+def unique(call: OpCall) -> Cost:
+    """A sort, then each element compared with its neighbour: ceil(log2 L) + 1 compares per
+    element, L the sorted length (the elements, or ``dim``'s slices for unique_dim)."""
+    x = call["self"]
+    dim = call.get("dim")
+    length = x.numel if dim is None or x.ndim == 0 else x.shape[dim % x.ndim]
+    return call.cost(flops=x.numel * (_ceil_log2(length) + 1))
+
+
 def _ceil_log2(n):
     if isinstance(n, int):
         return max(n - 1, 0).bit_length()
