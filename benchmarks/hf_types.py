@@ -28,8 +28,7 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.cli.hf import blame, decide_on_cpu, hf_model
-from exportflops.errors import ExportError
+from exportflops.cli.hf import analyze_deciding_on_cpu, blame, hf_model
 
 
 def try_type(model_type: str, layers: int, out) -> None:
@@ -40,14 +39,10 @@ def try_type(model_type: str, layers: int, out) -> None:
     try:
         model, args, kwargs = hf_model(model_type, torch.device("meta"), None, layers=layers)
         stage = "analyze"
-        try:
-            report = analyze(model, args, kwargs)
-        except ExportError as error:
-            if not decide_on_cpu(error, model):
-                raise
-            # As the command does: on cpu, where the example's values decide the branches.
-            model, args, kwargs = hf_model(model_type, torch.device("cpu"), None, layers=layers)
-            report = analyze(model, args, kwargs)
+        # As the command does: on cpu where meta cannot decide a branch on values.
+        report = analyze_deciding_on_cpu(
+            analyze, model, args, kwargs,
+            lambda: hf_model(model_type, torch.device("cpu"), None, layers=layers))
         out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
         who = ("ours" if type(error).__name__ == "UsageError"

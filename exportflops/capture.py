@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import ExportError, InputError
+from .hints import data_dependent, first_lines, hint, undecided_hint
 from .placement import check_inputs, input_name
 from .walk import shape_env
 
@@ -46,13 +48,17 @@ class Captured:
 
 
 def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
-            dynamic_shapes: Any = None, forward_only: bool = False) -> Captured:
+            dynamic_shapes: Any = None, forward_only: bool = False,
+            by_values: bool = True) -> Captured:
     """Export ``target`` (or read the program it is). ``forward_only=True`` is for analyses
     that count the forward alone: export then runs without grad, so that a model's own
     ``no_grad`` regions (Hugging Face's rotary embeddings) leave no grad-mode switches for
     export to wrap into subgraphs, and without the source traceback it records per node; only
     train mode needs those, to find the ops a custom ``autograd.Function``'s forward ran
-    (`walk._autograd_function`). Each is about a tenth of export's time; the ops are the same."""
+    (`walk._autograd_function`). Each is about a tenth of export's time; the ops are the same.
+    A model that branches on its inputs' values, with real tensors and static sizes, has its
+    branches decided by the example's values (`_decided_by_values`) unless ``by_values`` is
+    False (the fast path's stubbed model, whose stubs' zeros are no example)."""
     if isinstance(target, (torch.export.ExportedProgram, str, os.PathLike)):
         return _captured_program(target, args, kwargs, dynamic_shapes)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
@@ -68,24 +74,25 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
         raise TypeError(f"kwargs must be a dict of keyword arguments for "
                         f"{type(target).__name__}.forward, got {type(kwargs).__name__}.")
     name = type(target).__name__
-    _check_leaves(name, args, kwargs or {})
-    _check_dynamic_dims(target, args, kwargs or {}, dynamic_shapes)
-    real = _all_real(target, args, kwargs or {})
+    kwargs = kwargs or {}
+    _check_leaves(name, args, kwargs)
+    _check_dynamic_dims(target, args, kwargs, dynamic_shapes)
+    # Sizes the user made dynamic stay so: values would fix them at the example's.
+    by_values = by_values and dynamic_shapes is None and _all_real(target, args, kwargs)
     # torch prints the partial graph of a data-dependent failure to stderr; where the values
     # then decide the branches that graph is no news, else it is passed on.
     printed = io.StringIO()
     try:
         with _exporting(forward_only, dynamic_shapes), \
-                contextlib.redirect_stderr(printed) if real else contextlib.nullcontext():
+                contextlib.redirect_stderr(printed) if by_values else contextlib.nullcontext():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
-        if not (real and data_dependent(error)):
+        if not (by_values and data_dependent(error)):
             sys.stderr.write(printed.getvalue())
-            raise ExportError(name, _first_lines(error), _hint(error, target)) from error
-        return _decided_by_values(target, args, kwargs or {}, dynamic_shapes, forward_only,
-                                  error)
+            raise ExportError(name, first_lines(error), hint(error, target)) from error
+        return _decided_by_values(target, args, kwargs, forward_only, error)
     sys.stderr.write(printed.getvalue())
-    return Captured(program, name, target, args, kwargs or {})
+    return Captured(program, name, target, args, kwargs)
 
 
 @contextlib.contextmanager
@@ -98,11 +105,6 @@ def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
         yield
 
 
-def data_dependent(error: BaseException) -> bool:
-    """Whether torch's ``error`` is a branch on a tensor's value that shapes cannot decide."""
-    return any(n in f"{type(error).__name__} {error}" for n in _DATA_DEPENDENT)
-
-
 def _all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Every parameter, buffer and input tensor holds values (none on meta, none fake)."""
     tensors = [*model.parameters(), *model.buffers(),
@@ -111,33 +113,85 @@ def _all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     return all(t.device.type != "meta" and not isinstance(t, FakeTensor) for t in tensors)
 
 
-def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any,
-                       forward_only: bool, error: Exception) -> Captured:
+def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forward_only: bool,
+                       error: Exception) -> Captured:
     """A model that branches on its inputs' values (a vision tower splitting by its image
     grid), exported by `torch.export.draft_export`: it runs the model on the real example
-    alongside the fake one and decides each such branch as the example does. The counts are
-    then the example's, and each condition decided is kept (`Report.value_guards`)."""
+    alongside the fake one and decides each such branch as the example does, each decision a
+    runtime assert of the program. The program is then run on the example, so that a
+    decision its asserts refuse (torch got a value wrong) fails here, not as a count. The
+    counts are the example's; the decisions are kept (`Report.value_guards`)."""
     name = type(model).__name__
     try:
-        # torch warns of each branch it decides; the report lists them instead.
-        with _exporting(forward_only, dynamic_shapes), \
+        # torch warns of each branch it decides, and logs them to files: the report lists them.
+        with _exporting(forward_only, None), buffers_kept(model), \
+                _draft_log_in_a_temporary_folder(), \
                 _quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
-            program = torch.export.draft_export(model, args, kwargs,
-                                                dynamic_shapes=dynamic_shapes)
+            program = torch.export.draft_export(model, args, kwargs)
+            sizes = _sizes_run(program, args, kwargs)
     except Exception as draft_error:  # the first error is the one to act on
-        raise ExportError(name, _first_lines(error), (
-            f"the model branches on a tensor's value, and deciding each branch as the example's "
-            f"values do failed too (torch.export.draft_export: {type(draft_error).__name__}: "
-            f"{_first_lines(draft_error, 2)}). Rewrite the branch with torch.cond (both "
-            f"branches are then counted), or make the condition depend on shapes only."
-        )) from error
-    guards = tuple(f"{f.data['expr']} is {f.data['result']}" for f in program._report.failures
-                   if "expr" in f.data and "result" in f.data)
-    values = shape_env(program.graph).real_tensor_prop_unbacked_vals
-    sizes = {symbol: int(value) for symbol, value in values.items()
-             if isinstance(symbol, sympy.Symbol)}
-    return Captured(program, name, model, args, kwargs, sizes, guards)
+        raise ExportError(name, first_lines(error), undecided_hint(draft_error)) from error
+    decided = [str(a.expr) for asserts in shape_env(program.graph).deferred_runtime_asserts
+               .values() for a in asserts if a.msg.startswith("propagate_real_tensors")]
+    return Captured(program, name, model, args, kwargs, sizes, tuple(dict.fromkeys(decided)))
+
+
+def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> dict:
+    """The value of each data-dependent size of ``program`` on the example: read off a run of
+    its graph, with the runtime asserts of its decisions, not off torch's propagation (which
+    gets values that pass through a linear layer wrong)."""
+    from torch.fx._pytree import tree_flatten_spec
+
+    module = program.module()
+    sizes = {}
+
+    class _Sizes(torch.fx.Interpreter):
+        def run_node(self, node: torch.fx.Node) -> Any:
+            out = super().run_node(node)
+            for fake, real in zip(pytree.tree_leaves(node.meta.get("val")),
+                                  pytree.tree_leaves(out)):
+                pairs = (zip(fake.shape, real.shape) if isinstance(fake, torch.Tensor)
+                         and isinstance(real, torch.Tensor) else [(fake, real)])
+                sizes.update({size.node.expr: int(value) for size, value in pairs
+                              if isinstance(size, torch.SymInt)
+                              and isinstance(size.node.expr, sympy.Symbol)})
+            return out
+
+    with torch.no_grad():
+        _Sizes(module).run(*tree_flatten_spec((args, kwargs), module._in_spec))
+    return sizes
+
+
+@contextlib.contextmanager
+def buffers_kept(model: torch.nn.Module) -> Iterator[None]:
+    """The model's buffers as they were, after runs that may update them in place (a batch
+    norm's running statistics in train mode): an analysis leaves the model as it found it."""
+    kept = [(b, b.clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in kept:
+                buffer.copy_(value)
+
+
+@contextlib.contextmanager
+def _draft_log_in_a_temporary_folder() -> Iterator[None]:
+    """draft_export writes torch's structured trace to a file per call, under the temporary
+    folder unless ``TORCH_DTRACE`` names one: here a folder removed afterwards."""
+    from torch._logging._internal import DTRACE_ENV_VAR
+
+    before = os.environ.get(DTRACE_ENV_VAR)
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
+        os.environ[DTRACE_ENV_VAR] = folder
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ[DTRACE_ENV_VAR]
+            else:
+                os.environ[DTRACE_ENV_VAR] = before
 
 
 @contextlib.contextmanager
@@ -238,7 +292,7 @@ def load(path: str | os.PathLike) -> torch.export.ExportedProgram:
             raise ValueError(f"{os.fspath(path)!r} was saved by another torch: {newer}. This is "
                              f"torch {torch.__version__}: re-export and save the model with it, "
                              f"or analyze with the torch that saved it.") from error
-        cause = causes.last() or _first_lines(error)
+        cause = causes.last() or first_lines(error)
         raise ValueError(
             f"{os.fspath(path)!r} is not a program saved with torch.export.save "
             f"(torch.export.load: {type(error).__name__}: {cause}). A checkpoint "
@@ -264,7 +318,7 @@ class _LogRecords(logging.Handler):
         for record in reversed(self.records):
             if record.exc_info and record.exc_info[1] is not None:
                 error = record.exc_info[1]
-                return f"{type(error).__name__}: {_first_lines(error, 3)}"
+                return f"{type(error).__name__}: {first_lines(error, 3)}"
         return ""
 
 
@@ -342,53 +396,3 @@ def as_args(args: Any, model: torch.nn.Module) -> tuple:
 def _example_inputs(program: torch.export.ExportedProgram) -> tuple[tuple, dict]:
     example = program.example_inputs
     return example if example is not None else ((), {})
-
-
-_DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
-_HINTS = [
-    # Before the signature hint: torch's device message names the "argument" it checked.
-    (("devices, meta and cpu", "devices, cpu and meta"),
-     "the model's code makes a tensor on cpu (torch.tensor or torch.arange without device=) "
-     "and meets the model's meta tensors. Analyze the model on cpu (the command: --device cpu, "
-     "with --layers N to keep it small), or create that tensor on the model's device."),
-    (("Inference tensors", "inference tensor"),
-     "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
-     "cannot train them. For mode='train', build the model and inputs outside inference_mode."),
-    (_DATA_DEPENDENT,
-     "the model branches on a tensor's value. With real tensors (not meta), exportflops decides "
-     "each such branch as the example's values do (torch.export.draft_export) and counts that "
-     "path: build the model and inputs on cpu (the command: --device cpu, with --layers N to "
-     "keep it small). Or rewrite the branch with torch.cond (both branches are then counted), "
-     "or make the condition depend on shapes only."),
-    (("Cache", "pytree", "flatten"),
-     "an input or output is an object torch.export cannot flatten. For Hugging Face models "
-     "pass use_cache=False (the DynamicCache output), or return plain tensors."),
-    (("missing", "positional argument", "unexpected keyword", "takes", "argument"),
-     "the example args/kwargs do not match forward()'s signature: pass args as a tuple of "
-     "forward's positional arguments and kwargs as a dict."),
-    # torch's shape checks in mm, broadcasting and convolution
-    (("must have same reduction dim", "cannot be multiplied", "must match the size of tensor",
-      "expected input", "size mismatch"),
-     "an op rejected the example inputs' sizes: give args the shapes (and dtypes) forward() "
-     "expects."),
-]
-
-
-def _hint(error: Exception, model: torch.nn.Module) -> str:
-    quantized = sorted({type(m).__name__ for m in model.modules()
-                        if type(m).__module__.startswith("torch.ao.nn.quantized")})
-    if quantized:
-        return (f"the model holds eager-mode quantized modules ({', '.join(quantized)}), whose "
-                f"packed weights torch.export cannot trace. Analyze the float model before "
-                f"quantize_dynamic: an int8 matmul does the same MACs as the float one.")
-    text = f"{type(error).__name__} {error}"
-    for needles, hint in _HINTS:
-        if any(n in text for n in needles):
-            return hint
-    return ("see torch.export's message below; torch.export.draft_export(model, args) lists "
-            "every problem at once.")
-
-
-def _first_lines(error: Exception, limit: int = 12) -> str:
-    lines = str(error).strip().splitlines()
-    return "\n".join(lines[:limit] + (["..."] if len(lines) > limit else []))

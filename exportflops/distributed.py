@@ -22,7 +22,7 @@ import torch.fx.traceback as fx_traceback
 
 from .aggregate import build_report
 from .attribution import module_tree
-from .capture import _first_lines
+from .hints import first_lines
 from .count import count_node
 from .errors import DistributedError, ExportError
 from .formulas.collectives import KINDS, NAMESPACES, message_bytes
@@ -133,7 +133,7 @@ def _joint_graph(model: torch.nn.Module, args: tuple,
 
 
 def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
-    return ExportError(type(model).__name__, _first_lines(error),
+    return ExportError(type(model).__name__, first_lines(error),
                        "dynamo could not capture the parallelized model, or AOT autograd could "
                        "not trace its joint graph; see torch's message below.")
 

@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
-from .capture import Captured, capture
+from .capture import Captured, buffers_kept, capture
 from .records import NodeRecord
 from .stacks import ModuleFrame
 from .walk import NodeCall
@@ -199,12 +199,15 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     there is no repeat or the stubbed export fails (the full export then runs)."""
     if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
         return None, None
-    plan = plan_blocks(model, args, kwargs or {})
+    with buffers_kept(model):  # the plan's run updates buffers in place (a running count)
+        plan = plan_blocks(model, args, kwargs or {})
     if not plan.repeats:
         return None, None
     try:
+        # The stubs' zeros are no example to decide a branch on values by: the full export's.
         captured = capture(stubbed(model, plan, train), args, kwargs,
-                           dynamic_shapes=dynamic_shapes, forward_only=not train)
+                           dynamic_shapes=dynamic_shapes, forward_only=not train,
+                           by_values=False)
     except Exception:  # the full export fails the same way and says why
         return None, None
     return replace(captured, module=model), Expansion(plan)

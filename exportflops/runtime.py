@@ -36,7 +36,7 @@ import torch.fx
 import torch.utils._pytree as pytree
 
 from . import devices, measured, timing
-from .api import analyze
+from .api import analyze, count_captured
 from .capture import capture, load
 from .errors import ProfileError
 from .progress import Progress, showing, stage
@@ -172,9 +172,9 @@ def _resolve(target: Any, args: Any, kwargs: dict | None, program: Any,
         check_runnable(target, name, args, kwargs, wanted)
         stage("export")
         captured = capture(target, args, kwargs)
-        # analyze() of the program counts the graph just exported (no second export); the
-        # report is named after the model, as analyze(model) names it.
-        report = analyze(captured.program).model_copy(update={"model": captured.name})
+        # The graph just exported counted (no second export), named after the model and at
+        # the sizes its example's values decided, as analyze(model) counts it.
+        report = count_captured(captured)
         return _Call(report, captured.program, target, captured.args, captured.kwargs)
     if isinstance(target, Report):
         report, program = target, _program_of(target, program)

@@ -48,9 +48,107 @@ def test_the_examples_values_choose_the_branch_counted():
     # By hand: 3 rows x 16 inputs x 64 (or 4) outputs.
     assert wide.total.macs == 3 * 16 * 64
     assert narrow.total.macs == 3 * 16 * 4
-    assert wide.value_guards and narrow.value_guards
-    assert wide.value_guards != narrow.value_guards
+    # The branch reads `flags.sum() > 0` as a 0/1 value, u0: 1 for [0, 1], 0 for [0, 0].
+    assert wide.value_guards == ["Eq(u0, 1)"] and narrow.value_guards == ["Ne(u0, 1)"]
     assert not wide.uncounted and not wide.symbols
+
+
+class EachFlag(nn.Module):
+    """One decision per flag, all on one line of code."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(16, 16, bias=False)
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        for flag in flags:
+            x = self.layer(x) if flag > 0 else x
+        return x
+
+
+def test_each_decision_is_listed_even_from_one_line():
+    report = analyze(EachFlag(), (torch.randn(3, 16), torch.tensor([1, 0, 1, 1])))
+    assert report.total.macs == 3 * (3 * 16 * 16)  # three flags set: three layers of 3 rows
+    assert report.value_guards == ["Eq(u0, 1)", "Ne(u1, 1)", "Eq(u2, 1)", "Eq(u3, 1)"]
+
+
+class Shift(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x * self.scale) + 1
+
+
+class BlocksThenBranch(nn.Module):
+    """Repeated blocks (the fast path stubs them) and then a branch on the values they give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Shift() for _ in range(3))
+        self.wide = nn.Linear(16, 64, bias=False)
+        self.narrow = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.wide(x) if x.sum() > 0 else self.narrow(x)
+
+
+def test_the_fast_path_leaves_a_branch_on_values_to_the_full_export():
+    # After relu and + 1 every value is positive: the wide branch, 3 x 16 x 64 by hand (the
+    # fast path's stubbed blocks give zeros: the narrow one).
+    report = analyze(BlocksThenBranch(), (torch.randn(3, 16),))
+    assert report.total.macs == 3 * 16 * 64 and report.value_guards == ["Eq(u0, 1)"]
+
+
+def test_a_decision_the_run_refuses_is_an_error_not_a_count(monkeypatch):
+    # As when torch's propagation gets a value wrong (in torch 2.13, one that passed through a
+    # linear layer): here the branch is decided on flags [0, 0], and the program then runs on
+    # the example's [0, 1], where its assert of that decision fails.
+    draft = torch.export.draft_export
+    monkeypatch.setattr(torch.export, "draft_export", lambda model, args, kwargs: draft(
+        model, (args[0], torch.tensor([0, 0])), kwargs))
+    with pytest.raises(ExportError, match="failed too"):
+        analyze(ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])))
+
+
+def test_dynamic_sizes_are_not_fixed_by_the_examples_values():
+    from torch.export import Dim
+
+    with pytest.raises(ExportError, match="data-dependent"):
+        analyze(ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])),
+                dynamic_shapes=({0: Dim("rows")}, None))
+
+
+def test_profile_counts_the_branch_the_values_decided():
+    from exportflops import profile
+
+    report = profile(ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])), warmup=0, repeat=1)
+    assert report.total.macs == 3 * 16 * 64 and report.value_guards == ["Eq(u0, 1)"]
+
+
+class CountsCalls(nn.Module):
+    """A buffer updated in place by each call, as a batch norm's running statistics are."""
+
+    def __init__(self, branches: bool) -> None:
+        super().__init__()
+        self.branches = branches
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        if self.branches:
+            return x * 2 if x.sum() > 0 else x
+        return x * 2
+
+
+@pytest.mark.parametrize("branches", [True, False])
+def test_buffers_are_left_as_they_were(branches):
+    model = CountsCalls(branches)
+    assert analyze(model, (torch.ones(4),)).value_guards == (["Eq(u0, 1)"] if branches else [])
+    assert model.calls.item() == 0
 
 
 def test_sizes_read_from_values_are_counted_at_the_examples_values():

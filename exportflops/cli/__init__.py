@@ -18,11 +18,12 @@ import sys
 import traceback
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError
 from ..progress import Progress, showing, stage
-from .hf import decide_on_cpu, missed_input, raised_by
+from .hf import analyze_deciding_on_cpu, missed_input, raised_by
 from .options import check, parser
 from .targets import build_target, device_named, hf_options
 
@@ -129,19 +130,15 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
         from .workflows import dynamic_shapes
         maxima = {name: max(values) for name, values in ns.points.items()}
         dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
+    # Built on meta by default, an hf: model has no values to decide its branches by: on cpu
+    # (with static sizes only: values would fix dynamic ones).
+    on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
+                      kwargs=ns.kwargs, hf_options=hf_options(ns))
+              if ns.model.startswith("hf:") and ns.device is None and dynamic is None else None)
     try:
-        try:
-            report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
-                             dynamic_shapes=dynamic, fast=not ns.full_export)
-        except ExportError as error:
-            if not (ns.model.startswith("hf:") and ns.device is None
-                    and decide_on_cpu(error, model)):
-                raise
-            # Built on meta by default, it has no values to decide its branches by: on cpu.
-            model, args, kwargs = build_target(ns.model, device_named("cpu"), shapes=ns.shapes,
-                                               kwargs=ns.kwargs, hf_options=hf_options(ns))
-            report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
-                             dynamic_shapes=dynamic, fast=not ns.full_export)
+        report = analyze_deciding_on_cpu(
+            partial(analyze, strict=ns.strict, mode=ns.mode, dynamic_shapes=dynamic,
+                    fast=not ns.full_export), model, args, kwargs, on_cpu)
     except ExportError as error:
         missed = missed_input(error, model, args, kwargs) if ns.model.startswith("hf:") else None
         if missed is not None:

@@ -13,7 +13,7 @@ import re
 import traceback
 from typing import Any
 
-from ..capture import data_dependent
+from ..hints import data_dependent
 from ..errors import BuildError, ExportError, UsageError
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
@@ -32,8 +32,8 @@ SEQ2SEQ_AUTO = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq")
 #: cannot trace on meta for most of them: Qwen3.5's image grid is split by its values).
 MULTIMODAL_AUTO = ("AutoModelForImageTextToText", "AutoModelForMultimodalLM")
 PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
-#: The most bytes of parameters and buffers that a model built on meta is built again on cpu
-#: for (`decide_on_cpu`): a vision tower a few layers deep, not a language model's vocabulary.
+#: The most bytes of parameters and buffers of a model built on meta that is built again on
+#: cpu (`analyze_deciding_on_cpu`): a vision tower a few layers deep, not a vocabulary's table.
 CPU_REBUILD_BYTES = 2 * 2**30
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
@@ -260,14 +260,20 @@ def _config_module(module, config):
     return max(classes, key=sizes.get)
 
 
-def decide_on_cpu(error: BaseException, model) -> bool:
-    """Whether ``model``, built on meta, failed to export on a branch on its inputs' values (a
-    vision tower splitting by its image grid) and is small enough (`CPU_REBUILD_BYTES`) to be
-    built again on cpu, where its example's values decide each branch (`capture`)."""
-    tensors = [*model.parameters(), *model.buffers()]
-    return (isinstance(error, ExportError) and data_dependent(error.__cause__ or error)
-            and all(t.device.type == "meta" for t in tensors)
-            and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES)
+def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=None):
+    """``analyze(model, args, kwargs)``; where ``model``, built on meta, fails to export on a
+    branch on its inputs' values (a vision tower splitting by its image grid) and is small
+    enough (`CPU_REBUILD_BYTES`), ``analyze`` of ``on_cpu()``'s model and inputs instead: on
+    cpu the example's values decide each branch (`capture`). ``on_cpu`` None: never."""
+    try:
+        return analyze(model, args, kwargs)
+    except ExportError as error:
+        tensors = [*model.parameters(), *model.buffers()]
+        if not (on_cpu is not None and data_dependent(error.__cause__ or error)
+                and all(t.device.type == "meta" for t in tensors)
+                and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
+            raise
+    return analyze(*on_cpu())
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

@@ -1,0 +1,70 @@
+"""What the user can do next when torch.export fails: a hint per kind of torch error."""
+
+from __future__ import annotations
+
+import torch
+
+#: The words of torch's errors for a branch on a tensor's value that shapes cannot decide.
+DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
+_HINTS = [
+    # Before the signature hint: torch's device message names the "argument" it checked.
+    (("devices, meta and cpu", "devices, cpu and meta"),
+     "the model's code makes a tensor on cpu (torch.tensor or torch.arange without device=) "
+     "and meets the model's meta tensors. Analyze the model on cpu (the command: --device cpu, "
+     "with --layers N to keep it small), or create that tensor on the model's device."),
+    (("Inference tensors", "inference tensor"),
+     "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
+     "cannot train them. For mode='train', build the model and inputs outside inference_mode."),
+    (DATA_DEPENDENT,
+     "the model branches on a tensor's value. With real tensors (not meta), exportflops decides "
+     "each such branch as the example's values do (torch.export.draft_export) and counts that "
+     "path: build the model and inputs on cpu (the command: --device cpu, with --layers N to "
+     "keep it small). Or rewrite the branch with torch.cond (both branches are then counted), "
+     "or make the condition depend on shapes only."),
+    (("Cache", "pytree", "flatten"),
+     "an input or output is an object torch.export cannot flatten. For Hugging Face models "
+     "pass use_cache=False (the DynamicCache output), or return plain tensors."),
+    (("missing", "positional argument", "unexpected keyword", "takes", "argument"),
+     "the example args/kwargs do not match forward()'s signature: pass args as a tuple of "
+     "forward's positional arguments and kwargs as a dict."),
+    # torch's shape checks in mm, broadcasting and convolution
+    (("must have same reduction dim", "cannot be multiplied", "must match the size of tensor",
+      "expected input", "size mismatch"),
+     "an op rejected the example inputs' sizes: give args the shapes (and dtypes) forward() "
+     "expects."),
+]
+
+
+def hint(error: Exception, model: torch.nn.Module) -> str:
+    """The user's next step after torch.export raised ``error`` on ``model``."""
+    quantized = sorted({type(m).__name__ for m in model.modules()
+                        if type(m).__module__.startswith("torch.ao.nn.quantized")})
+    if quantized:
+        return (f"the model holds eager-mode quantized modules ({', '.join(quantized)}), whose "
+                f"packed weights torch.export cannot trace. Analyze the float model before "
+                f"quantize_dynamic: an int8 matmul does the same MACs as the float one.")
+    text = f"{type(error).__name__} {error}"
+    for needles, advice in _HINTS:
+        if any(n in text for n in needles):
+            return advice
+    return ("see torch.export's message below; torch.export.draft_export(model, args) lists "
+            "every problem at once.")
+
+
+def first_lines(error: BaseException, limit: int = 12) -> str:
+    """The first ``limit`` lines of ``error``'s message (torch's run to pages)."""
+    lines = str(error).strip().splitlines()
+    return "\n".join(lines[:limit] + (["..."] if len(lines) > limit else []))
+
+
+def data_dependent(error: BaseException) -> bool:
+    """Whether torch's ``error`` is a branch on a tensor's value that shapes cannot decide."""
+    return any(n in f"{type(error).__name__} {error}" for n in DATA_DEPENDENT)
+
+
+def undecided_hint(draft_error: BaseException) -> str:
+    """The hint when the example's values could not decide a model's branches either."""
+    return (f"the model branches on a tensor's value, and deciding each branch as the example's "
+            f"values do failed too (torch.export.draft_export: {type(draft_error).__name__}: "
+            f"{first_lines(draft_error, 2)}). Rewrite the branch with torch.cond (both branches "
+            f"are then counted), or make the condition depend on shapes only.")
