@@ -7,8 +7,9 @@ exportflops (our builder, our inputs check, our counting), when transformers' fo
 input of its own that our builder did not make (a None where it needed a mask or a patch
 grid), or when it rejected our inputs with a ValueError of its own; theirs when it is in
 transformers or torch otherwise (a constructor that rejects its own default config, a forward
-that torch.export cannot capture). Each type runs in a
-forked child with a time limit.
+that torch.export cannot capture). A model that meta cannot decide a branch on values for is
+built again on cpu where it is small, as the command does (`analyze_deciding_on_cpu`). Each
+type runs in a forked child with a time limit.
 
     python benchmarks/hf_types.py                        # all of CONFIG_MAPPING
     python benchmarks/hf_types.py --every 8 --timeout 60 # one type in eight
