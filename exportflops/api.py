@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -164,9 +165,21 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     sizes = {graph.renames.get(symbol, symbol).name: value
              for symbol, value in captured.given_sizes.items()}
     sizes = {name: value for name, value in sizes.items() if name in named}
-    if any(s.example is None and s.name not in sizes for s in report.symbols):
-        return report
-    return report.evaluate(**sizes)
+    unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
+    if _in_counts(report, {s.name for s in unknown}):
+        return report  # a size no run gave (one inside a subgraph): the counts keep it
+    # The rest are in no count (a float a branch read): any value in their range.
+    return report.evaluate(**sizes, **{s.name: s.min or 0 for s in unknown})
+
+
+def _in_counts(report: Report, names: set[str]) -> set[str]:
+    """Those of ``names`` that some node's cost or shapes are expressions of."""
+    if not names:
+        return set()
+    text = " ".join(str(value) for node in report.nodes
+                    for value in (*node.cost.model_dump().values(),
+                                  *(d for t in (*node.inputs, *node.outputs) for d in t.shape)))
+    return {name for name in names if re.search(rf"\b{re.escape(name)}\b", text)}
 
 
 @contextlib.contextmanager

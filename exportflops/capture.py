@@ -128,10 +128,12 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
                 _draft_log_in_a_temporary_folder(), \
                 _quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
+            step = "torch.export.draft_export"
             program = torch.export.draft_export(model, args, kwargs)
+            step = "the program's run on the example"
             sizes = _sizes_run(program, args, kwargs)
-    except Exception as draft_error:  # the first error is the one to act on
-        raise ExportError(name, first_lines(error), undecided_hint(draft_error)) from error
+    except Exception as failure:  # the first error is the one to act on
+        raise ExportError(name, first_lines(error), undecided_hint(step, failure)) from error
     decided = [str(a.expr) for asserts in shape_env(program.graph).deferred_runtime_asserts
                .values() for a in asserts if a.msg.startswith("propagate_real_tensors")]
     return Captured(program, name, model, args, kwargs, sizes, tuple(dict.fromkeys(decided)))
@@ -153,14 +155,28 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
                                   pytree.tree_leaves(out)):
                 pairs = (zip(fake.shape, real.shape) if isinstance(fake, torch.Tensor)
                          and isinstance(real, torch.Tensor) else [(fake, real)])
-                sizes.update({size.node.expr: int(value) for size, value in pairs
-                              if isinstance(size, torch.SymInt)
-                              and isinstance(size.node.expr, sympy.Symbol)})
+                sizes.update(_symbol_values(pairs))
             return out
 
+    # On copies: the unlifted program writes an input's in-place update back into it.
+    inputs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
     with torch.no_grad():
-        _Sizes(module).run(*tree_flatten_spec((args, kwargs), module._in_spec))
+        _Sizes(module).run(*tree_flatten_spec(inputs, module._in_spec))
     return sizes
+
+
+def _symbol_values(pairs) -> dict:
+    """Each torch size of ``pairs`` (fake, real) that is one symbol: an int's value; a
+    condition's (``Eq(u0, 1)``, a tensor's truth read by a branch) 1 or 0."""
+    values = {}
+    for fake, real in pairs:
+        expr = getattr(getattr(fake, "node", None), "expr", None)
+        if isinstance(fake, torch.SymInt) and isinstance(expr, sympy.Symbol):
+            values[expr] = int(real)
+        elif (isinstance(fake, torch.SymBool) and isinstance(expr, sympy.Eq)
+              and isinstance(expr.lhs, sympy.Symbol) and expr.rhs == 1):
+            values[expr.lhs] = int(bool(real))
+    return values
 
 
 @contextlib.contextmanager
@@ -179,19 +195,20 @@ def buffers_kept(model: torch.nn.Module) -> Iterator[None]:
 @contextlib.contextmanager
 def _draft_log_in_a_temporary_folder() -> Iterator[None]:
     """draft_export writes torch's structured trace to a file per call, under the temporary
-    folder unless ``TORCH_DTRACE`` names one: here a folder removed afterwards."""
+    folder unless ``TORCH_DTRACE`` names one: here a folder removed afterwards, unless the user
+    named one."""
     from torch._logging._internal import DTRACE_ENV_VAR
 
     before = os.environ.get(DTRACE_ENV_VAR)
+    if before is not None:  # the user's own folder for torch's traces
+        yield
+        return
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as folder:
         os.environ[DTRACE_ENV_VAR] = folder
         try:
             yield
         finally:
-            if before is None:
-                del os.environ[DTRACE_ENV_VAR]
-            else:
-                os.environ[DTRACE_ENV_VAR] = before
+            del os.environ[DTRACE_ENV_VAR]
 
 
 @contextlib.contextmanager

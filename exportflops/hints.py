@@ -62,9 +62,10 @@ def data_dependent(error: BaseException) -> bool:
     return any(n in f"{type(error).__name__} {error}" for n in DATA_DEPENDENT)
 
 
-def undecided_hint(draft_error: BaseException) -> str:
-    """The hint when the example's values could not decide a model's branches either."""
+def undecided_hint(step: str, failure: BaseException) -> str:
+    """The hint when the example's values could not decide a model's branches either: ``step``
+    (draft_export, or the check run of its program) raised ``failure``."""
     return (f"the model branches on a tensor's value, and deciding each branch as the example's "
-            f"values do failed too (torch.export.draft_export: {type(draft_error).__name__}: "
-            f"{first_lines(draft_error, 2)}). Rewrite the branch with torch.cond (both branches "
+            f"values do failed too ({step}: {type(failure).__name__}: "
+            f"{first_lines(failure, 2)}). Rewrite the branch with torch.cond (both branches "
             f"are then counted), or make the condition depend on shapes only.")

@@ -151,6 +151,41 @@ def test_buffers_are_left_as_they_were(branches):
     assert model.calls.item() == 0
 
 
+class BranchThenRows(nn.Module):
+    """A branch on a value not taken, then a layer on the rows a value test selects."""
+
+    def __init__(self, by_float: bool) -> None:
+        super().__init__()
+        self.by_float = by_float
+        self.layer = nn.Linear(8, 8, bias=False)
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        taken = flags.float().mean().item() > 0.25 if self.by_float else flags.sum() > 0
+        if taken:
+            x = x * 2
+        return self.layer(x[torch.nonzero(x[:, 0] > 0).squeeze(1)])
+
+
+@pytest.mark.parametrize("by_float", [False, True], ids=["tensor", "float"])
+def test_a_branch_not_taken_leaves_no_size_unknown(by_float):
+    x = torch.tensor([[1.0] * 8, [-1.0] * 8, [2.0] * 8, [3.0] * 8, [-2.0] * 8])
+    report = analyze(BranchThenRows(by_float), (x, torch.tensor([0, 0])))
+    # By hand: 3 rows have a positive first value, each 8 x 8 MACs.
+    assert report.total.macs == 3 * 8 * 8 and report.symbols == []
+
+
+class DoublesInPlace(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x * 2 if x.sum() > 0 else x
+
+
+def test_the_examples_tensors_are_left_as_they_were():
+    x = torch.ones(3)
+    assert analyze(DoublesInPlace(), (x,)).value_guards == ["Eq(u0, 1)"]
+    assert torch.equal(x, torch.ones(3))
+
+
 def test_sizes_read_from_values_are_counted_at_the_examples_values():
     report = analyze(SplitByLengths(), (torch.randn(7, 8), torch.tensor([3, 0, 4])))
     # By hand: the projection 7 x 8 x 8; then per piece of n rows, p.T @ p is 8 x n x 8, the
