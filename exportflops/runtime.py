@@ -37,7 +37,8 @@ import torch.utils._pytree as pytree
 
 from . import devices, measured, timing
 from .api import analyze, count_captured
-from .capture import capture, load
+from .capture import capture
+from .saved import load
 from .errors import ProfileError
 from .progress import Progress, showing, stage
 from .placement import (check_counted_inputs, check_inputs, check_runnable, device_label,
