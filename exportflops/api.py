@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import re
 from collections.abc import Iterator, Mapping
 from typing import Any, Literal
 
@@ -24,6 +23,7 @@ from .formulas import FORMULAS, FormulaTable
 from .names import qualified_name
 from .progress import Progress, showing, stage
 from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
+from .symbolic import parse_count
 from .version import __version__
 from .walk import read_graph
 
@@ -162,9 +162,8 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     # A saved program analyzed for the inputs the user gave, or a program whose branches the
     # example's values decided: counted at those sizes (all of them known, else left symbolic).
     named = {s.name for s in report.symbols}
-    sizes = {graph.renames.get(symbol, symbol).name: value
-             for symbol, value in captured.given_sizes.items()}
-    sizes = {name: value for name, value in sizes.items() if name in named}
+    sizes = {name: value for symbol, value in captured.given_sizes.items()
+             if (name := graph.renames.get(symbol, symbol).name) in named}
     unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
     if _in_counts(report, {s.name for s in unknown}):
         return report  # a size no run gave (one inside a subgraph): the counts keep it
@@ -176,10 +175,10 @@ def _in_counts(report: Report, names: set[str]) -> set[str]:
     """Those of ``names`` that some node's cost or shapes are expressions of."""
     if not names:
         return set()
-    text = " ".join(str(value) for node in report.nodes
+    return names & {symbol.name for node in report.nodes
                     for value in (*node.cost.model_dump().values(),
-                                  *(d for t in (*node.inputs, *node.outputs) for d in t.shape)))
-    return {name for name in names if re.search(rf"\b{re.escape(name)}\b", text)}
+                                  *(d for t in (*node.inputs, *node.outputs) for d in t.shape))
+                    if not isinstance(value, int) for symbol in parse_count(value).free_symbols}
 
 
 @contextlib.contextmanager

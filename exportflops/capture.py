@@ -21,8 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from .errors import ExportError, InputError
 from .hints import data_dependent, first_lines, hint, undecided_hint
+from .placement import check_inputs, flat_inputs, input_name
 from .saved import load
-from .placement import check_inputs, input_name
 from .walk import shape_env
 
 
@@ -142,8 +142,6 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
     """The value of each data-dependent size of ``program`` on the example: read off a run of
     its graph, with the runtime asserts of its decisions, not off torch's propagation (which
     gets values that pass through a linear layer wrong)."""
-    from torch.fx._pytree import tree_flatten_spec
-
     module = program.module()
     sizes = {}
 
@@ -160,7 +158,7 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
     # On copies: the unlifted program writes an input's in-place update back into it.
     inputs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))
     with torch.no_grad():
-        _Sizes(module).run(*tree_flatten_spec(inputs, module._in_spec))
+        _Sizes(module).run(*flat_inputs(program, *inputs, error=ExportError))
     return sizes
 
 

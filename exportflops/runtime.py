@@ -38,12 +38,12 @@ import torch.utils._pytree as pytree
 from . import devices, measured, timing
 from .api import analyze, count_captured
 from .capture import capture
-from .saved import load
 from .errors import ProfileError
 from .progress import Progress, showing, stage
 from .placement import (check_counted_inputs, check_inputs, check_runnable, device_label,
                         flat_inputs, wanted_device)
 from .records import Report
+from .saved import load
 from .walk import op_name
 
 

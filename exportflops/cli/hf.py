@@ -13,8 +13,8 @@ import re
 import traceback
 from typing import Any
 
-from ..hints import data_dependent
 from ..errors import BuildError, ExportError, UsageError
+from ..hints import data_dependent
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by

@@ -190,8 +190,9 @@ class Report(Record):
     """Every collective this rank issues, in graph order (a parallelized model)."""
     value_guards: list[str] = []
     """Conditions on the example inputs' values that export could not decide from their shapes
-    (``Eq(u4, 0) is False``: a split by an image grid's values), decided by running the model on
-    those values (`torch.export.draft_export`): the counts are those of inputs that meet them.
+    (``Ne(u4, 0)``: a split by an image grid's values; ``Eq(u0, 1)``: a tensor's truth read as
+    1), decided by running the model on those values (`torch.export.draft_export`), each as the
+    condition that held: the counts are those of inputs that meet them.
     Empty when every branch depends on shapes alone."""
 
     @property
