@@ -124,7 +124,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
     try:
         # torch warns of each branch it decides, and logs them to files: the report lists them.
         with _exporting(forward_only, None), buffers_kept(model), \
-                _draft_log_in_a_temporary_folder(), \
+                _parameters_copied(), _draft_log_in_a_temporary_folder(), \
                 _quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
             step = "torch.export.draft_export"
@@ -141,7 +141,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
 def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> dict:
     """The value of each data-dependent size of ``program`` on the example: read off a run of
     its graph, with the runtime asserts of its decisions, not off torch's propagation (which
-    gets values that pass through a linear layer wrong)."""
+    a torch version may get wrong, as 2.13 does without `_parameters_copied`)."""
     module = program.module()
     sizes = {}
 
@@ -187,6 +187,27 @@ def buffers_kept(model: torch.nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for buffer, value in kept:
                 buffer.copy_(value)
+
+
+@contextlib.contextmanager
+def _parameters_copied() -> Iterator[None]:
+    """draft_export's fake tensors carry a copy of each real tensor's values, which torch 2.13
+    makes only for a tensor whose type is exactly Tensor (``meta_utils._safe_copy``): every
+    ``nn.Parameter`` is left as uninitialized memory, and each branch on a value computed from
+    the weights (a logits check, a router) is decided on garbage. Here a parameter's values
+    are copied from its plain-tensor ``.data``. A torch without that function is left alone."""
+    from torch._subclasses import meta_utils
+
+    copy = getattr(meta_utils, "_safe_copy", None)
+    if copy is None:
+        yield
+        return
+    meta_utils._safe_copy = lambda dst, src: copy(
+        dst, src.data if isinstance(src, torch.nn.Parameter) else src)
+    try:
+        yield
+    finally:
+        meta_utils._safe_copy = copy
 
 
 @contextlib.contextmanager

@@ -104,14 +104,43 @@ def test_the_fast_path_leaves_a_branch_on_values_to_the_full_export():
 
 
 def test_a_decision_the_run_refuses_is_an_error_not_a_count(monkeypatch):
-    # As when torch's propagation gets a value wrong (in torch 2.13, one that passed through a
-    # linear layer): here the branch is decided on flags [0, 0], and the program then runs on
-    # the example's [0, 1], where its assert of that decision fails.
+    # As when torch's propagation gets a value wrong: here the branch is decided on flags
+    # [0, 0], and the program then runs on the example's [0, 1], where its assert of that
+    # decision fails.
     draft = torch.export.draft_export
     monkeypatch.setattr(torch.export, "draft_export", lambda model, args, kwargs: draft(
         model, (args[0], torch.tensor([0, 0])), kwargs))
     with pytest.raises(ExportError, match="failed too"):
         analyze(ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])))
+
+
+class ByScore(nn.Module):
+    """A branch on a value the weights computed (a router's score), after a check that the
+    scores are numbers (as a logits check does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.score = nn.Linear(16, 1)
+        self.wide = nn.Linear(16, 64, bias=False)
+        self.narrow = nn.Linear(16, 4, bias=False)
+        with torch.no_grad():
+            self.score.weight.fill_(1.0)
+            self.score.bias.fill_(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        score = self.score(x)
+        if not (score == score).all():
+            raise ValueError("the scores hold NaN")
+        return self.wide(x) if score.sum() > 0 else self.narrow(x)
+
+
+@pytest.mark.parametrize(("sign", "outputs"), [(1.0, 64), (-1.0, 4)])
+def test_a_branch_on_what_the_weights_computed_is_decided_by_the_weights(sign, outputs):
+    # torch 2.13 gives draft_export's fake parameters no values (uninitialized memory): each
+    # decision on a score would be garbage, refused by the check run or raising here. By hand:
+    # the score of a row of +-1s is +-16 + 0.5; three rows' scores sum to +-46.5.
+    report = analyze(ByScore(), (torch.full((3, 16), sign),))
+    assert report.total.macs == 3 * 16 * 1 + 3 * 16 * outputs
 
 
 def test_dynamic_sizes_are_not_fixed_by_the_examples_values():
