@@ -19,6 +19,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .draft_mends import values_propagated
 from .errors import ExportError, InputError
 from .hints import data_dependent, first_lines, hint, undecided_hint
 from .placement import check_inputs, flat_inputs, input_name
@@ -77,7 +78,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     _check_leaves(name, args, kwargs)
     _check_dynamic_dims(target, args, kwargs, dynamic_shapes)
     # Sizes the user made dynamic stay so: values would fix them at the example's.
-    by_values = by_values and dynamic_shapes is None and _all_real(target, args, kwargs)
+    by_values = by_values and dynamic_shapes is None and all_real(target, args, kwargs)
     # torch prints the partial graph of a data-dependent failure to stderr; where the values
     # then decide the branches that graph is no news, else it is passed on.
     printed = io.StringIO()
@@ -104,7 +105,7 @@ def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
         yield
 
 
-def _all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
+def all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Every parameter, buffer and input tensor holds values (none on meta, none fake)."""
     tensors = [*model.parameters(), *model.buffers(),
                *(leaf for leaf in pytree.tree_leaves((args, kwargs))
@@ -124,7 +125,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
     try:
         # torch warns of each branch it decides, and logs them to files: the report lists them.
         with _exporting(forward_only, None), buffers_kept(model), \
-                _parameters_copied(), _draft_log_in_a_temporary_folder(), \
+                values_propagated(), _draft_log_in_a_temporary_folder(), \
                 _quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
             step = "torch.export.draft_export"
@@ -141,7 +142,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
 def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict) -> dict:
     """The value of each data-dependent size of ``program`` on the example: read off a run of
     its graph, with the runtime asserts of its decisions, not off torch's propagation (which
-    a torch version may get wrong, as 2.13 does without `_parameters_copied`)."""
+    a torch version may get wrong, as 2.13 does without `draft_mends`)."""
     module = program.module()
     sizes = {}
 
@@ -187,27 +188,6 @@ def buffers_kept(model: torch.nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for buffer, value in kept:
                 buffer.copy_(value)
-
-
-@contextlib.contextmanager
-def _parameters_copied() -> Iterator[None]:
-    """draft_export's fake tensors carry a copy of each real tensor's values, which torch 2.13
-    makes only for a tensor whose type is exactly Tensor (``meta_utils._safe_copy``): every
-    ``nn.Parameter`` is left as uninitialized memory, and each branch on a value computed from
-    the weights (a logits check, a router) is decided on garbage. Here a parameter's values
-    are copied from its plain-tensor ``.data``. A torch without that function is left alone."""
-    from torch._subclasses import meta_utils
-
-    copy = getattr(meta_utils, "_safe_copy", None)
-    if copy is None:
-        yield
-        return
-    meta_utils._safe_copy = lambda dst, src: copy(
-        dst, src.data if isinstance(src, torch.nn.Parameter) else src)
-    try:
-        yield
-    finally:
-        meta_utils._safe_copy = copy
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ import torch
 
 from exportflops import analyze
 from exportflops.cli.hf import hf_model, missed_input
-from exportflops.cli.hf_media import fake_error, grid, image_tokens, mask, patch_grid, patches
-from exportflops.cli.hf_needs import innermost, needed_input
+from exportflops.cli.hf_media import grid, image_tokens, mask, patch_grid, patches
+from exportflops.cli.hf_needs import fake_error, innermost, needed_input
 from tests.cli_support import named_inputs
 
 tf = pytest.importorskip("transformers")
@@ -234,3 +234,24 @@ def test_a_sub_model_config_in_no_auto_table_builds_its_own_class(model_type, bu
 
     config = tf.AutoConfig.for_model(model_type)
     assert type(build(config, META, tf)).__name__ == built
+
+
+class AfterABranch(torch.nn.Module):
+    """Reads an optional input after a branch on a value, as Moshi's depth decoder reads its
+    last_hidden_state after a branch on each position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, states=None):
+        if x.sum() > 0:
+            x = self.proj(x)
+        return x + states.sum(-1, keepdim=True)
+
+
+def test_an_input_read_after_a_branch_on_values_is_found_on_a_real_device():
+    x = torch.ones(2, 4)
+    assert needed_input(fake_error(AfterABranch(), (x,), {}), ["states"]) == "states"
+    # On meta nothing decides the branch: what the forward reads after it is not known.
+    assert fake_error(AfterABranch().to(META), (x.to(META),), {}) is None

@@ -107,3 +107,27 @@ def test_a_family_input_is_refused_where_the_config_lacks_its_field(name):
     config = tf.AutoConfig.for_model("bert")
     with pytest.raises(UnknownInputError, match=repr(name)):
         example(name, config, META, batch=1, seq=None)
+
+
+def test_a_depth_decoder_takes_a_position_per_codebook(tmp_path):
+    # Moshi's depth decoder runs across the num_codebooks codebooks of one frame; its config
+    # keeps max_position_embeddings num_codebooks + 1 (9 of 8 by default), and its forward
+    # adds the main decoder's last state, input_size wide, at each position.
+    from exportflops.cli.hf_inputs import text_length
+    from exportflops.errors import UsageError
+    from transformers.models.moshi.configuration_moshi import MoshiDepthConfig
+
+    config = MoshiDepthConfig(hidden_size=32, input_size=16, num_codebooks=4, head_dim=16,
+                              num_hidden_layers=1, num_attention_heads=2, ffn_dim=64,
+                              num_key_value_heads=2, vocab_size=50, audio_vocab_size=40)
+    assert config.max_position_embeddings == 9
+    assert text_length(config, None) == 4
+    with pytest.raises(UsageError, match="pass --seq 4 or less"):
+        text_length(config, 5)
+    config.save_pretrained(tmp_path)
+    # On cpu its branch on each position's value is decided, and what it reads after it found.
+    spec = str(tmp_path / "config.json")
+    _, args, kwargs = hf_model(spec, torch.device("cpu"), None)
+    assert [tuple(a.shape) for a in args] == [(1, 4)]
+    assert {k: tuple(v.shape) for k, v in kwargs.items()} == {"last_hidden_state": (1, 4, 16)}
+    analyzes_with_every_op_counted(spec, torch.device("cpu"))

@@ -143,6 +143,29 @@ def test_a_branch_on_what_the_weights_computed_is_decided_by_the_weights(sign, o
     assert report.total.macs == 3 * 16 * 1 + 3 * 16 * outputs
 
 
+class ByGrid(nn.Module):
+    """An integer floor division of a tensor sized by values (Qwen3-VL's interpolation
+    indices: ``widths // merge`` of widths repeated per patch), then a branch on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wide = nn.Linear(16, 64, bias=False)
+        self.narrow = nn.Linear(16, 4, bias=False)
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        blocks = torch.repeat_interleave(grid[:, 2], grid[:, 1]) // 2
+        return self.wide(x) if blocks.sum() > 20 else self.narrow(x)
+
+
+@pytest.mark.parametrize(("rows", "width", "outputs"), [(7, 6, 64), (5, 4, 4)])
+def test_an_integer_floor_division_sized_by_values_is_decided(rows, width, outputs):
+    # torch 2.13's meta of prims.signbit (in floor division's decomposition) gives int64 where
+    # the op gives bool, and draft_export failed on the mismatch. By hand: rows x (width // 2)
+    # blocks: 7 x 3 = 21 > 20 takes the wide layer, 5 x 2 = 10 the narrow one.
+    report = analyze(ByGrid(), (torch.randn(3, 16), torch.tensor([[1, rows, width]])))
+    assert report.total.macs == 3 * 16 * outputs
+
+
 def test_dynamic_sizes_are_not_fixed_by_the_examples_values():
     from torch.export import Dim
 

@@ -18,6 +18,7 @@ from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, M
                        patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
                        with_image_tokens)
 from .hf_needs import needed_input, refused_ids
+from .hf_sizes import depth_positions
 from .hf_task_inputs import companions, family_input
 
 
@@ -378,6 +379,9 @@ def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
     names = ("max_target_positions", *MAX_POSITIONS) if decoder else MAX_POSITIONS
     limit = next((getattr(config, n) for n in names
                   if isinstance(getattr(config, n, None), int)), None)
+    depth = depth_positions(config)
+    if depth is not None:
+        limit, names = min(limit or depth, depth), ("num_codebooks",)
     if seq is None:
         return min(HF_DEFAULT_SEQ_LEN, limit or HF_DEFAULT_SEQ_LEN)
     if limit is not None and seq > limit:

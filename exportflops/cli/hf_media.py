@@ -4,11 +4,10 @@ from the config's own fields. Zeros, as in `hf_inputs`: the counts depend on sha
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Any
 
-from .hf_needs import needed_input
+from .hf_needs import fake_error, needed_input
 from .hf_sizes import config_int, vq_image_size, windowed_side
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
@@ -131,48 +130,6 @@ def feature_layouts(audio, device, *, batch: int, seq: int | None) -> list:
     if isinstance(getattr(audio, "patch_embed_input_channels", None), int):
         layouts.insert(0, (batch, audio.patch_embed_input_channels, frames, bins))
     return [torch.zeros(shape, device=device) for shape in layouts]
-
-
-def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
-    """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
-    arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
-    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's). An op whose
-    output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
-    positions), which fake tensors cannot run and export traces, is None too: the inputs'
-    shapes carried forward that far."""
-    from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                               DynamicOutputShapeException)
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
-
-    try:
-        with fake_forward():
-            model(*args, **kwargs)
-    except (DataDependentOutputException, DynamicOutputShapeException,
-            GuardOnDataDependentSymNode):
-        return None
-    except Exception as error:  # the caller reads it; None where export traces past it: a pad
-        # by an unbacked size (Mimi's), a read of a meta input's values (Kimi-K2.5's .tolist())
-        return None if any(m in str(error) for m in ("only concrete integers",
-                                                     "unallocated storage")) else error
-    return None
-
-
-@contextlib.contextmanager
-def fake_forward():
-    """Fake tensors as torch.export runs a forward: with a shape environment, so that
-    ``.item()`` and ``nonzero`` give unbacked sizes and the run goes on to what export meets
-    after them; and in torch's own exporting state, in which transformers makes no default
-    masks (LongT5 builds an attention_mask of ones unless torch.compiler.is_compiling())."""
-    import torch
-    from torch._export.utils import _compiling_state_context
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-    from ..capture import quiet_fake_tensor_log
-
-    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
-        yield
 
 
 def accepted(model, name: str, candidates: list, others: dict[str, Any], *, first: bool,

@@ -4,14 +4,18 @@ attribute 'sum'" at ``input_features_mask.sum(-1)``: AudioFlamingo3; at ``grid_t
 Qwen2-VL's vision tower, whose model passes ``image_grid_thw``). A forward's signature makes
 these optional; its code needs them. `hf_inputs` makes the input so named; the sweep blames a
 failure on us when forward needed an input we did not make. And the token ids a forward refuses
-(`refused_ids`), which it takes as embeddings; and whose code raised an error (`raised_by`)."""
+(`refused_ids`), which it takes as embeddings; and whose code raised an error (`raised_by`).
+The error itself comes from a run of the forward under fake tensors (`fake_error`), or, past
+a branch fake tensors cannot decide, on the real inputs of a model on a real device."""
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import re
 import traceback
+from typing import Any
 
 #: An attribute read or an item read on a name: ``x.attr`` or ``x[``.
 _READ = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\.\s*[A-Za-z_]|\[)")
@@ -100,3 +104,66 @@ def refused_ids(error: BaseException, parameters: list[str], args: tuple,
             and "inputs_embeds" not in given and isinstance(cause, ValueError)
             and raised_by(cause).startswith("transformers")
             and re.search(r"\binput_ids\b", str(cause)) is not None)
+
+
+def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+    """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
+    arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
+    kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's). An op whose
+    output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
+    positions), which fake tensors cannot run and export traces, is None too: the inputs'
+    shapes carried forward that far."""
+    from torch._subclasses.fake_tensor import (DataDependentOutputException,
+                                               DynamicOutputShapeException)
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    from ..capture import all_real
+
+    try:
+        with fake_forward():
+            model(*args, **kwargs)
+    except (DataDependentOutputException, DynamicOutputShapeException,
+            GuardOnDataDependentSymNode):
+        # Real tensors decide what fake ones cannot (a model built on cpu to have its branches
+        # on values decided: `capture`), and run on to what the forward needs next (Moshi's
+        # depth decoder reads its last_hidden_state after a branch on each position).
+        return _real_error(model, args, kwargs) if all_real(model, args, kwargs) else None
+    except Exception as error:  # the caller reads it; None where export traces past it: a pad
+        # by an unbacked size (Mimi's), a read of a meta input's values (Kimi-K2.5's .tolist())
+        return None if any(m in str(error) for m in ("only concrete integers",
+                                                     "unallocated storage")) else error
+    return None
+
+
+def _real_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+    """What ``model``'s forward raises on the real inputs, or None, in torch's exporting state
+    as in `fake_forward`; its buffers left as they were."""
+    import torch
+    from torch._export.utils import _compiling_state_context
+
+    from ..capture import buffers_kept
+
+    try:
+        with torch.no_grad(), _compiling_state_context(), buffers_kept(model):
+            model(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 - the caller reads it
+        return error
+    return None
+
+
+@contextlib.contextmanager
+def fake_forward():
+    """Fake tensors as torch.export runs a forward: with a shape environment, so that
+    ``.item()`` and ``nonzero`` give unbacked sizes and the run goes on to what export meets
+    after them; and in torch's own exporting state, in which transformers makes no default
+    masks (LongT5 builds an attention_mask of ones unless torch.compiler.is_compiling())."""
+    import torch
+    from torch._export.utils import _compiling_state_context
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from ..capture import quiet_fake_tensor_log
+
+    fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
+    with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
+        yield

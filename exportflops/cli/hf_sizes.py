@@ -11,6 +11,15 @@ def config_int(config, names: tuple[str, ...]) -> int | None:
                  and not isinstance(getattr(config, n), bool)), None)
 
 
+def depth_positions(config) -> int | None:
+    """The positions of a depth decoder (Moshi's, CSM's): it runs across the codebooks of one
+    audio frame, a position per codebook with its own embedding and head, so it has
+    num_codebooks of them, one fewer than the max_position_embeddings its config keeps. None
+    for any other model."""
+    codebooks = config_int(config, ("num_codebooks",))
+    return codebooks if "depth" in getattr(config, "model_type", "") else None
+
+
 def windows(config) -> tuple[int, int] | None:
     """``(windows a side, windows in all)`` of a windowed ViT encoder's config: num_windows
     counts them all where the config also keeps num_windows_side (LW-DETR's), else a side

@@ -9,6 +9,7 @@ from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_in
 from .hf_image_inputs import image_companions, image_family_input, prompt_image
 from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
                        with_image_tokens)
+from .hf_sizes import depth_positions
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
 #: number of options and its question type.
@@ -52,6 +53,12 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     if name == "noise_embeds" and block is not None:
         # Muse Glimmer's assistant denoises a block of block_size embeddings of hidden_size.
         return torch.zeros((batch, block, config.hidden_size), device=device)
+    depth = depth_positions(config)
+    if name == "last_hidden_state" and depth is not None:
+        # Moshi's depth decoder adds its main decoder's last state (input_size wide) at each
+        # codebook's position.
+        width = config_int(config, ("input_size", "hidden_size"))
+        return torch.zeros((batch, min(steps, depth), width), device=device)
     layers = getattr(config, "target_layer_ids", None)
     if name == "context_hidden_states" and isinstance(layers, (list, tuple)):
         # ... reading the states of its target model's target_layer_ids layers, concatenated:
