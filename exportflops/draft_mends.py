@@ -46,7 +46,9 @@ def _signbit_meta_bool() -> Iterator[None]:
     draft_export checks each fake output against the real one: in an integer floor division
     (``widths // merge`` in transformers' vision interpolation indices, which the Qwen3-VL
     family's towers run) it finds them apart, makes a new size for the output, and fails on it
-    (``PendingUnbackedSymbolNotFound``). Here the meta gives bool, as the op does."""
+    (``PendingUnbackedSymbolNotFound``). Here the meta gives bool, as the op does. No int64
+    result from before the mend is reused: a fake mode that propagates real values keeps no
+    dispatch cache (``FakeTensorMode.cache_enabled``)."""
     from torch import _prims
 
     signbit = torch.ops.prims.signbit.default

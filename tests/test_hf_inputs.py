@@ -58,8 +58,11 @@ CASES = {
     # and the grid of each image.
     "siglip2_vision_model": {"pixel_values": (1, 256, 768), "pixel_attention_mask": (1, 256),
                              "spatial_shapes": (1, 2)},
-    # Qwen2.5-Omni's audio encoder reads the frames of each example (feature_lens) while None.
-    "qwen2_5_omni_audio_encoder": {"feature_lens": (1,)},
+    # The Qwen-Omni audio encoders take the examples' frames concatenated, bins first with no
+    # batch axis (their thinkers gather them by the mask), and each example's length, which
+    # forward reads while None: num_mel_bins 128 x twice max_source_positions 1500.
+    "qwen2_5_omni_audio_encoder": {"input_features": (128, 3000), "feature_lens": (1,)},
+    "qwen3_omni_moe_audio_encoder": {"input_features": (128, 3000), "feature_lens": (1,)},
     # Granite Speech 5: frames first, each 4 stacked frames of num_mel_bins 80 (its
     # input_linear reads num_mel_bins * 4; its feature extractor stacks them).
     "granite_speech5_encoder": {"input_features": (1, HF_DEFAULT_FRAMES, 4 * 80)},
@@ -100,3 +103,17 @@ def test_siglip2_is_analyzed_and_its_value_sized_resize_is_named_uncounted():
     assert "spatial_shapes" in report.uncounted[0].reason
     assert report.total.macs > 0
 
+
+
+def test_concatenated_frames_come_with_each_examples_length(tmp_path):
+    # Qwen2.5-Omni's audio encoder: num_mel_bins 16 bins first, the frames of both examples
+    # concatenated: twice max_source_positions 20 = 40 each (whole windows of 2 x n_window 5).
+    tf = pytest.importorskip("transformers")
+    tf.Qwen2_5OmniAudioEncoderConfig(
+        num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+        d_model=32, max_source_positions=20, n_window=5, output_dim=24).save_pretrained(tmp_path)
+    model, args, kwargs = hf_model(str(tmp_path), torch.device("cpu"), None, batch=2)
+    assert tuple(args[0].shape) == (16, 2 * 40)
+    assert kwargs["feature_lens"].tolist() == [40, 40]
+    report = analyze(model, args, kwargs)
+    assert report.uncounted == [] and report.value_guards

@@ -153,7 +153,7 @@ def test_the_placeholders_are_the_configs_image_token_as_many_as_the_image_has()
 def test_a_token_mask_marks_as_many_image_tokens_as_the_config_counts():
     config = tf.AutoConfig.for_model("kosmos-2")
     made = mask("image_embeds_position_mask", torch.zeros((1, 128), dtype=torch.long), config,
-                config)
+                config, batch=1)
     assert made.sum().item() == 64 and made.shape == (1, 128)
 
 
@@ -252,6 +252,8 @@ class AfterABranch(torch.nn.Module):
 
 def test_an_input_read_after_a_branch_on_values_is_found_on_a_real_device():
     x = torch.ones(2, 4)
-    assert needed_input(fake_error(AfterABranch(), (x,), {}), ["states"]) == "states"
-    # On meta nothing decides the branch: what the forward reads after it is not known.
-    assert fake_error(AfterABranch().to(META), (x.to(META),), {}) is None
+    error = fake_error(AfterABranch(), (x,), {}, past_values=True)
+    assert needed_input(error, ["states"]) == "states"
+    # Only the search for inputs runs the forward; on meta nothing decides the branch.
+    assert fake_error(AfterABranch(), (x,), {}) is None
+    assert fake_error(AfterABranch().to(META), (x.to(META),), {}, past_values=True) is None

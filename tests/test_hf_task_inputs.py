@@ -85,7 +85,8 @@ def test_dots3_lengths_are_the_samples_of_every_frame():
     # Frames first, 64 of them (the axis that is not feature_size's 128 bins): 64 x hop_length
     # 160 = 10,240 samples each, so that no frame is masked as padding.
     config = tf.AutoConfig.for_model("dots3_note_audio_encoder")
-    lengths = mask("chunk_sample_lengths", torch.zeros((2, 64, 128)), config, config)
+    lengths = mask("chunk_sample_lengths", torch.zeros((2, 64, 128)), config, config,
+                   batch=2)
     assert lengths.tolist() == [64 * 160, 64 * 160]
 
 

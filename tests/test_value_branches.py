@@ -143,6 +143,20 @@ def test_a_branch_on_what_the_weights_computed_is_decided_by_the_weights(sign, o
     assert report.total.macs == 3 * 16 * 1 + 3 * 16 * outputs
 
 
+def test_a_fake_parameter_carries_the_parameters_values():
+    # The test above can pass by luck (uninitialized memory may hold the weights); this one
+    # reads the copy draft_export's fake tensor mode makes of one parameter.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from exportflops.draft_mends import values_propagated
+
+    parameter = nn.Parameter(torch.randn(64, 64))
+    with (values_propagated(),
+          torch._functorch.config.patch(fake_tensor_propagate_real_tensors=True)):
+        fake = FakeTensorMode().from_tensor(parameter)
+    assert torch.equal(fake.real_tensor, parameter.data)
+
+
 class ByGrid(nn.Module):
     """An integer floor division of a tensor sized by values (Qwen3-VL's interpolation
     indices: ``widths // merge`` of widths repeated per patch), then a branch on it."""
@@ -287,3 +301,46 @@ def test_the_command_on_meta_says_to_build_on_cpu(tmp_path):
     result = run(_tiny_qwen2_vl_vision(tmp_path), "--device", "meta", "--view", "summary")
     assert result.returncode != 0
     assert one_paragraph(result.stderr) and "--device cpu" in result.stderr
+
+
+def test_a_model_on_meta_holding_a_flag_on_cpu_is_built_again_on_cpu():
+    # EnCodec's codebooks keep their ``inited`` flags on cpu when the model is built on meta.
+    from exportflops.cli import hf
+
+    on_meta = ByValue().to("meta")
+    on_meta.register_buffer("inited", torch.ones(()))
+    args = (torch.randn(3, 16, device="meta"), torch.zeros(2, dtype=torch.long, device="meta"))
+    report = hf.analyze_deciding_on_cpu(analyze, on_meta, args, {}, lambda: (
+        ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])), {}))
+    assert report.total.macs == 3 * 16 * 64  # by hand: the wide layer, as the flag is set
+
+
+class Explodes(nn.Module):
+    """A branch on a value that decides a 4 GiB tensor (LightGlue's detector on a blank image
+    finds a keypoint at each pixel and matches every pair)."""
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        if flags.sum() > 0:
+            return x.new_zeros(2**30).sum() + x
+        return x
+
+
+def test_a_run_on_cpu_past_its_memory_cap_says_how_to_run_it(monkeypatch):
+    from exportflops.cli import hf
+
+    monkeypatch.setattr(hf, "CPU_RUN_BYTES", 2**29)
+    on_meta = ByValue().to("meta")
+    args = (torch.randn(3, 16, device="meta"), torch.zeros(2, dtype=torch.long, device="meta"))
+    with pytest.raises(ExportError, match=r"more than 0\.5 GiB.*--device cpu"):
+        hf.analyze_deciding_on_cpu(analyze, on_meta, args, {}, lambda: (
+            Explodes(), (torch.randn(3, 16), torch.tensor([0, 1])), {}))
+    assert torch.zeros(2**30).numel() == 2**30  # the cap ends with the run
+
+
+def test_the_summary_lists_the_first_decisions_and_counts_the_rest():
+    from exportflops import flops_report
+
+    report = analyze(ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])))
+    many = report.model_copy(update={"value_guards": [f"Eq(u{i}, 1)" for i in range(10)]})
+    text = flops_report(many, view="summary")
+    assert "Eq(u7, 1)" in text and "Eq(u8, 1)" not in text and "and 2 more" in text

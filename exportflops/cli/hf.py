@@ -5,6 +5,7 @@ config; the example inputs are `hf_inputs`'."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -14,7 +15,7 @@ import traceback
 from typing import Any
 
 from ..errors import BuildError, ExportError, UsageError
-from ..hints import data_dependent
+from ..hints import data_dependent, first_lines
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by
@@ -35,6 +36,10 @@ PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
 #: The most bytes of parameters and buffers of a model built on meta that is built again on
 #: cpu (`analyze_deciding_on_cpu`): a vision tower a few layers deep, not a vocabulary's table.
 CPU_REBUILD_BYTES = 2 * 2**30
+#: The most memory that analysis on cpu may take beyond what the process held: an example's
+#: values can make the sizes they decide explode (LightGlue's detector finds a keypoint at
+#: each pixel of a blank image and matches every pair: some 24 GiB).
+CPU_RUN_BYTES = 4 * CPU_REBUILD_BYTES
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
@@ -264,16 +269,52 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
     """``analyze(model, args, kwargs)``; where ``model``, built on meta, fails to export on a
     branch on its inputs' values (a vision tower splitting by its image grid) and is small
     enough (`CPU_REBUILD_BYTES`), ``analyze`` of ``on_cpu()``'s model and inputs instead: on
-    cpu the example's values decide each branch (`capture`). ``on_cpu`` None: never."""
+    cpu the example's values decide each branch (`capture`). ``on_cpu`` None: never. A model
+    built on meta may hold a few tensors its code puts on cpu (EnCodec's codebooks' ``inited``
+    flags): one tensor on meta is enough for its values to be unknown."""
     try:
         return analyze(model, args, kwargs)
     except ExportError as error:
         tensors = [*model.parameters(), *model.buffers()]
         if not (on_cpu is not None and data_dependent(error.__cause__ or error)
-                and all(t.device.type == "meta" for t in tensors)
+                and any(t.device.type == "meta" for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
             raise
-    return analyze(*on_cpu())
+    with _memory_capped(CPU_RUN_BYTES):
+        try:
+            return analyze(*on_cpu())
+        except (ExportError, RuntimeError, MemoryError) as failure:
+            if not isinstance(failure, MemoryError) and "can't allocate memory" not in str(failure):
+                raise
+            name = type(model).__name__
+            raise ExportError(name, first_lines(failure), (
+                f"{name} branches on its inputs' values, which only a run decides, so it was "
+                f"built again on cpu and run on its example; that run needed more than "
+                f"{CPU_RUN_BYTES / 2**30:g} GiB beyond what the process held (the example's "
+                f"values decide its sizes). Pass --device cpu to run it without that cap, or "
+                f"smaller inputs (--seq, --batch, --kwargs).")) from failure
+
+
+@contextlib.contextmanager
+def _memory_capped(extra: int):
+    """Allocations past ``extra`` bytes more than the process's address space held fail for
+    the block (torch raises its allocator's RuntimeError), where the platform lets a process
+    cap itself (Linux: RLIMIT_AS); elsewhere the block runs uncapped."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = held + extra if hard == resource.RLIM_INFINITY else min(hard, held + extra)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

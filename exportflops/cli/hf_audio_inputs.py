@@ -2,7 +2,8 @@
 for it: tokens of several codebooks a step (MusicGen, Dia, Kyutai, Inkling), a vocoder's mel
 spectrogram, a codec decoder's latents, Qwen2.5-Omni's speech DiT, the spectrogram that follows
 from a model's tokens or waveform (Voxtral Realtime, XCodec2), a spectrogram of stacked frames
-(Granite Speech 5). None (or empty) where the config has no such field, as in
+(Granite Speech 5), the frames of every example concatenated (the Qwen-Omni audio encoders).
+None (or empty) where the config has no such field, as in
 `hf_task_inputs`."""
 
 from __future__ import annotations
@@ -139,3 +140,20 @@ def stacked_frames(model, layouts: list, config) -> list:
     if frames_first is None or width % bins or width == bins:
         return []
     return [frames_first.new_zeros(frames_first.shape[:-1] + (width,))]
+
+
+def concatenated_frames(layouts: list, config) -> list:
+    """A spectrogram layout to choose from: the frames of every example concatenated, bins
+    first, with no batch axis ``(bins, batch x frames)``, as the Qwen2.5-Omni and Qwen3-Omni
+    audio encoders take them beside each example's length (``feature_lens``; their thinkers
+    gather the frames by the mask before the tower). Empty where ``layouts`` have no bins-first
+    spectrogram."""
+    import torch
+
+    bins = mel_bins(features_config(config))
+    bins_first = next((t for t in layouts if isinstance(t, torch.Tensor) and t.dim() == 3
+                       and t.shape[1] == bins and t.is_floating_point()), None)
+    if bins_first is None:
+        return []
+    batch, _, frames = bins_first.shape
+    return [bins_first.new_zeros((bins, batch * frames))]

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 from ..errors import UsageError
-from .hf_audio_inputs import codebook_layouts, features_config, stacked_frames
+from .hf_audio_inputs import (codebook_layouts, concatenated_frames, features_config,
+                              stacked_frames)
 from .hf_image_inputs import patch_layouts, patch_rows, token_blocks
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, MERGE_SIZES,
                        SIZE_INPUTS, accepted, boxes, config_int, encoder_states, fake_error,
@@ -137,6 +138,8 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
                       if k != name}
             if name in SPECTROGRAMS:
                 candidates = candidates + stacked_frames(model, candidates, config)
+                if "feature_lens" in signature:  # lengths of the examples concatenated
+                    candidates = concatenated_frames(candidates, config) + candidates
             if name in IMAGES:  # last, rows of patches for a linear patch embedding (Molmo2's)
                 candidates = candidates + patch_rows(model, sub_config(config, "vision"), device,
                                                      batch=batch)
@@ -208,7 +211,7 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
     # At most one try per input it could add, and one for embeddings in place of ids.
     for _ in range(len(side) + len(MASKS) + 2):
-        error = fake_error(model, args, inputs)
+        error = fake_error(model, args, inputs, past_values=True)
         if error is None:
             break
         if refused_ids(error, parameters, args, inputs):
@@ -248,7 +251,7 @@ def _side_input(name: str, config, given: dict[str, Any], device, *, batch: int,
 
     made = None
     if name in MASKS and MASKS[name] in given:
-        made = mask(name, given[MASKS[name]], config, features_config(config))
+        made = mask(name, given[MASKS[name]], config, features_config(config), batch=batch)
     images = given.get("pixel_values")
     if (name == "image_attention_mask" and "input_ids" in given
             and isinstance(images, torch.Tensor) and images.dim() == 5):
@@ -377,16 +380,16 @@ def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
     """``seq`` tokens, or HF_DEFAULT_SEQ_LEN bounded by the model's positions (its decoder's
     for decoder tokens); a ``seq`` longer than the positions is the user's error."""
     names = ("max_target_positions", *MAX_POSITIONS) if decoder else MAX_POSITIONS
-    limit = next((getattr(config, n) for n in names
-                  if isinstance(getattr(config, n, None), int)), None)
+    field = next((n for n in names if isinstance(getattr(config, n, None), int)), None)
+    limit = None if field is None else getattr(config, field)
     depth = depth_positions(config)
-    if depth is not None:
-        limit, names = min(limit or depth, depth), ("num_codebooks",)
+    if depth is not None and (limit is None or depth < limit):
+        limit, field = depth, "num_codebooks"
     if seq is None:
         return min(HF_DEFAULT_SEQ_LEN, limit or HF_DEFAULT_SEQ_LEN)
     if limit is not None and seq > limit:
         raise UsageError(f"--seq {seq}: {type(config).__name__} has {limit} positions "
-                         f"({', '.join(names[:2])}); pass --seq {limit} or less.")
+                         f"({field}); pass --seq {limit} or less.")
     return seq
 
 

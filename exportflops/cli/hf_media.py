@@ -298,12 +298,13 @@ def with_image_tokens(ids, token: int, count: int):
     return ids
 
 
-def mask(name: str, masked, config, audio):
+def mask(name: str, masked, config, audio, *, batch: int):
     """Ones over what ``masked`` (the input `MASKS` names) holds: its image tokens (as many as
     `IMAGE_TOKENS` of ``config`` says, else all), its frames for an audio mask (the axis that
     is not `mel_bins`), its pixels for an image mask (the channel axis, third from last,
-    dropped); for audio lengths, each example's frames (``feature_lens``; one length where
-    the frames of one example come concatenated, bins first, with no batch axis), or in
+    dropped); for audio lengths, each example's frames (``feature_lens``; ``batch`` equal
+    lengths where the frames of the examples come concatenated, bins first, with no batch
+    axis: `hf_audio_inputs.concatenated_frames`), or in
     samples, its frames times the config's hop_length (None where it has none)."""
     import torch
 
@@ -315,8 +316,9 @@ def mask(name: str, masked, config, audio):
         shape = masked.shape[:-3] + masked.shape[-2:]
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
     if masked.dim() == 2 and masked.shape[0] == mel_bins(audio):
-        # One example's frames, concatenated (Qwen2.5-Omni's audio encoder): its length.
-        return torch.full((1,), masked.shape[1], dtype=torch.long, device=masked.device)
+        # The examples' frames, concatenated (Qwen2.5-Omni's audio encoder): their lengths.
+        return torch.full((batch,), masked.shape[1] // batch, dtype=torch.long,
+                          device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
     if name == "feature_lens":  # each example's frames (Qwen2.5-Omni's audio encoder)
         return torch.full((masked.shape[0],), frames, dtype=torch.long, device=masked.device)

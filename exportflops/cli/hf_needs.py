@@ -106,13 +106,17 @@ def refused_ids(error: BaseException, parameters: list[str], args: tuple,
             and re.search(r"\binput_ids\b", str(cause)) is not None)
 
 
-def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
+def fake_error(model, args: tuple, kwargs: dict[str, Any], *,
+               past_values: bool = False) -> Exception | None:
     """What ``model``'s forward raises with these inputs under fake tensors (shapes only, no
     arithmetic, on any device), or None. Fake tensors check shapes as torch.export does; meta
     kernels alone pass a layer norm over the wrong dimension (wav2vec2-BERT's). An op whose
     output depends on the values (``nonzero``, ``.item()``: EnCodec's padding, Idefics2's image
     positions), which fake tensors cannot run and export traces, is None too: the inputs'
-    shapes carried forward that far."""
+    shapes carried forward that far. ``past_values``: there, where the model and inputs are
+    real, a real run goes on to the next input forward reads while None (`none_reads`), and
+    that is the error; only the search for such inputs asks, for a real run costs a forward
+    and its values can fail where export would not (LightGlue's keypoints)."""
     from torch._subclasses.fake_tensor import (DataDependentOutputException,
                                                DynamicOutputShapeException)
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
@@ -127,7 +131,10 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
         # Real tensors decide what fake ones cannot (a model built on cpu to have its branches
         # on values decided: `capture`), and run on to what the forward needs next (Moshi's
         # depth decoder reads its last_hidden_state after a branch on each position).
-        return _real_error(model, args, kwargs) if all_real(model, args, kwargs) else None
+        if not (past_values and all_real(model, args, kwargs)):
+            return None
+        error = _real_error(model, args, kwargs)
+        return error if error is not None and none_reads(error) else None
     except Exception as error:  # the caller reads it; None where export traces past it: a pad
         # by an unbacked size (Mimi's), a read of a meta input's values (Kimi-K2.5's .tolist())
         return None if any(m in str(error) for m in ("only concrete integers",
@@ -137,14 +144,15 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
 
 def _real_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     """What ``model``'s forward raises on the real inputs, or None, in torch's exporting state
-    as in `fake_forward`; its buffers left as they were."""
+    as in `fake_forward`; its buffers and the random state left as they were."""
     import torch
     from torch._export.utils import _compiling_state_context
 
     from ..capture import buffers_kept
 
     try:
-        with torch.no_grad(), _compiling_state_context(), buffers_kept(model):
+        with (torch.no_grad(), _compiling_state_context(), buffers_kept(model),
+              torch.random.fork_rng(devices=[])):
             model(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the caller reads it
         return error

@@ -16,8 +16,9 @@ def depth_positions(config) -> int | None:
     audio frame, a position per codebook with its own embedding and head, so it has
     num_codebooks of them, one fewer than the max_position_embeddings its config keeps. None
     for any other model."""
-    codebooks = config_int(config, ("num_codebooks",))
-    return codebooks if "depth" in getattr(config, "model_type", "") else None
+    if "depth" not in getattr(config, "model_type", ""):
+        return None
+    return config_int(config, ("num_codebooks",))
 
 
 def windows(config) -> tuple[int, int] | None:

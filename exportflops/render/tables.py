@@ -6,10 +6,9 @@ Each prints the report's own totals; none is summed here.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import csv
 import io
+from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
@@ -17,6 +16,10 @@ from ..records import Counts, Report
 from .collectives import collective_summary_rows
 from .format import Style, magnitude
 from .tree import ModuleTree, root_label
+
+#: The decisions on values the summary's note lists (an audio encoder's chunking makes a
+#: hundred); the report keeps them all.
+SHOWN_VALUE_GUARDS = 8
 
 
 def require_report(value: Any, caller: str) -> None:
@@ -101,9 +104,12 @@ def _sizes_rows(report: Report) -> list[list]:
 def _value_guard_rows(report: Report) -> list[list]:
     if not report.value_guards:
         return []
+    shown = report.value_guards[:SHOWN_VALUE_GUARDS]
+    rest = len(report.value_guards) - len(shown)
+    more = f"; and {rest} more (Report.value_guards lists them all)" if rest else ""
     return [["decided by values", len(report.value_guards),
              "branches on the example's values, counted as it takes them: "
-             + "; ".join(report.value_guards)]]
+             + "; ".join(shown) + more]]
 
 
 def _tied_note(report: Report) -> str:
