@@ -105,12 +105,17 @@ def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
         yield
 
 
+def held_tensors(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Every parameter, buffer and input tensor of a call of ``model``."""
+    return [*model.parameters(), *model.buffers(),
+            *(leaf for leaf in pytree.tree_leaves((args, kwargs))
+              if isinstance(leaf, torch.Tensor))]
+
+
 def all_real(model: torch.nn.Module, args: tuple, kwargs: dict) -> bool:
     """Every parameter, buffer and input tensor holds values (none on meta, none fake)."""
-    tensors = [*model.parameters(), *model.buffers(),
-               *(leaf for leaf in pytree.tree_leaves((args, kwargs))
-                 if isinstance(leaf, torch.Tensor))]
-    return all(t.device.type != "meta" and not isinstance(t, FakeTensor) for t in tensors)
+    return all(t.device.type != "meta" and not isinstance(t, FakeTensor)
+               for t in held_tensors(model, args, kwargs))
 
 
 def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forward_only: bool,

@@ -1,7 +1,9 @@
 """Mends of torch's propagation of real values in ``torch.export.draft_export``, which decides
 each branch on a value as the example's values do (`capture`). Two bugs of torch 2.13 make that
 propagation fail or decide on garbage; each mend applies for the one export and is undone
-after it, and leaves alone a torch without the function it mends."""
+after it, and leaves alone a torch without the function it mends. They replace torch's
+private functions because no public hook reaches them; a thread exporting beside the one
+mended sees the mends too (exportflops exports from one thread)."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def values_propagated() -> Iterator[None]:
 @contextlib.contextmanager
 def _parameters_copied() -> Iterator[None]:
     """draft_export's fake tensors carry a copy of each real tensor's values, which torch 2.13
-    makes only for a tensor whose type is exactly Tensor (``meta_utils._safe_copy``): every
+    makes only for a tensor whose type is exactly Tensor (``meta_utils._safe_copy``): every dense
     ``nn.Parameter`` is left as uninitialized memory, and each branch on a value computed from
     the weights (a logits check, a router) is decided on garbage. Here a parameter's values
     are copied from its plain-tensor ``.data``."""

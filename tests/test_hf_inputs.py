@@ -104,7 +104,6 @@ def test_siglip2_is_analyzed_and_its_value_sized_resize_is_named_uncounted():
     assert report.total.macs > 0
 
 
-
 def test_concatenated_frames_come_with_each_examples_length(tmp_path):
     # Qwen2.5-Omni's audio encoder: num_mel_bins 16 bins first, the frames of both examples
     # concatenated: twice max_source_positions 20 = 40 each (whole windows of 2 x n_window 5).

@@ -23,6 +23,7 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_inputs import HF_DEFAULT_SEQ_LEN, UnknownInputError, example
 from exportflops.cli.hf_media import mask
+from exportflops.errors import UsageError
 from tests.cli_support import analyzes_with_every_op_counted, input_shapes, named_inputs
 
 tf = pytest.importorskip("transformers")
@@ -88,6 +89,18 @@ def test_dots3_lengths_are_the_samples_of_every_frame():
     lengths = mask("chunk_sample_lengths", torch.zeros((2, 64, 128)), config, config,
                    batch=2)
     assert lengths.tolist() == [64 * 160, 64 * 160]
+
+
+@pytest.mark.parametrize(("frames", "lengths"), [(3000, [1500, 1500]), (3001, None)])
+def test_concatenated_frames_split_evenly_into_the_batch_or_say_so(frames, lengths):
+    # Qwen2.5-Omni's audio encoder: 128 mel bins first, two examples' frames end to end.
+    config = tf.AutoConfig.for_model("qwen2_5_omni_audio_encoder")
+    features = torch.zeros((128, frames))
+    if lengths is None:
+        with pytest.raises(UsageError, match="--batch 2.*feature_lens"):
+            mask("feature_lens", features, config, config, batch=2)
+    else:
+        assert mask("feature_lens", features, config, config, batch=2).tolist() == lengths
 
 
 def test_oneformer_reads_task_tokens_of_its_task_seq_len():

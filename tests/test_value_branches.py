@@ -4,6 +4,8 @@ report lists each condition decided; on meta the error says how to get there."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from torch import nn
@@ -312,7 +314,8 @@ def test_a_model_on_meta_holding_a_flag_on_cpu_is_built_again_on_cpu():
     args = (torch.randn(3, 16, device="meta"), torch.zeros(2, dtype=torch.long, device="meta"))
     report = hf.analyze_deciding_on_cpu(analyze, on_meta, args, {}, lambda: (
         ByValue(), (torch.randn(3, 16), torch.tensor([0, 1])), {}))
-    assert report.total.macs == 3 * 16 * 64  # by hand: the wide layer, as the flag is set
+    # By hand: the wide layer, as flags [0, 1] sum to more than 0.
+    assert report.total.macs == 3 * 16 * 64
 
 
 class Explodes(nn.Module):
@@ -325,16 +328,29 @@ class Explodes(nn.Module):
         return x
 
 
-def test_a_run_on_cpu_past_its_memory_cap_says_how_to_run_it(monkeypatch):
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="the cap reads the process's data from Linux's /proc")
+@pytest.mark.parametrize("flags", [[0, 1], [0, 0]])
+def test_a_run_on_cpu_past_its_memory_cap_says_how_to_run_it(monkeypatch, flags):
+    import resource
+
     from exportflops.cli import hf
 
     monkeypatch.setattr(hf, "CPU_RUN_BYTES", 2**29)
     on_meta = ByValue().to("meta")
     args = (torch.randn(3, 16, device="meta"), torch.zeros(2, dtype=torch.long, device="meta"))
-    with pytest.raises(ExportError, match=r"more than 0\.5 GiB.*--device cpu"):
-        hf.analyze_deciding_on_cpu(analyze, on_meta, args, {}, lambda: (
-            Explodes(), (torch.randn(3, 16), torch.tensor([0, 1])), {}))
-    assert torch.zeros(2**30).numel() == 2**30  # the cap ends with the run
+    limits = resource.getrlimit(resource.RLIMIT_DATA)
+
+    def analyzed():
+        return hf.analyze_deciding_on_cpu(analyze, on_meta, args, {}, lambda: (
+            Explodes(), (torch.randn(3, 16), torch.tensor(flags)), {}))
+
+    if sum(flags):  # the branch that takes 4 GiB, past the cap of 0.5 GiB
+        with pytest.raises(ExportError, match=r"more than 0\.5 GiB.*--device cpu"):
+            analyzed()
+    else:  # the same cap, the branch that allocates nothing: counted, not refused
+        assert analyzed().total.flops < 2**30  # the 2**30-element sum not taken
+    assert resource.getrlimit(resource.RLIMIT_DATA) == limits  # the cap ends with the run
 
 
 def test_the_summary_lists_the_first_decisions_and_counts_the_rest():

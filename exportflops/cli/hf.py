@@ -39,7 +39,7 @@ CPU_REBUILD_BYTES = 2 * 2**30
 #: The most memory that analysis on cpu may take beyond what the process held: an example's
 #: values can make the sizes they decide explode (LightGlue's detector finds a keypoint at
 #: each pixel of a blank image and matches every pair: some 24 GiB).
-CPU_RUN_BYTES = 4 * CPU_REBUILD_BYTES
+CPU_RUN_BYTES = 8 * 2**30
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
@@ -280,11 +280,11 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 and any(t.device.type == "meta" for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
             raise
-    with _memory_capped(CPU_RUN_BYTES):
+    with _memory_capped(CPU_RUN_BYTES) as capped:
         try:
             return analyze(*on_cpu())
         except (ExportError, RuntimeError, MemoryError) as failure:
-            if not isinstance(failure, MemoryError) and "can't allocate memory" not in str(failure):
+            if not (capped and _out_of_memory(failure)):
                 raise
             name = type(model).__name__
             raise ExportError(name, first_lines(failure), (
@@ -295,26 +295,45 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 f"smaller inputs (--seq, --batch, --kwargs).")) from failure
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an error it was raised from or while handling (draft_export's
+    failure sits in the context of the `ExportError` that quotes it), is an allocation
+    refused: Python's MemoryError or torch's allocator's."""
+    errors, seen = [error], set()
+    while errors:
+        error = errors.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+            return True
+        errors += [error.__cause__, error.__context__]
+    return False
+
+
 @contextlib.contextmanager
 def _memory_capped(extra: int):
-    """Allocations past ``extra`` bytes more than the process's address space held fail for
-    the block (torch raises its allocator's RuntimeError), where the platform lets a process
-    cap itself (Linux: RLIMIT_AS); elsewhere the block runs uncapped."""
+    """Allocations past ``extra`` bytes more than the process's data held fail for the block
+    (torch raises its allocator's RuntimeError), where the platform lets a process cap itself
+    (Linux's RLIMIT_DATA: writable private memory, not the address space that thread stacks
+    and malloc arenas reserve, which RLIMIT_AS would count against the cap); never above a
+    limit already set. Yields whether a cap was set."""
     try:
         import resource
 
-        with open("/proc/self/statm") as statm:
-            held = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (ImportError, OSError, ValueError):
-        yield
+        with open("/proc/self/status") as status:
+            held = next(int(line.split()[1]) * 1024 for line in status
+                        if line.startswith("VmData:"))
+    except (ImportError, OSError, StopIteration, ValueError):
+        yield False
         return
-    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = held + extra if hard == resource.RLIM_INFINITY else min(hard, held + extra)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = min(limit for limit in (soft, hard, held + extra) if limit != resource.RLIM_INFINITY)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
-        yield
+        yield True
     finally:
-        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

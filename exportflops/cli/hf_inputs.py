@@ -206,12 +206,15 @@ def _asked_for(model, config, args: tuple, inputs: dict[str, Any], device, *, ba
     optional, its code that they are not. One that forward reads and we cannot make is an
     `UnknownInputError` (its composite may hold it: `hf_parent`); one only named in an error
     is left out, for the export's error to name it."""
-    parameters = list(inspect.signature(model.forward).parameters)
+    signature = inspect.signature(model.forward).parameters
+    parameters = list(signature)
     given = set(parameters[:len(args)]) | set(inputs)
     side = [name for name in parameters if name in SIDE_INPUTS and name not in given]
+    optional = {name for name in parameters if signature[name].default is None} - given
     # At most one try per input it could add, and one for embeddings in place of ids.
     for _ in range(len(side) + len(MASKS) + 2):
-        error = fake_error(model, args, inputs, past_values=True)
+        # Past a branch on values a real forward runs (seconds), where an input may be read.
+        error = fake_error(model, args, inputs, past_values=bool(optional - set(inputs)))
         if error is None:
             break
         if refused_ids(error, parameters, args, inputs):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import UsageError
 from .hf_needs import fake_error, needed_input
 from .hf_sizes import config_int, vq_image_size, windowed_side
 
@@ -305,7 +306,8 @@ def mask(name: str, masked, config, audio, *, batch: int):
     dropped); for audio lengths, each example's frames (``feature_lens``; ``batch`` equal
     lengths where the frames of the examples come concatenated, bins first, with no batch
     axis: `hf_audio_inputs.concatenated_frames`), or in
-    samples, its frames times the config's hop_length (None where it has none)."""
+    samples, its frames times the config's hop_length (None where it has none, and for any
+    other mask of concatenated frames)."""
     import torch
 
     if MASKS[name] == "input_ids":  # one per image token, where the config counts them
@@ -316,7 +318,13 @@ def mask(name: str, masked, config, audio, *, batch: int):
         shape = masked.shape[:-3] + masked.shape[-2:]
         return torch.ones(shape, dtype=torch.bool, device=masked.device)
     if masked.dim() == 2 and masked.shape[0] == mel_bins(audio):
-        # The examples' frames, concatenated (Qwen2.5-Omni's audio encoder): their lengths.
+        # The examples' frames concatenated (the Qwen-Omni audio encoders): their lengths.
+        if name != "feature_lens":
+            return None
+        if masked.shape[1] % batch:
+            raise UsageError(f"--batch {batch}: the {masked.shape[1]} frames of the examples "
+                             f"concatenated do not split evenly; pass feature_lens with "
+                             f"--kwargs, or frames a multiple of {batch}.")
         return torch.full((batch,), masked.shape[1] // batch, dtype=torch.long,
                           device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]
