@@ -40,8 +40,8 @@ class Captured:
     given_sizes: dict | None = None
     """For a program already exported and inputs the user gave for it (checked against it):
     the value of each of its dynamic sizes (torch's symbol -> int) in those inputs; for a
-    program whose branches were decided by the example's values, each data-dependent size's
-    value in the example."""
+    program whose branches were decided by the example's values, or with sizes read from
+    them, each data-dependent size's value in the example."""
     value_guards: tuple[str, ...] = ()
     """The conditions on the example's values that decided the program's branches (see
     `Report.value_guards`)."""
@@ -92,7 +92,29 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
             raise ExportError(name, first_lines(error), hint(error, target)) from error
         return _decided_by_values(target, args, kwargs, forward_only, error)
     sys.stderr.write(printed.getvalue())
-    return Captured(program, name, target, args, kwargs)
+    if not (by_values and sized_by_values(program)):
+        return Captured(program, name, target, args, kwargs)
+    # A size read from the example's values (``.tolist()``, ``nonzero``) that no branch needed
+    # decided: export passed with it unknown; a run of the program on the example gives it,
+    # counted there as a program whose branches the values decided is.
+    try:
+        with run_kept(target, args, kwargs):
+            sizes = _sizes_run(program, args, kwargs)
+    except Exception as failure:  # torch raises many types; all become one error with a hint
+        raise ExportError(name, first_lines(failure), (
+            "the model reads sizes from its example's values, and the run of its program on "
+            "the example that measures them failed. Check that forward runs on these inputs, "
+            "or analyze on meta, where those sizes are counted as symbols.")) from failure
+    return Captured(program, name, target, args, kwargs, sizes)
+
+
+def sized_by_values(program: torch.export.ExportedProgram) -> bool:
+    """Whether a size in ``program`` is read from a tensor's values: an unbacked symbol."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return any(free_unbacked_symbols(leaf) for node in program.graph.nodes
+               for leaf in pytree.tree_leaves(node.meta.get("val"))
+               if isinstance(leaf, (torch.Tensor, torch.SymInt)))
 
 
 @contextlib.contextmanager
@@ -129,7 +151,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
     name = type(model).__name__
     try:
         # torch warns of each branch it decides, and logs them to files: the report lists them.
-        with _exporting(forward_only, None), buffers_kept(model), \
+        with _exporting(forward_only, None), run_kept(model, args, kwargs), \
                 values_propagated(), _draft_log_in_a_temporary_folder(), \
                 _quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
@@ -180,6 +202,16 @@ def _symbol_values(pairs) -> dict:
               and isinstance(expr.lhs, sympy.Symbol) and expr.rhs == 1):
             values[expr.lhs] = int(bool(real))
     return values
+
+
+@contextlib.contextmanager
+def run_kept(model: torch.nn.Module, args: tuple, kwargs: dict) -> Iterator[None]:
+    """A real run of ``model`` on ``args`` and ``kwargs`` leaves no trace: its buffers, and the
+    random state of cpu and of each cuda device its tensors are on, as they were."""
+    cuda = sorted({t.get_device() for t in held_tensors(model, args, kwargs)
+                   if t.device.type == "cuda"})
+    with buffers_kept(model), torch.random.fork_rng(devices=cuda):
+        yield
 
 
 @contextlib.contextmanager

@@ -6,21 +6,30 @@ import torch
 
 #: The words of torch's errors for a branch on a tensor's value that shapes cannot decide.
 DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
+#: ... for a tensor the model's code made on cpu meeting the model's meta tensors.
+MADE_ON_CPU = ("devices, meta and cpu", "devices, cpu and meta")
+#: ... for a value read (``.tolist()``) from a meta tensor, which holds none.
+READ_ON_META = ("tensor with unallocated storage",)
+#: How the command analyzes a model on cpu.
+_ON_CPU = "(the command: --device cpu, with --layers N to keep it small)"
 _HINTS = [
     # Before the signature hint: torch's device message names the "argument" it checked.
-    (("devices, meta and cpu", "devices, cpu and meta"),
+    (MADE_ON_CPU,
      "the model's code makes a tensor on cpu (torch.tensor or torch.arange without device=) "
-     "and meets the model's meta tensors. Analyze the model on cpu (the command: --device cpu, "
-     "with --layers N to keep it small), or create that tensor on the model's device."),
+     f"and meets the model's meta tensors. Analyze the model on cpu {_ON_CPU}, or create that "
+     f"tensor on the model's device."),
+    (READ_ON_META,
+     "the model reads a tensor's values (.tolist()) where its tensors are on meta, which hold "
+     f"none. Analyze the model on cpu {_ON_CPU}."),
     (("Inference tensors", "inference tensor"),
      "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
      "cannot train them. For mode='train', build the model and inputs outside inference_mode."),
     (DATA_DEPENDENT,
      "the model branches on a tensor's value. With real tensors (not meta), exportflops decides "
      "each such branch as the example's values do (torch.export.draft_export) and counts that "
-     "path: build the model and inputs on cpu (the command: --device cpu, with --layers N to "
-     "keep it small). Or rewrite the branch with torch.cond (both branches are then counted), "
-     "or make the condition depend on shapes only."),
+     f"path: build the model and inputs on cpu {_ON_CPU}. Or rewrite the branch with "
+     "torch.cond (both branches are then counted), or make the condition depend on shapes "
+     "only."),
     (("Cache", "pytree", "flatten"),
      "an input or output is an object torch.export cannot flatten. For Hugging Face models "
      "pass use_cache=False (the DynamicCache output), or return plain tensors."),
@@ -60,6 +69,19 @@ def first_lines(error: BaseException, limit: int = 12) -> str:
 def data_dependent(error: BaseException) -> bool:
     """Whether torch's ``error`` is a branch on a tensor's value that shapes cannot decide."""
     return any(n in f"{type(error).__name__} {error}" for n in DATA_DEPENDENT)
+
+
+def meta_only(error: BaseException) -> str | None:
+    """Why a model on meta failed as it would not on cpu, where ``error`` (torch's) says so:
+    a branch on a tensor's value, a tensor its code made on cpu, or a value it read; else
+    None."""
+    text = f"{type(error).__name__} {error}"
+    for needles, why in ((DATA_DEPENDENT, "it branches on its inputs' values"),
+                         (MADE_ON_CPU, "its code makes a tensor on cpu"),
+                         (READ_ON_META, "it reads a tensor's values")):
+        if any(n in text for n in needles):
+            return why
+    return None
 
 
 def undecided_hint(step: str, failure: BaseException) -> str:

@@ -151,12 +151,19 @@ class NonzeroSum(nn.Module):
 
 
 def test_a_data_dependent_size_is_listed_evaluable_and_round_trips():
-    """x of 8: the comparison is 8 FLOPs (one per element) and the sum adds the u0 selected
-    elements (u0 FLOPs): u0 + 8, so 11 at u0 = 3."""
-    report = analyze(NonzeroSum(), (torch.randn(8),))
+    """x of 8 on meta (no values): the comparison is 8 FLOPs (one per element) and the sum adds
+    the u0 selected elements (u0 FLOPs): u0 + 8, so 11 at u0 = 3."""
+    report = analyze(NonzeroSum(), (torch.randn(8, device="meta"),))
     [size] = report.symbols
     assert (size.name, size.example, size.data_dependent) == ("u0", None, True)
     assert report.evaluate(u0=3).total.flops == 3 + 8
     assert Report.model_validate_json(report.model_dump_json()) == report
     with pytest.raises(ValueError, match="data-dependent and has no example value: pass u0="):
         report.evaluate()
+
+
+def test_a_data_dependent_size_of_real_inputs_is_the_examples():
+    # By hand: 4 of the 8 values are positive, so 8 comparisons and 4 additions.
+    x = torch.tensor([1.0, -1.0, 2.0, -2.0, 3.0, 0.0, -3.0, 4.0])
+    report = analyze(NonzeroSum(), (x,))
+    assert report.total.flops == 8 + 4 and report.symbols == []

@@ -116,3 +116,41 @@ def test_concatenated_frames_come_with_each_examples_length(tmp_path):
     assert kwargs["feature_lens"].tolist() == [40, 40]
     report = analyze(model, args, kwargs)
     assert report.uncounted == [] and report.value_guards
+
+
+def test_patches_as_one_batch_of_images_where_the_tower_unpacks_five_dimensions(tmp_path):
+    # PaddleOCR-VL's vision tower unpacks (batch, patches, channels, patch, patch): its model
+    # passes the patches so. image_size 56 in patches of 14: 4 x 4 = 16 patches.
+    tf = pytest.importorskip("transformers")
+    tf.AutoConfig.for_model(
+        "paddleocr_vl_vision", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, image_size=56, patch_size=14,
+        spatial_merge_size=2).save_pretrained(tmp_path)
+    model, args, kwargs = hf_model(str(tmp_path), torch.device("cpu"), None)
+    assert tuple(args[0].shape) == (1, 16, 3, 14, 14)
+    assert kwargs["grid_thw"].tolist() == [[1, 4, 4]]
+    report = analyze(model, args, kwargs)
+    # By hand: the patch embedding, a 14 x 14 convolution of 3 into 32 channels, 16 x 588 x 32;
+    # the layer's q, k, v, o 4 x 16 x 32 x 32, its MLP 2 x 16 x 32 x 64, attention (QK and
+    # AV) 2 x 16 x 16 x 32.
+    assert report.total.macs == (16 * 588 * 32 + 4 * 16 * 32 * 32 + 2 * 16 * 32 * 64
+                                 + 2 * 16 * 16 * 32)
+    assert report.uncounted == []
+
+
+class UnpacksImages(torch.nn.Module):
+    """Unpacks images of one per example (SmolVLM's), then fails on their values' count, as
+    SmolVLM's default config does in its pixel shuffle."""
+
+    def forward(self, pixel_values):
+        batch, images, channels, height, width = pixel_values.shape
+        return pixel_values.view(batch * images, 7, -1)
+
+
+def test_where_every_layout_fails_the_one_past_the_unpacking_is_told():
+    from exportflops.cli.hf_media import accepted
+
+    images = torch.zeros((1, 3, 4, 4), device=META)
+    one_each = torch.zeros((1, 1, 3, 4, 4), device=META)
+    assert accepted(UnpacksImages(), "pixel_values", [images, one_each], {},
+                    first=True) is one_each

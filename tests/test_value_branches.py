@@ -318,6 +318,74 @@ def test_a_model_on_meta_holding_a_flag_on_cpu_is_built_again_on_cpu():
     assert report.total.macs == 3 * 16 * 64
 
 
+class MakesOnCpu(nn.Module):
+    """Adds positions made with torch.arange and no device, so on cpu whatever the model's
+    device (ImageGPT's, Grounding DINO's): on meta they meet the model's meta tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x + torch.arange(x.shape[-1]))
+
+
+class ReadsMadeTensor(nn.Module):
+    """Reads the values of a tensor it makes on its inputs' device (Step3p7's vision tower
+    reads its grid with .tolist()): a meta tensor holds none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows, _ = torch.tensor([x.shape[0], 1], device=x.device).tolist()
+        return self.proj(x[:rows])
+
+
+@pytest.mark.parametrize("model_class", [MakesOnCpu, ReadsMadeTensor])
+def test_a_model_that_fails_only_on_meta_is_built_again_on_cpu(model_class):
+    from exportflops.cli import hf
+
+    on_meta, x = model_class().to("meta"), torch.randn(3, 16, device="meta")
+    with pytest.raises(ExportError, match="--device cpu"):  # the API says how
+        analyze(on_meta, (x,))
+    report = hf.analyze_deciding_on_cpu(analyze, on_meta, (x,), {}, lambda: (
+        model_class(), (torch.randn(3, 16),), {}))
+    assert report.total.macs == 3 * 16 * 8  # by hand: the Linear on 3 rows
+    assert not report.uncounted
+
+
+class GathersFlagged(nn.Module):
+    """Two blocks over the rows whose flag is set: how many rows is read from the flags'
+    values (nonzero), and no branch asks, so export passes with that size unknown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(2))
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        x = x[flags.nonzero().squeeze(-1)]
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_size_read_from_values_with_no_branch_is_counted_at_the_examples(fast):
+    report = analyze(GathersFlagged(), (torch.randn(5, 16), torch.tensor([1, 0, 1, 1, 0])),
+                     fast=fast)
+    assert report.total.macs == 2 * 3 * 16 * 16  # by hand: two blocks on the 3 rows flagged
+    assert report.symbols == []
+
+
+def test_on_meta_a_size_read_from_values_stays_a_symbol():
+    report = analyze(GathersFlagged().to("meta"), (
+        torch.randn(5, 16, device="meta"), torch.zeros(5, dtype=torch.long, device="meta")))
+    assert [s.data_dependent for s in report.symbols] == [True]
+    assert not isinstance(report.total.macs, int)
+
+
 class Explodes(nn.Module):
     """A branch on a value that decides a 4 GiB tensor (LightGlue's detector on a blank image
     finds a keypoint at each pixel and matches every pair)."""

@@ -15,7 +15,7 @@ import traceback
 from typing import Any
 
 from ..errors import BuildError, ExportError, UsageError
-from ..hints import data_dependent, first_lines
+from ..hints import first_lines, meta_only
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by
@@ -266,8 +266,9 @@ def _config_module(module, config):
 
 
 def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=None):
-    """``analyze(model, args, kwargs)``; where ``model``, built on meta, fails to export on a
-    branch on its inputs' values (a vision tower splitting by its image grid) and is small
+    """``analyze(model, args, kwargs)``; where ``model``, built on meta, fails to export as it
+    would not on cpu (`meta_only`: a branch on its inputs' values, such as a vision tower
+    splitting by its image grid; a tensor its code makes on cpu; a value it reads) and is small
     enough (`CPU_REBUILD_BYTES`), ``analyze`` of ``on_cpu()``'s model and inputs instead: on
     cpu the example's values decide each branch (`capture`). ``on_cpu`` None: never. A model
     built on meta may hold a few tensors its code puts on cpu (EnCodec's codebooks' ``inited``
@@ -276,7 +277,8 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
         return analyze(model, args, kwargs)
     except ExportError as error:
         tensors = [*model.parameters(), *model.buffers()]
-        if not (on_cpu is not None and data_dependent(error.__cause__ or error)
+        why = meta_only(error.__cause__ or error)
+        if not (on_cpu is not None and why is not None
                 and any(t.device.type == "meta" for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
             raise
@@ -288,11 +290,11 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 raise
             name = type(model).__name__
             raise ExportError(name, first_lines(failure), (
-                f"{name} branches on its inputs' values, which only a run decides, so it was "
-                f"built again on cpu and run on its example; that run needed more than "
-                f"{CPU_RUN_BYTES / 2**30:g} GiB beyond what the process held (the example's "
-                f"values decide its sizes). Pass --device cpu to run it without that cap, or "
-                f"smaller inputs (--seq, --batch, --kwargs).")) from failure
+                f"{name} cannot be analyzed on meta ({why}), so it was built again on cpu and "
+                f"run on its example; that run needed more than {CPU_RUN_BYTES / 2**30:g} GiB "
+                f"beyond what the process held (the example's values may decide its sizes). "
+                f"Pass --device cpu to run it without that cap, or smaller inputs (--seq, "
+                f"--batch, --kwargs).")) from failure
 
 
 def _out_of_memory(error: BaseException) -> bool:

@@ -62,12 +62,15 @@ def patch_layouts(flat, vision):
     """Qwen2-VL's flattened patches ``flat`` ``(patches, channels * patch_size ** 2)``, and, to
     choose from (`hf_media.accepted`), each patch as an image ``(patches, channels,
     patch_size, patch_size)``: Kimi-K2.5's vision tower convolves each (a Conv2d of kernel and
-    stride patch_size). ``flat`` alone where the vision config has a temporal_patch_size (a
-    patch of several frames, flattened: Qwen2-VL's Conv3d reshapes the rows itself)."""
+    stride patch_size); and those images as one batch ``(1, patches, channels, patch_size,
+    patch_size)``, as PaddleOCR-VL's model passes them to its tower (``unsqueeze(0)``). ``flat``
+    alone where the vision config has a temporal_patch_size (a patch of several frames,
+    flattened: Qwen2-VL's Conv3d reshapes the rows itself)."""
     patch = config_int(vision, ("patch_size",))
     if config_int(vision, ("temporal_patch_size",)) is not None or patch is None:
         return flat
-    return [flat, flat.view(flat.shape[0], -1, patch, patch)]
+    images = flat.view(flat.shape[0], -1, patch, patch)
+    return [flat, images, images.unsqueeze(0)]
 
 
 def projector_images(config, ids) -> dict:

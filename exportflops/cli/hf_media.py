@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from ..errors import UsageError
-from .hf_needs import fake_error, needed_input
+from .hf_needs import fake_error, innermost, needed_input
 from .hf_sizes import config_int, vq_image_size, windowed_side
 
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
@@ -139,12 +139,15 @@ def accepted(model, name: str, candidates: list, others: dict[str, Any], *, firs
     ``first``) that ``model``'s forward runs with under fake tensors; else the first that
     fails only for want of an optional input forward reads while None (`needed_input`: made
     after, by `hf_inputs._asked_for`; Qwen3-ASR's input_features_mask, read once the frames
-    passed its window check); else the first. Which layout a forward wants is written in its
-    code, not in its config or signature. ``masks`` gives the inputs that follow a candidate's
-    layout (its mask)."""
+    passed its window check); else the first whose number of dimensions forward unpacks
+    (`rank_refused`), so that the error told is the one past it (SmolVLM's default config,
+    whose pixel shuffle does not divide its patch grid, fails so on its images of one per
+    example); else the first. Which layout a forward wants is written in its code, not in its
+    config or signature. ``masks`` gives the inputs that follow a candidate's layout (its
+    mask)."""
     import inspect
 
-    wanting = None
+    wanting, unpacked = None, None
     for candidate in candidates:
         others_ = others | masks(candidate)
         args, kwargs = ((candidate,), others_) if first else ((), others_ | {name: candidate})
@@ -155,7 +158,16 @@ def accepted(model, name: str, candidates: list, others: dict[str, Any], *, firs
                    if p not in kwargs and p != name]
         if wanting is None and needed_input(error, missing) is not None:
             wanting = candidate
-    return candidates[0] if wanting is None else wanting
+        if unpacked is None and not rank_refused(error):
+            unpacked = candidate
+    return next((c for c in (wanting, unpacked) if c is not None), candidates[0])
+
+
+def rank_refused(error: BaseException) -> bool:
+    """Whether ``error`` is Python's, unpacking a shape of another number of dimensions than
+    the layout given (``batch, images, channels, height, width = pixel_values.shape``)."""
+    cause = innermost(error)
+    return isinstance(cause, ValueError) and "values to unpack" in str(cause)
 
 
 def time_series(name: str, config, device, *, batch: int, seq: int | None):

@@ -148,13 +148,10 @@ def _real_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     import torch
     from torch._export.utils import _compiling_state_context
 
-    from ..capture import buffers_kept, held_tensors
+    from ..capture import run_kept
 
-    cuda = sorted({t.get_device() for t in held_tensors(model, args, kwargs)
-                   if t.device.type == "cuda"})
     try:
-        with (torch.no_grad(), _compiling_state_context(), buffers_kept(model),
-              torch.random.fork_rng(devices=cuda)):
+        with torch.no_grad(), _compiling_state_context(), run_kept(model, args, kwargs):
             model(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the caller reads it
         return error
