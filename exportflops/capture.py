@@ -11,7 +11,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
@@ -57,8 +57,9 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     train mode needs those, to find the ops a custom ``autograd.Function``'s forward ran
     (`walk._autograd_function`). Each is about a tenth of export's time; the ops are the same.
     A model that branches on its inputs' values, with real tensors and static sizes, has its
-    branches decided by the example's values (`_decided_by_values`) unless ``by_values`` is
-    False (the fast path's stubbed model, whose stubs' zeros are no example)."""
+    branches decided by the example's values (`_decided_by_values`), and its sizes read from
+    values measured on the example (`_sized_by_the_example`), unless ``by_values`` is False
+    (the fast path's stubbed model, whose stubs' zeros are no example)."""
     if isinstance(target, (torch.export.ExportedProgram, str, os.PathLike)):
         return _captured_program(target, args, kwargs, dynamic_shapes)
     if isinstance(target, type) and issubclass(target, torch.nn.Module):
@@ -92,29 +93,38 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
             raise ExportError(name, first_lines(error), hint(error, target)) from error
         return _decided_by_values(target, args, kwargs, forward_only, error)
     sys.stderr.write(printed.getvalue())
-    if not (by_values and sized_by_values(program)):
+    if not (by_values and value_sizes(program)):
         return Captured(program, name, target, args, kwargs)
-    # A size read from the example's values (``.tolist()``, ``nonzero``) that no branch needed
-    # decided: export passed with it unknown; a run of the program on the example gives it,
-    # counted there as a program whose branches the values decided is.
-    try:
-        with run_kept(target, args, kwargs):
-            sizes = _sizes_run(program, args, kwargs)
-    except Exception as failure:  # torch raises many types; all become one error with a hint
-        raise ExportError(name, first_lines(failure), (
-            "the model reads sizes from its example's values, and the run of its program on "
-            "the example that measures them failed. Check that forward runs on these inputs, "
-            "or analyze on meta, where those sizes are counted as symbols.")) from failure
-    return Captured(program, name, target, args, kwargs, sizes)
+    return _sized_by_the_example(Captured(program, name, target, args, kwargs))
 
 
-def sized_by_values(program: torch.export.ExportedProgram) -> bool:
-    """Whether a size in ``program`` is read from a tensor's values: an unbacked symbol."""
+def value_sizes(program: torch.export.ExportedProgram) -> set:
+    """The sizes of tensors in ``program``, or in a subgraph of it (a ``no_grad`` or autocast
+    region, a ``torch.cond`` branch), read from a tensor's values: its unbacked symbols."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    return any(free_unbacked_symbols(leaf) for node in program.graph.nodes
-               for leaf in pytree.tree_leaves(node.meta.get("val"))
-               if isinstance(leaf, (torch.Tensor, torch.SymInt)))
+    return {symbol for graph in program.graph_module.modules()
+            if isinstance(graph, torch.fx.GraphModule) for node in graph.graph.nodes
+            for leaf in pytree.tree_leaves(node.meta.get("val"))
+            if isinstance(leaf, torch.Tensor) for symbol in free_unbacked_symbols(leaf)}
+
+
+def _sized_by_the_example(captured: Captured) -> Captured:
+    """``captured``, whose export passed with sizes read from the example's values unknown (a
+    ``nonzero``, a ``.tolist()`` that no branch asks about), with each size's value in a run
+    of the program on the example: counted there, as a program whose branches the values
+    decided is, each listed as ``Eq(u0, 3)`` among the decisions. Where that run fails (the
+    example breaks a check of the model's, or the memory runs out) the sizes stay symbols,
+    which the report lists as data-dependent."""
+    try:
+        with run_kept(captured.module, captured.args, captured.kwargs):
+            sizes = _sizes_run(captured.program, captured.args, captured.kwargs)
+    except Exception:  # noqa: BLE001 - the counts stay symbolic, which is right for any value
+        return captured
+    shaped = value_sizes(captured.program)  # not an item() that only another size equals
+    decided = tuple(f"Eq({symbol}, {value})" for symbol, value in sizes.items()
+                    if symbol in shaped)
+    return replace(captured, given_sizes=sizes, value_guards=decided)
 
 
 @contextlib.contextmanager
@@ -182,6 +192,13 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
                          and isinstance(real, torch.Tensor) else [(fake, real)])
                 sizes.update(_symbol_values(pairs))
             return out
+
+        def fetch_attr(self, target: str) -> Any:
+            value = super().fetch_attr(target)
+            if not isinstance(value, torch.fx.GraphModule):
+                return value
+            # A subgraph (a no_grad or autocast region, a cond branch): its sizes too.
+            return lambda *args: _Sizes(value).run(*args)
 
     # On copies: the unlifted program writes an input's in-place update back into it.
     inputs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))

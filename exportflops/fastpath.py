@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
-from .capture import Captured, all_real, buffers_kept, capture, sized_by_values
+from .capture import Captured, buffers_kept, capture
 from .records import NodeRecord
 from .stacks import ModuleFrame
 from .walk import NodeCall
@@ -210,6 +210,4 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
                            by_values=False)
     except Exception:  # the full export fails the same way and says why
         return None, None
-    if sized_by_values(captured.program) and all_real(model, args, kwargs or {}):
-        return None, None  # sizes the full export's run measures on the example
     return replace(captured, module=model), Expansion(plan)

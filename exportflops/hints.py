@@ -52,9 +52,8 @@ def hint(error: Exception, model: torch.nn.Module) -> str:
         return (f"the model holds eager-mode quantized modules ({', '.join(quantized)}), whose "
                 f"packed weights torch.export cannot trace. Analyze the float model before "
                 f"quantize_dynamic: an int8 matmul does the same MACs as the float one.")
-    text = f"{type(error).__name__} {error}"
     for needles, advice in _HINTS:
-        if any(n in text for n in needles):
+        if _says(error, needles):
             return advice
     return ("see torch.export's message below; torch.export.draft_export(model, args) lists "
             "every problem at once.")
@@ -66,20 +65,24 @@ def first_lines(error: BaseException, limit: int = 12) -> str:
     return "\n".join(lines[:limit] + (["..."] if len(lines) > limit else []))
 
 
+def _says(error: BaseException, needles: tuple[str, ...]) -> bool:
+    """Whether ``error``'s type or message holds one of ``needles``."""
+    return any(n in f"{type(error).__name__} {error}" for n in needles)
+
+
 def data_dependent(error: BaseException) -> bool:
     """Whether torch's ``error`` is a branch on a tensor's value that shapes cannot decide."""
-    return any(n in f"{type(error).__name__} {error}" for n in DATA_DEPENDENT)
+    return _says(error, DATA_DEPENDENT)
 
 
 def meta_only(error: BaseException) -> str | None:
     """Why a model on meta failed as it would not on cpu, where ``error`` (torch's) says so:
     a branch on a tensor's value, a tensor its code made on cpu, or a value it read; else
     None."""
-    text = f"{type(error).__name__} {error}"
     for needles, why in ((DATA_DEPENDENT, "it branches on its inputs' values"),
                          (MADE_ON_CPU, "its code makes a tensor on cpu"),
                          (READ_ON_META, "it reads a tensor's values")):
-        if any(n in text for n in needles):
+        if _says(error, needles):
             return why
     return None
 

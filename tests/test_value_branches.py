@@ -371,19 +371,63 @@ class GathersFlagged(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("fast", [True, False])
+FLAGS = torch.tensor([1, 0, 1, 1, 0])  # 3 rows flagged
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
 def test_a_size_read_from_values_with_no_branch_is_counted_at_the_examples(fast):
-    report = analyze(GathersFlagged(), (torch.randn(5, 16), torch.tensor([1, 0, 1, 1, 0])),
-                     fast=fast)
+    report = analyze(GathersFlagged(), (torch.randn(5, 16), FLAGS), fast=fast)
     assert report.total.macs == 2 * 3 * 16 * 16  # by hand: two blocks on the 3 rows flagged
-    assert report.symbols == []
+    assert report.symbols == [] and report.value_guards == ["Eq(u0, 3)"]
 
 
 def test_on_meta_a_size_read_from_values_stays_a_symbol():
     report = analyze(GathersFlagged().to("meta"), (
         torch.randn(5, 16, device="meta"), torch.zeros(5, dtype=torch.long, device="meta")))
-    assert [s.data_dependent for s in report.symbols] == [True]
-    assert not isinstance(report.total.macs, int)
+    [size] = report.symbols
+    assert size.data_dependent
+    assert report.evaluate(**{size.name: 3}).total.macs == 2 * 3 * 16 * 16
+
+
+class GathersInRegions(nn.Module):
+    """The flagged rows summed in a no_grad region (train mode's export wraps it in a
+    subgraph), and projected and summed in an autocast region (a subgraph in either mode):
+    the rows' count is a size inside the subgraphs only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            kept = x[flags.nonzero().squeeze(-1)].sum(0)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.proj(x[flags.nonzero().squeeze(-1)]).sum(0) + kept
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_a_size_read_from_values_in_a_subgraph_is_counted_at_the_examples(mode):
+    report = analyze(GathersInRegions(), (torch.randn(5, 16), FLAGS), mode=mode)
+    # By hand: the projection on the 3 rows flagged, 3 x 16 x 16; in train mode its weight's
+    # gradient as much again (x needs none).
+    assert report.total.macs == 3 * 16 * 16 * (2 if mode == "train" else 1)
+    assert report.symbols == []
+
+
+class ChecksFewFlagged(GathersFlagged):
+    """Checks that at most 2 rows are flagged, which the example breaks."""
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        rows = flags.nonzero().squeeze(-1)
+        torch._check(rows.shape[0] <= 2)
+        return self.blocks[0](x[rows])
+
+
+def test_a_size_the_examples_run_cannot_measure_stays_a_symbol():
+    report = analyze(ChecksFewFlagged(), (torch.randn(5, 16), FLAGS))
+    [size] = report.symbols
+    assert size.data_dependent and report.value_guards == []
+    assert report.evaluate(**{size.name: 2}).total.macs == 2 * 16 * 16  # by hand
 
 
 class Explodes(nn.Module):

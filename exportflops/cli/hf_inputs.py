@@ -275,7 +275,8 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     import torch
 
     vision = sub_config(config, "vision")
-    # Flattened, or each patch an image (Kimi-K2.5's): to choose from.
+    # Flattened, each patch an image (Kimi-K2.5's), or those as one batch (PaddleOCR-VL's): to
+    # choose from.
     inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid

@@ -5,6 +5,7 @@ from the config's own fields. Zeros, as in `hf_inputs`: the counts depend on sha
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from ..errors import UsageError
@@ -158,16 +159,19 @@ def accepted(model, name: str, candidates: list, others: dict[str, Any], *, firs
                    if p not in kwargs and p != name]
         if wanting is None and needed_input(error, missing) is not None:
             wanting = candidate
-        if unpacked is None and not rank_refused(error):
+        if unpacked is None and not rank_refused(error, candidate.dim()):
             unpacked = candidate
     return next((c for c in (wanting, unpacked) if c is not None), candidates[0])
 
 
-def rank_refused(error: BaseException) -> bool:
-    """Whether ``error`` is Python's, unpacking a shape of another number of dimensions than
-    the layout given (``batch, images, channels, height, width = pixel_values.shape``)."""
+def rank_refused(error: BaseException, rank: int) -> bool:
+    """Whether ``error`` is Python's, unpacking a shape of ``rank`` dimensions where forward
+    wants another number (``batch, images, channels, height, width = pixel_values.shape``):
+    the number it got, where Python says it, is ``rank``, not that of a tuple deeper in."""
     cause = innermost(error)
-    return isinstance(cause, ValueError) and "values to unpack" in str(cause)
+    got = re.search(r"got (\d+)\)", str(cause))
+    return (isinstance(cause, ValueError) and "values to unpack" in str(cause)
+            and (got is None or int(got.group(1)) == rank))
 
 
 def time_series(name: str, config, device, *, batch: int, seq: int | None):

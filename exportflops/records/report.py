@@ -192,8 +192,10 @@ class Report(Record):
     """Conditions on the example inputs' values that export could not decide from their shapes
     (``Ne(u4, 0)``: a split by an image grid's values; ``Eq(u0, 1)``: a tensor's truth read as
     1), decided by running the model on those values (`torch.export.draft_export`), each as the
-    condition that held: the counts are those of inputs that meet them.
-    Empty when every branch depends on shapes alone."""
+    condition that held: the counts are those of inputs that meet them. Where export passed
+    with a size read from the values that no branch asks about (``nonzero``), that size at its
+    value in a run on the example (``Eq(u0, 3)``). Empty when every branch and size depends on
+    shapes alone."""
 
     @property
     def forward(self) -> Counts:

@@ -108,7 +108,7 @@ def _value_guard_rows(report: Report) -> list[list]:
     rest = len(report.value_guards) - len(shown)
     more = f"; and {rest} more (Report.value_guards lists them all)" if rest else ""
     return [["decided by values", len(report.value_guards),
-             "branches on the example's values, counted as it takes them: "
+             "branches and sizes the example's values decided, counted as it takes them: "
              + "; ".join(shown) + more]]
 
 
