@@ -159,14 +159,15 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
         report = report.model_copy(update={"value_guards": list(captured.value_guards)})
     if not captured.given_sizes:
         return report
-    # A saved program analyzed for the inputs the user gave, or a program whose branches the
-    # example's values decided: counted at those sizes (all of them known, else left symbolic).
+    # A saved program analyzed for the inputs the user gave, or a program whose branches or
+    # sizes the example's values decided: counted at those sizes (all of them known, else left
+    # symbolic).
     named = {s.name for s in report.symbols}
     sizes = {name: value for symbol, value in captured.given_sizes.items()
              if (name := graph.renames.get(symbol, symbol).name) in named}
     unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
     if _in_counts(report, {s.name for s in unknown}):
-        return report  # a size no run gave (one inside a subgraph): the counts keep it
+        return report  # a size no run gave (in a cond branch not taken): the counts keep it
     # The rest are in no count (a float a branch read): any value in their range.
     return report.evaluate(**sizes, **{s.name: s.min or 0 for s in unknown})
 

@@ -43,8 +43,8 @@ class Captured:
     program whose branches were decided by the example's values, or with sizes read from
     them, each data-dependent size's value in the example."""
     value_guards: tuple[str, ...] = ()
-    """The conditions on the example's values that decided the program's branches (see
-    `Report.value_guards`)."""
+    """The conditions on the example's values that decided the program's branches, or the
+    sizes read from them at their values (``Eq(u0, 3)``; see `Report.value_guards`)."""
 
 
 def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -101,10 +101,15 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
 def value_sizes(program: torch.export.ExportedProgram) -> set:
     """The sizes of tensors in ``program``, or in a subgraph of it (a ``no_grad`` or autocast
     region, a ``torch.cond`` branch), read from a tensor's values: its unbacked symbols."""
+    return {symbol for graph in program.graph_module.modules()
+            if isinstance(graph, torch.fx.GraphModule) for symbol in _graph_sizes(graph)}
+
+
+def _graph_sizes(graph: torch.fx.GraphModule) -> set:
+    """The unbacked symbols of the tensors of ``graph``'s own nodes."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    return {symbol for graph in program.graph_module.modules()
-            if isinstance(graph, torch.fx.GraphModule) for node in graph.graph.nodes
+    return {symbol for node in graph.graph.nodes
             for leaf in pytree.tree_leaves(node.meta.get("val"))
             if isinstance(leaf, torch.Tensor) for symbol in free_unbacked_symbols(leaf)}
 
@@ -115,13 +120,16 @@ def _sized_by_the_example(captured: Captured) -> Captured:
     of the program on the example: counted there, as a program whose branches the values
     decided is, each listed as ``Eq(u0, 3)`` among the decisions. Where that run fails (the
     example breaks a check of the model's, or the memory runs out) the sizes stay symbols,
-    which the report lists as data-dependent."""
+    which the report lists as data-dependent; so they do where the run gives some and not
+    others (a ``torch.cond`` branch not taken)."""
     try:
         with run_kept(captured.module, captured.args, captured.kwargs):
             sizes = _sizes_run(captured.program, captured.args, captured.kwargs)
     except Exception:  # noqa: BLE001 - the counts stay symbolic, which is right for any value
         return captured
     shaped = value_sizes(captured.program)  # not an item() that only another size equals
+    if not shaped <= sizes.keys():
+        return captured
     decided = tuple(f"Eq({symbol}, {value})" for symbol, value in sizes.items()
                     if symbol in shaped)
     return replace(captured, given_sizes=sizes, value_guards=decided)
@@ -195,9 +203,12 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
 
         def fetch_attr(self, target: str) -> Any:
             value = super().fetch_attr(target)
-            if not isinstance(value, torch.fx.GraphModule):
+            if not (isinstance(value, torch.fx.GraphModule) and any(
+                    _graph_sizes(graph) for graph in value.modules()
+                    if isinstance(graph, torch.fx.GraphModule))):
                 return value
-            # A subgraph (a no_grad or autocast region, a cond branch): its sizes too.
+            # A subgraph (a no_grad or autocast region, a cond branch) sized by values: its
+            # sizes too. Others run as they are (a scan's body, thousands of times).
             return lambda *args: _Sizes(value).run(*args)
 
     # On copies: the unlifted program writes an input's in-place update back into it.

@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
-from .capture import Captured, buffers_kept, capture
+from .capture import Captured, all_real, buffers_kept, capture, value_sizes
 from .records import NodeRecord
 from .stacks import ModuleFrame
 from .walk import NodeCall
@@ -196,7 +196,8 @@ def _rebased(path: str, repeat: Repeat) -> str:
 def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: bool,
                  dynamic_shapes: Any = None) -> tuple[Captured | None, Expansion | None]:
     """The model exported with its repeats stubbed, and how to expand them; (None, None) when
-    there is no repeat or the stubbed export fails (the full export then runs)."""
+    there is no repeat, the stubbed export fails, or it reads sizes from the values of real
+    inputs (the full export then runs, and measures those on the example)."""
     if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
         return None, None
     with buffers_kept(model):  # the plan's run updates buffers in place (a running count)
@@ -210,4 +211,7 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
                            by_values=False)
     except Exception:  # the full export fails the same way and says why
         return None, None
+    if (dynamic_shapes is None and all_real(model, args, kwargs or {})
+            and value_sizes(captured.program)):
+        return None, None  # sizes read from values (a .tolist()), which the full export measures
     return replace(captured, module=model), Expansion(plan)

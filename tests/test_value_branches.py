@@ -414,6 +414,54 @@ def test_a_size_read_from_values_in_a_subgraph_is_counted_at_the_examples(mode):
     assert report.symbols == []
 
 
+class SlicedBlocks(nn.Module):
+    """Three repeated blocks (the fast path stubs them) over the rows a ``.tolist()`` counts:
+    the fast path's cheap pass reads the real values, and export passes with the size unknown."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(16, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        x = x[:rows.tolist()[0]]
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
+def test_a_slice_sized_by_tolist_is_counted_at_the_examples(fast):
+    report = analyze(SlicedBlocks(), (torch.randn(5, 16), torch.tensor([3])), fast=fast)
+    assert report.total.macs == 3 * 3 * 16 * 16  # by hand: three blocks on 3 rows
+    assert report.symbols == []
+
+
+class GathersInABranchNotTaken(nn.Module):
+    """The flagged rows projected; in a torch.cond branch the example does not take, the rows
+    of positive sum gathered: a size no run of the example gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, flags: torch.Tensor) -> torch.Tensor:
+        def positive(x: torch.Tensor) -> torch.Tensor:
+            return x[(x.sum(-1) > 0).nonzero().squeeze(-1)].sum(0)
+
+        def whole(x: torch.Tensor) -> torch.Tensor:
+            return x.sum(0)
+
+        taken = torch.cond(x.sum() < -1e9, positive, whole, (x,))
+        return self.proj(x[flags.nonzero().squeeze(-1)]).sum(0) + taken
+
+
+def test_sizes_a_run_leaves_unknown_keep_the_counts_symbolic_and_unlisted():
+    report = analyze(GathersInABranchNotTaken(), (torch.randn(5, 16), FLAGS))
+    assert report.value_guards == [] and report.symbols
+    assert all(s.data_dependent for s in report.symbols)
+    assert not isinstance(report.total.macs, int)
+
+
 class ChecksFewFlagged(GathersFlagged):
     """Checks that at most 2 rows are flagged, which the example breaks."""
 
