@@ -387,6 +387,12 @@ def test_on_meta_a_size_read_from_values_stays_a_symbol():
     [size] = report.symbols
     assert size.data_dependent
     assert report.evaluate(**{size.name: 3}).total.macs == 2 * 3 * 16 * 16
+    from exportflops import flops_report
+
+    # No example value to rank by: the summary says so and how to have one.
+    row = next(line for line in flops_report(report, view="summary").splitlines()
+               if line.startswith(f"size {size.name}"))
+    assert "rank last" in row and "--device cpu" in row and "example value" not in row
 
 
 class GathersInRegions(nn.Module):

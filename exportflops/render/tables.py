@@ -89,15 +89,19 @@ def _train_rows(report: Report, style: Style) -> list[list]:
 
 
 def _sizes_rows(report: Report) -> list[list]:
-    """The dynamic sizes the counts are expressions of, with the example the views rank by."""
+    """The dynamic sizes the counts are expressions of, with the example the views rank by; a
+    size read from values has none (its counts rank last), and a run of real tensors measures
+    it."""
     rows = []
     for size in report.symbols:
         low = "?" if size.min is None else size.min
         high = "?" if size.max is None else size.max
+        ranked = ("; they rank last, and real tensors (the command's --device cpu) have it "
+                  "measured on the example" if size.example is None
+                  else ", rankings use the example value")
         rows.append([f"size {size.name}",
                      "data-dependent" if size.example is None else size.example,
-                     f"allowed {low}..{high}; counts below are expressions of it, rankings use "
-                     f"the example value"])
+                     f"allowed {low}..{high}; counts below are expressions of it{ranked}"])
     return rows
 
 
