@@ -79,7 +79,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     _check_leaves(name, args, kwargs)
     _check_dynamic_dims(target, args, kwargs, dynamic_shapes)
     # Sizes the user made dynamic stay so: values would fix them at the example's.
-    by_values = by_values and dynamic_shapes is None and all_real(target, args, kwargs)
+    by_values = by_values and by_example(target, args, kwargs, dynamic_shapes)
     # torch prints the partial graph of a data-dependent failure to stderr; where the values
     # then decide the branches that graph is no news, else it is passed on.
     printed = io.StringIO()
@@ -93,42 +93,42 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
             raise ExportError(name, first_lines(error), hint(error, target)) from error
         return _decided_by_values(target, args, kwargs, forward_only, error)
     sys.stderr.write(printed.getvalue())
-    if not (by_values and value_sizes(program)):
-        return Captured(program, name, target, args, kwargs)
-    return _sized_by_the_example(Captured(program, name, target, args, kwargs))
+    captured = Captured(program, name, target, args, kwargs)
+    shaped = value_sizes(program.graph_module) if by_values else set()
+    return _sized_by_the_example(captured, shaped) if shaped else captured
 
 
-def value_sizes(program: torch.export.ExportedProgram) -> set:
-    """The sizes of tensors in ``program``, or in a subgraph of it (a ``no_grad`` or autocast
+def by_example(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> bool:
+    """Whether the example's values may decide ``model``'s program (its branches, its sizes
+    read from values): its tensors are real and its sizes static (values would fix dynamic
+    ones at the example's)."""
+    return dynamic_shapes is None and all_real(model, args, kwargs)
+
+
+def value_sizes(graph: torch.fx.GraphModule) -> set:
+    """The sizes of tensors in ``graph``, or in a subgraph of it (a ``no_grad`` or autocast
     region, a ``torch.cond`` branch), read from a tensor's values: its unbacked symbols."""
-    return {symbol for graph in program.graph_module.modules()
-            if isinstance(graph, torch.fx.GraphModule) for symbol in _graph_sizes(graph)}
-
-
-def _graph_sizes(graph: torch.fx.GraphModule) -> set:
-    """The unbacked symbols of the tensors of ``graph``'s own nodes."""
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-    return {symbol for node in graph.graph.nodes
-            for leaf in pytree.tree_leaves(node.meta.get("val"))
+    return {symbol for module in graph.modules() if isinstance(module, torch.fx.GraphModule)
+            for node in module.graph.nodes for leaf in pytree.tree_leaves(node.meta.get("val"))
             if isinstance(leaf, torch.Tensor) for symbol in free_unbacked_symbols(leaf)}
 
 
-def _sized_by_the_example(captured: Captured) -> Captured:
+def _sized_by_the_example(captured: Captured, shaped: set) -> Captured:
     """``captured``, whose export passed with sizes read from the example's values unknown (a
     ``nonzero``, a ``.tolist()`` that no branch asks about), with each size's value in a run
     of the program on the example: counted there, as a program whose branches the values
     decided is, each listed as ``Eq(u0, 3)`` among the decisions. Where that run fails (the
     example breaks a check of the model's, or the memory runs out) the sizes stay symbols,
     which the report lists as data-dependent; so they do where the run gives some and not
-    others (a ``torch.cond`` branch not taken)."""
+    others (a ``torch.cond`` branch not taken). ``shaped``: the program's `value_sizes`."""
     try:
         with run_kept(captured.module, captured.args, captured.kwargs):
             sizes = _sizes_run(captured.program, captured.args, captured.kwargs)
     except Exception:  # noqa: BLE001 - the counts stay symbolic, which is right for any value
         return captured
-    shaped = value_sizes(captured.program)  # not an item() that only another size equals
-    if not shaped <= sizes.keys():
+    if not shaped <= sizes.keys():  # (an item() that only another size equals is not listed)
         return captured
     decided = tuple(f"Eq({symbol}, {value})" for symbol, value in sizes.items()
                     if symbol in shaped)
@@ -190,6 +190,11 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
     a torch version may get wrong, as 2.13 does without `draft_mends`)."""
     module = program.module()
     sizes = {}
+    # The subgraphs sized by values (a no_grad or autocast region, a cond branch), run through
+    # this interpreter for their sizes too; others run as they are (a scan's body, thousands
+    # of times).
+    sized = {id(graph) for graph in module.modules()
+             if isinstance(graph, torch.fx.GraphModule) and value_sizes(graph)}
 
     class _Sizes(torch.fx.Interpreter):
         def run_node(self, node: torch.fx.Node) -> Any:
@@ -203,13 +208,7 @@ def _sizes_run(program: torch.export.ExportedProgram, args: tuple, kwargs: dict)
 
         def fetch_attr(self, target: str) -> Any:
             value = super().fetch_attr(target)
-            if not (isinstance(value, torch.fx.GraphModule) and any(
-                    _graph_sizes(graph) for graph in value.modules()
-                    if isinstance(graph, torch.fx.GraphModule))):
-                return value
-            # A subgraph (a no_grad or autocast region, a cond branch) sized by values: its
-            # sizes too. Others run as they are (a scan's body, thousands of times).
-            return lambda *args: _Sizes(value).run(*args)
+            return (lambda *args: _Sizes(value).run(*args)) if id(value) in sized else value
 
     # On copies: the unlifted program writes an input's in-place update back into it.
     inputs = pytree.tree_map_only(torch.Tensor, torch.clone, (args, kwargs))

@@ -22,7 +22,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
-from .capture import Captured, all_real, buffers_kept, capture, value_sizes
+from .capture import Captured, buffers_kept, by_example, capture, value_sizes
 from .records import NodeRecord
 from .stacks import ModuleFrame
 from .walk import NodeCall
@@ -211,7 +211,7 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
                            by_values=False)
     except Exception:  # the full export fails the same way and says why
         return None, None
-    if (dynamic_shapes is None and all_real(model, args, kwargs or {})
-            and value_sizes(captured.program)):
+    if by_example(model, args, kwargs or {}, dynamic_shapes) and value_sizes(
+            captured.program.graph_module):
         return None, None  # sizes read from values (a .tolist()), which the full export measures
     return replace(captured, module=model), Expansion(plan)
