@@ -20,6 +20,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from exportflops import analyze_generation
+from exportflops.cache_names import cache_argument
 
 
 def llama(layers: int, width: int) -> torch.nn.Module:
@@ -40,7 +41,8 @@ def per_step(model, batch: int, prompt: int, new_tokens: int) -> int:
         counter = FlopCounterMode(display=False)
         with counter:
             model(torch.zeros(batch, prompt, dtype=torch.long, device="meta"),
-                  past_key_values=transformers.DynamicCache(config=config), use_cache=True)
+                  **{cache_argument(model): transformers.DynamicCache(config=config)},
+                  use_cache=True)
         total += counter.get_total_flops()
         for past in range(prompt, prompt + new_tokens - 1):
             shape = (batch, heads, past, head_dim)
@@ -50,7 +52,7 @@ def per_step(model, batch: int, prompt: int, new_tokens: int) -> int:
             counter = FlopCounterMode(display=False)
             with counter:
                 model(torch.zeros(batch, 1, dtype=torch.long, device="meta"),
-                      past_key_values=cache, use_cache=True)
+                      **{cache_argument(model): cache}, use_cache=True)
             total += counter.get_total_flops()
     return total
 

@@ -138,8 +138,10 @@ def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
                        "not trace its joint graph; see torch's message below.")
 
 
-#: How dynamo names a module: ``L['self'].layers[0]``, ``L['self']._modules['mlp']``, ...
-_ROOT = re.compile(r"^L\['[^']+'\]\.?")
+#: How dynamo names a module: ``L['self'].layers[0]``, ``L['self']._modules['mlp']``, ...;
+#: the root is ``L['args'][0]`` where a decorator's wrapper takes the forward's ``self`` in
+#: its ``*args`` (transformers' ``deprecate_kwarg`` since 5.24).
+_ROOT = re.compile(r"^L\[(?:'args'\]\[0\]|'[^']+'\])\.?")
 _ITEM = re.compile(r"\.?(?:_modules)?\[(?:'([^']+)'|(\d+))\]")
 
 

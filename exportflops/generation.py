@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from .api import collector_paused, count_captured
+from .cache_names import cache_argument, returned_cache
 from .capture import capture_forward, quiet_fake_tensor_log
 from .errors import GenerationError
 from .forked import beside
@@ -198,7 +199,7 @@ def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
 
     def prefill() -> Report:
         return count_captured(capture_forward(model, (), {
-            "input_ids": input_ids, "past_key_values": DynamicCache(config=model.config),
+            "input_ids": input_ids, cache_argument(model): DynamicCache(config=model.config),
             "use_cache": True}), **options)
 
     with dynamic_cache_pytree(), beside(prefill, (model, input_ids)) as prefill_report:
@@ -281,7 +282,7 @@ def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dty
     try:
         with quiet_fake_tensor_log(), FakeTensorMode(allow_non_fake_inputs=True), \
                 torch.no_grad():
-            model(**inputs, past_key_values=cache)
+            model(**inputs, **{cache_argument(model): cache})
     except Exception:  # noqa: BLE001 - the exported prefill's outputs instead
         cache = _exported_cache(model, inputs)
     if any(layer.keys is None for layer in cache.layers):
@@ -298,12 +299,12 @@ def _exported_cache(model, inputs: dict):
     """The cache a prefill's exported program returns, rebuilt on meta tensors."""
     from transformers import DynamicCache
 
-    program = capture_forward(model, (), {**inputs, "past_key_values":
+    program = capture_forward(model, (), {**inputs, cache_argument(model):
                                           DynamicCache(config=model.config)}).program
     outputs = next(node for node in program.graph.nodes if node.op == "output").args[0]
     values = [torch.empty(node.meta["val"].shape, dtype=node.meta["val"].dtype, device="meta")
               if isinstance(node, torch.fx.Node) else node for node in outputs]
-    return torch.utils._pytree.tree_unflatten(values, program.call_spec.out_spec).past_key_values
+    return returned_cache(torch.utils._pytree.tree_unflatten(values, program.call_spec.out_spec))
 
 
 def _static(model, input_ids: torch.Tensor, max_cache_len: int,

@@ -19,6 +19,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .api import count_captured
+from .cache_names import cache_argument, returned_cache
 from .capture import capture_forward
 from .forked import beside
 from .records import Counts, Report
@@ -39,7 +40,7 @@ class _Prefill(torch.nn.Module):
         # The encoder's input: token ids, or input features (Whisper).
         out = self.model(**{self.model.main_input_name: inputs},
                          decoder_input_ids=decoder_input_ids, use_cache=True)
-        return out.logits, _tensors(out.past_key_values)
+        return out.logits, _tensors(returned_cache(out))
 
 
 class _Step(torch.nn.Module):
@@ -57,8 +58,9 @@ class _Step(torch.nn.Module):
         cache = EncoderDecoderCache(DynamicCache(list(zip(keys, values))),
                                     DynamicCache(list(zip(cross_keys, cross_values))))
         out = self.model(encoder_outputs=(encoder_hidden_states,), use_cache=True,
-                         decoder_input_ids=decoder_input_ids, past_key_values=cache)
-        return out.logits, _tensors(out.past_key_values)[:2]
+                         decoder_input_ids=decoder_input_ids,
+                         **{cache_argument(self.model): cache})
+        return out.logits, _tensors(returned_cache(out))[:2]
 
 
 def _tensors(cache) -> tuple[list, list, list, list]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from .api import count_captured
+from .cache_names import cache_argument
 from .capture import capture_forward
 from .errors import GenerationError
 from .generation_seq2seq import cache_zeros, kv_counts
@@ -73,12 +74,12 @@ def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
              for t, w in zip(tensors, windows * 2)]
     data = [(k, v) if w is None else (k, v, torch.tensor([w]))
             for k, v, w in zip(sized[:layers], sized[layers:], windows)]
-    step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True,
-            "past_key_values": DynamicCache(data)}
+    cache = cache_argument(model)
+    step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True, cache: DynamicCache(data)}
     # The flattened DynamicCache is [keys per layer, values per layer]; dim 2 is the length.
     spec = [{2: torch.export.Dim.DYNAMIC} if w is None else None for w in windows]
     captured = capture_forward(model, (), step, dynamic_shapes={
-        "input_ids": None, "past_key_values": [spec, spec], "use_cache": None})
+        "input_ids": None, cache: [spec, spec], "use_cache": None})
     positions = range(1, 1 + 2 * layers)  # user inputs: input_ids, then keys, then values
     name_input_sizes(captured.program, positions, 2, PAST)
     # The exported step starts by rebuilding the DynamicCache from its tensors, copying each

@@ -14,6 +14,7 @@ Hand counts of the factory models below:
 from __future__ import annotations
 
 import csv
+import os
 import io
 import re
 import shlex
@@ -263,3 +264,40 @@ def test_a_factory_returning_a_tuple_of_three_says_what_shapes_are_accepted(mode
     assert result.returncode == 2
     assert "returned a tuple of 3 items (Sequential, tuple, dict)" in result.stderr
     assert "(model, args)" in result.stderr and one_paragraph(result.stderr)
+
+
+BIG = '''import torch
+
+
+def big(device=None):
+    """Linear(2**14, 2**14): 2**28 float32 weights, 1 GiB."""
+    return torch.nn.Linear(2**14, 2**14, device=device), torch.zeros(1, 2**14, device=device)
+'''
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="the cap reads the process's data from Linux's /proc")
+@pytest.mark.parametrize("factory", ["big", "cli_models:mlp"])
+def test_a_model_past_the_memory_the_machine_has_free_exits_2_not_killed(
+        models, tmp_path, monkeypatch, capsys, factory):
+    """In process, with the machine's free memory read as 256 MiB: the 1 GiB model is refused
+    with a sentence; the 58-parameter one is analyzed under the same cap."""
+    import resource
+
+    import exportflops.cli as cli
+
+    (tmp_path / "big.py").write_text(BIG)
+    monkeypatch.setattr(cli, "free_bytes", lambda: 2**28)
+    monkeypatch.chdir(models)
+    spec = f"{tmp_path / 'big.py'}:big" if factory == "big" else factory
+    limits = resource.getrlimit(resource.RLIMIT_DATA)
+    code = cli.main([spec, "--device", "cpu", "--format", "json"])
+    err = capsys.readouterr().err
+    if factory == "big":
+        assert code == 2, err
+        # The allocation torch refused, not the BuildError that wraps it.
+        assert "needs more memory than this machine has free (0.2 GiB; RuntimeError: " in err
+        assert "--device meta" in err and one_paragraph(err)
+    else:
+        assert code == 0 and err == ""
+    assert resource.getrlimit(resource.RLIMIT_DATA) == limits  # the cap ends with the run

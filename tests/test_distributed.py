@@ -254,3 +254,16 @@ def test_two_real_gloo_processes_agree_with_the_fake_process_group(tmp_path):
         for collective in real.collectives:
             listed[collective.op] = listed.get(collective.op, 0) + 1
         assert ran == listed
+
+
+@pytest.mark.parametrize("source, path", [
+    ("L['self'].layers[0].mlp", "layers.0.mlp"),
+    ("L['self']._modules['mlp']", "mlp"),
+    ("L['self'][0]", "0"),  # the first child of a Sequential
+    # A decorator's wrapper (transformers' deprecate_kwarg) takes self in its *args.
+    ("L['args'][0].model.layers[0]", "model.layers.0"),
+])
+def test_dynamos_module_sources_become_the_models_own_paths(source, path):
+    from exportflops.distributed import user_path
+
+    assert user_path(source) == path

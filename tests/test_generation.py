@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 import exportflops  # noqa: E402
 from exportflops import GenerationError, GenerationReport, analyze, analyze_generation  # noqa: E402
+from exportflops.cache_names import cache_argument  # noqa: E402
 from exportflops.generation import dynamic_cache_pytree  # noqa: E402
 from exportflops.symbolic import size_symbol  # noqa: E402
 
@@ -101,7 +102,8 @@ def test_the_polynomial_equals_a_concrete_decode_step(model, dynamic, past):
     with dynamic_cache_pytree():
         concrete = analyze(model, (), {
             "input_ids": torch.zeros(BATCH, 1, dtype=torch.long, device="meta"),
-            "past_key_values": (cache := transformers.DynamicCache(layers)), "use_cache": True})
+            cache_argument(model): (cache := transformers.DynamicCache(layers)),
+            "use_cache": True})
     # Analyzed as a plain call, the step starts by rebuilding the DynamicCache from the given
     # tensors: one copy of each of the LAYERS x 2 cache tensors (past entries read, written),
     # which the generation report leaves out (a decode loop keeps its cache).

@@ -10,6 +10,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from exportflops import GenerationReport, analyze, analyze_generation  # noqa: E402
+from exportflops.cache_names import cache_argument  # noqa: E402
 from exportflops.generation import dynamic_cache_pytree  # noqa: E402
 
 # Width 32, 4 query heads and 2 key/value heads of dim 8, SwiGLU of width 48, 2 layers, a
@@ -90,5 +91,5 @@ def test_a_step_past_the_window_equals_a_concrete_step_with_transformers_own_cac
     with dynamic_cache_pytree():
         concrete = analyze(model, (), {"input_ids": torch.zeros(1, 1, dtype=torch.long,
                                                                 device="meta"),
-                                       "past_key_values": cache, "use_cache": True})
+                                       cache_argument(model): cache, "use_cache": True})
     assert concrete.total.macs == step_macs(past, [False, True])

@@ -16,6 +16,8 @@ encoder_hidden_size 1,408; the codecs (EnCodec's audio_channels 1, DAC mono) one
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -95,13 +97,27 @@ def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
         hf_model("esmfold2", META, None, layers=1)
 
 
-def test_siglip2_is_analyzed_and_its_value_sized_resize_is_named_uncounted():
-    # SigLIP 2 resizes its position embeddings to each image's grid, read from spatial_shapes'
-    # values: a size export cannot know, so that one resize is reported uncounted, not zero.
+def test_siglip2_is_analyzed_with_its_position_resize_counted_or_named_uncounted():
+    import inspect
+
+    from transformers.models.siglip2.modeling_siglip2 import Siglip2VisionEmbeddings
+
     report = analyze(*hf_model("siglip2", META, None, layers=1))
-    assert [u.op for u in report.uncounted] == ["aten._upsample_bilinear2d_aa.vec"]
-    assert "spatial_shapes" in report.uncounted[0].reason
     assert report.total.macs > 0
+    source = inspect.getsource(Siglip2VisionEmbeddings.resize_positional_embeddings)
+    if re.search(r"^(?!\s*#).*\binterpolate\(", source, re.MULTILINE):  # a call, not a comment
+        # Before transformers 5.24: SigLIP 2 resizes its position embeddings to each image's
+        # grid, read from spatial_shapes' values: a size export cannot know, so that one
+        # resize is reported uncounted, not zero.
+        assert [u.op for u in report.uncounted] == ["aten._upsample_bilinear2d_aa.vec"]
+        assert "spatial_shapes" in report.uncounted[0].reason
+        return
+    # Since 5.24 the resize is a matmul of each output position's bilinear weights over the
+    # 16 x 16 grid by the grid's embeddings: 1 x 256 positions x 256 x 768 MACs, by hand.
+    assert report.uncounted == []
+    resize = [n.cost.macs for n in report.nodes if n.module == "vision_model.embeddings"
+              and n.op == "aten.matmul.default"]
+    assert resize == [1 * 256 * 256 * 768]
 
 
 def test_concatenated_frames_come_with_each_examples_length(tmp_path):

@@ -96,6 +96,27 @@ def test_a_none_passed_to_an_op_through_a_module_names_the_input():
     assert needed_input(error, ["input_ids", "patch_embeds"]) == "patch_embeds"
 
 
+def _passing_on(func):
+    def wrapped(*args, **kwargs):  # a decorator's wrapper: transformers' deprecate_kwarg
+        return func(*args, **kwargs)
+    return wrapped
+
+
+@_passing_on
+def _cross_attention(hidden_states, cross_attention_states):
+    return cross_attention_states.shape  # reads .shape of a None
+
+
+def test_a_none_passed_on_through_a_decorators_wrapper_names_the_input():
+    # Dia's decoder since transformers 5.24: the layer passes encoder_hidden_states (None)
+    # positionally to an attention whose forward a deprecate_kwarg wrapper calls with *args.
+    def forward(input_ids, encoder_hidden_states=None):
+        return _cross_attention(input_ids, encoder_hidden_states)
+
+    error = _raised(forward, torch.zeros(1, 2))
+    assert needed_input(error, ["input_ids", "encoder_hidden_states"]) == "encoder_hidden_states"
+
+
 def test_other_errors_name_no_input():
     assert needed_input(_raised(lambda: [][1]), ["input_ids"]) is None
     # A None of the forward's own making (not one of its parameters) names none either.

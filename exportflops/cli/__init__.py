@@ -23,7 +23,9 @@ from typing import Any
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError
 from ..progress import Progress, showing, stage
+from ..hints import first_lines
 from .hf import analyze_deciding_on_cpu, missed_input, raised_by
+from .memory import free_bytes, memory_capped, out_of_memory
 from .options import check, parser
 from .targets import build_target, device_named, hf_options
 
@@ -88,6 +90,30 @@ class _Outcome:
 
 
 def _analyze(ns: argparse.Namespace) -> _Outcome:
+    """`_analysis`; on --device cpu, capped at the memory the machine has free, so that a
+    model or an example too large for it is refused with what to pass instead, not killed by
+    the kernel (BLT's hash embeddings are 12 GiB at any depth)."""
+    if ns.device != "cpu":
+        return _analysis(ns)
+    free = free_bytes()
+    with memory_capped(free) as capped:
+        try:
+            return _analysis(ns)
+        except UsageError:
+            raise
+        except Exception as error:
+            refused = out_of_memory(error) if capped else None
+            if refused is None:
+                raise
+            raise UsageError(
+                f"{ns.model} on --device cpu needs more memory than this machine has free "
+                f"({free / 2**30:.1f} GiB; {type(refused).__name__}: "
+                f"{first_lines(refused, 1)}). Pass --device meta, which counts the same without "
+                f"allocating; where real values are needed (--profile), a smaller model or "
+                f"example (--layers, --seq, --batch).") from error
+
+
+def _analysis(ns: argparse.Namespace) -> _Outcome:
     from ..api import analyze
 
     if ns.model.endswith(".pt2"):

@@ -5,7 +5,6 @@ config; the example inputs are `hf_inputs`'."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import json
@@ -19,6 +18,7 @@ from ..hints import first_lines, meta_only
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by
+from .memory import memory_capped, out_of_memory
 from .hf_parent import (held_in_composite, modeling_module, module_name, parent_inputs,
                         takes_config_alone)
 
@@ -282,11 +282,11 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 and any(t.device.type == "meta" for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
             raise
-    with _memory_capped(CPU_RUN_BYTES) as capped:
+    with memory_capped(CPU_RUN_BYTES) as capped:
         try:
             return analyze(*on_cpu())
         except (ExportError, RuntimeError, MemoryError) as failure:
-            if not (capped and _out_of_memory(failure)):
+            if not (capped and out_of_memory(failure)):
                 raise
             name = type(model).__name__
             raise ExportError(name, first_lines(failure), (
@@ -295,47 +295,6 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 f"beyond what the process held (the example's values may decide its sizes). "
                 f"Pass --device cpu to run it without that cap, or smaller inputs (--seq, "
                 f"--batch, --kwargs).")) from failure
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    """Whether ``error``, or an error it was raised from or while handling (draft_export's
-    failure sits in the context of the `ExportError` that quotes it), is an allocation
-    refused: Python's MemoryError or torch's allocator's."""
-    errors, seen = [error], set()
-    while errors:
-        error = errors.pop()
-        if error is None or id(error) in seen:
-            continue
-        seen.add(id(error))
-        if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
-            return True
-        errors += [error.__cause__, error.__context__]
-    return False
-
-
-@contextlib.contextmanager
-def _memory_capped(extra: int):
-    """Allocations past ``extra`` bytes more than the process's data held fail for the block
-    (torch raises its allocator's RuntimeError), where the platform lets a process cap itself
-    (Linux's RLIMIT_DATA: writable private memory, not the address space that thread stacks
-    and malloc arenas reserve, which RLIMIT_AS would count against the cap); never above a
-    limit already set. Yields whether a cap was set."""
-    try:
-        import resource
-
-        with open("/proc/self/status") as status:
-            held = next(int(line.split()[1]) * 1024 for line in status
-                        if line.startswith("VmData:"))
-    except (ImportError, OSError, StopIteration, ValueError):
-        yield False
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    cap = min(limit for limit in (soft, hard, held + extra) if limit != resource.RLIM_INFINITY)
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
-    try:
-        yield True
-    finally:
-        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

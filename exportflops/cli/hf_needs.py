@@ -21,6 +21,8 @@ from typing import Any
 _READ = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\.\s*[A-Za-z_]|\[)")
 #: Any name.
 _NAME = re.compile(r"\b([A-Za-z_]\w*)\b")
+#: A call that passes its own arguments on: ``func(*args, **kwargs)``.
+_PASSED_ON = re.compile(r"\(\s*(?:\w+\s*,\s*)?\*\w+")
 #: A keyword argument passed a name: ``key=value``.
 _KEYWORD = re.compile(r"\b([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\b")
 
@@ -59,8 +61,11 @@ def none_reads(error: BaseException) -> list[str]:
         bound = [value for key, value in _KEYWORD.findall(line)
                  if names and key == names[-1] and value in none]
         found = bound or list(dict.fromkeys(none))
-        if not found and names and "/torch/" in summary.filename.replace("\\", "/"):
-            continue  # torch's module call machinery (eager or export's): passes *args on
+        if not found and names and ("/torch/" in summary.filename.replace("\\", "/")
+                                    or _PASSED_ON.search(line)):
+            # torch's module call machinery (eager or export's), or a decorator's wrapper
+            # (transformers' deprecate_kwarg since 5.24): passes *args on.
+            continue
         if not found:
             break
         names += found
