@@ -16,7 +16,12 @@ vision tower: image_size 2016, patch_size 14 (144 x 144 = 20736 patches), tempor
 2, num_channels 3, spatial_merge_size 2 (72 x 72 = 5184 image tokens, more than the text's
 128; its text's max_position_embeddings 524288 holds both); VideoLLaMA3's vision tower: no
 spatial_merge_size, so one merge size per image of 1 (its image processor's merge_size), and
-its default image (224 / patch_size 16 = 14 a side) 14 x 14 = 196 tokens, more than the text's.
+its default image (224 / patch_size 16 = 14 a side) 14 x 14 = 196 tokens, more than the text's;
+Molmo2, as its image processor cuts an image of the tower's image_size 378:
+two crops (low resolution, and its one tile) of 27 x 27 = 729 patches of 3 x 14 x 14 = 588
+pixels, each pooled 2 x 2 (the processor's pooling_size) into ceil(27 / 2) = 14 x 14 tokens: 2 x
+196 = 392 image tokens, before the text's 128; its adapter reads the tower's last two layers
+(vision_feature_layer [24, 18], both moved inside the capped tower), 2 x 1152 features a patch.
 """
 
 from __future__ import annotations
@@ -54,6 +59,10 @@ CASES = {
     "video_llama_3_vision": {"merge_sizes": (1,), "grid_thw": (1, 3)},
     # The composite: the image's 196 tokens before the text's 128, and its merge size.
     "video_llama_3": {"image_merge_sizes": (1,), "input_ids": (1, 196 + SEQ)},
+    "molmo2": {"input_ids": (1, 392 + SEQ), "pixel_values": (2, 729, 588),
+               "image_token_pooling": (392, 4), "image_grids": (1, 4), "image_num_crops": (1,)},
+    # Read from the composite, which calls it.
+    "molmo2_adapter": {"image_features": (2, 729, 2 * 1152), "pooled_patches_idx": (392, 4)},
 }
 #: Those whose export on meta then fails in transformers' own code: LW-DETR's layers make their
 #: layer scales with the legacy ``torch.Tensor(dim)``, which ignores the meta device (on cpu).
@@ -115,3 +124,40 @@ def test_a_seq_too_short_for_the_images_tokens_is_a_usage_error():
 
     with pytest.raises(UsageError, match=r"--seq 128: .* 5184 tokens .* --seq 5184 or more"):
         hf_model("minimax_m3_vl", META, None, layers=1, seq=128)
+
+
+def test_molmo2s_crops_pool_their_patches_by_index_and_the_sizes_are_measured(tmp_path):
+    # A tiny Molmo2 on cpu at batch 2: image_size 42 in patches of 14, so 3 x 3 patches a crop,
+    # pooled 2 x 2 into 2 x 2 tokens (the grid padded with -1 below and right); 2 crops an
+    # image, 8 tokens; the second crop's patches follow the first's 9.
+    tf.Molmo2Config(
+        vision_config={"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 2,
+                       "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8,
+                       "image_size": [42, 42], "patch_size": 14},
+        adapter_config={"vision_feature_layer": [-1], "hidden_size": 16,
+                        "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 8,
+                        "intermediate_size": 32, "text_hidden_size": 32},
+        text_config={"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                     "head_dim": 8, "vocab_size": 256, "additional_vocab_size": 128,
+                     "num_hidden_layers": 1, "intermediate_size": 64},
+        image_start_token_id=300, low_res_image_start_token_id=301, image_end_token_id=302,
+        image_patch_id=303, frame_start_token_id=304, frame_end_token_id=305,
+    ).save_pretrained(tmp_path)
+    model, args, kwargs = hf_model(str(tmp_path), torch.device("cpu"), None, batch=2)
+    crop = [[0, 1, 3, 4], [2, -1, 5, -1], [6, 7, -1, -1], [8, -1, -1, -1]]
+    second = [[i + 9 if i >= 0 else -1 for i in cell] for cell in crop]
+    assert kwargs["image_token_pooling"][:8].tolist() == crop + second
+    assert kwargs["image_token_pooling"][8:9].tolist() == [[18, 19, 21, 22]]  # image 2
+    assert kwargs["image_grids"].tolist() == [[2, 2, 2, 2]] * 2
+    assert (args[0] == 303).sum(dim=1).tolist() == [8, 8]
+    report = analyze(model, args, kwargs)
+    assert report.uncounted == [] and report.symbols == []
+    # Measured on the example: 16 tokens pooled, 8 an image, 16 x 32 features scattered.
+    measured = sorted(int(guard.rstrip(")").split(", ")[1]) for guard in report.value_guards)
+    assert measured == [8, 8, 16, 16 * 32]
+    # The adapter's 16 tokens: pooling attention (one query over 4 patches, 2 heads of 8)
+    # with q and o 16 x 16 a token, k and v 16 x 16 a patch; then the projector 16 -> 2 x 32
+    # -> 32.
+    pooling = 16 * (2 * 16 * 16 + 2 * 4 * 16 * 16 + 2 * 2 * 4 * 8)
+    assert report.module("model.multi_modal_projector").inclusive.macs == (
+        pooling + 16 * (2 * 16 * 32 + 32 * 32))

@@ -106,3 +106,12 @@ def test_a_count_of_the_stacks_last_layers_stays_inside_it():
     config = tf.AutoConfig.for_model("eomt")
     cap_layers(config, 12)
     assert config.num_blocks == 4
+
+
+def test_a_siblings_indices_named_for_a_capped_stack_stay_inside_it():
+    # Molmo2's adapter_config reads vision_config's 25 layers at vision_feature_layer [24, 18]:
+    # both past 2 layers, so the last, 1.
+    config = tf.AutoConfig.for_model("molmo2")
+    cap_layers(config, 2)
+    assert config.vision_config.num_hidden_layers == 2
+    assert config.adapter_config.vision_feature_layer == [1, 1]

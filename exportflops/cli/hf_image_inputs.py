@@ -73,6 +73,44 @@ def patch_layouts(flat, vision):
     return [flat, images, images.unsqueeze(0)]
 
 
+#: Patches a side that Molmo2's image processor pools into one image token (its pooling_size
+#: default, [2, 2]): a setting of the processor, which the model's config does not keep.
+POOLING = 2
+
+
+def pooled_crops(vision, device, *, batch: int) -> tuple[dict, int] | None:
+    """Molmo2's image inputs, as its processor cuts one image of image_size for each example:
+    two crops, the whole image at low resolution and its one high-resolution tile (the same
+    patches at this size), each rows of flattened patches ``(crops, patches, num_channels *
+    patch_size ** 2)``; which patches each image token pools, ``image_token_pooling`` ``(tokens,
+    POOLING ** 2)``, indices into all the rows, -1 past the grid's edge; each image's token
+    grid of each crop ``image_grids`` ``(batch, 4)``; ``image_num_crops``; and the tokens one
+    image becomes. None where ``vision`` has no int patch_size."""
+    import torch
+
+    patch = config_int(vision, ("patch_size",))
+    if patch is None:
+        return None
+    channels = config_int(vision, ("num_channels",)) or 3
+    height, width = (side // patch for side in image_size(vision))
+    cells = torch.arange(height * width).view(height, width)
+    rows, cols = -(-height // POOLING), -(-width // POOLING)
+    # The grid padded with -1 to whole cells below and right, each cell's patches row by row.
+    padded = torch.full((rows * POOLING, cols * POOLING), -1)
+    padded[:height, :width] = cells
+    crop = padded.view(rows, POOLING, cols, POOLING).permute(0, 2, 1, 3).reshape(-1, POOLING ** 2)
+    crops = 2
+    pooling = torch.cat([torch.where(crop >= 0, crop + (image * crops + c) * height * width, -1)
+                         for image in range(batch) for c in range(crops)])
+    return {
+        "pixel_values": torch.zeros((batch * crops, height * width, channels * patch * patch),
+                                    device=device),
+        "image_token_pooling": pooling.to(device=device, dtype=torch.int32),
+        "image_grids": torch.tensor([[rows, cols] * crops] * batch, device=device),
+        "image_num_crops": torch.full((batch,), crops, device=device),
+    }, crops * rows * cols
+
+
 def projector_images(config, ids) -> dict:
     """Aria's images, for the tokens ``ids``: its projector looks its queries up by an image's
     patch count (projector_patch_to_query_dict, 1225: 128 and 4900: 256 by default), so each

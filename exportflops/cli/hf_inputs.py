@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import UsageError
 from .hf_audio_inputs import (codebook_layouts, concatenated_frames, features_config,
                               stacked_frames)
-from .hf_image_inputs import patch_layouts, patch_rows, token_blocks
+from .hf_image_inputs import patch_layouts, patch_rows, pooled_crops, token_blocks
 from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, MERGE_SIZES,
                        SIZE_INPUTS, accepted, boxes, config_int, encoder_states, fake_error,
                        feature_layouts, flattened_patches, grid, image_tokens, mask, naflex,
@@ -104,6 +104,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
               if name not in masks and name not in together}
     inputs |= companions(set(signature), config, inputs, steps=seq or HF_DEFAULT_SEQ_LEN)
     inputs |= together
+    crops = ("image_token_pooling" in signature and "pixel_values" in inputs
+             and pooled_crops(sub_config(config, "vision"), device, batch=batch))
+    if crops:  # Molmo2's: crops of patch rows, pooled into tokens by index
+        inputs |= {name: value for name, value in crops[0].items() if name in signature}
+        _placeholders(inputs, set(signature), config, crops[1], seq)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -270,19 +275,23 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
                   seq: int | None = None) -> None:
     """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
     grid (and its `merge_size` where forward takes one per image), and, in the tokens, one
-    placeholder per image token (the config's image_token_id), marked as an image's in
-    mm_token_type_ids where forward takes those."""
-    import torch
-
+    placeholder per image token (`_placeholders`)."""
     vision = sub_config(config, "vision")
-    # Flattened, each patch an image (Kimi-K2.5's), or those as one batch (PaddleOCR-VL's): to
-    # choose from.
+    # To choose from: flattened, each an image (Kimi-K2.5's), those as a batch (PaddleOCR-VL's).
     inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid
         inputs[name] = family_input(name, config, device, batch=batch, steps=1)
+    _placeholders(inputs, parameters, config, image_tokens(vision), seq)
+
+
+def _placeholders(inputs: dict[str, Any], parameters: set[str], config, count: int,
+                  seq: int | None) -> None:
+    """In the tokens of ``inputs``, ``count`` placeholders (the config's image_token_id), marked
+    as an image's in mm_token_type_ids where forward takes those."""
+    import torch
+
     token = config_int(config, IMAGE_TOKEN)
-    count = image_tokens(vision)
     if "input_ids" not in inputs or token is None:
         return
     inputs |= _room_for_image(inputs, config, count, seq)

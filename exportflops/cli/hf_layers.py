@@ -57,6 +57,14 @@ def cap_layers(config, layers: int) -> None:
                 # Its own indices, and a composite's into it (vision_feature_layer).
                 if holder is config_ or any(sub is config_ for sub in vars(holder).values()):
                     _keep_indices_inside(holder, value, new)
+                for key, sub in vars(holder).items():
+                    if sub is config_ and key.endswith("_config"):
+                        # A sibling's indices into it, named for it: Molmo2's adapter_config
+                        # reads vision_config's layers by its vision_feature_layer.
+                        for sibling in vars(holder).values():
+                            if sibling is not config_ and any(sibling is c for c in configs):
+                                _keep_indices_inside(sibling, value, new,
+                                                     prefix=key.removesuffix("config"))
 
 
 def _stages(config, count: int) -> list[str]:
@@ -83,15 +91,17 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _keep_indices_inside(config, old: int, new: int) -> None:
+def _keep_indices_inside(config, old: int, new: int, prefix: str = "") -> None:
     """Each index field of ``config`` (`LAYER_INDEX`) into a stack of ``old`` layers, now
     ``new``: an index past the new end is the last layer (from the end, the first), an
     index inside is left as it is. Some fields count layers from 0 (DepthPro's hooks read
     ``hidden_states[i + 1]``), others hidden states, the embeddings first (LLaVA's
     ``vision_feature_layer``): in both, ``new - 1`` and ``-new`` are inside. The number of
-    indices is kept: a head reads as many features as before (VipLLaVA concatenates five)."""
+    indices is kept: a head reads as many features as before (VipLLaVA concatenates five).
+    Only the fields named from ``prefix`` on."""
     for name, value in list(vars(config).items()):
-        if LAYER_INDEX.fullmatch(name) is None or name == "_out_indices":
+        if (LAYER_INDEX.fullmatch(name) is None or name == "_out_indices"
+                or not name.startswith(prefix)):
             continue  # a backbone's stages: `_cap_backbone`'s
         items = list(value) if isinstance(value, (list, tuple)) else [value]
         if not items or not all(isinstance(i, int) and not isinstance(i, bool) and -old - 1 <= i
