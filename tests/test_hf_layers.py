@@ -115,3 +115,14 @@ def test_a_siblings_indices_named_for_a_capped_stack_stay_inside_it():
     cap_layers(config, 2)
     assert config.vision_config.num_hidden_layers == 2
     assert config.adapter_config.vision_feature_layer == [1, 1]
+
+
+@pytest.mark.parametrize(("model_type", "fields"), [
+    ("moonshine", ("encoder_num_hidden_layers", "decoder_num_hidden_layers")),  # 6 and 6
+    ("vit_mae", ("num_hidden_layers", "decoder_num_hidden_layers")),  # 12 and 8
+    ("esmfold2", ("folding_trunk_num_hidden_layers",)),  # 24
+])
+def test_a_named_stacks_num_hidden_layers_is_capped_too(model_type, fields):
+    config = tf.AutoConfig.for_model(model_type)
+    cap_layers(config, 2)
+    assert [getattr(config, field) for field in fields] == [2] * len(fields)

@@ -228,13 +228,14 @@ def test_embeddings_replace_ids_that_forward_refuses():
 
 
 def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(capfd):
-    # BLT's local encoder reads patch_ids, which maps its bytes to the global model's patches:
-    # the global model's output, not a size of this config.
+    # DeepSeek-OCR2's vision encoder reads num_patches, the image's patches before its queries
+    # in the sequence: its composite's SAM tower counts them, and the composite's default config
+    # gives that tower 896 channels where the encoder takes 4096.
     from exportflops.cli import main
 
-    assert main(["hf:blt_local_encoder", "--layers", "1", "--view", "summary"]) == 2
+    assert main(["hf:deepseek_ocr2_encoder", "--layers", "1", "--view", "summary"]) == 2
     error = capfd.readouterr().err
-    assert "'patch_ids'" in error and "--kwargs" in error
+    assert "'num_patches'" in error and "--kwargs" in error
 
 
 def test_a_deeper_model_gets_the_inputs_its_one_layer_twin_was_probed_for():

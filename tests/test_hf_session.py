@@ -53,8 +53,10 @@ def test_the_frame_is_encoded_once_and_each_object_adds_one_decoder_pass():
 
 
 def test_a_session_prompted_otherwise_is_refused_naming_it():
-    # SAM3-Video's session is prompted by text and tracks detections, not clicked points.
-    with pytest.raises(UsageError, match="'inference_session', a Sam3VideoInferenceSession"):
+    # SAM3-Video's session is prompted by text and tracks detections, not clicked points;
+    # its config holds its detector's (sam3) and its tracker's (sam3_tracker_video).
+    with pytest.raises(UsageError, match=r"'inference_session', a Sam3VideoInferenceSession.*"
+                                         r"\(hf:sam3, hf:sam3_tracker_video\)"):
         hf_model("sam3_video", META, None, layers=1)
 
 

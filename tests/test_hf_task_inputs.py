@@ -11,7 +11,9 @@ prompt above an input image of num_channels 3; Phi-4-multimodal's audio encoder 
 assistant block_size 16 of hidden_size 6656; Qwen2.5-Omni's DiT mel_dim 80, repeats 2 mel frames
 per code, enc_emb_dim 192; PI0's chunk_size 50 actions, its action expert's (dit_config)
 hidden_size 1024, its PaliGemma's num_image_tokens 256 (224 / 14 = 16 a side) and
-image_token_id 257152 of images 224 x 224 x 3.
+image_token_id 257152 of images 224 x 224 x 3; BLT's local encoder and decoder: bytes cut into
+patches of BltConfig's patch_size 4, so 128 / 4 = 32 patches, the decoder's hidden_size 1024
+and hidden_size_global 2048.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ CASES = {
     # A state token and 50 action tokens of 1024; one camera; 256 image tokens, then 128 of text.
     "pi0": {"action_embeds": (1, 1 + 50, 1024), "pixel_values": (1, 1, 3, 224, 224),
             "pixel_attention_mask": (1, 1), "input_ids": (1, 256 + SEQ)},
+    "blt_local_encoder": {"input_ids": (1, SEQ), "patch_ids": (1, SEQ)},
+    # The local encoder's byte states, and the global transformer's state of each patch.
+    "blt_local_decoder": {"inputs_embeds": (1, SEQ, 1024), "patch_embeds": (1, SEQ // 4, 2048)},
 }
 #: Those whose export then fails in transformers' own code, not for want of an input:
 #: Token2Wav's ODE solver loops while a tensor's value says (Eq(u0, 1) on its time points).
@@ -145,3 +150,11 @@ def test_a_depth_decoder_takes_a_position_per_codebook(tmp_path):
     assert [tuple(a.shape) for a in args] == [(1, 4)]
     assert {k: tuple(v.shape) for k, v in kwargs.items()} == {"last_hidden_state": (1, 4, 16)}
     analyzes_with_every_op_counted(spec, torch.device("cpu"))
+
+
+def test_blts_bytes_are_cut_into_patches_of_its_patch_size():
+    # 128 bytes in patches of BltConfig's patch_size 4: bytes 0-3 in patch 0, ..., 124-127
+    # in patch 31; 32 patches.
+    named = named_inputs(*hf_model("blt_local_encoder", torch.device("cpu"), None, layers=1))
+    assert named["patch_ids"].tolist() == [[byte // 4 for byte in range(SEQ)]]
+    assert named["num_patches"] == SEQ // 4

@@ -10,8 +10,11 @@ from typing import Any
 from ..errors import UsageError
 
 #: A layer count's name: num_hidden_layers, n_layer, num_layers, encoder_layers,
-#: num_decoder_layers, text_num_hidden_layers, ...
-LAYER_COUNT = re.compile(r"((text|vision|audio)_)?(num_|n_)?((hidden|encoder|decoder)_)?layers?")
+#: num_decoder_layers, text_num_hidden_layers, and a named stack's num_hidden_layers
+#: (Moonshine's encoder_ and decoder_, ViT-MAE's decoder_, V-JEPA 2's pred_, Gemma 3n's audio
+#: conf_, ESMFold2's folding_trunk_), ...
+LAYER_COUNT = re.compile(r"((text|vision|audio)_)?(num_|n_)?((hidden|encoder|decoder)_)?layers?"
+                         r"|\w+_num_hidden_layers")
 #: Fields that count some of a stack's layers: EoMT's and VideoMT's num_blocks (the last layers,
 #: which also attend to the queries), Sapiens2's num_last_full_attention_layers.
 LAYER_SHARE = re.compile(r"num_blocks|num_last_\w*layers")

@@ -80,11 +80,14 @@ def tracked_frame(model, session: type, config, device, *, batch: int
     parameter = next(iter(inspect.signature(model.forward).parameters))
     if not all(callable(getattr(session, name, None))
                for name in ("obj_id_to_idx", "add_point_inputs")):
+        # SAM3-Video's: a detector's objects, kept in Python dicts of scores, then tracked.
+        parts = [f"hf:{sub.model_type}" for sub in vars(config).values()
+                 if hasattr(sub, "model_type") and hasattr(sub, "to_dict")]
         raise UsageError(f"{type(model).__name__}.forward takes {parameter!r}, a "
                          f"{session.__name__}, not a tensor, and exportflops makes that object "
-                         f"only for trackers prompted by clicked points (SAM2-Video): build it "
-                         f"and call analyze() from Python, or analyze the model's tensor "
-                         f"submodules.")
+                         f"only for trackers prompted by clicked points (SAM2-Video); analyze "
+                         f"its parts on their own ({', '.join(parts) or 'its tensor modules'}), "
+                         f"or build the session and call analyze() from Python.")
     vision = sub_config(config, "vision")
     height, width = image_size(vision)
     frame = torch.zeros((1, getattr(vision, "num_channels", 3), height, width), device=device)

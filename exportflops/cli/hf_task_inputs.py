@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_input
 from .hf_image_inputs import image_companions, image_family_input, prompt_image
+from .hf_parent import parent_configs
 from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
                        with_image_tokens)
 from .hf_sizes import depth_positions
@@ -64,6 +65,9 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # ... reading the states of its target model's target_layer_ids layers, concatenated:
         # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
         return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
+    made = byte_patches(name, config, device, batch=batch, steps=steps)
+    if made is not None:
+        return made
     made = speech_dit_input(name, sub_config(config, "dit"), device,
                             batch=batch, codes=steps)
     if made is not None:
@@ -75,6 +79,33 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     if made is not None:
         return made
     return renamed_input(name, config, device, batch=batch, steps=steps)
+
+
+def byte_patches(name: str, config, device, *, batch: int, steps: int):
+    """BLT's local encoder's and decoder's patches of ``steps`` bytes, which the patcher of the
+    model that holds them cuts: patches of its patch_size bytes (BltConfig's 4, the mean its
+    entropy patcher aims at), ``ceil(steps / patch_size)`` of them: each byte's patch
+    ``patch_ids``, in order; their count ``num_patches``; the global transformer's state of
+    each, ``patch_embeds``, hidden_size_global wide. None where the config has no
+    hidden_size_global and cross_attn_k (a local byte model's), or no composite holding it
+    keeps a patch_size."""
+    import torch
+
+    width = config_int(config, ("hidden_size_global",))
+    if (name not in ("patch_ids", "num_patches", "patch_embeds") or width is None
+            or config_int(config, ("cross_attn_k",)) is None):
+        return None
+    size = next((config_int(parent, ("patch_size",)) for parent, _ in parent_configs(config)
+                 if config_int(parent, ("patch_size",))), None)
+    if size is None:
+        return None
+    count = -(-steps // size)
+    if name == "num_patches":
+        return count
+    if name == "patch_embeds":
+        return torch.zeros((batch, count, width), device=device)
+    ids = torch.arange(steps, device=device) // size
+    return ids.expand(batch, steps).clone()
 
 
 def renamed_input(name: str, config, device, *, batch: int, steps: int):
