@@ -89,12 +89,14 @@ def test_the_model_then_analyzes_with_every_op_counted(model_type):
 
 
 def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
-    """ESMFold2's forward requires token_index, an index of each residue's token that no
-    config field sizes, and no composite model holds its config to show one. (Qwen2-VL's
-    grid_thw and Decision Transformer's states, once refused here, are now made:
-    tests/test_hf_needs.py, tests/test_hf_parent.py.)"""
-    with pytest.raises(UsageError, match="'token_index'.*--kwargs"):
-        hf_model("esmfold2", META, None, layers=1)
+    """DeepSeek-OCR2's vision encoder requires num_patches, the image's patches ahead of its
+    queries, which no field of its config counts, and the composite that holds it fails on
+    its own default config (a SAM tower of 896 channels before an encoder of 4096). (ESMFold2's
+    token_index, Qwen2-VL's grid_thw and Decision Transformer's states, once refused here,
+    are now made: tests/test_hf_task_inputs.py, tests/test_hf_needs.py,
+    tests/test_hf_parent.py.)"""
+    with pytest.raises(UsageError, match="'num_patches'.*--kwargs"):
+        hf_model("deepseek_ocr2_encoder", META, None, layers=1)
 
 
 def test_siglip2_is_analyzed_with_its_position_resize_counted_or_named_uncounted():

@@ -13,7 +13,8 @@ per code, enc_emb_dim 192; PI0's chunk_size 50 actions, its action expert's (dit
 hidden_size 1024, its PaliGemma's num_image_tokens 256 (224 / 14 = 16 a side) and
 image_token_id 257152 of images 224 x 224 x 3; BLT's local encoder and decoder: bytes cut into
 patches of BltConfig's patch_size 4, so 128 / 4 = 32 patches, the decoder's hidden_size 1024
-and hidden_size_global 2048.
+and hidden_size_global 2048; ESMFold2: a chain of 128 glycines, a token each, with no bonds
+between tokens.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ CASES = {
     "pi0": {"action_embeds": (1, 1 + 50, 1024), "pixel_values": (1, 1, 3, 224, 224),
             "pixel_attention_mask": (1, 1), "input_ids": (1, 256 + SEQ)},
     "blt_local_encoder": {"input_ids": (1, SEQ), "patch_ids": (1, SEQ)},
+    "esmfold2": {"token_index": (1, SEQ), "res_type": (1, SEQ), "token_bonds": (1, SEQ, SEQ, 1)},
     # The local encoder's byte states, and the global transformer's state of each patch.
     "blt_local_decoder": {"inputs_embeds": (1, SEQ, 1024), "patch_embeds": (1, SEQ // 4, 2048)},
 }
@@ -158,3 +160,17 @@ def test_blts_bytes_are_cut_into_patches_of_its_patch_size():
     named = named_inputs(*hf_model("blt_local_encoder", torch.device("cpu"), None, layers=1))
     assert named["patch_ids"].tolist() == [[byte // 4 for byte in range(SEQ)]]
     assert named["num_patches"] == SEQ // 4
+
+
+def test_esmfold2s_atoms_are_four_a_glycine_padded_to_a_multiple_of_32():
+    # 10 glycines of 4 heavy atoms: 40 atoms, padded to 64; atom 39 is the last glycine's (9),
+    # the padding is masked out and points at the last token too.
+    from exportflops.cli.hf_task_inputs import atoms
+
+    atom = atoms(tf.AutoConfig.for_model("esmfold2"), META, batch=2, steps=10)
+    assert tuple(atom.ref_pos.shape) == (2, 64, 3)
+    assert tuple(atom.ref_atom_name_chars.shape) == (2, 64, 4)  # max_chars 4
+    cpu = atoms(tf.AutoConfig.for_model("esmfold2"), torch.device("cpu"), batch=1, steps=10)
+    mask = cpu.atom_attention_mask
+    assert mask.sum().item() == 40 and mask.dtype == torch.bool
+    assert cpu.atom_to_token[0, [0, 3, 4, 39, 63]].tolist() == [0, 0, 1, 9, 9]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_input
 from .hf_image_inputs import image_companions, image_family_input, prompt_image
-from .hf_parent import parent_configs
+from .hf_parent import modeling_module, parent_configs
 from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
                        with_image_tokens)
 from .hf_sizes import depth_positions
@@ -25,6 +25,11 @@ DETECTOR_BOXES = 36
 #: one's width (a return-to-go, the third, is one number).
 TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
 
+
+#: The heavy atoms of a glycine (N, CA, C, O): a protein's example is a chain of glycines.
+GLYCINE_ATOMS = 4
+#: ESMFold2's featurizer pads a complex's atoms to a multiple of this.
+ATOM_PADDING = 32
 
 def family_input(name: str, config, device, *, batch: int, steps: int):
     """The input ``name`` of the family whose config field sizes it, ``steps`` long where its
@@ -68,6 +73,9 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     made = byte_patches(name, config, device, batch=batch, steps=steps)
     if made is not None:
         return made
+    made = protein_input(name, config, device, batch=batch, steps=steps)
+    if made is not None:
+        return made
     made = speech_dit_input(name, sub_config(config, "dit"), device,
                             batch=batch, codes=steps)
     if made is not None:
@@ -79,6 +87,60 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
     if made is not None:
         return made
     return renamed_input(name, config, device, batch=batch, steps=steps)
+
+
+def protein_input(name: str, config, device, *, batch: int, steps: int):
+    """ESMFold2's inputs for a chain of ``steps`` glycines an example, as its featurizer lays
+    out a protein: each token's index in the complex and in its chain (0, 1, ...); its chain,
+    copy, entity, molecule and residue types (zeros: they select embeddings); no bond between
+    tokens ``(batch, steps, steps, 1)``; and ``atom_inputs``, the dataclass of its atoms
+    (`atoms`). None where the config has no num_res_types and max_atoms_per_token."""
+    import torch
+
+    if None in (config_int(config, ("num_res_types",)),
+                config_int(config, ("max_atoms_per_token",))):
+        return None
+    if name in ("token_index", "residue_index"):
+        return torch.arange(steps, device=device).expand(batch, steps).clone()
+    if name in ("asym_id", "sym_id", "entity_id", "mol_type", "res_type"):
+        return torch.zeros((batch, steps), dtype=torch.long, device=device)
+    if name == "token_bonds":
+        return torch.zeros((batch, steps, steps, 1), device=device)
+    return atoms(config, device, batch=batch, steps=steps) if name == "atom_inputs" else None
+
+
+def atoms(config, device, *, batch: int, steps: int):
+    """ESMFold2's atoms of a chain of ``steps`` glycines, each of GLYCINE_ATOMS heavy atoms,
+    padded to a multiple of ATOM_PADDING as its featurizer pads a complex's: their reference
+    positions, charges (int8), mask (bool, the padding False), elements, names
+    ``(max_chars)`` and tokens; in the dataclass of its modeling module that holds them,
+    registered with torch.export (which otherwise refuses its type). None where the module has
+    no such dataclass."""
+    import dataclasses
+
+    import torch
+    import torch.utils._pytree as pytree
+
+    holder = next((c for c in vars(modeling_module(config) or object).values()
+                   if isinstance(c, type) and dataclasses.is_dataclass(c)
+                   and {"atom_to_token", "ref_pos"} <= {f.name for f in dataclasses.fields(c)}),
+                  None)
+    if holder is None:
+        return None
+    if holder not in pytree.SUPPORTED_NODES:
+        torch.export.register_dataclass(holder)
+    real = steps * GLYCINE_ATOMS
+    count = -(-real // ATOM_PADDING) * ATOM_PADDING
+    index = torch.arange(count, device=device)
+    token = (index // GLYCINE_ATOMS).clamp(max=steps - 1).expand(batch, count).clone()
+    zeros = torch.zeros((batch, count), dtype=torch.long, device=device)
+    mask = (index < real).expand_as(token).clone()  # an expanded input fails export
+    return holder(
+        ref_pos=torch.zeros((batch, count, 3), device=device),
+        ref_charge=zeros.to(torch.int8), atom_attention_mask=mask,
+        ref_element=zeros, ref_space_uid=token, atom_to_token=token,
+        ref_atom_name_chars=torch.zeros((batch, count, config_int(config, ("max_chars",)) or 4),
+                                        dtype=torch.long, device=device))
 
 
 def byte_patches(name: str, config, device, *, batch: int, steps: int):
