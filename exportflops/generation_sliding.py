@@ -74,12 +74,13 @@ def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
              for t, w in zip(tensors, windows * 2)]
     data = [(k, v) if w is None else (k, v, torch.tensor([w]))
             for k, v, w in zip(sized[:layers], sized[layers:], windows)]
-    cache = cache_argument(model)
-    step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True, cache: DynamicCache(data)}
+    cache_name = cache_argument(model)
+    step = {"input_ids": input_ids[:, :1].clone(), "use_cache": True,
+            cache_name: DynamicCache(data)}
     # The flattened DynamicCache is [keys per layer, values per layer]; dim 2 is the length.
     spec = [{2: torch.export.Dim.DYNAMIC} if w is None else None for w in windows]
     captured = capture_forward(model, (), step, dynamic_shapes={
-        "input_ids": None, cache: [spec, spec], "use_cache": None})
+        "input_ids": None, cache_name: [spec, spec], "use_cache": None})
     positions = range(1, 1 + 2 * layers)  # user inputs: input_ids, then keys, then values
     name_input_sizes(captured.program, positions, 2, PAST)
     # The exported step starts by rebuilding the DynamicCache from its tensors, copying each

@@ -301,3 +301,47 @@ def test_a_model_past_the_memory_the_machine_has_free_exits_2_not_killed(
     else:
         assert code == 0 and err == ""
     assert resource.getrlimit(resource.RLIMIT_DATA) == limits  # the cap ends with the run
+
+
+@pytest.mark.parametrize(("cgroup", "files", "free"), [
+    # No cgroup limit: 20 GiB available and 1 GiB of swap free.
+    ("0::/job", {"sys/fs/cgroup/job/memory.max": "max",
+                 "sys/fs/cgroup/job/memory.current": str(2**30)}, 21 * 2**30),
+    # A container's cgroup v2 limit of 4 GiB, 1 GiB used: 3 GiB.
+    ("0::/job", {"sys/fs/cgroup/job/memory.max": str(4 * 2**30),
+                 "sys/fs/cgroup/job/memory.current": str(2**30)}, 3 * 2**30),
+    # cgroup v1's: 6 GiB, 2 GiB used.
+    ("4:cpu,memory:/job", {"sys/fs/cgroup/memory/job/memory.limit_in_bytes": str(6 * 2**30),
+                           "sys/fs/cgroup/memory/job/memory.usage_in_bytes": str(2 * 2**30)},
+     4 * 2**30),
+])
+def test_the_free_memory_is_the_least_the_machine_and_its_cgroups_leave(tmp_path, cgroup,
+                                                                         files, free):
+    from exportflops.cli.memory import HEADROOM, free_bytes
+
+    written = {"proc/meminfo": f"MemTotal: {32 * 2**20} kB\nMemAvailable: {20 * 2**20} kB\n"
+                               f"SwapFree: {2**20} kB\n",
+               "proc/self/cgroup": cgroup + "\n", **files}
+    for path, text in written.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert free_bytes(f"{tmp_path}/") == int(free * (1 - HEADROOM))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
+                    reason="the cap reads the process's data from Linux's /proc")
+def test_a_lower_limit_the_user_set_is_kept_and_not_called_the_machines():
+    import resource
+
+    from exportflops.cli.memory import memory_capped
+
+    limits = resource.getrlimit(resource.RLIMIT_DATA)
+    resource.setrlimit(resource.RLIMIT_DATA, (2**45, limits[1]))  # ulimit -d: 32 TiB
+    try:
+        with memory_capped(2**46) as capped:  # more than the user's limit: theirs binds
+            assert not capped and resource.getrlimit(resource.RLIMIT_DATA)[0] == 2**45
+        with memory_capped(2**30) as capped:  # 1 GiB more than the process holds: ours
+            assert capped and resource.getrlimit(resource.RLIMIT_DATA)[0] < 2**45
+        assert resource.getrlimit(resource.RLIMIT_DATA)[0] == 2**45
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, limits)

@@ -20,8 +20,9 @@ its default image (224 / patch_size 16 = 14 a side) 14 x 14 = 196 tokens, more t
 Molmo2, as its image processor cuts an image of the tower's image_size 378:
 two crops (low resolution, and its one tile) of 27 x 27 = 729 patches of 3 x 14 x 14 = 588
 pixels, each pooled 2 x 2 (the processor's pooling_size) into ceil(27 / 2) = 14 x 14 tokens: 2 x
-196 = 392 image tokens, before the text's 128; its adapter reads the tower's last two layers
-(vision_feature_layer [24, 18], both moved inside the capped tower), 2 x 1152 features a patch.
+196 = 392 image tokens, before the text's 128; its adapter reads two of the tower's layers
+(vision_feature_layer [24, 18] of 25, both moved inside the capped tower), 2 x 1152 features a
+patch.
 """
 
 from __future__ import annotations

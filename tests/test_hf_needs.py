@@ -117,6 +117,26 @@ def test_a_none_passed_on_through_a_decorators_wrapper_names_the_input():
     assert needed_input(error, ["input_ids", "encoder_hidden_states"]) == "encoder_hidden_states"
 
 
+class _Scaled:
+    scale = None  # an attribute, not an input
+
+    def inner(self, x, gate=None):
+        return gate.shape  # reads .shape of a None
+
+    def mid(self, x, shape, mask):
+        return self.inner(x, self.scale).view(1, *shape)  # unpacks a shape, passes nothing on
+
+
+def test_an_unpacked_shape_on_a_callers_line_passes_no_none_on():
+    # The None is an attribute of the caller's; the outer forward's attention_mask, also None,
+    # is not what was read.
+    def forward(input_ids, attention_mask=None):
+        return _Scaled().mid(input_ids, (2,), attention_mask)
+
+    error = _raised(forward, torch.zeros(1, 2))
+    assert needed_input(error, ["input_ids", "attention_mask"]) is None
+
+
 def test_other_errors_name_no_input():
     assert needed_input(_raised(lambda: [][1]), ["input_ids"]) is None
     # A None of the forward's own making (not one of its parameters) names none either.

@@ -2,8 +2,9 @@
 
 Orchestration only: counting is `analyze`'s, rendering is `render`'s. Exit status 0 on success,
 2 when the command cannot run as written (bad arguments, a MODEL that does not resolve, a missing
-file or package), 1 when building or analyzing the model fails; each failure prints one
-paragraph on stderr, and the traceback only with ``--debug``.
+file or package, a --device cpu run past the memory the machine has free), 1 when building or
+analyzing the model fails; each failure prints one paragraph on stderr, and the traceback only
+with ``--debug``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import Any
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError
 from ..progress import Progress, showing, stage
-from ..hints import first_lines
 from .hf import analyze_deciding_on_cpu, missed_input, raised_by
 from .memory import free_bytes, memory_capped, out_of_memory
 from .options import check, parser
@@ -108,9 +108,14 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
             raise UsageError(
                 f"{ns.model} on --device cpu needs more memory than this machine has free "
                 f"({free / 2**30:.1f} GiB; {type(refused).__name__}: "
-                f"{first_lines(refused, 1)}). Pass --device meta, which counts the same without "
+                f"{_first_line(refused)}). Pass --device meta, which counts the same without "
                 f"allocating; where real values are needed (--profile), a smaller model or "
                 f"example (--layers, --seq, --batch).") from error
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else "an allocation was refused"
 
 
 def _analysis(ns: argparse.Namespace) -> _Outcome:

@@ -18,9 +18,9 @@ from ..hints import first_lines, meta_only
 from .hf_inputs import UnknownInputError, hf_inputs
 from .hf_layers import cap_layers, layer_counts, sub_configs
 from .hf_needs import innermost, needed_input, raised_by
-from .memory import memory_capped, out_of_memory
 from .hf_parent import (held_in_composite, modeling_module, module_name, parent_inputs,
                         takes_config_alone)
+from .memory import free_bytes, memory_capped, out_of_memory
 
 #: The auto classes tried first, in this order; then every other ``AutoModel*`` class by name.
 #: An encoder-decoder's seq2seq classes come before ``AutoModelForCausalLM``, which would build
@@ -36,7 +36,8 @@ PREFERRED_AUTO = ("AutoModelForCausalLM", "AutoModel")
 #: The most bytes of parameters and buffers of a model built on meta that is built again on
 #: cpu (`analyze_deciding_on_cpu`): a vision tower a few layers deep, not a vocabulary's table.
 CPU_REBUILD_BYTES = 2 * 2**30
-#: The most memory that analysis on cpu may take beyond what the process held: an example's
+#: The most memory that analysis on cpu may take beyond what the process held (less where the
+#: machine has less free, `memory.free_bytes`): an example's
 #: values can make the sizes they decide explode (LightGlue's detector finds a keypoint at
 #: each pixel of a blank image and matches every pair: some 24 GiB).
 CPU_RUN_BYTES = 8 * 2**30
@@ -282,7 +283,8 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
                 and any(t.device.type == "meta" for t in tensors)
                 and sum(t.numel() * t.element_size() for t in tensors) <= CPU_REBUILD_BYTES):
             raise
-    with memory_capped(CPU_RUN_BYTES) as capped:
+    cap = min(CPU_RUN_BYTES, free_bytes() or CPU_RUN_BYTES)
+    with memory_capped(cap) as capped:
         try:
             return analyze(*on_cpu())
         except (ExportError, RuntimeError, MemoryError) as failure:
@@ -291,10 +293,10 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
             name = type(model).__name__
             raise ExportError(name, first_lines(failure), (
                 f"{name} cannot be analyzed on meta ({why}), so it was built again on cpu and "
-                f"run on its example; that run needed more than {CPU_RUN_BYTES / 2**30:g} GiB "
-                f"beyond what the process held (the example's values may decide its sizes). "
-                f"Pass --device cpu to run it without that cap, or smaller inputs (--seq, "
-                f"--batch, --kwargs).")) from failure
+                f"run on its example; that run needed more than {cap / 2**30:.1f} GiB beyond "
+                f"what the process held (the example's values may decide its sizes). Pass "
+                f"--device cpu, capped only at the memory the machine has free, or smaller "
+                f"inputs (--seq, --batch, --kwargs).")) from failure
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

@@ -49,13 +49,22 @@ def patch_rows(model, vision, device, *, batch: int) -> list:
     ``vision`` has no int patch_size or no linear layer of ``model`` reads such a row."""
     import torch
 
-    patch = config_int(vision, ("patch_size",))
-    channels = config_int(vision, ("num_channels",)) or 3
-    row = channels * patch * patch if patch is not None else None
-    if not any(isinstance(m, torch.nn.Linear) and m.in_features == row for m in model.modules()):
+    shape = _patch_rows(vision)
+    if shape is None or not any(isinstance(m, torch.nn.Linear) and m.in_features == shape[1]
+                                for m in model.modules()):
         return []
+    return [torch.zeros((batch, *shape), device=device)]
+
+
+def _patch_rows(vision) -> tuple[int, int] | None:
+    """One image of ``vision``'s image_size as rows of flattened patches: (patches,
+    num_channels * patch_size ** 2); None where patch_size is no int."""
+    patch = config_int(vision, ("patch_size",))
+    if patch is None:
+        return None
     height, width = image_size(vision)
-    return [torch.zeros((batch, (height // patch) * (width // patch), row), device=device)]
+    channels = config_int(vision, ("num_channels",)) or 3
+    return (height // patch) * (width // patch), channels * patch * patch
 
 
 def patch_layouts(flat, vision):
@@ -88,25 +97,24 @@ def pooled_crops(vision, device, *, batch: int) -> tuple[dict, int] | None:
     image becomes. None where ``vision`` has no int patch_size."""
     import torch
 
-    patch = config_int(vision, ("patch_size",))
-    if patch is None:
+    shape = _patch_rows(vision)
+    if shape is None:
         return None
-    channels = config_int(vision, ("num_channels",)) or 3
-    height, width = (side // patch for side in image_size(vision))
-    cells = torch.arange(height * width).view(height, width)
-    rows, cols = -(-height // POOLING), -(-width // POOLING)
+    patch = config_int(vision, ("patch_size",))
+    down, across = (side // patch for side in image_size(vision))  # patches a side
+    rows, cols = -(-down // POOLING), -(-across // POOLING)  # tokens a side
     # The grid padded with -1 to whole cells below and right, each cell's patches row by row.
     padded = torch.full((rows * POOLING, cols * POOLING), -1)
-    padded[:height, :width] = cells
+    padded[:down, :across] = torch.arange(shape[0]).view(down, across)
     crop = padded.view(rows, POOLING, cols, POOLING).permute(0, 2, 1, 3).reshape(-1, POOLING ** 2)
     crops = 2
-    pooling = torch.cat([torch.where(crop >= 0, crop + (image * crops + c) * height * width, -1)
+    pooling = torch.cat([torch.where(crop >= 0, crop + (image * crops + c) * shape[0], -1)
                          for image in range(batch) for c in range(crops)])
     return {
-        "pixel_values": torch.zeros((batch * crops, height * width, channels * patch * patch),
-                                    device=device),
+        "pixel_values": torch.zeros((batch * crops, *shape), device=device),
         "image_token_pooling": pooling.to(device=device, dtype=torch.int32),
-        "image_grids": torch.tensor([[rows, cols] * crops] * batch, device=device),
+        # The low-resolution crop's token grid, then the tiles': the same at this size.
+        "image_grids": torch.tensor([[rows, cols, rows, cols]] * batch, device=device),
         "image_num_crops": torch.full((batch,), crops, device=device),
     }, crops * rows * cols
 

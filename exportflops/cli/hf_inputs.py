@@ -107,8 +107,9 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     crops = ("image_token_pooling" in signature and "pixel_values" in inputs
              and pooled_crops(sub_config(config, "vision"), device, batch=batch))
     if crops:  # Molmo2's: crops of patch rows, pooled into tokens by index
-        inputs |= {name: value for name, value in crops[0].items() if name in signature}
-        _placeholders(inputs, set(signature), config, crops[1], seq)
+        made, tokens = crops
+        inputs |= {name: value for name, value in made.items() if name in signature}
+        _placeholders(inputs, set(signature), config, tokens, seq)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).

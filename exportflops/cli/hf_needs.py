@@ -11,6 +11,7 @@ a branch fake tensors cannot decide, on the real inputs of a model on a real dev
 from __future__ import annotations
 
 import contextlib
+import inspect
 import linecache
 import os
 import re
@@ -21,8 +22,6 @@ from typing import Any
 _READ = re.compile(r"\b([A-Za-z_]\w*)\s*(?:\.\s*[A-Za-z_]|\[)")
 #: Any name.
 _NAME = re.compile(r"\b([A-Za-z_]\w*)\b")
-#: A call that passes its own arguments on: ``func(*args, **kwargs)``.
-_PASSED_ON = re.compile(r"\(\s*(?:\w+\s*,\s*)?\*\w+")
 #: A keyword argument passed a name: ``key=value``.
 _KEYWORD = re.compile(r"\b([A-Za-z_]\w*)\s*=\s*([A-Za-z_]\w*)\b")
 
@@ -62,7 +61,7 @@ def none_reads(error: BaseException) -> list[str]:
                  if names and key == names[-1] and value in none]
         found = bound or list(dict.fromkeys(none))
         if not found and names and ("/torch/" in summary.filename.replace("\\", "/")
-                                    or _PASSED_ON.search(line)):
+                                    or _passes_on(frame, line)):
             # torch's module call machinery (eager or export's), or a decorator's wrapper
             # (transformers' deprecate_kwarg since 5.24): passes *args on.
             continue
@@ -70,6 +69,17 @@ def none_reads(error: BaseException) -> list[str]:
             break
         names += found
     return names
+
+
+def _passes_on(frame, line: str) -> bool:
+    """Whether ``line`` of ``frame`` calls on with the frame's own ``*args``: ``return
+    func(*args, **kwargs)`` in a wrapper, not an unpacking of some other tuple
+    (``x.view(1, *shape)``)."""
+    code = frame.f_code
+    if not code.co_flags & inspect.CO_VARARGS:
+        return False
+    star = code.co_varnames[code.co_argcount + code.co_kwonlyargcount]
+    return re.search(rf"\(\s*(?:\w+\s*,\s*)?\*{star}\b", line) is not None
 
 
 def raised_by(error: BaseException) -> str:

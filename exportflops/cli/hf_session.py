@@ -82,7 +82,7 @@ def tracked_frame(model, session: type, config, device, *, batch: int
                for name in ("obj_id_to_idx", "add_point_inputs")):
         # SAM3-Video's: a detector's objects, kept in Python dicts of scores, then tracked.
         parts = [f"hf:{sub.model_type}" for sub in vars(config).values()
-                 if hasattr(sub, "model_type") and hasattr(sub, "to_dict")]
+                 if hasattr(sub, "to_dict") and getattr(sub, "model_type", "")]
         raise UsageError(f"{type(model).__name__}.forward takes {parameter!r}, a "
                          f"{session.__name__}, not a tensor, and exportflops makes that object "
                          f"only for trackers prompted by clicked points (SAM2-Video); analyze "

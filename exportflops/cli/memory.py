@@ -6,30 +6,71 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import os
 
 #: The share of the free memory a capped run leaves to the rest of the machine: MemAvailable
 #: counts page cache the kernel gives back only in part, and other processes go on growing.
 HEADROOM = 0.1
 
 
-def free_bytes() -> int | None:
+def free_bytes(root: str = "/") -> int | None:
     """What the machine can give this process safely: its available memory and free swap
-    (Linux's /proc/meminfo), less `HEADROOM`; None where that cannot be read."""
+    (Linux's /proc/meminfo), or less where the process's cgroup (a container's limit) leaves
+    less (`_cgroup_room`), less `HEADROOM`; None where /proc/meminfo cannot be read. ``root``:
+    where the file system starts (a test's folder)."""
     try:
-        with open("/proc/meminfo") as meminfo:
+        with open(os.path.join(root, "proc/meminfo")) as meminfo:
             fields = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
-        return int((fields["MemAvailable"] + fields.get("SwapFree", 0)) * (1 - HEADROOM))
+        free = fields["MemAvailable"] + fields.get("SwapFree", 0)
     except (OSError, KeyError, ValueError, IndexError):
         return None
+    room = _cgroup_room(root)
+    return int(min(free, free if room is None else room) * (1 - HEADROOM))
+
+
+def _cgroup_room(root: str) -> int | None:
+    """What this process's memory cgroups still allow: each one's limit less its usage (v2's
+    memory.max and memory.current, v1's memory.limit_in_bytes and memory.usage_in_bytes, at
+    the path /proc/self/cgroup names), the least; None where none sets a limit."""
+    try:
+        with open(os.path.join(root, "proc/self/cgroup")) as cgroups:
+            entries = [line.rstrip("\n").split(":", 2) for line in cgroups if line.count(":") >= 2]
+    except OSError:
+        return None
+    rooms = []
+    for _, controllers, path in entries:
+        if controllers == "":
+            folder, files = "sys/fs/cgroup", ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            folder, files = "sys/fs/cgroup/memory", ("memory.limit_in_bytes",
+                                                     "memory.usage_in_bytes")
+        else:
+            continue
+        try:
+            limit, used = (_read(os.path.join(root, folder, path.lstrip("/"), name))
+                           for name in files)
+        except (OSError, ValueError):
+            continue
+        if limit is not None and used is not None:
+            rooms.append(limit - used)
+    return min(rooms) if rooms else None
+
+
+def _read(path: str) -> int | None:
+    """A cgroup file's number; None for no limit ("max", or v1's page-rounded 2**63)."""
+    with open(path) as file:
+        text = file.read().strip()
+    return None if text == "max" or int(text) >= 2**62 else int(text)
 
 
 @contextlib.contextmanager
 def memory_capped(extra: int | None):
     """Allocations past ``extra`` bytes more than the process's data held fail for the block
     (torch raises its allocator's RuntimeError), where the platform lets a process cap itself
-    (Linux's RLIMIT_DATA: writable private memory, not the address space that thread stacks
-    and malloc arenas reserve, which RLIMIT_AS would count against the cap); never above a
-    limit already set. ``extra`` None: no cap. Yields whether a cap was set."""
+    (Linux's RLIMIT_DATA: writable private memory, thread stacks included, not the address
+    space malloc's arenas reserve unused, which RLIMIT_AS would count against the cap); never
+    above a limit already set. ``extra`` None: no cap. Yields whether this cap is the one that
+    binds (not a lower limit the user set: ``ulimit -d``)."""
     try:
         import resource
 
@@ -45,7 +86,7 @@ def memory_capped(extra: int | None):
     cap = min(limit for limit in (soft, hard, held + extra) if limit != resource.RLIM_INFINITY)
     resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
     try:
-        yield True
+        yield cap == held + extra
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 

@@ -79,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
                              "positions when fewer), or audio frames / waveform samples")
     parser.add_argument("--device", choices=("meta", "cpu", "cuda"), default=None,
                         help="where the model and inputs are built (default meta: nothing is "
-                             "allocated, the counts are the same)")
+                             "allocated, the counts are the same; cpu: capped at the memory "
+                             "the machine has free)")
     parser.add_argument("--view", action="append", default=None, metavar="VIEW[,VIEW]",
                         help="summary, top, tree, operators, module_operators, collectives or "
                              f"all (default {','.join(CLI_DEFAULT_VIEWS)}, and collectives "
