@@ -14,8 +14,8 @@ Hand counts of the factory models below:
 from __future__ import annotations
 
 import csv
-import os
 import io
+import os
 import re
 import shlex
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from .hf_audio_inputs import audio_companions, audio_family_input, speech_dit_input
 from .hf_image_inputs import image_companions, image_family_input, prompt_image
-from .hf_parent import modeling_module, parent_configs
 from .hf_media import (IMAGE_TOKEN, IMAGE_TOKENS, config_int, image_size, pixels, sub_config,
                        with_image_tokens)
+from .hf_parent import modeling_module, parent_configs
 from .hf_sizes import depth_positions
 
 #: JEV's decision inputs: per question of the one prompt, the position of its ``<|mark|>``, its
