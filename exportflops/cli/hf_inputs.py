@@ -288,8 +288,7 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
 
 def _placeholders(inputs: dict[str, Any], parameters: set[str], config, count: int,
                   seq: int | None) -> None:
-    """In the tokens of ``inputs``, ``count`` placeholders (the config's image_token_id), marked
-    as an image's in mm_token_type_ids where forward takes those."""
+    """``count`` image placeholders (image_token_id) in the tokens, and in mm_token_type_ids."""
     import torch
 
     token = config_int(config, IMAGE_TOKEN)
