@@ -1,15 +1,18 @@
 """Image inputs in the layouts one family's vision tower reads, each sized by the config fields
 its code reads: SegGPT's prompt, a windowed ViT's patch states, patches as rows, as images, as
 clips or as blocks of merged tokens, Aria's images of its projector's patch counts, Gemma 4's
-pooled grid, VideoLLaMA 3's merge sizes; `image_family_input` and `image_companions` are what
+pooled grid, VideoLLaMA 3's merge sizes, Molmo2's pooled crops; and an image's placeholders in
+the text (`image_placeholders`). `image_family_input` and `image_companions` are what
 `hf_task_inputs` asks. None (or empty) where the config has no such field, as there."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MERGE_SIZES, config_int, image_size, merge_size,
-                       patch_grid, sub_config, with_image_tokens)
+from ..errors import UsageError
+from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MAX_POSITIONS, MERGE_SIZES, config_int,
+                       image_size, merge_size, patch_grid, sub_config, with_image_tokens)
 from .hf_sizes import windows
 
 
@@ -49,22 +52,24 @@ def patch_rows(model, vision, device, *, batch: int) -> list:
     ``vision`` has no int patch_size or no linear layer of ``model`` reads such a row."""
     import torch
 
-    shape = _patch_rows(vision)
-    if shape is None or not any(isinstance(m, torch.nn.Linear) and m.in_features == shape[1]
-                                for m in model.modules()):
+    grid = _patch_rows(vision)
+    if grid is None or not any(isinstance(m, torch.nn.Linear) and m.in_features == grid[2]
+                               for m in model.modules()):
         return []
-    return [torch.zeros((batch, *shape), device=device)]
+    down, across, row = grid
+    return [torch.zeros((batch, down * across, row), device=device)]
 
 
-def _patch_rows(vision) -> tuple[int, int] | None:
-    """One image of ``vision``'s image_size as rows of flattened patches: (patches,
-    num_channels * patch_size ** 2); None where patch_size is no int."""
+def _patch_rows(vision) -> tuple[int, int, int] | None:
+    """One image of ``vision``'s image_size as rows of flattened patches: its patches down and
+    across, and num_channels * patch_size ** 2 values a row; None where patch_size is no
+    int."""
     patch = config_int(vision, ("patch_size",))
     if patch is None:
         return None
     height, width = image_size(vision)
     channels = config_int(vision, ("num_channels",)) or 3
-    return (height // patch) * (width // patch), channels * patch * patch
+    return height // patch, width // patch, channels * patch * patch
 
 
 def patch_layouts(flat, vision):
@@ -97,26 +102,61 @@ def pooled_crops(vision, device, *, batch: int) -> tuple[dict, int] | None:
     image becomes. None where ``vision`` has no int patch_size."""
     import torch
 
-    shape = _patch_rows(vision)
-    if shape is None:
+    grid = _patch_rows(vision)
+    if grid is None:
         return None
-    patch = config_int(vision, ("patch_size",))
-    down, across = (side // patch for side in image_size(vision))  # patches a side
+    down, across, row = grid  # patches a side, values a patch
     rows, cols = -(-down // POOLING), -(-across // POOLING)  # tokens a side
     # The grid padded with -1 to whole cells below and right, each cell's patches row by row.
     padded = torch.full((rows * POOLING, cols * POOLING), -1)
-    padded[:down, :across] = torch.arange(shape[0]).view(down, across)
+    padded[:down, :across] = torch.arange(down * across).view(down, across)
     crop = padded.view(rows, POOLING, cols, POOLING).permute(0, 2, 1, 3).reshape(-1, POOLING ** 2)
     crops = 2
-    pooling = torch.cat([torch.where(crop >= 0, crop + (image * crops + c) * shape[0], -1)
+    pooling = torch.cat([torch.where(crop >= 0, crop + (image * crops + c) * down * across, -1)
                          for image in range(batch) for c in range(crops)])
     return {
-        "pixel_values": torch.zeros((batch * crops, *shape), device=device),
+        "pixel_values": torch.zeros((batch * crops, down * across, row), device=device),
         "image_token_pooling": pooling.to(device=device, dtype=torch.int32),
         # The low-resolution crop's token grid, then the tiles': the same at this size.
         "image_grids": torch.tensor([[rows, cols, rows, cols]] * batch, device=device),
         "image_num_crops": torch.full((batch,), crops, device=device),
     }, crops * rows * cols
+
+
+def image_placeholders(inputs: dict[str, Any], parameters: set[str], config, count: int,
+                       seq: int | None) -> None:
+    """``count`` image placeholders (image_token_id) in the tokens, and in mm_token_type_ids."""
+    import torch
+
+    token = config_int(config, IMAGE_TOKEN)
+    if "input_ids" not in inputs or token is None:
+        return
+    inputs |= _room_for_image(inputs, config, count, seq)
+    if count <= inputs["input_ids"].shape[1]:
+        inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
+        if "mm_token_type_ids" in parameters:
+            kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
+            inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
+
+
+def _room_for_image(inputs: dict[str, Any], config, count: int, seq: int | None
+                    ) -> dict[str, Any]:
+    """The text of ``inputs`` (its ids, token types and mask of ones) lengthened to hold an
+    image's ``count`` tokens before its own, where the image has more tokens than the default
+    text (MiniMax-M3-VL's image_size 2016 in patches of 14, merged 2 x 2: 72 x 72 = 5184) and
+    the text model's positions hold both. Empty where the text already holds them; a
+    UsageError where ``--seq`` set a text too short for them."""
+    ids = inputs["input_ids"]
+    limit = config_int(config.get_text_config(), MAX_POSITIONS)
+    length = count + ids.shape[1]
+    if count <= ids.shape[1] or (limit is not None and length > limit):
+        return {}
+    if seq is not None:
+        raise UsageError(f"--seq {seq}: one image of {type(config).__name__} takes {count} "
+                         f"tokens of the text; pass --seq {count} or more.")
+    shape = (ids.shape[0], length)
+    return {name: ids.new_ones(shape) if name == "attention_mask" else ids.new_zeros(shape)
+            for name in ("input_ids", "token_type_ids", "attention_mask") if name in inputs}
 
 
 def projector_images(config, ids) -> dict:

@@ -12,12 +12,12 @@ from typing import Any
 from ..errors import UsageError
 from .hf_audio_inputs import (codebook_layouts, concatenated_frames, features_config,
                               stacked_frames)
-from .hf_image_inputs import patch_layouts, patch_rows, pooled_crops, token_blocks
-from .hf_media import (GRID_INPUTS, IMAGE_SIZES, IMAGE_TOKEN, MASKS, MEL_BINS, MERGE_SIZES,
+from .hf_image_inputs import (image_placeholders, patch_layouts, patch_rows, pooled_crops,
+                              token_blocks)
+from .hf_media import (GRID_INPUTS, IMAGE_SIZES, MASKS, MAX_POSITIONS, MEL_BINS, MERGE_SIZES,
                        SIZE_INPUTS, accepted, boxes, config_int, encoder_states, fake_error,
                        feature_layouts, flattened_patches, grid, image_tokens, mask, naflex,
-                       patches, pixels, sizes, spectrogram, sub_config, time_series, waveform,
-                       with_image_tokens)
+                       patches, pixels, sizes, spectrogram, sub_config, time_series, waveform)
 from .hf_needs import needed_input, refused_ids
 from .hf_sizes import depth_positions
 from .hf_task_inputs import companions, family_input
@@ -33,9 +33,6 @@ HF_DEFAULT_SEQ_LEN = 128
 #: Samples of a raw waveform (``input_values``): one second at 16 kHz, the sampling rate of
 #: wav2vec2's, HuBERT's and WavLM's feature extractors.
 HF_DEFAULT_SAMPLES = 16_000
-#: Where a config keeps its longest sequence, by the names transformers' configs use.
-MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length",
-                 "n_ctx", "max_text_len")
 #: The inputs `example` makes.
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
@@ -109,7 +106,7 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     if crops:  # Molmo2's: crops of patch rows, pooled into tokens by index
         made, tokens = crops
         inputs |= {name: value for name, value in made.items() if name in signature}
-        _placeholders(inputs, set(signature), config, tokens, seq)
+        image_placeholders(inputs, set(signature), config, tokens, seq)
     grid_input = next((name for name in GRID_INPUTS if name in signature), None)
     # The patches: pixel_values, or forward's first parameter where it has no name we know
     # (Qwen2-VL's vision tower calls them hidden_states).
@@ -276,50 +273,14 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
                   seq: int | None = None) -> None:
     """Qwen2-VL's image inputs in ``inputs``: the image as flattened patches with its patch
     grid (and its `merge_size` where forward takes one per image), and, in the tokens, one
-    placeholder per image token (`_placeholders`)."""
+    placeholder per image token (`image_placeholders`)."""
     vision = sub_config(config, "vision")
     # To choose from: flattened, each an image (Kimi-K2.5's), those as a batch (PaddleOCR-VL's).
     inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid
         inputs[name] = family_input(name, config, device, batch=batch, steps=1)
-    _placeholders(inputs, parameters, config, image_tokens(vision), seq)
-
-
-def _placeholders(inputs: dict[str, Any], parameters: set[str], config, count: int,
-                  seq: int | None) -> None:
-    """``count`` image placeholders (image_token_id) in the tokens, and in mm_token_type_ids."""
-    import torch
-
-    token = config_int(config, IMAGE_TOKEN)
-    if "input_ids" not in inputs or token is None:
-        return
-    inputs |= _room_for_image(inputs, config, count, seq)
-    if count <= inputs["input_ids"].shape[1]:
-        inputs["input_ids"] = with_image_tokens(inputs["input_ids"], token, count)
-        if "mm_token_type_ids" in parameters:
-            kinds = torch.zeros_like(inputs["input_ids"], dtype=torch.int)
-            inputs["mm_token_type_ids"] = with_image_tokens(kinds, 1, count)
-
-
-def _room_for_image(inputs: dict[str, Any], config, count: int, seq: int | None
-                    ) -> dict[str, Any]:
-    """The text of ``inputs`` (its ids, token types and mask of ones) lengthened to hold an
-    image's ``count`` tokens before its own, where the image has more tokens than the default
-    text (MiniMax-M3-VL's image_size 2016 in patches of 14, merged 2 x 2: 72 x 72 = 5184) and
-    the text model's positions hold both. Empty where the text already holds them; a
-    UsageError where ``--seq`` set a text too short for them."""
-    ids = inputs["input_ids"]
-    limit = config_int(config.get_text_config(), MAX_POSITIONS)
-    length = count + ids.shape[1]
-    if count <= ids.shape[1] or (limit is not None and length > limit):
-        return {}
-    if seq is not None:
-        raise UsageError(f"--seq {seq}: one image of {type(config).__name__} takes {count} "
-                         f"tokens of the text; pass --seq {count} or more.")
-    shape = (ids.shape[0], length)
-    return {name: ids.new_ones(shape) if name == "attention_mask" else ids.new_zeros(shape)
-            for name in ("input_ids", "token_type_ids", "attention_mask") if name in inputs}
+    image_placeholders(inputs, parameters, config, image_tokens(vision), seq)
 
 
 def _has_sub_config(config, modality: str) -> bool:

@@ -56,18 +56,24 @@ def cap_layers(config, layers: int) -> None:
                 if LAYER_SHARE.fullmatch(other) and _is_int(items) and new < items <= value:
                     setattr(config_, other, new)  # a share of the stack, still inside it
             _cap_backbone(config_, value, new)
-            for holder in configs:
-                # Its own indices, and a composite's into it (vision_feature_layer).
-                if holder is config_ or any(sub is config_ for sub in vars(holder).values()):
-                    _keep_indices_inside(holder, value, new)
-                for key, sub in vars(holder).items():
-                    if sub is config_ and key.endswith("_config"):
-                        # A sibling's indices into it, named for it: Molmo2's adapter_config
-                        # reads vision_config's layers by its vision_feature_layer.
-                        for sibling in vars(holder).values():
-                            if sibling is not config_ and any(sibling is c for c in configs):
-                                _keep_indices_inside(sibling, value, new,
-                                                     prefix=key.removesuffix("config"))
+            for pointing, prefix in _pointing_into(config_, configs):
+                _keep_indices_inside(pointing, value, new, prefix)
+
+
+def _pointing_into(stack, configs: tuple) -> list[tuple[Any, str]]:
+    """The configs among ``configs`` whose index fields may point into ``stack``'s layers, each
+    with the prefix such a field's name starts with: ``stack`` itself and a composite that
+    holds it (LLaVA's vision_feature_layer), any field; a sibling beside it in a composite,
+    only the fields named for it (Molmo2's adapter_config reads vision_config's layers by its
+    vision_feature_layer)."""
+    found = [(stack, "")]
+    for holder in configs:
+        keys = [key for key, sub in vars(holder).items() if sub is stack]
+        found += [(holder, "")] if keys else []
+        found += [(sibling, key.removesuffix("config")) for key in keys if key.endswith("_config")
+                  for sibling in vars(holder).values()
+                  if sibling is not stack and any(sibling is c for c in configs)]
+    return found
 
 
 def _stages(config, count: int) -> list[str]:

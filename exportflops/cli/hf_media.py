@@ -12,6 +12,9 @@ from ..errors import UsageError
 from .hf_needs import fake_error, innermost, needed_input
 from .hf_sizes import config_int, vq_image_size, windowed_side
 
+#: Where a config keeps its longest sequence, by the names transformers' configs use.
+MAX_POSITIONS = ("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length",
+                 "n_ctx", "max_text_len")
 #: Where a config keeps the mel bins of its audio features (wav2vec2-BERT and SeamlessM4T
 #: stack two frames of 80 bins: feature_projection_input_dim 160; Phi-4-multimodal's audio
 #: encoder normalizes and convolves input_size 80).

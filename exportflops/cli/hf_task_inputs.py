@@ -24,12 +24,11 @@ DETECTOR_BOXES = 36
 #: The steps of a trajectory an offline-RL transformer reads and the config field of each
 #: one's width (a return-to-go, the third, is one number).
 TRAJECTORY = {"states": "state_dim", "actions": "act_dim"}
-
-
 #: The heavy atoms of a glycine (N, CA, C, O): a protein's example is a chain of glycines.
 GLYCINE_ATOMS = 4
 #: ESMFold2's featurizer pads a complex's atoms to a multiple of this.
 ATOM_PADDING = 32
+
 
 def family_input(name: str, config, device, *, batch: int, steps: int):
     """The input ``name`` of the family whose config field sizes it, ``steps`` long where its
@@ -70,23 +69,15 @@ def family_input(name: str, config, device, *, batch: int, steps: int):
         # ... reading the states of its target model's target_layer_ids layers, concatenated:
         # ``steps`` accepted tokens of hidden_size x len(target_layer_ids).
         return torch.zeros((batch, steps, config.hidden_size * len(layers)), device=device)
-    made = byte_patches(name, config, device, batch=batch, steps=steps)
-    if made is not None:
-        return made
-    made = protein_input(name, config, device, batch=batch, steps=steps)
-    if made is not None:
-        return made
-    made = speech_dit_input(name, sub_config(config, "dit"), device,
-                            batch=batch, codes=steps)
-    if made is not None:
-        return made
-    made = audio_family_input(name, config, device, batch=batch, steps=steps)
-    if made is not None:
-        return made
-    made = image_family_input(name, config, device, batch=batch)
-    if made is not None:
-        return made
-    return renamed_input(name, config, device, batch=batch, steps=steps)
+    # The families of their own modules, each asked in turn: the first that makes it.
+    rules = (lambda: byte_patches(name, config, device, batch=batch, steps=steps),
+             lambda: protein_input(name, config, device, batch=batch, steps=steps),
+             lambda: speech_dit_input(name, sub_config(config, "dit"), device, batch=batch,
+                                      codes=steps),
+             lambda: audio_family_input(name, config, device, batch=batch, steps=steps),
+             lambda: image_family_input(name, config, device, batch=batch),
+             lambda: renamed_input(name, config, device, batch=batch, steps=steps))
+    return next((made for rule in rules if (made := rule()) is not None), None)
 
 
 def protein_input(name: str, config, device, *, batch: int, steps: int):
@@ -157,8 +148,8 @@ def byte_patches(name: str, config, device, *, batch: int, steps: int):
     if (name not in ("patch_ids", "num_patches", "patch_embeds") or width is None
             or config_int(config, ("cross_attn_k",)) is None):
         return None
-    size = next((config_int(parent, ("patch_size",)) for parent, _ in parent_configs(config)
-                 if config_int(parent, ("patch_size",))), None)
+    sizes = [config_int(parent, ("patch_size",)) for parent, _ in parent_configs(config)]
+    size = next((size for size in sizes if size), None)
     if size is None:
         return None
     count = -(-steps // size)

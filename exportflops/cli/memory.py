@@ -25,7 +25,9 @@ def free_bytes(root: str = "/") -> int | None:
     except (OSError, KeyError, ValueError, IndexError):
         return None
     room = _cgroup_room(root)
-    return int(min(free, free if room is None else room) * (1 - HEADROOM))
+    if room is not None:
+        free = min(free, room)
+    return int(free * (1 - HEADROOM))
 
 
 def _cgroup_room(root: str) -> int | None:
