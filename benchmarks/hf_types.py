@@ -14,12 +14,14 @@ type runs in a forked child with a time limit.
     python benchmarks/hf_types.py                        # all of CONFIG_MAPPING
     python benchmarks/hf_types.py --every 8 --timeout 60 # one type in eight
     python benchmarks/hf_types.py clip whisper t5        # these types
+    python benchmarks/hf_types.py --mode train --every 8 # the backward too (its ops counted)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import multiprocessing
 import re
 import time
@@ -32,7 +34,7 @@ from exportflops import analyze
 from exportflops.cli.hf import analyze_deciding_on_cpu, blame, hf_model
 
 
-def try_type(model_type: str, layers: int, out) -> None:
+def try_type(model_type: str, layers: int, mode: str, out) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)  # one core per type: the counts need no parallel kernels
     stage = "build"
@@ -42,7 +44,7 @@ def try_type(model_type: str, layers: int, out) -> None:
         stage = "analyze"
         # As the command does: on cpu where meta cannot decide a branch on values.
         report = analyze_deciding_on_cpu(
-            analyze, model, args, kwargs,
+            functools.partial(analyze, mode=mode), model, args, kwargs,
             lambda: hf_model(model_type, torch.device("cpu"), None, layers=layers))
         out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
@@ -66,6 +68,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per type")
     parser.add_argument("--every", type=int, default=1, help="every k-th type only")
+    parser.add_argument("--mode", choices=["forward", "train"], default="forward")
     ns = parser.parse_args()
     types = ns.types or sorted(transformers.CONFIG_MAPPING.keys())[::ns.every]
     context = multiprocessing.get_context("fork")
@@ -78,7 +81,7 @@ def main() -> None:
     started = time.perf_counter()
     for i, model_type in enumerate(types):
         receive, send = context.Pipe(duplex=False)
-        child = context.Process(target=try_type, args=(model_type, ns.layers, send))
+        child = context.Process(target=try_type, args=(model_type, ns.layers, ns.mode, send))
         child.start()
         send.close()
         outcome = ("timeout", f"over {ns.timeout:.0f} s", [])
@@ -100,7 +103,7 @@ def main() -> None:
                 if o[0] == "analyzed" or o[1].startswith("analyze:"))
     with_uncounted = sum(1 for o in outcomes.values() if o[0] == "analyzed" and o[2])
     print(f"\ntransformers {transformers.__version__}, torch {torch.__version__}: "
-          f"{len(types)} types, {ns.layers} layers, meta")
+          f"{len(types)} types, {ns.layers} layers, meta, {ns.mode}")
     print(f"built {built}, analyzed {kinds['analyzed']} ({with_uncounted} with uncounted ops), "
           f"failed-ours {kinds['failed-ours']}, failed-theirs {kinds['failed-theirs']}, "
           f"timeout {kinds['timeout']}")

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
@@ -114,7 +115,7 @@ def _normal_tensors(tree: Any) -> Any:
         torch.Tensor, lambda t: t.clone() if t.is_inference() else t, tree)
 
 
-def _counted(calls: list, table: FormulaTable, strict: bool, decomposer: Decomposer,
+def _counted(calls: list, count: Callable[..., NodeRecord],
              expansion: Expansion | None) -> list[NodeRecord]:
     """Each call's record; a repeat's copy of a node takes its model's record, moved (equal
     inputs, equal graphs: equal counts), so each distinct node is counted once."""
@@ -125,7 +126,7 @@ def _counted(calls: list, table: FormulaTable, strict: bool, decomposer: Decompo
             records[call.name] = records[original[0].name].model_copy(
                 update={"name": call.name, "module": call.module})
         else:
-            records[call.name] = count_node(call, table, strict=strict, decomposer=decomposer)
+            records[call.name] = count(call)
     return list(records.values())
 
 
@@ -133,13 +134,16 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
            expansion: Expansion | None = None) -> Report:
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
-    decomposer = Decomposer(graph.shape_env, graph.renames)
+    # A formula that needs concrete sizes gets the example's values of the data-dependent ones.
+    measured = {graph.renames.get(symbol, symbol): value
+                for symbol, value in (captured.given_sizes or {}).items()}
+    count = functools.partial(count_node, table=table, strict=strict, sizes=measured,
+                              decomposer=Decomposer(graph.shape_env, graph.renames))
     calls = graph.nodes if expansion is None else expansion.forward(graph.nodes)
-    nodes = _counted(calls, table, strict, decomposer, expansion)
+    nodes = _counted(calls, count, expansion)
     if mode == "train":
         received: dict = {}
-        backward = _backward_records(captured.program, graph, table, strict, decomposer,
-                                     received)
+        backward = _backward_records(captured.program, graph, count, strict, received)
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
@@ -165,21 +169,19 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     named = {s.name for s in report.symbols}
     sizes = {name: value for symbol, value in captured.given_sizes.items()
              if (name := graph.renames.get(symbol, symbol).name) in named}
-    unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
-    if _in_counts(report, {s.name for s in unknown}):
+    if _in_counts(report) - sizes.keys():
         return report  # a size no run gave (in a cond branch not taken): the counts keep it
     # The rest are in no count (a float a branch read): any value in their range.
+    unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
     return report.evaluate(**sizes, **{s.name: s.min or 0 for s in unknown})
 
 
-def _in_counts(report: Report, names: set[str]) -> set[str]:
-    """Those of ``names`` that some node's cost or shapes are expressions of."""
-    if not names:
-        return set()
-    return names & {symbol.name for node in report.nodes
-                    for value in (*node.cost.model_dump().values(),
-                                  *(d for t in (*node.inputs, *node.outputs) for d in t.shape))
-                    if not isinstance(value, int) for symbol in parse_count(value).free_symbols}
+def _in_counts(report: Report) -> set[str]:
+    """The sizes that some node's cost or shapes are expressions of."""
+    return {symbol.name for node in report.nodes
+            for value in (*node.cost.model_dump().values(),
+                          *(d for t in (*node.inputs, *node.outputs) for d in t.shape))
+            if not isinstance(value, int) for symbol in parse_count(value).free_symbols}
 
 
 @contextlib.contextmanager
@@ -203,16 +205,14 @@ def collector_paused() -> Iterator[None]:
         gc.collect(0)
 
 
-def _backward_records(program, graph, table: FormulaTable, strict: bool,
-                      decomposer: Decomposer, received: dict | None = None
-                      ) -> list[NodeRecord]:
+def _backward_records(program, graph, count: Callable[..., NodeRecord], strict: bool,
+                      received: dict | None = None) -> list[NodeRecord]:
     stage("backward")
     records = []
     for traced in trace_backward(program, graph, received):
         if traced.failure:
             records.append(untraced_backward(traced.forward, traced.failure, strict=strict))
-        records += [_noted(count_node(call, table, strict=strict, phase="backward",
-                                      differentiates=traced.forward.name, decomposer=decomposer),
+        records += [_noted(count(call, phase="backward", differentiates=traced.forward.name),
                            traced.note)
                     for call in traced.calls]
     return records

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 from .decompose import Decomposer
 from .errors import CountError, InvalidFormulaError, UncountedOpError
 from .formulas.registry import FormulaTable
-from .opcall import TensorMeta
+from .opcall import OpCall, TensorMeta
 from .records import Counts, NodeRecord, TensorSpec
 from .walk import NodeCall
 
@@ -15,9 +16,12 @@ NO_FORMULA = "no formula"
 
 
 def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str = "forward",
-               differentiates: str = "", decomposer: Decomposer | None = None) -> NodeRecord:
+               differentiates: str = "", decomposer: Decomposer | None = None,
+               sizes: Mapping | None = None) -> NodeRecord:
     """Count one node; ``strict`` turns an uncounted node into `UncountedOpError`. A node with
-    no formula is counted through its decomposition when ``decomposer`` finds one."""
+    no formula is counted through its decomposition when ``decomposer`` finds one. ``sizes``:
+    each data-dependent size's value on the example, where the capture measured them (the
+    report is then counted at those values)."""
     entry = table.lookup(node.op)
     status, cost, note = "counted", Counts(), ""
     decomposed = None if entry is not None or decomposer is None else decomposer.count(node, table)
@@ -27,7 +31,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         status, note = "uncounted", NO_FORMULA
     else:
         try:
-            cost = entry.formula(node.call)
+            cost = _applied(entry.formula, node.call, sizes)
         except CountError as error:
             raise InvalidFormulaError(f"{_where(entry.formula, node)} built a Cost with {error}: "
                                       f"counts are integers or expressions in sizes.") from error
@@ -54,6 +58,18 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         phase=phase,
         differentiates=differentiates,
     )
+
+
+def _applied(formula, call: OpCall, sizes: Mapping | None) -> Counts:
+    """``formula`` on ``call``; where it needs concrete sizes (an antialiased resize's windows,
+    an adaptive pool's) and the call's symbols all have values in ``sizes``, at those."""
+    try:
+        return formula(call)
+    except Exception:
+        symbols = call.size_symbols()
+        if not (sizes and symbols and symbols <= sizes.keys()):
+            raise
+    return formula(call.at_sizes(sizes))
 
 
 def _checked(cost: object, formula, node: NodeCall) -> Counts:

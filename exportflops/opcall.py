@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
@@ -96,6 +96,22 @@ class OpCall:
             elif isinstance(value, sympy.Basic):
                 symbols |= value.free_symbols
         return symbols
+
+    def at_sizes(self, values: Mapping[sympy.Symbol, int]) -> OpCall:
+        """This call with each size symbol of ``values`` replaced by its value: for a formula
+        that needs concrete sizes, where the capture measured them on the example."""
+        def fixed(value: Any) -> Any:
+            if isinstance(value, TensorMeta):
+                return replace(value, shape=tuple(fixed(d) for d in value.shape))
+            if isinstance(value, (list, tuple)):
+                return type(value)(fixed(v) for v in value)
+            if isinstance(value, sympy.Basic):
+                value = sympy.sympify(value.xreplace(values))
+                return int(value) if value.is_Integer else value
+            return value
+
+        return replace(self, args={name: fixed(v) for name, v in self.args.items()},
+                       outputs=fixed(self.outputs))
 
     def cost(self, flops: Size = 0, macs: Size = 0, *, masked_flops: Size = 0,
              masked_macs: Size = 0, moves_data: bool = True) -> Counts:

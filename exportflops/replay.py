@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -67,7 +69,10 @@ class Tracer:
 
     def _key(self, node: torch.fx.Node, grad_positions: set[int], autocast: tuple | None):
         flat = pytree.tree_leaves((node.args, node.kwargs))
+        # The outputs' layouts too: two ops on equal inputs differ there when their sizes are
+        # read from values (each masked_select's count is its own symbol).
         return (node.target, tuple(_layout(a, i in grad_positions) for i, a in enumerate(flat)),
+                tuple(_layout(v, False) for v in _outputs(node.meta.get("val"))),
                 repr(autocast), self._flat_kinds(flat))
 
     def _flat_kinds(self, flat: list) -> tuple[str, ...]:
@@ -90,10 +95,22 @@ class Tracer:
             if not tensors or not leaves:
                 return []
             grads = [torch.ones_like(t) for t in tensors]
-            recorder = Recorder(self.renames, kinds)
+            recorder = Recorder({**self.renames, **self._as_in_graph(results, node)}, kinds)
             with recorder:  # outside autocast, as loss.backward() runs
                 torch.autograd.grad(tensors, leaves, grads, allow_unused=True)
         return recorder.calls
+
+    def _as_in_graph(self, results: list, node: torch.fx.Node) -> dict:
+        """The sizes the replay read from values afresh (a masked_select's count: a new
+        symbol each run), each renamed to the size the graph's node has there."""
+        renames = {}
+        for fresh, kept in zip(results, _outputs(node.meta.get("val"))):
+            if isinstance(fresh, torch.Tensor) and isinstance(kept, torch.Tensor):
+                renames |= {new.node.expr: _expr(old).xreplace(self.renames)
+                            for new, old in zip(fresh.shape, kept.shape)
+                            if isinstance(new, torch.SymInt)
+                            and free_unbacked_symbols(new) - free_unbacked_symbols(old)}
+        return renames
 
     @staticmethod
     def _forward(node: torch.fx.Node, grad_positions: set[int],
@@ -111,6 +128,14 @@ class Tracer:
         with _autocast(autocast):
             result = op(*args, **kwargs)
         return leaves, list(result) if isinstance(result, (list, tuple)) else [result], values
+
+
+def _outputs(val: Any) -> list:
+    return list(val) if isinstance(val, (list, tuple)) else [val]
+
+
+def _expr(size: Any) -> sympy.Expr:
+    return size.node.expr if isinstance(size, torch.SymInt) else sympy.Integer(size)
 
 
 def _storage(tensor: torch.Tensor) -> StorageWeakRef:

@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from exportflops import analyze
 from exportflops.errors import ExportError
@@ -440,6 +441,34 @@ def test_a_slice_sized_by_tolist_is_counted_at_the_examples(fast):
     report = analyze(SlicedBlocks(), (torch.randn(5, 16), torch.tensor([3])), fast=fast)
     assert report.total.macs == 3 * 3 * 16 * 16  # by hand: three blocks on 3 rows
     assert report.symbols == []
+
+
+class ResizesToGrid(nn.Module):
+    """An antialiased resize and an adaptive pool to the grid an input's values give (a vision
+    tower's position table resized to the image's patch grid): both formulas need concrete
+    sizes, which only the example's values give."""
+
+    def forward(self, x: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        rows, cols = grid.tolist()
+        resized = F.interpolate(x, size=(rows, cols), mode="bilinear", antialias=True)
+        return resized + F.adaptive_avg_pool2d(x[:, :, :6, :6], (rows, cols))
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_a_formula_that_needs_concrete_sizes_gets_the_examples(mode):
+    x = torch.randn(1, 3, 8, 8, requires_grad=mode == "train")
+    forward = [n for n in analyze(ResizesToGrid(), (x, torch.tensor([4, 4])), mode=mode).nodes
+               if n.phase == "forward"]
+    [resize] = [n for n in forward if "upsample" in n.op]
+    [pool] = [n for n in forward if "adaptive" in n.op]
+    # By hand, from 8 to 4 (scale 2, so the bilinear filter's support widens from 1 to 2):
+    # output i's window spans the inputs [int(2(i + 0.5) - 1.5), int(2(i + 0.5) + 2.5)) clipped
+    # to [0, 8): 3, 4, 4 and 3, 14 in all; each of the 16 outputs of a channel blends its
+    # row window x column window, 14 x 14 multiplies in all and 16 fewer adds.
+    assert resize.status == "counted" and resize.cost.flops == 3 * (2 * 14 * 14 - 16)
+    # From 6 to 4, torch's adaptive windows [floor(6j/4), ceil(6(j + 1)/4)) are 2 long each:
+    # 8 a dim, 8 x 8 elements added (one divide an output instead of the last add).
+    assert pool.status == "counted" and pool.cost.flops == 3 * 8 * 8
 
 
 class GathersInABranchNotTaken(nn.Module):

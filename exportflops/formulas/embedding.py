@@ -10,7 +10,7 @@ from .registry import Cost, OpCall, register_formula
 aten = torch.ops.aten
 
 #: EmbeddingBag's ``mode`` argument: 0 sum, 1 mean, 2 max (torch.nn.functional.embedding_bag).
-_MEAN = 1
+MEAN = 1
 
 
 @register_formula(aten.embedding)
@@ -29,6 +29,6 @@ def embedding_bag(call: OpCall) -> Cost:
     weighted = gathered if call.get("per_sample_weights") is not None else 0
     # Combining n rows into one bag takes n - 1 adds (or compares) per column; rounded up to n,
     # as `reduce.reduction` counts; mean divides once per output element.
-    flops = gathered + weighted + (out.numel if call.get("mode", 0) == _MEAN else 0)
+    flops = gathered + weighted + (out.numel if call.get("mode", 0) == MEAN else 0)
     rows = [(indices, indices.nbytes), (weight, gathered * weight.dtype.itemsize)]
     return Cost(flops=flops, **bytes_by_kind(rows, [(out, out.nbytes)]))

@@ -16,7 +16,9 @@ import math
 import torch
 
 from .attention import _nonzero, attention_dims, causal_pairs, kernel_is_causal
+from .interpolate import NEIGHBOURS, antialiased_weights
 from .matmul import contraction
+from .embedding import MEAN
 from .pointwise import per_output_element
 from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula
 
@@ -39,6 +41,8 @@ ACTIVATION_BACKWARD_FLOPS: dict[str, int] = {
     "sigmoid_backward": 3,  # y * (1 - y): subtract, multiply; times the gradient
     "tanh_backward": 3,  # 1 - y^2: square, subtract; times the gradient
     "native_dropout_backward": 2,  # gradient times the keep mask, times the scale
+    "softshrink_backward": 1,  # select the gradient outside [-lambda, lambda]
+    "hardshrink_backward": 1,
 }
 #: softmax: dx = y * (g - sum(g * y)): multiply, sum, subtract, multiply. log_softmax:
 #: dx = g - exp(y) * sum(g): sum, exp, multiply, subtract.
@@ -104,6 +108,48 @@ def embedding_backward(call: OpCall) -> Cost:
     return call.cost(flops=call["grad_output"].numel)
 
 
+@register_formula(aten._embedding_bag_backward, aten._embedding_bag_dense_backward)
+def embedding_bag_backward(call: OpCall) -> Cost:
+    # Each bag's gradient row is added into the weight row of each index in the bag; scaled
+    # first by the index's per-sample weight, or divided by the bag's size for a mean.
+    gathered = call["indices"].numel * call["grad"].shape[-1]
+    scaled = call.get("per_sample_weights") is not None or call["mode"] == MEAN
+    return call.cost(flops=gathered * (2 if scaled else 1))
+
+
+@register_formula(aten._cdist_backward)
+def cdist_backward(call: OpCall) -> Cost:
+    """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's): per pair
+    and feature the difference, its derivative's weight from the pair's distance and gradient,
+    and the add into x1's row, as the forward's three; one divide per pair."""
+    pairs, features = call["cdist"].numel, call["x1"].shape[-1]
+    return call.cost(flops=pairs * (3 * features + 1))
+
+
+#: FLOPs per sampled point and channel of the grid sampler's backward, (input gradient, grid
+#: gradient), by (spatial dims, interpolation_mode), as ATen's GridSampler kernels compute them.
+#: The input gradient adds the point's gradient times each corner's weight into that corner:
+#: 2 per corner (bicubic's weight, a product of two coefficients, 3 per tap). The grid gradient
+#: adds, per corner and coordinate, the corner's value times the weight's derivative (the other
+#: coordinates' distances) times the gradient: bilinear's ``gix -= nw_val * (iy_se - iy) *
+#: gOut`` is 3, trilinear's 4, bicubic's ``val * x_coeffs_grad[i] * y_coeffs[j] * gOut`` 4.
+#: Nearest adds the gradient into the one input it took and has no grid gradient.
+_GRID_SAMPLER_BACKWARD = {
+    (2, 0): (4 * 2, 4 * 2 * 3),  # bilinear: 4 corners
+    (3, 0): (8 * 2, 8 * 3 * 4),  # trilinear: 8 corners
+    (2, 1): (1, 0), (3, 1): (1, 0),  # nearest
+    (2, 2): (16 * 3, 16 * 2 * 4),  # bicubic: 16 taps
+}
+
+
+@register_formula(aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward)
+def grid_sampler_backward(call: OpCall) -> Cost:
+    grad = call["grad_output"]
+    input_grad, grid_grad = _GRID_SAMPLER_BACKWARD[(grad.ndim - 2, call["interpolation_mode"])]
+    wanted_input, wanted_grid = call["output_mask"]
+    return call.cost(flops=grad.numel * (input_grad * wanted_input + grid_grad * wanted_grid))
+
+
 @register_formula(aten.convolution_backward)
 def convolution_backward(call: OpCall) -> Cost:
     """The input gradient is a transposed convolution, the weight gradient a correlation of
@@ -150,10 +196,35 @@ def attention_kernel_backward(call: OpCall) -> Cost:
                                dropout=call.get("dropout_p")) + call.cost()
 
 
-@register_formula(aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward)
-def max_pool_backward(call: OpCall) -> Cost:
-    # Each gradient element is added at the input position its index saved.
+@register_formula(
+    aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward,
+    aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward,
+    *(getattr(aten, f"{resize}{d}d_backward") for d in (1, 2, 3)
+      for resize in ("upsample_nearest", "_upsample_nearest_exact")),
+    *(getattr(aten, f"{pad}_pad{d}d_backward") for d in (1, 2, 3)
+      for pad in ("reflection", "replication")),
+)
+def added_where_it_came_from(call: OpCall) -> Cost:
+    # Each gradient element is added at the input position the forward took it from: the max
+    # its index saved, the pixel a nearest resize repeated, the edge a pad mirrored or copied.
     return call.cost(flops=call["grad_output"].numel)
+
+
+@register_formula(*(getattr(aten, f"{resize}_backward") for resize in NEIGHBOURS))
+def resize_backward(call: OpCall) -> Cost:
+    # Each gradient element, times the weight of each neighbour it was blended from, is added
+    # into that neighbour: a multiply and an add per neighbour.
+    neighbours = NEIGHBOURS[call.op.__name__.split(".")[0].removesuffix("_backward")]
+    return call.cost(flops=2 * neighbours * call["grad_output"].numel)
+
+
+@register_formula(aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward)
+def antialiased_resize_backward(call: OpCall) -> Cost:
+    # The forward's weights again, each times its output's gradient and added into its input
+    # pixel: a multiply and an add per weight.
+    weights = antialiased_weights(call, call["input_size"], call["output_size"],
+                                  (call.get("scales_h"), call.get("scales_w")))
+    return call.cost(flops=2 * weights)
 
 
 @register_formula(aten.avg_pool2d_backward, aten.avg_pool3d_backward)

@@ -6,11 +6,19 @@ Linear interpolation over ``d`` dims blends ``2**d`` neighbours: ``2**d`` multip
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from .registry import Cost, OpCall, register_formula
+from .registry import Cost, OpCall, Size, register_formula
 
 aten = torch.ops.aten
+
+
+#: Input positions each output element of a resize blends: ``2**d`` for linear over ``d`` dims,
+#: 16 for bicubic.
+NEIGHBOURS = {"upsample_linear1d": 2, "upsample_bilinear2d": 4, "upsample_trilinear3d": 8,
+              "upsample_bicubic2d": 16}
 
 
 def _blend(neighbours: int):
@@ -21,14 +29,12 @@ def _blend(neighbours: int):
     return interpolate
 
 
-register_formula(aten.upsample_linear1d)(_blend(2))
-register_formula(aten.upsample_bilinear2d)(_blend(4))
-register_formula(aten.upsample_trilinear3d)(_blend(8))
-register_formula(aten.upsample_bicubic2d)(_blend(16))
+for _name, _neighbours in NEIGHBOURS.items():
+    register_formula(getattr(aten, _name))(_blend(_neighbours))
 
 
 #: Taps of each antialiased filter at scale 1 (torch's interp_size: 2 for linear, 4 for cubic).
-_AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
+AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
 
 
 @register_formula(aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
@@ -38,13 +44,19 @@ def antialiased(call: OpCall) -> Cost:
     support = taps / 2 x scale; the window of output ``i`` spans the inputs between
     ``scale (i + 0.5) -/+ support``, clipped to the image). Per output pixel, ``k`` taps are
     ``k`` multiplies and ``k - 1`` adds, ``k`` the product of the two dims' windows."""
-    x, out = call["input"], call.out
-    taps = _AA_TAPS[call.op.__name__.split(".")[0]]
     scales = call.get("scale_factors") or (call.get("scales_h"), call.get("scales_w"))
-    windows = [_window_sum(x.shape[d], out.shape[d], taps, bool(call["align_corners"]), scale)
+    weights = antialiased_weights(call, call["input"].shape, call.out.shape, scales)
+    return call.cost(flops=2 * weights - call.out.numel)
+
+
+def antialiased_weights(call: OpCall, size_in: tuple, size_out: tuple, scales) -> Size:
+    """The weights an antialiased resize of ``size_in`` (N, C, H, W) to ``size_out`` (its last
+    two are H and W) applies: per plane, each output pixel's row window times its column
+    window."""
+    taps = AA_TAPS[call.op.__name__.split(".")[0].removesuffix("_backward")]
+    windows = [_window_sum(size_in[d], size_out[d], taps, bool(call["align_corners"]), scale)
                for d, scale in zip((-2, -1), scales)]
-    planes = out.numel // (out.shape[-2] * out.shape[-1])
-    return call.cost(flops=planes * (2 * windows[0] * windows[1]) - out.numel)
+    return math.prod(size_in[:-2]) * windows[0] * windows[1]
 
 
 def _window_sum(size_in: int, size_out: int, taps: int, align_corners: bool,

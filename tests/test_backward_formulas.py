@@ -1,0 +1,136 @@
+"""Train mode on the layers whose backward kernels have formulas of their own (resizes, pads,
+adaptive max pools, shrinks, cdist, embedding bags, the grid sampler), and on ops whose sizes
+are read from values (masked_select). Each expected count is derived in the test from what the
+kernel does (ATen's, as the formula's comment cites), not read off the tool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exportflops import analyze
+
+
+class Applies(nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def backward_flops(fn, *args) -> int:
+    """The backward's FLOPs of ``fn`` on ``args``, every backward op counted."""
+    report = analyze(Applies(fn), args, mode="train")
+    backward = [n for n in report.nodes if n.phase == "backward"]
+    assert [n.op for n in backward if n.status in ("uncounted", "error")] == []
+    return sum(n.cost.flops for n in backward)
+
+
+def image(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, requires_grad=True)
+
+
+# A 2x resize of (1, 2, 4, 4) has 1 x 2 x 8 x 8 = 128 output gradient elements.
+@pytest.mark.parametrize("mode, per_element", [
+    ("nearest", 1),  # each added into the pixel it repeats
+    ("nearest-exact", 1),
+    ("bilinear", 2 * 4),  # times each of its 4 neighbours' weights, added into them
+    ("bicubic", 2 * 16),  # 16 neighbours
+])
+def test_a_resize_backward_adds_each_gradient_into_the_pixels_it_blended(mode, per_element):
+    def resize(x):
+        return F.interpolate(x, scale_factor=2, mode=mode)
+
+    assert backward_flops(resize, image(1, 2, 4, 4)) == 128 * per_element
+
+
+def test_a_linear_and_a_trilinear_resize_backward_blend_2_and_8_neighbours():
+    def linear(x):
+        return F.interpolate(x, scale_factor=2, mode="linear")
+
+    def trilinear(x):
+        return F.interpolate(x, scale_factor=2, mode="trilinear")
+
+    assert backward_flops(linear, image(1, 2, 4)) == 2 * 8 * 2 * 2  # 16 outputs
+    assert backward_flops(trilinear, image(1, 1, 2, 2, 2)) == 64 * 2 * 8  # 64 outputs
+
+
+def test_an_antialiased_resize_backward_applies_the_forwards_weights_again():
+    def shrink(x):
+        return F.interpolate(x, size=(4, 4), mode="bilinear", antialias=True)
+
+    # From 8 to 4 the bilinear filter's support widens to 2: output i's window spans inputs
+    # [int(2(i + 0.5) - 1.5), int(2(i + 0.5) + 2.5)) clipped to [0, 8): 3, 4, 4, 3 = 14 a dim.
+    # Per channel 14 x 14 weights, each a multiply and an add into the input gradient.
+    assert backward_flops(shrink, image(1, 3, 8, 8)) == 3 * 14 * 14 * 2
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+def test_a_pad_backward_adds_each_gradient_element_where_it_was_copied_from(mode):
+    def pad(x):
+        return F.pad(x, (1, 1, 1, 1), mode=mode)
+
+    assert backward_flops(pad, image(1, 2, 4, 4)) == 1 * 2 * 6 * 6
+
+
+def test_an_adaptive_max_pool_backward_adds_each_gradient_at_its_max():
+    def pool(x):
+        return F.adaptive_max_pool2d(x, 3)
+
+    assert backward_flops(pool, image(1, 2, 6, 6)) == 2 * 3 * 3
+
+
+@pytest.mark.parametrize("shrink", [F.softshrink, F.hardshrink])
+def test_a_shrink_backward_selects_the_gradient(shrink):
+    assert backward_flops(shrink, image(2, 3)) == 6
+
+
+def test_cdist_backward_is_called_for_each_input_with_the_forwards_work():
+    # x1 (1, 3, 4) to x2 (1, 5, 4): 15 pairs of 4 features. Each input's gradient: per pair and
+    # feature a difference, a weight and an add (3), one divide per pair.
+    assert backward_flops(torch.cdist, image(1, 3, 4), image(1, 5, 4)) == 2 * 15 * (3 * 4 + 1)
+
+
+@pytest.mark.parametrize("mode, per_element", [("sum", 1), ("mean", 2)])
+def test_an_embedding_bag_backward_adds_each_bags_gradient_into_its_rows(mode, per_element):
+    def bags(weight):
+        return F.embedding_bag(torch.tensor([[0, 1], [2, 2]]), weight, mode=mode)
+
+    # 4 indices, rows of 3: a mean divides each by its bag's size before the add.
+    assert backward_flops(bags, image(10, 3)) == 4 * 3 * per_element
+
+
+@pytest.mark.parametrize("grid_grad, per_element", [
+    (False, 4 * 2),  # 4 corners: the gradient times the corner's weight, added into it
+    (True, 4 * 2 + 4 * 2 * 3),  # and per corner and coordinate: value x distance x gradient
+])
+def test_the_grid_sampler_backward_follows_the_gradients_asked_for(grid_grad, per_element):
+    def sample(x, grid):
+        return F.grid_sample(x, grid, mode="bilinear", align_corners=False)
+
+    grid = (torch.rand(1, 3, 3, 2) * 2 - 1).requires_grad_(grid_grad)
+    # (1, 2, 3, 3): 18 sampled elements.
+    assert backward_flops(sample, image(1, 2, 4, 4), grid) == 18 * per_element
+
+
+class SelectsTwice(nn.Module):
+    """Two masked_selects of one tensor, each sized by its own mask's values: their backward
+    ops must each read their own count."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.masked_select(x > 0).sum() + 2 * x.masked_select(x > 1).sum()
+
+
+def test_a_size_read_from_values_is_the_same_size_in_the_backward():
+    x = torch.tensor([[-1.0, 0.5, 2.0], [3.0, -2.0, 1.5]], requires_grad=True)
+    report = analyze(SelectsTwice(), (x,), mode="train")
+    # 4 elements above 0, 3 above 1; each masked_scatter of the backward reads its own count.
+    scattered = [n.inputs[-1].shape for n in report.nodes if n.op.endswith("masked_scatter.default")]
+    assert sorted(scattered) == [[3], [4]]
+    assert report.symbols == []
+    # Forward: two compares (6 each), two sums (4 and 3), a multiply and an add of scalars.
+    assert report.forward.flops == 6 + 6 + 4 + 3 + 1 + 1
