@@ -120,7 +120,7 @@ class Tracer:
         leaves, the results, and the flat arguments it ran on."""
         op = node.target
         flat, spec = pytree.tree_flatten((node.args, node.kwargs))
-        values = [_fresh(a) for a in flat]
+        values = [_fresh(a, _device(flat)) for a in flat]
         leaves = [values[i].requires_grad_() for i in sorted(grad_positions)]
         if op._schema.is_mutable:  # an in-place op on a leaf is refused by autograd
             values = [v.clone() if i in grad_positions else v for i, v in enumerate(values)]
@@ -150,18 +150,28 @@ def _autocast(arguments: tuple | None) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
-def _fresh(value: Any) -> Any:
-    if isinstance(value, torch.fx.Node):
-        value = value.meta.get("val")
+def _device(flat: list) -> torch.device | None:
+    """meta for an op on meta weights and cpu tensors (indices a model built on meta makes
+    with ``torch.arange`` on cpu: LongT5's relative positions), which its backward would
+    refuse to mix; None otherwise (each tensor where it is)."""
+    devices = {v.device for v in map(_value, flat) if isinstance(v, torch.Tensor)}
+    return torch.device("meta") if len(devices) > 1 and torch.device("meta") in devices else None
+
+
+def _value(value: Any) -> Any:
+    return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+
+
+def _fresh(value: Any, device: torch.device | None = None) -> Any:
+    value = _value(value)
     if isinstance(value, torch.Tensor):
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                   device=value.device)
+                                   device=device or value.device)
     return value
 
 
 def _layout(value: Any, needs_grad: bool) -> Any:
-    if isinstance(value, torch.fx.Node):
-        value = value.meta.get("val")
+    value = _value(value)
     if isinstance(value, torch.Tensor):
         return (str(tuple(value.shape)), str(value.stride()), value.dtype, str(value.device),
                 needs_grad)

@@ -134,3 +134,45 @@ def test_a_size_read_from_values_is_the_same_size_in_the_backward():
     assert report.symbols == []
     # Forward: two compares (6 each), two sums (4 and 3), a multiply and an add of scalars.
     assert report.forward.flops == 6 + 6 + 4 + 3 + 1 + 1
+
+
+class ScattersFeatures(nn.Module):
+    """A multimodal model's merge: image features scattered into the text embeddings at the
+    image tokens (LLaVA's ``masked_scatter``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = nn.Linear(4, 4)
+
+    def forward(self, embeds: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        at_images = torch.tensor([0, 1, 1, 0]).bool()[None, :, None].expand_as(embeds)
+        return embeds.masked_scatter(at_images, self.project(features))
+
+
+def test_a_masked_scatters_backward_gathers_its_sources_gradient_with_no_arithmetic():
+    report = analyze(ScattersFeatures(), (torch.randn(1, 4, 4), torch.randn(2, 4)),
+                     mode="train")
+    gathers = [n for n in report.nodes if n.op == "aten.masked_scatter_backward.default"]
+    assert [(n.status, n.cost.flops) for n in gathers] == [("zero", 0)]
+    assert report.uncounted == []
+
+
+class IndicesOnCpu(nn.Module):
+    """An embedding looked up by indices the forward makes with ``torch.arange`` on cpu (LongT5's
+    relative positions): built on meta, its weight is on meta and its indices on cpu."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Embedding(32, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.bias(torch.arange(16) % 32)
+
+
+def test_the_backward_of_an_op_mixing_meta_weights_and_cpu_indices_is_traced():
+    report = analyze(IndicesOnCpu().to("meta"), (torch.randn(16, 8, device="meta"),),
+                     mode="train")
+    assert report.uncounted == []
+    # The embedding's gradient adds each of the 16 x 8 gradient elements into its row.
+    [gradient] = [n for n in report.nodes if n.op == "aten.embedding_dense_backward.default"]
+    assert gradient.cost.flops == 16 * 8
