@@ -176,3 +176,8 @@ def test_the_backward_of_an_op_mixing_meta_weights_and_cpu_indices_is_traced():
     # The embedding's gradient adds each of the 16 x 8 gradient elements into its row.
     [gradient] = [n for n in report.nodes if n.op == "aten.embedding_dense_backward.default"]
     assert gradient.cost.flops == 16 * 8
+
+
+def test_digammas_backward_is_the_trigamma_times_the_gradient():
+    # grad * polygamma(1, x): a transcendental and a multiply per element.
+    assert backward_flops(torch.digamma, image(2, 3)) == 2 * 6

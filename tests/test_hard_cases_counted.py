@@ -162,3 +162,35 @@ def test_flat_apply_of_an_index_moves_data_and_of_anything_else_is_not_guessed()
                    {"arg0": None, "arg1": None, "arg2": "mylib.fused", "arg3": ids}, (out,))
     with pytest.raises(ValueError, match="mylib.fused"):
         flat_apply(other)
+
+
+class _Scans(nn.Module):
+    def forward(self, x):
+        return x.logcumsumexp(-1) + x.median(-1, keepdim=True).values
+
+
+def test_a_log_cumulative_sum_and_a_median_are_counted():
+    report = analyze(_Scans(), (torch.randn(2, 5),))
+    flops = {n.op: n.cost.flops for n in report.nodes}
+    # ATen's _log_add_exp_helper per element: min, max, subtract, exp, log1p, add.
+    assert flops["aten.logcumsumexp.default"] == 6 * 10
+    # A selection, as kthvalue: one compare per element read.
+    assert flops["aten.median.dim"] == 10
+    assert report.uncounted == []
+
+
+class _ComplexRotary(nn.Module):
+    """Rotary embeddings as complex multiplies (Meta's Llama reference): the backward
+    conjugates the rotation, a view that sets the conjugate bit."""
+
+    def forward(self, x):
+        rotation = torch.polar(torch.ones(4), torch.arange(4.0))
+        return torch.view_as_real(torch.view_as_complex(x) * rotation).flatten(-2)
+
+
+def test_complex_rotary_embeddings_train_with_every_op_counted():
+    report = analyze(_ComplexRotary(), (torch.randn(2, 4, 2, requires_grad=True),),
+                     mode="train")
+    assert report.uncounted == []
+    conjugates = [n for n in report.nodes if n.op == "aten._conj.default"]
+    assert conjugates and all(n.status == "zero" for n in conjugates)

@@ -28,6 +28,7 @@ FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
     "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1, "atan2": 1,
     "sinh": 1, "cosh": 1, "tanh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
     "erf": 1, "erfc": 1, "erfinv": 1, "sigmoid": 1, "logit": 1, "lgamma": 1, "digamma": 1,
+    "polygamma": 1,  # digamma's derivatives: its backward
     # activations
     "relu": 1, "relu6": 1, "gelu": 1, "silu": 1, "mish": 1, "elu": 1, "selu": 1, "celu": 1,
     "leaky_relu": 1, "hardtanh": 1, "hardswish": 1, "hardsigmoid": 1, "softplus": 1,

@@ -65,6 +65,13 @@ def logsumexp(call: OpCall) -> Cost:
     return call.cost(flops=4 * call["self"].numel + 2 * call.out.numel)
 
 
+@register_formula(aten.logcumsumexp)
+def logcumsumexp(call: OpCall) -> Cost:
+    # Per element, the running value and the element combined as ATen's _log_add_exp_helper
+    # does: min, max, subtract, exp, log1p, add.
+    return call.cost(flops=6 * call["self"].numel)
+
+
 @register_formula(aten._softmax, aten.softmax, aten._log_softmax, aten.log_softmax,
                   aten._safe_softmax)
 def softmax(call: OpCall) -> Cost:
@@ -107,7 +114,8 @@ def index_copy(call: OpCall) -> Cost:
     return call.cost()
 
 
-@register_formula(aten.topk, aten.kthvalue, aten.histc, aten.bincount)
+@register_formula(aten.topk, aten.kthvalue, aten.median, aten.nanmedian, aten.histc,
+                  aten.bincount)
 def selection(call: OpCall) -> Cost:
     # Like max: one compare (or bin step) per element read; topk's partial ordering of the k
     # winners (k log k) is not counted.
