@@ -143,7 +143,7 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     nodes = _counted(calls, count, expansion)
     if mode == "train":
         received: dict = {}
-        backward = _backward_records(captured.program, graph, count, strict, received)
+        backward = _backward_records(captured, graph, count, strict, received)
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
@@ -205,11 +205,11 @@ def collector_paused() -> Iterator[None]:
         gc.collect(0)
 
 
-def _backward_records(program, graph, count: Callable[..., NodeRecord], strict: bool,
+def _backward_records(captured, graph, count: Callable[..., NodeRecord], strict: bool,
                       received: dict | None = None) -> list[NodeRecord]:
     stage("backward")
     records = []
-    for traced in trace_backward(program, graph, received):
+    for traced in trace_backward(captured.program, graph, received, captured.given_sizes):
         if traced.failure:
             records.append(untraced_backward(traced.forward, traced.failure, strict=strict))
         records += [_noted(count(call, phase="backward", differentiates=traced.forward.name),

@@ -66,12 +66,14 @@ class BackwardOps:
 
 
 def trace_backward(program: torch.export.ExportedProgram, graph: GraphRead,
-                   received: dict | None = None) -> list[BackwardOps]:
+                   received: dict | None = None, measured: dict | None = None
+                   ) -> list[BackwardOps]:
     """The backward ops of every forward node of ``graph`` (the program's graph, read) that
     needs and receives a gradient. ``received``, when given, is filled with node -> whether
-    every output of it that needs a gradient receives one."""
+    every output of it that needs a gradient receives one. ``measured``: the example's value
+    of each size read from values, for a backward kernel that needs concrete sizes."""
     signature = program.graph_signature
-    flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds), graph.nodes,
+    flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds, measured), graph.nodes,
                  {*signature.inputs_to_parameters, *signature.inputs_to_buffers})
     flow.run(program.graph, _user_outputs(program))
     if received is not None:

@@ -37,7 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .capture import quiet_fake_tensor_log
+from .quiet import quiet_fake_tensor_log
 from .names import ancestors
 
 #: Leaves compared by value; any other object as an input or output makes a call unique.

@@ -23,6 +23,7 @@ from .draft_mends import values_propagated
 from .errors import ExportError, InputError
 from .hints import data_dependent, first_lines, hint, undecided_hint
 from .placement import check_inputs, flat_inputs, input_name
+from .quiet import quiet, quiet_fake_tensor_log
 from .saved import load
 from .walk import shape_env
 
@@ -171,7 +172,7 @@ def _decided_by_values(model: torch.nn.Module, args: tuple, kwargs: dict, forwar
         # torch warns of each branch it decides, and logs them to files: the report lists them.
         with _exporting(forward_only, None), run_kept(model, args, kwargs), \
                 values_propagated(), _draft_log_in_a_temporary_folder(), \
-                _quiet(logging.ERROR, "torch.export._draft_export",
+                quiet(logging.ERROR, "torch.export._draft_export",
                        "torch.fx.experimental.symbolic_shapes"):
             step = "torch.export.draft_export"
             program = torch.export.draft_export(model, args, kwargs)
@@ -273,32 +274,11 @@ def _draft_log_in_a_temporary_folder() -> Iterator[None]:
             del os.environ[DTRACE_ENV_VAR]
 
 
-@contextlib.contextmanager
-def _quiet(level: int, *names: str) -> Iterator[None]:
-    """torch's loggers ``names`` at ``level`` for the block."""
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(level)
-    try:
-        yield
-    finally:
-        for logger, old in zip(loggers, levels):
-            logger.setLevel(old)
-
-
 def capture_forward(target: Any, args: Any = (), kwargs: dict | None = None, *,
                     dynamic_shapes: Any = None) -> Captured:
     """`capture` for an analysis of the forward alone (``forward_only``: no grad, no source
     tracebacks)."""
     return capture(target, args, kwargs, dynamic_shapes=dynamic_shapes, forward_only=True)
-
-
-def quiet_fake_tensor_log():
-    """Fake tensors log an op that fails (its whole traceback, at ERROR) before raising; the
-    error itself reaches the caller (an `ExportError` with torch's message, or the cheap pass's
-    fall back to the full export), so the log line would say it twice."""
-    return _quiet(logging.CRITICAL, "torch._subclasses.fake_tensor")
 
 
 def _lazy_graph_code():

@@ -25,7 +25,8 @@ import torch
 
 from .api import collector_paused, count_captured
 from .cache_names import cache_argument, returned_cache
-from .capture import capture_forward, quiet_fake_tensor_log
+from .capture import capture_forward
+from .quiet import quiet_fake_tensor_log
 from .errors import GenerationError
 from .forked import beside
 from .generation_seq2seq import cache_zeros, kv_counts, seq2seq

@@ -22,6 +22,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opcall import ACTIVATION, OpCall
+from .quiet import quiet_fake_tensor_log
 from .walk import op_call
 
 
@@ -34,17 +35,22 @@ def fake_replay(shape_env, *, grad: bool,
     stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
     stack.enter_context(FakeTensorMode(shape_env=shape_env,
                                        allow_non_fake_inputs=allow_non_fake_inputs))
+    stack.enter_context(quiet_fake_tensor_log())  # a failed replay is its node's record
     return stack
 
 
 class Tracer:
     """Replays ops under a fake mode sharing the graph's shape env; caches by op and layout."""
 
-    def __init__(self, shape_env, renames: dict, kinds: dict | None = None) -> None:
+    def __init__(self, shape_env, renames: dict, kinds: dict | None = None,
+                 measured: dict | None = None) -> None:
         self.shape_env = shape_env
         self.renames = renames
         self.kinds = {} if kinds is None else kinds
         """Graph node -> what it holds (`walk.GraphRead.kinds`; activations absent)."""
+        self.measured = measured or {}
+        """torch's symbol -> its value on the example, for the sizes read from values that a
+        run of the program measured (`capture.Captured.given_sizes`)."""
         self.cache: dict[tuple, Any] = {}
 
     def outputs_needing(self, node: torch.fx.Node, grad_positions: set[int],
@@ -64,7 +70,15 @@ class Tracer:
         """The ops autograd dispatches for the gradient flowing into ``outputs``."""
         key = ("backward", *self._key(node, grad_positions, autocast), tuple(sorted(outputs)))
         if key not in self.cache:
-            self.cache[key] = self._replay(node, grad_positions, outputs, autocast)
+            try:
+                self.cache[key] = self._replay(node, grad_positions, outputs, autocast, {})
+            except Exception:
+                # A backward kernel that needs concrete sizes (a pad's amounts read from
+                # values): at the example's, where they were measured (the counts are too).
+                if not self.measured:
+                    raise
+                self.cache[key] = self._replay(node, grad_positions, outputs, autocast,
+                                               self.measured)
         return self.cache[key]
 
     def _key(self, node: torch.fx.Node, grad_positions: set[int], autocast: tuple | None):
@@ -84,9 +98,9 @@ class Tracer:
         return fake_replay(self.shape_env, grad=True, allow_non_fake_inputs=False)
 
     def _replay(self, node: torch.fx.Node, grad_positions: set[int], outputs: set[int],
-                autocast: tuple | None) -> list[OpCall]:
+                autocast: tuple | None, measured: dict) -> list[OpCall]:
         with self._mode():
-            leaves, results, values = self._forward(node, grad_positions, autocast)
+            leaves, results, values = self._forward(node, grad_positions, autocast, measured)
             kinds = {_storage(v): kind for v, kind in zip(values, self._flat_kinds(
                 pytree.tree_leaves((node.args, node.kwargs))))
                 if isinstance(v, torch.Tensor) and kind != ACTIVATION}
@@ -113,14 +127,15 @@ class Tracer:
         return renames
 
     @staticmethod
-    def _forward(node: torch.fx.Node, grad_positions: set[int],
-                 autocast: tuple | None) -> tuple[list, list, list]:
+    def _forward(node: torch.fx.Node, grad_positions: set[int], autocast: tuple | None,
+                 measured: dict | None = None) -> tuple[list, list, list]:
         """The op on fresh fake tensors of its inputs' layouts, under the autocast region it ran
-        in (whose casts autograd records, and whose dtypes the backward then runs in): the
-        leaves, the results, and the flat arguments it ran on."""
+        in (whose casts autograd records, and whose dtypes the backward then runs in), its
+        scalar sizes of the symbols in ``measured`` at their values: the leaves, the results,
+        and the flat arguments it ran on."""
         op = node.target
         flat, spec = pytree.tree_flatten((node.args, node.kwargs))
-        values = [_fresh(a, _device(flat)) for a in flat]
+        values = [_at(_fresh(a, _device(flat)), measured) for a in flat]
         leaves = [values[i].requires_grad_() for i in sorted(grad_positions)]
         if op._schema.is_mutable:  # an in-place op on a leaf is refused by autograd
             values = [v.clone() if i in grad_positions else v for i, v in enumerate(values)]
@@ -156,6 +171,14 @@ def _device(flat: list) -> torch.device | None:
     refuse to mix; None otherwise (each tensor where it is)."""
     devices = {v.device for v in map(_value, flat) if isinstance(v, torch.Tensor)}
     return torch.device("meta") if len(devices) > 1 and torch.device("meta") in devices else None
+
+
+def _at(value: Any, measured: dict | None) -> Any:
+    """A scalar size whose symbols all have values in ``measured``: that value."""
+    if not measured or not isinstance(value, torch.SymInt):
+        return value
+    expr = value.node.expr
+    return int(expr.xreplace(measured)) if expr.free_symbols <= measured.keys() else value
 
 
 def _value(value: Any) -> Any:

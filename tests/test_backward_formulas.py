@@ -181,3 +181,14 @@ def test_the_backward_of_an_op_mixing_meta_weights_and_cpu_indices_is_traced():
 def test_digammas_backward_is_the_trigamma_times_the_gradient():
     # grad * polygamma(1, x): a transcendental and a multiply per element.
     assert backward_flops(torch.digamma, image(2, 3)) == 2 * 6
+
+
+def test_a_weight_norms_backward_differentiates_gain_and_direction():
+    # wav2vec2's positional convolution: the weight v (6, 4, 3) normalized over dim 2's slices,
+    # 3 norms. Per element of v: grad_w v summed (2) and grad_v's multiply, subtract and
+    # multiply (3); per norm three divides.
+    conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3), dim=2)
+    report = analyze(conv, (torch.randn(1, 4, 10),), mode="train")
+    [backward] = [n for n in report.nodes
+                  if n.op == "aten._weight_norm_interface_backward.default"]
+    assert backward.cost.flops == 5 * 72 + 3 * 3

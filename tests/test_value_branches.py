@@ -457,8 +457,9 @@ class ResizesToGrid(nn.Module):
 @pytest.mark.parametrize("mode", ["forward", "train"])
 def test_a_formula_that_needs_concrete_sizes_gets_the_examples(mode):
     x = torch.randn(1, 3, 8, 8, requires_grad=mode == "train")
-    forward = [n for n in analyze(ResizesToGrid(), (x, torch.tensor([4, 4])), mode=mode).nodes
-               if n.phase == "forward"]
+    report = analyze(ResizesToGrid(), (x, torch.tensor([4, 4])), mode=mode)
+    assert report.uncounted == [] and report.symbols == []
+    forward = [n for n in report.nodes if n.phase == "forward"]
     [resize] = [n for n in forward if "upsample" in n.op]
     [pool] = [n for n in forward if "adaptive" in n.op]
     # By hand, from 8 to 4 (scale 2, so the bilinear filter's support widens from 1 to 2):
@@ -469,6 +470,30 @@ def test_a_formula_that_needs_concrete_sizes_gets_the_examples(mode):
     # From 6 to 4, torch's adaptive windows [floor(6j/4), ceil(6(j + 1)/4)) are 2 long each:
     # 8 a dim, 8 x 8 elements added (one divide an output instead of the last add).
     assert pool.status == "counted" and pool.cost.flops == 3 * 8 * 8
+    if mode == "train":
+        # The resize's backward kernel also needs the sizes: each of its 3 x 14 x 14 weights
+        # again, times its output's gradient and added into its input pixel.
+        [resize_backward] = [n for n in report.nodes if n.op.startswith("aten._upsample")
+                             and n.phase == "backward"]
+        assert resize_backward.cost.flops == 3 * 14 * 14 * 2
+
+
+class PadsByValue(nn.Module):
+    def forward(self, x: torch.Tensor, amount: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (0, amount.tolist()[0]))
+
+
+def test_a_backward_kernel_that_needs_concrete_sizes_gets_the_examples(capfd):
+    report = analyze(PadsByValue(), (torch.randn(1, 3, 8, requires_grad=True),
+                                     torch.tensor([2])), mode="train")
+    assert report.uncounted == []
+    # aten.pad's autograd refuses symbolic amounts; at the example's 2, its gradient is the
+    # pad undone (a negative pad back to 8), a copy.
+    [pad_backward] = [n for n in report.nodes if n.phase == "backward"]
+    assert (pad_backward.op, pad_backward.status) == ("aten.constant_pad_nd.default", "zero")
+    assert pad_backward.outputs[0].shape == [1, 3, 8]
+    # The refused first try is not logged by fake tensors.
+    assert "failed while attempting to run meta" not in capfd.readouterr().err
 
 
 class GathersInABranchNotTaken(nn.Module):

@@ -184,7 +184,7 @@ def fake_forward():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from ..capture import quiet_fake_tensor_log
+    from ..quiet import quiet_fake_tensor_log
 
     fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
     with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:

@@ -117,6 +117,15 @@ def embedding_bag_backward(call: OpCall) -> Cost:
     return call.cost(flops=gathered * (2 if scaled else 1))
 
 
+@register_formula(aten._weight_norm_interface_backward)
+def weight_norm_backward(call: OpCall) -> Cost:
+    """w = g v / |v| per slice of ``dim``, as ATen's kernel differentiates it: the gain's
+    gradient sum(grad_w v) / |v| (a multiply and an add per element, a divide per norm), the
+    direction's (g / |v|) (grad_w - v grad_g / |v|) (a multiply, a subtract and a multiply per
+    element, two divides per norm)."""
+    return call.cost(flops=5 * call["saved_v"].numel + 3 * call["saved_norms"].numel)
+
+
 @register_formula(aten._cdist_backward)
 def cdist_backward(call: OpCall) -> Cost:
     """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's): per pair
