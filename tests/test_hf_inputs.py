@@ -86,13 +86,16 @@ def test_the_model_then_analyzes_with_every_op_counted(model_type):
     assert report.uncounted == []
 
 
-def test_a_required_input_it_cannot_make_is_named_in_a_usage_error():
+def test_a_required_input_it_cannot_make_is_named_in_a_usage_error(monkeypatch):
     """DeepSeek-OCR2's vision encoder requires num_patches, the image's patches ahead of its
-    queries, which no field of its config counts, and the composite that holds it fails on
-    its own default config (a SAM tower of 896 channels before an encoder of 4096). (ESMFold2's
-    token_index, Qwen2-VL's grid_thw and Decision Transformer's states, once refused here,
-    are now made: tests/test_hf_task_inputs.py, tests/test_hf_needs.py,
-    tests/test_hf_parent.py.)"""
+    queries, which no field of its own config counts: hf: reads them off the SAM tower of the
+    composite holding it (tests/test_hf_task_inputs.py); without that rule the input is
+    refused by name. (ESMFold2's token_index, Qwen2-VL's grid_thw and Decision Transformer's
+    states, once refused here, are made too: tests/test_hf_task_inputs.py,
+    tests/test_hf_needs.py, tests/test_hf_parent.py.)"""
+    from exportflops.cli import hf_image_inputs
+
+    monkeypatch.setattr(hf_image_inputs, "patches_then_queries", lambda *a, **k: None)
     with pytest.raises(UsageError, match="'num_patches'.*--kwargs"):
         hf_model("deepseek_ocr2_encoder", META, None, layers=1)
 

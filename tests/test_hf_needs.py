@@ -247,12 +247,14 @@ def test_embeddings_replace_ids_that_forward_refuses():
     assert analyze(model, args, kwargs).uncounted == []
 
 
-def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(capfd):
+def test_the_command_exits_2_naming_an_input_forward_needed_and_hf_did_not_make(
+        capfd, monkeypatch):
     # DeepSeek-OCR2's vision encoder reads num_patches, the image's patches before its queries
-    # in the sequence: its composite's SAM tower counts them, and the composite's default config
-    # gives that tower 896 channels where the encoder takes 4096.
-    from exportflops.cli import main
+    # in the sequence, which hf: now reads off the SAM tower of the composite holding it: with
+    # that rule gone, it is an input hf: cannot make.
+    from exportflops.cli import hf_image_inputs, main
 
+    monkeypatch.setattr(hf_image_inputs, "patches_then_queries", lambda *a, **k: None)
     assert main(["hf:deepseek_ocr2_encoder", "--layers", "1", "--view", "summary"]) == 2
     error = capfd.readouterr().err
     assert "'num_patches'" in error and "--kwargs" in error

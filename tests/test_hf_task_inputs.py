@@ -59,6 +59,9 @@ CASES = {
     "esmfold2": {"token_index": (1, SEQ), "res_type": (1, SEQ), "token_bonds": (1, SEQ, SEQ, 1)},
     # The local encoder's byte states, and the global transformer's state of each patch.
     "blt_local_decoder": {"inputs_embeds": (1, SEQ, 1024), "patch_embeds": (1, SEQ // 4, 2048)},
+    # The SAM tower's 1024-px image in patches of 16, its neck's two downsamples halving the
+    # 64 a side twice: 16 x 16 = 256 patches, then the 256 queries of a 1024-px image.
+    "deepseek_ocr2_encoder": {"inputs_embeds": (1, 256 + 256, 4096)},
 }
 #: Those whose export then fails in transformers' own code, not for want of an input:
 #: Token2Wav's ODE solver loops while a tensor's value says (Eq(u0, 1) on its time points).
@@ -174,3 +177,8 @@ def test_esmfold2s_atoms_are_four_a_glycine_padded_to_a_multiple_of_32():
     mask = cpu.atom_attention_mask
     assert mask.sum().item() == 40 and mask.dtype == torch.bool
     assert cpu.atom_to_token[0, [0, 3, 4, 39, 63]].tolist() == [0, 0, 1, 9, 9]
+
+
+def test_deepseek_ocr2s_encoder_marks_the_patches_before_its_queries():
+    named = named_inputs(*hf_model("deepseek_ocr2_encoder", META, None, layers=1))
+    assert named["num_patches"] == 16 * 16

@@ -13,6 +13,7 @@ from typing import Any
 from ..errors import UsageError
 from .hf_media import (GRID_INPUTS, IMAGE_TOKEN, MAX_POSITIONS, MERGE_SIZES, config_int,
                        image_size, merge_size, patch_grid, sub_config, with_image_tokens)
+from .hf_parent import parent_configs
 from .hf_sizes import windows
 
 
@@ -248,7 +249,36 @@ def image_family_input(name: str, config, device, *, batch: int):
     side = pooled_patches(config)
     if name == "pixel_position_ids" and side is not None:
         return torch.zeros((batch, side ** 2, 2), dtype=torch.long, device=device)
-    return None
+    return patches_then_queries(name, config, device, batch=batch)
+
+
+#: DeepSeek-OCR2's learnt queries, appended to an image's patches: 144 (12 x 12, for a 768-px
+#: image) for at most 144 patches, else 256 (16 x 16, for 1024 px), as its modeling code picks
+#: between its two query tables.
+OCR_QUERIES = ((144, 144), (None, 256))
+
+
+def patches_then_queries(name: str, config, device, *, batch: int):
+    """DeepSeek-OCR2's vision encoder's sequence as the vision model holding it builds one:
+    the patches of its SAM tower at the tower's image_size (a side of image_size / patch_size,
+    halved by each of the neck's downsample_channels convolutions), then the learnt queries
+    (`OCR_QUERIES`). ``num_patches`` is the patches' count, ``inputs_embeds`` the sequence.
+    None where no composite holds ``config`` as its encoder_config beside a sam_config."""
+    import torch
+
+    if name not in ("num_patches", "inputs_embeds"):
+        return None
+    sams = [parent.sam_config for parent, field in parent_configs(config)
+            if field == "encoder_config" and getattr(parent, "sam_config", None) is not None]
+    if not sams:
+        return None
+    sam = sams[0]
+    side = sam.image_size // sam.patch_size // 2 ** len(sam.downsample_channels)
+    patches = side * side
+    if name == "num_patches":
+        return patches
+    queries = next(count for most, count in OCR_QUERIES if most is None or patches <= most)
+    return torch.zeros((batch, patches + queries, config.hidden_size), device=device)
 
 
 def image_companions(parameters: set[str], config, inputs: dict, made: dict) -> dict:
