@@ -37,8 +37,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .quiet import quiet_fake_tensor_log
 from .names import ancestors
+from .quiet import quiet_fake_tensor_log
 
 #: Leaves compared by value; any other object as an input or output makes a call unique.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,

@@ -26,14 +26,14 @@ import torch
 from .api import collector_paused, count_captured
 from .cache_names import cache_argument, returned_cache
 from .capture import capture_forward
-from .quiet import quiet_fake_tensor_log
 from .errors import GenerationError
 from .forked import beside
 from .generation_seq2seq import cache_zeros, kv_counts, seq2seq
 from .generation_sliding import cache_windows, decode_step
+from .program_edits import name_input_sizes
+from .quiet import quiet_fake_tensor_log
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
-from .program_edits import name_input_sizes
 
 #: The options of `analyze` that `analyze_generation` passes on to both analyses.
 _ANALYZE_OPTIONS = ("strict", "formulas")

@@ -135,7 +135,8 @@ class Tracer:
         and the flat arguments it ran on."""
         op = node.target
         flat, spec = pytree.tree_flatten((node.args, node.kwargs))
-        values = [_at(_fresh(a, _device(flat)), measured) for a in flat]
+        device = _device(flat)
+        values = [_at(_fresh(a, device), measured) for a in flat]
         leaves = [values[i].requires_grad_() for i in sorted(grad_positions)]
         if op._schema.is_mutable:  # an in-place op on a leaf is refused by autograd
             values = [v.clone() if i in grad_positions else v for i, v in enumerate(values)]

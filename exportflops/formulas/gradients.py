@@ -16,9 +16,9 @@ import math
 import torch
 
 from .attention import _nonzero, attention_dims, causal_pairs, kernel_is_causal
+from .embedding import MEAN
 from .interpolate import NEIGHBOURS, antialiased_weights
 from .matmul import contraction
-from .embedding import MEAN
 from .pointwise import per_output_element
 from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula
 
