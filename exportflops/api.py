@@ -134,16 +134,20 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
            expansion: Expansion | None = None) -> Report:
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
-    # A formula that needs concrete sizes gets the example's values of the data-dependent ones.
-    measured = {graph.renames.get(symbol, symbol): value
-                for symbol, value in (captured.given_sizes or {}).items()}
+    # A formula or backward kernel that needs concrete sizes gets the example's values where
+    # every size has one, as the report is then counted at them: beside counts left in
+    # symbols, a count fixed at the example's would disagree at any other value.
+    given = captured.given_sizes or {}
+    measured = {graph.renames.get(symbol, symbol): value for symbol, value in given.items()}
+    if not all(s.symbol in measured for s in graph.symbols):
+        given, measured = {}, {}
     count = functools.partial(count_node, table=table, strict=strict, sizes=measured,
                               decomposer=Decomposer(graph.shape_env, graph.renames))
     calls = graph.nodes if expansion is None else expansion.forward(graph.nodes)
     nodes = _counted(calls, count, expansion)
     if mode == "train":
         received: dict = {}
-        backward = _backward_records(captured, graph, count, strict, received)
+        backward = _backward_records(captured.program, graph, count, strict, received, given)
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
@@ -205,11 +209,11 @@ def collector_paused() -> Iterator[None]:
         gc.collect(0)
 
 
-def _backward_records(captured, graph, count: Callable[..., NodeRecord], strict: bool,
-                      received: dict | None = None) -> list[NodeRecord]:
+def _backward_records(program, graph, count: Callable[..., NodeRecord], strict: bool,
+                      received: dict, measured: dict) -> list[NodeRecord]:
     stage("backward")
     records = []
-    for traced in trace_backward(captured.program, graph, received, captured.given_sizes):
+    for traced in trace_backward(program, graph, received, measured):
         if traced.failure:
             records.append(untraced_backward(traced.forward, traced.failure, strict=strict))
         records += [_noted(count(call, phase="backward", differentiates=traced.forward.name),

@@ -72,13 +72,16 @@ class Tracer:
         if key not in self.cache:
             try:
                 self.cache[key] = self._replay(node, grad_positions, outputs, autocast, {})
-            except Exception:
+            except Exception as refused:
                 # A backward kernel that needs concrete sizes (a pad's amounts read from
                 # values): at the example's, where they were measured (the counts are too).
                 if not self.measured:
                     raise
-                self.cache[key] = self._replay(node, grad_positions, outputs, autocast,
-                                               self.measured)
+                try:
+                    self.cache[key] = self._replay(node, grad_positions, outputs, autocast,
+                                                   self.measured)
+                except Exception:
+                    raise refused from None  # the first refusal is the one to act on
         return self.cache[key]
 
     def _key(self, node: torch.fx.Node, grad_positions: set[int], autocast: tuple | None):
@@ -123,6 +126,7 @@ class Tracer:
                 renames |= {new.node.expr: _expr(old).xreplace(self.renames)
                             for new, old in zip(fresh.shape, kept.shape)
                             if isinstance(new, torch.SymInt)
+                            and isinstance(new.node.expr, sympy.Symbol)
                             and free_unbacked_symbols(new) - free_unbacked_symbols(old)}
         return renames
 

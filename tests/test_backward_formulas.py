@@ -89,32 +89,44 @@ def test_a_shrink_backward_selects_the_gradient(shrink):
     assert backward_flops(shrink, image(2, 3)) == 6
 
 
-def test_cdist_backward_is_called_for_each_input_with_the_forwards_work():
-    # x1 (1, 3, 4) to x2 (1, 5, 4): 15 pairs of 4 features. Each input's gradient: per pair and
-    # feature a difference, a weight and an add (3), one divide per pair.
-    assert backward_flops(torch.cdist, image(1, 3, 4), image(1, 5, 4)) == 2 * 15 * (3 * 4 + 1)
-
-
-@pytest.mark.parametrize("mode, per_element", [("sum", 1), ("mean", 2)])
-def test_an_embedding_bag_backward_adds_each_bags_gradient_into_its_rows(mode, per_element):
-    def bags(weight):
-        return F.embedding_bag(torch.tensor([[0, 1], [2, 2]]), weight, mode=mode)
-
-    # 4 indices, rows of 3: a mean divides each by its bag's size before the add.
-    assert backward_flops(bags, image(10, 3)) == 4 * 3 * per_element
-
-
-@pytest.mark.parametrize("grid_grad, per_element", [
-    (False, 4 * 2),  # 4 corners: the gradient times the corner's weight, added into it
-    (True, 4 * 2 + 4 * 2 * 3),  # and per corner and coordinate: value x distance x gradient
+@pytest.mark.parametrize("p, derivative", [
+    (2.0, 2),  # ATen's tdist_calc::backward: grad * diff / dist
+    (1.0, 2),  # odist_calc: grad * sign(diff)
+    (3.0, 6),  # pdist_calc: diff * |diff|^(p - 2) * grad / dist^(p - 1)
+    (0.0, None),  # no gradient: ATen fills it with zeros
 ])
-def test_the_grid_sampler_backward_follows_the_gradients_asked_for(grid_grad, per_element):
+def test_cdist_backward_is_called_for_each_input_with_its_norms_derivative(p, derivative):
+    # x1 (1, 3, 4) to x2 (1, 5, 4): 15 pairs of 4 features. Each input's gradient: per pair and
+    # feature the difference, the norm's derivative and the add into the row.
+    def distances(x1, x2):
+        return torch.cdist(x1, x2, p=p)
+
+    per_element = 0 if derivative is None else 1 + derivative + 1
+    assert backward_flops(distances, image(1, 3, 4), image(1, 5, 4)) == 2 * 15 * 4 * per_element
+
+
+@pytest.mark.parametrize("mode, flops", [
+    ("sum", 6 * 3),  # 6 indices, rows of 3: each bag's gradient row added into each
+    ("mean", 6 * 3 * 2),  # divided by the bag's size first
+    ("max", 2 * 3),  # 2 bags of 3 columns: each added into the row its max came from
+])
+def test_an_embedding_bag_backward_adds_each_bags_gradient_into_its_rows(mode, flops):
+    def bags(weight):
+        return F.embedding_bag(torch.tensor([[0, 1, 5], [2, 2, 7]]), weight, mode=mode)
+
+    assert backward_flops(bags, image(10, 3)) == flops
+
+
+@pytest.mark.parametrize("grid_grad", [False, True])
+def test_the_grid_sampler_backward_always_computes_the_grids_gradient(grid_grad):
     def sample(x, grid):
         return F.grid_sample(x, grid, mode="bilinear", align_corners=False)
 
     grid = (torch.rand(1, 3, 3, 2) * 2 - 1).requires_grad_(grid_grad)
-    # (1, 2, 3, 3): 18 sampled elements.
-    assert backward_flops(sample, image(1, 2, 4, 4), grid) == 18 * per_element
+    # (1, 2, 3, 3): 18 sampled elements. Per element, 4 corners: the gradient times the
+    # corner's weight added into it (2 each); and, whether the grid needs it or not (ATen
+    # reads output_mask[0] only), per corner and coordinate value x distance x gradient (3).
+    assert backward_flops(sample, image(1, 2, 4, 4), grid) == 18 * (4 * 2 + 4 * 2 * 3)
 
 
 class SelectsTwice(nn.Module):
@@ -187,9 +199,9 @@ def test_digammas_backward_is_the_trigamma_times_the_gradient():
 def test_a_weight_norms_backward_differentiates_gain_and_direction():
     # wav2vec2's positional convolution: the weight v (6, 4, 3) normalized over dim 2's slices,
     # 3 norms. Per element of v: grad_w v summed (2) and grad_v's multiply, subtract and
-    # multiply (3); per norm three divides.
+    # multiply (3); per norm grad_g's divide, a = g / |v| and b = a grad_g / |v| (4).
     conv = nn.utils.parametrizations.weight_norm(nn.Conv1d(4, 6, 3), dim=2)
     report = analyze(conv, (torch.randn(1, 4, 10),), mode="train")
     [backward] = [n for n in report.nodes
                   if n.op == "aten._weight_norm_interface_backward.default"]
-    assert backward.cost.flops == 5 * 72 + 3 * 3
+    assert backward.cost.flops == 5 * 72 + 4 * 3

@@ -194,3 +194,17 @@ def test_complex_rotary_embeddings_train_with_every_op_counted():
     assert report.uncounted == []
     conjugates = [n for n in report.nodes if n.op == "aten._conj.default"]
     assert conjugates and all(n.status == "zero" for n in conjugates)
+
+
+class _AntialiasedDefault(nn.Module):
+    def forward(self, x):
+        return torch.ops.aten._upsample_bilinear2d_aa.default(x, [4, 4], False)
+
+
+def test_both_overloads_of_an_antialiased_resize_are_counted():
+    # The .default overload names its input self, .vec input. 8 -> 4: windows 3, 4, 4, 3 = 14
+    # a dim (tests/test_value_branches.py derives them); per channel 14 x 14 multiplies and 16
+    # fewer adds.
+    report = analyze(_AntialiasedDefault(), (torch.randn(1, 3, 8, 8),))
+    [node] = [n for n in report.nodes if "upsample" in n.op]
+    assert node.op.endswith(".default") and node.cost.flops == 3 * (2 * 14 * 14 - 16)

@@ -261,7 +261,8 @@ OCR_QUERIES = ((144, 144), (None, 256))
 def patches_then_queries(name: str, config, device, *, batch: int):
     """DeepSeek-OCR2's vision encoder's sequence as the vision model holding it builds one:
     the patches of its SAM tower at the tower's image_size (a side of image_size / patch_size,
-    halved by each of the neck's downsample_channels convolutions), then the learnt queries
+    halved, rounded up, by each of the neck's downsample_channels convolutions of stride 2
+    and padding 1), then the learnt queries
     (`OCR_QUERIES`). ``num_patches`` is the patches' count, ``inputs_embeds`` the sequence.
     None where no composite holds ``config`` as its encoder_config beside a sam_config."""
     import torch
@@ -273,8 +274,10 @@ def patches_then_queries(name: str, config, device, *, batch: int):
     if not sams:
         return None
     sam = sams[0]
-    side = sam.image_size // sam.patch_size // 2 ** len(sam.downsample_channels)
-    patches = side * side
+    height, width = (side // sam.patch_size for side in image_size(sam))
+    for _ in sam.downsample_channels:
+        height, width = -(-height // 2), -(-width // 2)
+    patches = height * width
     if name == "num_patches":
         return patches
     queries = next(count for most, count in OCR_QUERIES if most is None or patches <= most)

@@ -10,7 +10,7 @@ from .registry import Cost, OpCall, register_formula
 aten = torch.ops.aten
 
 #: EmbeddingBag's ``mode`` argument: 0 sum, 1 mean, 2 max (torch.nn.functional.embedding_bag).
-MEAN = 1
+MEAN, MAX = 1, 2
 
 
 @register_formula(aten.embedding)

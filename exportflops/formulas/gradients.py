@@ -16,7 +16,7 @@ import math
 import torch
 
 from .attention import _nonzero, attention_dims, causal_pairs, kernel_is_causal
-from .embedding import MEAN
+from .embedding import MAX, MEAN
 from .interpolate import NEIGHBOURS, antialiased_weights
 from .matmul import contraction
 from .pointwise import per_output_element
@@ -111,7 +111,10 @@ def embedding_backward(call: OpCall) -> Cost:
 @register_formula(aten._embedding_bag_backward, aten._embedding_bag_dense_backward)
 def embedding_bag_backward(call: OpCall) -> Cost:
     # Each bag's gradient row is added into the weight row of each index in the bag; scaled
-    # first by the index's per-sample weight, or divided by the bag's size for a mean.
+    # first by the index's per-sample weight, or divided by the bag's size for a mean. A max
+    # bag adds its gradient into the one row each column's max came from.
+    if call["mode"] == MAX:
+        return call.cost(flops=call["grad"].numel)
     gathered = call["indices"].numel * call["grad"].shape[-1]
     scaled = call.get("per_sample_weights") is not None or call["mode"] == MEAN
     return call.cost(flops=gathered * (2 if scaled else 1))
@@ -121,18 +124,30 @@ def embedding_bag_backward(call: OpCall) -> Cost:
 def weight_norm_backward(call: OpCall) -> Cost:
     """w = g v / |v| per slice of ``dim``, as ATen's kernel differentiates it: the gain's
     gradient sum(grad_w v) / |v| (a multiply and an add per element, a divide per norm), the
-    direction's (g / |v|) (grad_w - v grad_g / |v|) (a multiply, a subtract and a multiply per
-    element, two divides per norm)."""
-    return call.cost(flops=5 * call["saved_v"].numel + 3 * call["saved_norms"].numel)
+    direction's a (grad_w - v b) with a = g / |v| and b = a grad_g / |v| (a multiply, a
+    subtract and a multiply per element; two divides and a multiply per norm)."""
+    return call.cost(flops=5 * call["saved_v"].numel + 4 * call["saved_norms"].numel)
+
+
+#: FLOPs of the p-norm's derivative per pair and feature, as ATen's Distance kernels write
+#: each ``*dist_calc::backward``: p = 1 ``grad * sign(diff)``; p = 2 ``grad * diff / dist``;
+#: p < 2 ``sign(diff) * |diff|^(p-1) * grad / dist^(p-1)``; any other finite p
+#: ``diff * |diff|^(p-2) * grad / dist^(p-1)``; p = inf
+#: ``grad * sign(diff) * (1 - min(1, ceil(||diff| - dist|)))``.
+_CDIST_DERIVATIVE = {1.0: 2, 2.0: 2, "below 2": 7, "other": 6, math.inf: 9}
 
 
 @register_formula(aten._cdist_backward)
 def cdist_backward(call: OpCall) -> Cost:
     """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's): per pair
-    and feature the difference, its derivative's weight from the pair's distance and gradient,
-    and the add into x1's row, as the forward's three; one divide per pair."""
+    and feature the difference, the norm's derivative (`_CDIST_DERIVATIVE`) and the add into
+    x1's row. p = 0 has no gradient: ATen fills it with zeros."""
+    p = call["p"]
+    if p == 0:
+        return call.cost()
+    kind = p if p in _CDIST_DERIVATIVE else ("below 2" if p < 2 else "other")
     pairs, features = call["cdist"].numel, call["x1"].shape[-1]
-    return call.cost(flops=pairs * (3 * features + 1))
+    return call.cost(flops=pairs * features * (2 + _CDIST_DERIVATIVE[kind]))
 
 
 #: FLOPs per sampled point and channel of the grid sampler's backward, (input gradient, grid
@@ -153,10 +168,11 @@ _GRID_SAMPLER_BACKWARD = {
 
 @register_formula(aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward)
 def grid_sampler_backward(call: OpCall) -> Cost:
+    # ATen reads output_mask[0] only: the grid's gradient is always computed.
     grad = call["grad_output"]
     input_grad, grid_grad = _GRID_SAMPLER_BACKWARD[(grad.ndim - 2, call["interpolation_mode"])]
-    wanted_input, wanted_grid = call["output_mask"]
-    return call.cost(flops=grad.numel * (input_grad * wanted_input + grid_grad * wanted_grid))
+    wanted_input = call["output_mask"][0]
+    return call.cost(flops=grad.numel * (input_grad * wanted_input + grid_grad))
 
 
 @register_formula(aten.convolution_backward)

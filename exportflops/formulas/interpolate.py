@@ -45,7 +45,9 @@ def antialiased(call: OpCall) -> Cost:
     ``scale (i + 0.5) -/+ support``, clipped to the image). Per output pixel, ``k`` taps are
     ``k`` multiplies and ``k - 1`` adds, ``k`` the product of the two dims' windows."""
     scales = call.get("scale_factors") or (call.get("scales_h"), call.get("scales_w"))
-    weights = antialiased_weights(call, call["input"].shape, call.out.shape, scales)
+    # The .vec overload names its tensor input, .default self.
+    x = call.get("input", call.get("self"))
+    weights = antialiased_weights(call, x.shape, call.out.shape, scales)
     return call.cost(flops=2 * weights - call.out.numel)
 
 
