@@ -16,6 +16,7 @@ import sympy
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -26,11 +27,15 @@ from .quiet import quiet_fake_tensor_log
 from .walk import op_call
 
 
-def fake_replay(shape_env, *, grad: bool,
-                allow_non_fake_inputs: bool) -> contextlib.AbstractContextManager:
+def fake_replay(shape_env, *, grad: bool, allow_non_fake_inputs: bool,
+                python_dispatcher: bool = False) -> contextlib.AbstractContextManager:
     """Fake tensors on the graph's shape env (its sizes stay its symbols), outside inference
-    mode whatever the caller is in, with autograd on or off."""
+    mode whatever the caller is in, with autograd on or off; with ``python_dispatcher``,
+    composite ops decompose through their Python implementations, which take symbolic sizes
+    where some C++ ones refuse them, as torch.export traces them."""
     stack = contextlib.ExitStack()
+    if python_dispatcher:
+        stack.enter_context(enable_python_dispatcher())
     stack.enter_context(torch.inference_mode(False))
     stack.enter_context(torch.enable_grad() if grad else torch.no_grad())
     stack.enter_context(FakeTensorMode(shape_env=shape_env,
@@ -70,19 +75,24 @@ class Tracer:
         """The ops autograd dispatches for the gradient flowing into ``outputs``."""
         key = ("backward", *self._key(node, grad_positions, autocast), tuple(sorted(outputs)))
         if key not in self.cache:
-            try:
-                self.cache[key] = self._replay(node, grad_positions, outputs, autocast, {})
-            except Exception as refused:
-                # A backward kernel that needs concrete sizes (a pad's amounts read from
-                # values): at the example's, where they were measured (the counts are too).
-                if not self.measured:
-                    raise
-                try:
-                    self.cache[key] = self._replay(node, grad_positions, outputs, autocast,
-                                                   self.measured)
-                except Exception:
-                    raise refused from None  # the first refusal is the one to act on
+            self.cache[key] = self._first_replay(node, grad_positions, outputs, autocast)
         return self.cache[key]
+
+    def _first_replay(self, node: torch.fx.Node, grad_positions: set[int], outputs: set[int],
+                      autocast: tuple | None) -> list[OpCall]:
+        """The replay as the op runs; where a C++ kernel refuses symbolic sizes (aten.pad's
+        amounts read from values), through the Python dispatcher; where that fails too, at
+        the example's measured sizes (the counts are then at them too). The first refusal is
+        the one reported."""
+        tries = [({}, False), ({}, True)] + ([(self.measured, False)] if self.measured else [])
+        refusal = None
+        for measured, python_dispatcher in tries:
+            try:
+                return self._replay(node, grad_positions, outputs, autocast, measured,
+                                    python_dispatcher)
+            except Exception as error:  # any op may refuse a fake replay; the next try may not
+                refusal = refusal or error
+        raise refusal
 
     def _key(self, node: torch.fx.Node, grad_positions: set[int], autocast: tuple | None):
         flat = pytree.tree_leaves((node.args, node.kwargs))
@@ -96,13 +106,15 @@ class Tracer:
         return tuple(self.kinds.get(a, ACTIVATION) if isinstance(a, torch.fx.Node)
                      else ACTIVATION for a in flat)
 
-    def _mode(self) -> contextlib.AbstractContextManager:
+    def _mode(self, python_dispatcher: bool = False) -> contextlib.AbstractContextManager:
         # Autograd on whatever mode the caller is in: the backward is what train mode asks for.
-        return fake_replay(self.shape_env, grad=True, allow_non_fake_inputs=False)
+        return fake_replay(self.shape_env, grad=True, allow_non_fake_inputs=False,
+                           python_dispatcher=python_dispatcher)
 
     def _replay(self, node: torch.fx.Node, grad_positions: set[int], outputs: set[int],
-                autocast: tuple | None, measured: dict) -> list[OpCall]:
-        with self._mode():
+                autocast: tuple | None, measured: dict,
+                python_dispatcher: bool) -> list[OpCall]:
+        with self._mode(python_dispatcher):
             leaves, results, values = self._forward(node, grad_positions, autocast, measured)
             kinds = {_storage(v): kind for v, kind in zip(values, self._flat_kinds(
                 pytree.tree_leaves((node.args, node.kwargs))))

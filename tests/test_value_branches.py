@@ -496,6 +496,16 @@ def test_a_backward_kernel_that_needs_concrete_sizes_gets_the_examples(capfd):
     assert "failed while attempting to run meta" not in capfd.readouterr().err
 
 
+def test_on_meta_a_backward_kernel_refusing_symbolic_sizes_is_traced_as_export_traces():
+    # No values on meta: aten.pad's C++ kernel refuses the symbolic amount, its Python
+    # implementation (export's) takes it, and the gradient is the pad undone, to u0 + 8 - u0.
+    report = analyze(PadsByValue(), (torch.randn(1, 3, 8, device="meta", requires_grad=True),
+                                     torch.tensor([2], device="meta")), mode="train")
+    [pad_backward] = [n for n in report.nodes if n.phase == "backward"]
+    assert (pad_backward.op, pad_backward.status) == ("aten.constant_pad_nd.default", "zero")
+    assert pad_backward.outputs[0].shape == [1, 3, 8]
+
+
 class GathersInABranchNotTaken(nn.Module):
     """The flagged rows projected; in a torch.cond branch the example does not take, the rows
     of positive sum gathered: a size no run of the example gives."""
