@@ -139,15 +139,16 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     # symbols, a count fixed at the example's would disagree at any other value.
     given = captured.given_sizes or {}
     measured = {graph.renames.get(symbol, symbol): value for symbol, value in given.items()}
-    if not all(s.symbol in measured for s in graph.symbols):
-        given, measured = {}, {}
-    count = functools.partial(count_node, table=table, strict=strict, sizes=measured,
+    complete = all(s.symbol in measured for s in graph.symbols)
+    count = functools.partial(count_node, table=table, strict=strict,
+                              sizes=measured if complete else {},
                               decomposer=Decomposer(graph.shape_env, graph.renames))
     calls = graph.nodes if expansion is None else expansion.forward(graph.nodes)
     nodes = _counted(calls, count, expansion)
     if mode == "train":
         received: dict = {}
-        backward = _backward_records(captured.program, graph, count, strict, received, given)
+        backward = _backward_records(captured.program, graph, count, strict, received,
+                                     given if complete else {})
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
@@ -171,8 +172,7 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     # sizes the example's values decided: counted at those sizes (all of them known, else left
     # symbolic).
     named = {s.name for s in report.symbols}
-    sizes = {name: value for symbol, value in captured.given_sizes.items()
-             if (name := graph.renames.get(symbol, symbol).name) in named}
+    sizes = {symbol.name: value for symbol, value in measured.items() if symbol.name in named}
     if _in_counts(report) - sizes.keys():
         return report  # a size no run gave (in a cond branch not taken): the counts keep it
     # The rest are in no count (a float a branch read): any value in their range.

@@ -67,6 +67,11 @@ class OpCall:
     def __getitem__(self, name: str) -> Any:
         return self.args[name]
 
+    @property
+    def packet(self) -> str:
+        """The op's name without its overload: ``upsample_bilinear2d`` for ``.vec`` too."""
+        return self.op.__name__.split(".")[0]
+
     def get(self, name: str, default: Any = None) -> Any:
         return self.args.get(name, default)
 

@@ -75,11 +75,11 @@ class Tracer:
         """The ops autograd dispatches for the gradient flowing into ``outputs``."""
         key = ("backward", *self._key(node, grad_positions, autocast), tuple(sorted(outputs)))
         if key not in self.cache:
-            self.cache[key] = self._first_replay(node, grad_positions, outputs, autocast)
+            self.cache[key] = self._first_working_replay(node, grad_positions, outputs, autocast)
         return self.cache[key]
 
-    def _first_replay(self, node: torch.fx.Node, grad_positions: set[int], outputs: set[int],
-                      autocast: tuple | None) -> list[OpCall]:
+    def _first_working_replay(self, node: torch.fx.Node, grad_positions: set[int],
+                              outputs: set[int], autocast: tuple | None) -> list[OpCall]:
         """The replay as the op runs; where a C++ kernel refuses symbolic sizes (aten.pad's
         amounts read from values), through the Python dispatcher; where that fails too, at
         the example's measured sizes (the counts are then at them too). The first refusal is

@@ -255,32 +255,32 @@ def image_family_input(name: str, config, device, *, batch: int):
 #: DeepSeek-OCR2's learnt queries, appended to an image's patches: 144 (12 x 12, for a 768-px
 #: image) for at most 144 patches, else 256 (16 x 16, for 1024 px), as its modeling code picks
 #: between its two query tables.
-OCR_QUERIES = ((144, 144), (None, 256))
+OCR_QUERIES_768, OCR_QUERIES_1024 = 144, 256
 
 
 def patches_then_queries(name: str, config, device, *, batch: int):
     """DeepSeek-OCR2's vision encoder's sequence as the vision model holding it builds one:
     the patches of its SAM tower at the tower's image_size (a side of image_size / patch_size,
     halved, rounded up, by each of the neck's downsample_channels convolutions of stride 2
-    and padding 1), then the learnt queries
-    (`OCR_QUERIES`). ``num_patches`` is the patches' count, ``inputs_embeds`` the sequence.
+    and padding 1), then the learnt queries (`OCR_QUERIES_768`, `OCR_QUERIES_1024`).
+    ``num_patches`` is the patches' count, ``inputs_embeds`` the sequence.
     None where no composite holds ``config`` as its encoder_config beside a sam_config."""
     import torch
 
     if name not in ("num_patches", "inputs_embeds"):
         return None
-    sams = [parent.sam_config for parent, field in parent_configs(config)
-            if field == "encoder_config" and getattr(parent, "sam_config", None) is not None]
-    if not sams:
+    sam = next((parent.sam_config for parent, field in parent_configs(config)
+                if field == "encoder_config" and getattr(parent, "sam_config", None) is not None),
+               None)
+    if sam is None:
         return None
-    sam = sams[0]
     height, width = (side // sam.patch_size for side in image_size(sam))
     for _ in sam.downsample_channels:
         height, width = -(-height // 2), -(-width // 2)
     patches = height * width
     if name == "num_patches":
         return patches
-    queries = next(count for most, count in OCR_QUERIES if most is None or patches <= most)
+    queries = OCR_QUERIES_768 if patches <= OCR_QUERIES_768 else OCR_QUERIES_1024
     return torch.zeros((batch, patches + queries, config.hidden_size), device=device)
 
 

@@ -239,7 +239,7 @@ def added_where_it_came_from(call: OpCall) -> Cost:
 def resize_backward(call: OpCall) -> Cost:
     # Each gradient element, times the weight of each neighbour it was blended from, is added
     # into that neighbour: a multiply and an add per neighbour.
-    neighbours = NEIGHBOURS[call.op.__name__.split(".")[0].removesuffix("_backward")]
+    neighbours = NEIGHBOURS[call.packet.removesuffix("_backward")]
     return call.cost(flops=2 * neighbours * call["grad_output"].numel)
 
 

@@ -126,18 +126,18 @@ def _stack(call: OpCall, kind: str, x: TensorMeta) -> Cost:
 
 @register_formula(aten.lstm.input, aten.gru.input, aten.rnn_tanh.input, aten.rnn_relu.input)
 def rnn_stack(call: OpCall) -> Cost:
-    return _stack(call, call.op.__name__.split(".")[0], call["input"])
+    return _stack(call, call.packet, call["input"])
 
 
 @register_formula(aten.lstm.data, aten.gru.data, aten.rnn_tanh.data, aten.rnn_relu.data)
 def rnn_stack_packed(call: OpCall) -> Cost:
     """A packed sequence: ``data`` holds only the real (unpadded) tokens, so each is counted."""
-    return _stack(call, call.op.__name__.split(".")[0], call["data"])
+    return _stack(call, call.packet, call["data"])
 
 
 @register_formula(aten.lstm_cell, aten.gru_cell, aten.rnn_tanh_cell, aten.rnn_relu_cell)
 def rnn_cell(call: OpCall) -> Cost:
-    kind = call.op.__name__.split(".")[0].removesuffix("_cell")
+    kind = call.packet.removesuffix("_cell")
     macs, flops = _step_work(kind, _tokens(call["input"]), call["w_ih"], call["w_hh"],
                              call.get("b_ih"), call.get("b_hh"), None)
     return call.cost(flops=FLOPS_PER_MAC * macs + flops, macs=macs)
