@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 
+import torch
+
 from .decompose import Decomposer
 from .errors import CountError, InvalidFormulaError, UncountedOpError
 from .formulas.registry import FormulaTable
@@ -41,6 +43,9 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
             cost = _checked(cost, entry.formula, node)
             if entry.zero_reason is not None:
                 status, note = "zero", entry.zero_reason
+    if (status == "counted" and (decomposed is not None or _built_in(entry.formula))
+            and (sparse := sparse_operand(node.call, cost))):
+        status, cost, note = "uncounted", Counts(), sparse
     if node.region:
         cost, status, note = _in_region(node, cost, status, note)
     if strict and status in ("uncounted", "error"):
@@ -70,6 +75,28 @@ def _applied(formula, call: OpCall, sizes: Mapping | None) -> Counts:
         if not (sizes and symbols and symbols <= sizes.keys()):
             raise
     return formula(call.at_sizes(sizes))
+
+
+def _built_in(formula) -> bool:
+    """A formula of exportflops' table, which counts dense tensors; a user's formula may read
+    `TensorMeta.layout` and count a sparse tensor's nonzeros its own way."""
+    return getattr(formula, "__module__", "").startswith("exportflops.")
+
+
+def sparse_operand(call: OpCall, cost: Counts) -> str:
+    """Why ``cost`` is no count of ``call``: a tensor of it is sparse, and a sparse kernel's
+    arithmetic follows the nonzeros it stores, a value no shape holds (a matmul of a 1000 x
+    1000 COO matrix holding 10 nonzeros does 10 multiply-adds per column, not 1000). The
+    formulas count dense tensors; an op with no arithmetic (a view, ``to_dense``) stays
+    counted. Empty where every tensor is strided."""
+    layouts = {t.layout for t in (*call.tensor_inputs(), *call.outputs)
+               if isinstance(t, TensorMeta)} - {torch.strided}
+    if not layouts or (cost.flops == 0 and cost.macs == 0):
+        return ""
+    names = ", ".join(sorted(str(layout).removeprefix("torch.") for layout in layouts))
+    return (f"a sparse tensor ({names}): its cost follows the nonzeros it stores, which the "
+            f"graph does not hold; counted dense it would be {cost.flops} FLOPs. Count it with "
+            f"your own formula (formulas=), or pass it dense (.to_dense()) to count it so")
 
 
 def _checked(cost: object, formula, node: NodeCall) -> Counts:

@@ -36,6 +36,9 @@ class TensorMeta:
     backward op, that of the forward argument the tensor is (a view of) (`replay.Recorder`)."""
     broadcast: tuple[int, ...] = ()
     """Dimensions of stride 0 (an ``expand``): their elements repeat one stored element."""
+    layout: torch.layout = torch.strided
+    """A sparse layout (``torch.sparse_coo``, ``sparse_csr``, ...) stores only its nonzeros, a
+    number the graph does not hold (`count.sparse_operand`)."""
 
     @property
     def numel(self) -> Size:

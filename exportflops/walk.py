@@ -335,7 +335,7 @@ def _meta(value: Any, renames: dict, read: dict, kinds: dict, kind: str = ACTIVA
         return read[value]
     if isinstance(value, torch.Tensor):
         return TensorMeta(tuple(_size(d, renames) for d in value.shape), value.dtype, kind,
-                          _broadcast(value))
+                          _broadcast(value), value.layout)
     if isinstance(value, (list, tuple)):
         return type(value)(_meta(v, renames, read, kinds, kind) for v in value)
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):

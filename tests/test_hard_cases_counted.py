@@ -208,3 +208,79 @@ def test_both_overloads_of_an_antialiased_resize_are_counted():
     report = analyze(_AntialiasedDefault(), (torch.randn(1, 3, 8, 8),))
     [node] = [n for n in report.nodes if "upsample" in n.op]
     assert node.op.endswith(".default") and node.cost.flops == 3 * (2 * 14 * 14 - 16)
+
+
+class _SparseTimesWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 5))
+
+    def forward(self, x):
+        return x @ self.weight, x.to_dense() @ self.weight
+
+
+def test_sparse_operand_is_not_counted_dense():
+    """A 3 x 4 matrix holding one nonzero times a 4 x 5 weight: the sparse kernel does 5 MACs
+    (one per output column for the one nonzero), the dense count is 3*4*5 = 60. No shape holds
+    the 5, so the sparse matmul is uncounted, naming the 120 dense FLOPs it is not; the same
+    matrix made dense first is counted at 60 MACs, and its to_dense at none."""
+    x = torch.zeros(3, 4)
+    x[0, 0] = 1.0
+    report = analyze(_SparseTimesWeight(), (x.to_sparse(),))
+    assert report.total.macs == 60
+    [uncounted] = report.uncounted
+    assert "sparse" in uncounted.reason and "120 FLOPs" in uncounted.reason
+
+
+def test_a_users_formula_counts_a_sparse_operand():
+    """A formula given for the op is used as given on a sparse tensor: here 1 MAC per stored
+    nonzero per output column, 1 * 5 = 5 (the caller knows its one nonzero); the dense
+    matmul beside it 3 * 4 * 5 = 60."""
+    from exportflops import Cost
+
+    def nonzeros_times_columns(call):
+        macs = 5 if call.args["self"].layout == torch.sparse_coo else 60
+        return Cost(flops=2 * macs, macs=macs)
+
+    x = torch.zeros(3, 4)
+    x[0, 0] = 1.0
+    report = analyze(_SparseTimesWeight(), (x.to_sparse(),),
+                     formulas={torch.ops.aten.matmul.default: nonzeros_times_columns})
+    assert report.uncounted == [] and report.total.macs == 5 + 60
+
+
+class _QuantizedMatmul(nn.Module):
+    """Activations (17, 64) times a weight of 48 outputs, through one of torch's quantized
+    kernels."""
+
+    def __init__(self, kernel: str):
+        super().__init__()
+        self.kernel = kernel
+        self.int8 = torch.randint(-8, 8, (48, 64), dtype=torch.int8)
+        self.scales = torch.rand(48)
+        self.int4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+            torch.randint(0, 16, (48, 64), dtype=torch.int32), 1)
+        self.scales_and_zeros = torch.rand(64 // 32, 48, 2)
+
+    def forward(self, x):
+        if self.kernel == "int_mm":
+            return torch._int_mm(x, self.int8.T.contiguous())
+        if self.kernel == "int8pack":
+            return torch.ops.aten._weight_int8pack_mm(x, self.int8, self.scales)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.int4, 32,
+                                                          self.scales_and_zeros)
+
+
+@pytest.mark.parametrize("kernel, flops", [
+    ("int_mm", 2 * 52_224),                    # int8 x int8 -> int32, nothing else
+    ("int8pack", 2 * 52_224 + 17 * 48),        # + one scale multiply per output
+    ("int4pack", 2 * 52_224 + 2 * 48 * 64),    # + a scale and a zero per weight element
+])
+def test_quantized_matmul_kernels(kernel, flops):
+    """torchao's int8 dynamic and int8/int4 weight-only paths: 17 * 48 * 64 = 52,224 MACs,
+    whatever layout the weight is packed in (the int4 weight's shape is the kernel's tiles)."""
+    x = (torch.randint(-8, 8, (17, 64), dtype=torch.int8) if kernel == "int_mm"
+         else torch.randn(17, 64))
+    report = analyze(_QuantizedMatmul(kernel), (x,))
+    assert report.uncounted == []
+    assert (report.total.macs, report.total.flops) == (52_224, flops)

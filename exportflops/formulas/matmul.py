@@ -1,4 +1,5 @@
-"""Matrix products: mm, addmm, bmm, baddbmm, linear, matmul, einsum, _scaled_mm, _grouped_mm.
+"""Matrix products: mm, addmm, bmm, baddbmm, linear, matmul, einsum, _scaled_mm, _grouped_mm,
+and the quantized kernels (_int_mm, _weight_int8pack_mm, _weight_int4pack_mm*).
 
 Convention (torch.utils.flop_counter, Karpathy): one MAC per multiply-accumulate, 2 FLOPs per MAC.
 A bias or ``beta * self`` term adds one FLOP per output element; it is not a MAC.
@@ -34,7 +35,7 @@ def contraction(call: OpCall, macs, *, bias_elements=0) -> Cost:
     return call.cost(flops=FLOPS_PER_MAC * macs + bias_elements, macs=macs)
 
 
-@register_formula(aten.mm, aten._scaled_mm)
+@register_formula(aten.mm, aten._scaled_mm, aten._int_mm)
 def mm(call: OpCall) -> Cost:
     (m, k), n = call["self"].shape, call["mat2"].shape[-1]
     bias = call.out.numel if call.get("bias") is not None else 0
@@ -114,6 +115,28 @@ def grouped_mm(call: OpCall) -> Cost:
         macs = call.out.numel * a.shape[-1]
     bias = call.out.numel if call.get("bias") is not None else 0
     return contraction(call, macs, bias_elements=bias)
+
+
+@register_formula(aten._weight_int8pack_mm)
+def int8_weight_mm(call: OpCall) -> Cost:
+    """Activations ``(m, k)`` times an int8 weight stored ``(n, k)``, each output then scaled by
+    its channel's scale (torch's reference: ``(x @ w.T) * scales``): m*n*k MACs and one
+    multiply per output, counted as a bias term is."""
+    (m, k), n = call["self"].shape, call["mat2"].shape[0]
+    return contraction(call, m * n * k, bias_elements=call.out.numel)
+
+
+@register_formula(aten._weight_int4pack_mm, aten._weight_int4pack_mm_for_cpu,
+                  aten._weight_int4pack_mm_with_scales_and_zeros)
+def int4_weight_mm(call: OpCall) -> Cost:
+    """Activations ``(m, k)`` times an int4 weight packed in the kernel's tiled layout, whose
+    shape is no ``(n, k)``: n is the output's. Each group of qGroupSize weights along k has a
+    scale and a zero; dequantizing is a multiply and an add per weight element, counted once
+    per call (the shift of the int4 value by 8 is part of its conversion to a float, not
+    counted): m*n*k MACs + 2*n*k."""
+    k, n = call["self"].shape[-1], call.out.shape[-1]
+    macs = call.out.numel * k
+    return call.cost(flops=FLOPS_PER_MAC * macs + 2 * n * k, macs=macs)
 
 
 def _beta_term(call: OpCall):
