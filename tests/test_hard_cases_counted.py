@@ -284,3 +284,33 @@ def test_quantized_matmul_kernels(kernel, flops):
     report = analyze(_QuantizedMatmul(kernel), (x,))
     assert report.uncounted == []
     assert (report.total.macs, report.total.flops) == (52_224, flops)
+
+
+def test_scaled_grouped_mm_counts_each_row_once():
+    """torchtitan's float8 MoE: 64 rows of width 32 split among 4 experts of 48 outputs by
+    ``offs``: each row meets one expert's weight, 64 * 32 * 48 = 98,304 MACs (on meta: the
+    kernel runs on sm90+ only)."""
+    class ScaledGrouped(nn.Module):
+        def forward(self, x, w, scale_a, scale_b, offs):
+            return torch.ops.aten._scaled_grouped_mm(x, w, scale_a, scale_b, offs=offs,
+                                                     out_dtype=torch.bfloat16)
+
+    fp8 = torch.float8_e4m3fn
+    x = torch.empty(64, 32, dtype=fp8, device="meta")
+    w = torch.empty(4, 48, 32, dtype=fp8, device="meta").transpose(-2, -1)
+    scales = (torch.empty(64, device="meta"), torch.empty(4, 48, device="meta"))
+    offs = torch.empty(4, dtype=torch.int32, device="meta")
+    report = analyze(ScaledGrouped(), (x, w, *scales, offs))
+    assert report.uncounted == [] and report.total.macs == 98_304
+
+
+def test_overrideable_fused_attention_is_attention():
+    """The SDPA backend a third-party device registers: batch 2, 4 heads, 16 queries and keys
+    of width 8: 2*4*16*16*(8+8) = 32,768 MACs, as for every SDPA kernel."""
+    class Overrideable(nn.Module):
+        def forward(self, q, k, v):
+            return torch.ops.aten._scaled_dot_product_fused_attention_overrideable(q, k, v)[0]
+
+    q = torch.empty(2, 4, 16, 8, device="meta")
+    report = analyze(Overrideable(), (q, q, q))
+    assert report.uncounted == [] and report.total.macs == 32_768

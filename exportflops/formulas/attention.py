@@ -93,7 +93,8 @@ def sdpa_flash(call: OpCall) -> Cost:
 
 
 @register_formula(aten._scaled_dot_product_efficient_attention,
-                  aten._scaled_dot_product_cudnn_attention)
+                  aten._scaled_dot_product_cudnn_attention,
+                  aten._scaled_dot_product_fused_attention_overrideable)
 def sdpa_with_bias(call: OpCall) -> Cost:
     return _bhld(call, causal=bool(call["is_causal"]), masked=call.get("attn_bias") is not None,
                  dropout=call["dropout_p"])

@@ -1,5 +1,6 @@
 """Matrix products: mm, addmm, bmm, baddbmm, linear, matmul, einsum, _scaled_mm, _grouped_mm,
-and the quantized kernels (_int_mm, _weight_int8pack_mm, _weight_int4pack_mm*).
+_scaled_grouped_mm, and the quantized kernels (_int_mm, _weight_int8pack_mm,
+_weight_int4pack_mm*).
 
 Convention (torch.utils.flop_counter, Karpathy): one MAC per multiply-accumulate, 2 FLOPs per MAC.
 A bias or ``beta * self`` term adds one FLOP per output element; it is not a MAC.
@@ -104,7 +105,7 @@ def grouped_mm_rows_backward(call: OpCall) -> Cost:
     return contraction(call, 2 * rows * k * call["grad_output"].shape[-1])
 
 
-@register_formula(aten._grouped_mm)
+@register_formula(aten._grouped_mm, aten._scaled_grouped_mm)
 def grouped_mm(call: OpCall) -> Cost:
     a, b = call["self"], call["mat2"]
     if a.ndim == 2 and b.ndim == 2:
