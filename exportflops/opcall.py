@@ -16,6 +16,7 @@ import sympy
 import torch
 
 from .records import Counts
+from .symbolic import parse_count
 
 Size = Any  # an int, or a sympy expression when the dimension is dynamic
 
@@ -114,8 +115,7 @@ class OpCall:
             if isinstance(value, (list, tuple)):
                 return type(value)(fixed(v) for v in value)
             if isinstance(value, sympy.Basic):
-                value = sympy.sympify(value.xreplace(values))
-                return int(value) if value.is_Integer else value
+                return parse_count(value.xreplace(values))
             return value
 
         return replace(self, args={name: fixed(v) for name, v in self.args.items()},

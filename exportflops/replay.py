@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opcall import ACTIVATION, OpCall
 from .quiet import quiet_fake_tensor_log
+from .symbolic import parse_count
 from .walk import op_call
 
 
@@ -194,8 +195,8 @@ def _at(value: Any, measured: dict | None) -> Any:
     """A scalar size whose symbols all have values in ``measured``: that value."""
     if not measured or not isinstance(value, torch.SymInt):
         return value
-    expr = value.node.expr
-    return int(expr.xreplace(measured)) if expr.free_symbols <= measured.keys() else value
+    fixed = parse_count(value.node.expr.xreplace(measured))
+    return fixed if isinstance(fixed, int) else value
 
 
 def _value(value: Any) -> Any:

@@ -34,7 +34,7 @@ for _name, _neighbours in NEIGHBOURS.items():
 
 
 #: Taps of each antialiased filter at scale 1 (torch's interp_size: 2 for linear, 4 for cubic).
-AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
+_AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
 
 
 @register_formula(aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
@@ -55,7 +55,7 @@ def antialiased_weights(call: OpCall, size_in: tuple, size_out: tuple, scales) -
     """The weights an antialiased resize of ``size_in`` (N, C, H, W) to ``size_out`` (its last
     two are H and W) applies: per plane, each output pixel's row window times its column
     window."""
-    taps = AA_TAPS[call.packet.removesuffix("_backward")]
+    taps = _AA_TAPS[call.packet.removesuffix("_backward")]
     windows = [_window_sum(size_in[d], size_out[d], taps, bool(call["align_corners"]), scale)
                for d, scale in zip((-2, -1), scales)]
     return math.prod(size_in[:-2]) * windows[0] * windows[1]
