@@ -100,19 +100,31 @@ def sdpa_with_bias(call: OpCall) -> Cost:
                  dropout=call["dropout_p"])
 
 
-@register_formula(aten._flash_attention_forward, aten._efficient_attention_forward)
-def attention_forward_kernel(call: OpCall) -> Cost:
-    """The kernels under SDPA on CUDA take (batch, seq, heads, dim).
-
-    SDPA itself takes (batch, heads, seq, dim)."""
+def _refuse_packed(call: OpCall) -> None:
     if call.get("cum_seq_q") is not None or call.get("cu_seqlens_q") is not None:
         raise FormulaError(
             "variable-length (packed) attention: the per-sequence lengths live in the "
             "cu_seqlens tensor's values, which a static count cannot see"
         )
+
+
+@register_formula(aten._flash_attention_forward, aten._efficient_attention_forward)
+def attention_forward_kernel(call: OpCall) -> Cost:
+    """The kernels under SDPA on CUDA take (batch, seq, heads, dim).
+
+    SDPA itself takes (batch, heads, seq, dim)."""
+    _refuse_packed(call)
     return attention_work(*attention_dims(call, heads_first=False),
                           masked=call.get("bias") is not None, causal=kernel_is_causal(call),
                           dropout=call["dropout_p"]) + call.cost()
+
+
+@register_formula(aten._cudnn_attention_forward)
+def cudnn_attention_forward(call: OpCall) -> Cost:
+    """cuDNN's kernel under SDPA, (batch, heads, seq, dim) as SDPA's; torch calls it directly
+    for packed variable-length sequences (nested tensors, ``varlen_attn``), not counted."""
+    _refuse_packed(call)
+    return sdpa_with_bias(call)
 
 
 def _multi_head(query: TensorMeta, key: TensorMeta, embed_dim, num_heads, *, masked: bool) -> Cost:

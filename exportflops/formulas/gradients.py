@@ -137,17 +137,52 @@ def weight_norm_backward(call: OpCall) -> Cost:
 _CDIST_DERIVATIVE = {1.0: 2, 2.0: 2, "below 2": 7, "other": 6, math.inf: 9}
 
 
+def _norm_derivative(p) -> int:
+    return _CDIST_DERIVATIVE[p if p in _CDIST_DERIVATIVE else ("below 2" if p < 2 else "other")]
+
+
 @register_formula(aten._cdist_backward)
 def cdist_backward(call: OpCall) -> Cost:
     """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's): per pair
     and feature the difference, the norm's derivative (`_CDIST_DERIVATIVE`) and the add into
     x1's row. p = 0 has no gradient: ATen fills it with zeros."""
-    p = call["p"]
-    if p == 0:
+    if call["p"] == 0:
         return call.cost()
-    kind = p if p in _CDIST_DERIVATIVE else ("below 2" if p < 2 else "other")
     pairs, features = call["cdist"].numel, call["x1"].shape[-1]
-    return call.cost(flops=pairs * features * (2 + _CDIST_DERIVATIVE[kind]))
+    return call.cost(flops=pairs * features * (2 + _norm_derivative(call["p"])))
+
+
+@register_formula(aten._pdist_backward)
+def pdist_backward(call: OpCall) -> Cost:
+    """As cdist's over the N(N-1)/2 pairs of rows of one input (``pdist``), ATen adding each
+    pair's gradient into one row and subtracting it from the other: the difference, the
+    derivative, an add and a subtract per pair and feature. p = 0: zeros."""
+    if call["p"] == 0:
+        return call.cost()
+    pairs, features = call["pdist"].numel, call["self"].shape[-1]
+    return call.cost(flops=pairs * features * (3 + _norm_derivative(call["p"])))
+
+
+@register_formula(aten.multi_margin_loss_backward)
+def multi_margin_loss_backward(call: OpCall) -> Cost:
+    """ATen's kernel, per sample and class: the margin z = margin - x[target] + x[d] (2), for
+    p = 2 the gradient 2 g z (2; p = 1 takes g as it is), times the target's weight (1, given
+    one), accumulated into the target's gradient (1), then scaled by the output's gradient (1).
+    Counted for every class, as the forward's decomposition counts every margin: the kernel
+    skips a class whose margin is not positive, which the values decide."""
+    per_element = 4 + 2 * (call["p"] == 2) + (call.get("weight") is not None)
+    return call.cost(flops=per_element * call["self"].numel)
+
+
+@register_formula(aten.multilabel_margin_loss_backward)
+def multilabel_margin_loss_backward(call: OpCall) -> Cost:
+    """ATen's kernel, per sample of C classes: each target (up to C, the list ended by -1)
+    against each class: the margin z = 1 - x[target] + x[d] (2) and, where positive, the
+    gradient added to the class and subtracted from the target (2); then every element scaled
+    by the output's gradient (1). Counted for all C^2 (target slot, class) pairs, as the
+    forward's decomposition counts: the kernel's pairs depend on the target values."""
+    x = call["self"]
+    return call.cost(flops=x.numel * (4 * x.shape[-1] + 1))
 
 
 #: FLOPs per sampled point and channel of the grid sampler's backward, (input gradient, grid
@@ -223,6 +258,7 @@ def attention_kernel_backward(call: OpCall) -> Cost:
 
 @register_formula(
     aten.max_pool2d_with_indices_backward, aten.max_pool3d_with_indices_backward,
+    aten.fractional_max_pool2d_backward, aten.fractional_max_pool3d_backward,
     aten.adaptive_max_pool2d_backward, aten.adaptive_max_pool3d_backward,
     *(getattr(aten, f"{resize}{d}d_backward") for d in (1, 2, 3)
       for resize in ("upsample_nearest", "_upsample_nearest_exact")),

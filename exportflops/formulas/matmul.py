@@ -1,6 +1,6 @@
 """Matrix products: mm, addmm, bmm, baddbmm, linear, matmul, einsum, _scaled_mm, _grouped_mm,
 _scaled_grouped_mm, and the quantized kernels (_int_mm, _weight_int8pack_mm,
-_weight_int4pack_mm*).
+_weight_int4pack_mm*, _dyn_quant_matmul_4bit, _mixed_dtypes_linear).
 
 Convention (torch.utils.flop_counter, Karpathy): one MAC per multiply-accumulate, 2 FLOPs per MAC.
 A bias or ``beta * self`` term adds one FLOP per output element; it is not a MAC.
@@ -138,6 +138,31 @@ def int4_weight_mm(call: OpCall) -> Cost:
     k, n = call["self"].shape[-1], call.out.shape[-1]
     macs = call.out.numel * k
     return call.cost(flops=FLOPS_PER_MAC * macs + 2 * n * k, macs=macs)
+
+
+@register_formula(aten._dyn_quant_matmul_4bit)
+def dynamically_quantized_int4_mm(call: OpCall) -> Cost:
+    """Activations ``(m, k)`` quantized on the fly to int8, one scale per row (its max-abs: a
+    compare per element, then a multiply per element), times int4 weights packed with their
+    block scales (KleidiAI's layout: n and k are ``out_features`` and ``in_features``): m*n*k
+    MACs, 2*m*k to quantize the activations, n*k to apply the weights' scales, once per call."""
+    k, n = call["in_features"], call["out_features"]
+    rows = math.prod(call["inp"].shape[:-1])
+    macs = rows * n * k
+    return call.cost(flops=FLOPS_PER_MAC * macs + 2 * rows * k + n * k, macs=macs)
+
+
+@register_formula(aten._mixed_dtypes_linear)
+def mixed_dtypes_linear(call: OpCall) -> Cost:
+    """float16/bfloat16 activations ``(*, k)`` times an int8 or packed-uint4 weight (CUTLASS's
+    reordered layout: n is the output's), as torch's reference computes it:
+    ``activation(input @ (weight * scale).T + bias)``: m*n*k MACs, a multiply per weight
+    element to dequantize (n*k, once per call), an add per output for a bias and one FLOP per
+    output for ``activation`` (``'relu'``, ``'silu'``)."""
+    k, n = call["input"].shape[-1], call.out.shape[-1]
+    macs = call.out.numel * k
+    per_output = (call.get("bias") is not None) + (call.get("activation") not in (None, "none"))
+    return call.cost(flops=FLOPS_PER_MAC * macs + n * k + per_output * call.out.numel, macs=macs)
 
 
 def _beta_term(call: OpCall):

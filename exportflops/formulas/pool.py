@@ -2,6 +2,7 @@
 
 Like convolution, a window that overlaps padding is counted at full kernel size. Average pooling
 adds ``k - 1`` values and divides once: ``k`` FLOPs per output; max pooling compares ``k - 1``.
+Fractional max pooling compares the same over windows whose starts it draws per plane.
 """
 
 from __future__ import annotations
@@ -70,3 +71,16 @@ def adaptive_avg_pool(call: OpCall) -> Cost:
 @register_formula(aten.adaptive_max_pool1d, aten.adaptive_max_pool2d, aten.adaptive_max_pool3d)
 def adaptive_max_pool(call: OpCall) -> Cost:
     return call.cost(flops=_adaptive_reads(call) - call.out.numel)
+
+
+@register_formula(aten.fractional_max_pool2d, aten.fractional_max_pool3d)
+def fractional_max_pool(call: OpCall) -> Cost:
+    """Max pooling over ``kernel_size`` windows, plus the window starts ATen's
+    ``generate_intervals`` draws per plane (batch x channel) and spatial dim from
+    ``random_samples``: alpha = (in - k) / (out - 1) once (1 FLOP) and
+    ``(i + sample) * alpha - sample * alpha`` for each start but the last (3 FLOPs)."""
+    dims = _spatial_dims(call.op)
+    out_sizes = call.out.shape[-dims:]
+    planes = math.prod(call.out.shape[:-dims])
+    starts = planes * sum(3 * (size - 1) + 1 for size in out_sizes)
+    return max_pool(call) + Cost(flops=starts)

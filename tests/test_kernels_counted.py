@@ -1,0 +1,121 @@
+"""Kernels that had no formula, each counted by hand: fractional max pooling, the backward of
+pdist and of the margin losses, and the quantized and attention kernels torch calls directly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from exportflops import analyze
+from exportflops.errors import FormulaError
+from exportflops.formulas import FORMULAS, OpCall, TensorMeta
+
+aten = torch.ops.aten
+
+
+class Apply(nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, *tensors):
+        return self.function(*tensors)
+
+
+class Trained(nn.Module):
+    """A weight before ``function``, so that its input needs a gradient."""
+
+    def __init__(self, function, width):
+        super().__init__()
+        self.function = function
+        self.weight = nn.Parameter(torch.randn(width, width))
+
+    def forward(self, x, *rest):
+        return self.function(x @ self.weight, *rest).sum()
+
+
+def _backward_flops(function, x, *rest, op: str) -> int:
+    report = analyze(Trained(function, x.shape[-1]), (x, *rest), mode="train")
+    assert report.uncounted == []
+    return sum(node.cost.flops for node in report.nodes
+               if node.phase == "backward" and node.op.startswith(f"aten.{op}."))
+
+
+def test_fractional_max_pool_compares_and_draws_its_windows():
+    """2 x 3 planes of 10 x 10 to 4 x 4, kernel 3: 96 outputs of 8 compares, 768. Window starts
+    per plane and dim: alpha once and 3 FLOPs for each of 3 starts, 10; 2 dims x 6 planes: 120.
+    888 in all. 3-D, 1 x 2 planes of 6^3 to 3^3, kernel 2: 54 outputs x 7 = 378, starts 3 dims
+    x (3 * 2 + 1) x 2 planes = 42: 420. Backward: each of the 96 gradients added where its max
+    was."""
+    planar = analyze(Apply(lambda x: F.fractional_max_pool2d(x, 3, output_size=(4, 4))),
+                     (torch.randn(2, 3, 10, 10),))
+    volumetric = analyze(Apply(lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 3, 3))),
+                         (torch.randn(1, 2, 6, 6, 6),))
+    assert (planar.total.flops, volumetric.total.flops) == (888, 420)
+    assert _backward_flops(lambda x: F.fractional_max_pool2d(x, 3, output_size=(4, 4)),
+                           torch.randn(2, 3, 10, 10), op="fractional_max_pool2d_backward") == 96
+
+
+@pytest.mark.parametrize("p, derivative", [(2.0, 2), (1.0, 2), (3.0, 6)])
+def test_pdist_backward(p, derivative):
+    """5 rows of 10: 10 pairs x 10 features, each the difference, the p-norm's derivative (ATen's
+    Distance kernels: p = 2 ``grad * diff / dist`` 2, p = 1 ``grad * sign(diff)`` 2, p = 3
+    ``diff * |diff|^(p-2) * grad / dist^(p-1)`` 6), and the add and subtract into the pair's
+    rows: 100 x (3 + derivative)."""
+    flops = _backward_flops(lambda x: F.pdist(x, p=p), torch.randn(5, 10), op="_pdist_backward")
+    assert flops == 100 * (3 + derivative)
+
+
+def test_margin_losses_backward():
+    """3 samples of 10 classes, 30 elements. multi_margin, p = 1: the margin (2), accumulated
+    (1), scaled by the output's gradient (1): 4 each, 120; p = 2 with a weight: + 2 for 2 g z
+    and 1 for the weight, 7 each, 210. multilabel_margin: 10 target slots x 10 classes per
+    sample, 4 each, plus the scaling per element: 30 x 41 = 1,230."""
+    x, target = torch.randn(3, 10), torch.tensor([1, 2, 0])
+    labels = torch.tensor([[1, -1] + [0] * 8] * 3)
+    plain = _backward_flops(F.multi_margin_loss, x, target, op="multi_margin_loss_backward")
+    weighted = _backward_flops(lambda x, t: F.multi_margin_loss(x, t, p=2, weight=torch.ones(10)),
+                               x, target, op="multi_margin_loss_backward")
+    multilabel = _backward_flops(F.multilabel_margin_loss, x, labels,
+                                 op="multilabel_margin_loss_backward")
+    assert (plain, weighted, multilabel) == (120, 210, 1_230)
+
+
+def test_dynamically_quantized_int4_matmul():
+    """8 x 64 activations, 48 outputs: 8 * 48 * 64 = 24,576 MACs; quantizing the activations
+    2 * 8 * 64 = 1,024, the weights' scales 48 * 64 = 3,072: 49,152 + 4,096 = 53,248 FLOPs."""
+    report = analyze(Apply(lambda x, w: aten._dyn_quant_matmul_4bit(x, w, 32, 64, 48)),
+                     (torch.randn(8, 64), torch.empty(2000, dtype=torch.uint8)))
+    assert (report.total.macs, report.total.flops) == (24_576, 53_248)
+
+
+def _formula(op, args: dict, out: TensorMeta):
+    return FORMULAS.lookup(op).formula(OpCall(op, args, (out,)))
+
+
+def test_mixed_dtypes_linear():
+    """CUDA only, so counted from its call: 16 x 64 half activations, 32 outputs: 32,768 MACs;
+    dequantizing 64 x 32 weights 2,048; bias and relu 2 x 512. 65,536 + 2,048 + 1,024."""
+    half = torch.float16
+    args = {"input": TensorMeta((16, 64), half), "weight": TensorMeta((64, 32), torch.int8),
+            "scale": TensorMeta((32,), half), "bias": TensorMeta((32,), half),
+            "activation": "relu"}
+    cost = _formula(aten._mixed_dtypes_linear.default, args, TensorMeta((16, 32), half))
+    assert (cost.macs, cost.flops) == (32_768, 68_608)
+
+
+def test_cudnn_attention_forward_dense_and_packed():
+    """Batch 2, 4 heads, 16 x 16 pairs, q.k and p.v over 32 each: 8 * 256 * 64 = 131,072
+    MACs. Packed sequences (their lengths in cum_seq's values) are refused, which reports the
+    node uncounted."""
+    q = TensorMeta((2, 4, 16, 32), torch.float16)
+    args = {"query": q, "key": q, "value": q, "attn_bias": None, "cum_seq_q": None,
+            "cum_seq_k": None, "max_q": 16, "max_k": 16, "compute_log_sumexp": False,
+            "dropout_p": 0.0, "is_causal": False}
+    op = aten._cudnn_attention_forward.default
+    assert _formula(op, args, q).macs == 131_072
+    packed = dict(args, cum_seq_q=TensorMeta((3,), torch.int32))
+    with pytest.raises(FormulaError, match="variable-length"):
+        _formula(op, packed, q)
