@@ -14,8 +14,6 @@ from .opcall import OpCall, TensorMeta
 from .records import Counts, NodeRecord, TensorSpec
 from .walk import NodeCall
 
-NO_FORMULA = "no formula"
-
 
 def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str = "forward",
                differentiates: str = "", decomposer: Decomposer | None = None,
@@ -30,7 +28,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
     if decomposed is not None:
         status, cost, note = decomposed.status, decomposed.cost, decomposed.note
     elif entry is None:
-        status, note = "uncounted", NO_FORMULA
+        status, note = "uncounted", table.no_formula(node.op)
     else:
         try:
             cost = _applied(entry.formula, node.call, sizes)

@@ -98,11 +98,11 @@ class Decomposer:
 def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
     """The decomposition's ops counted by the table (each has an entry, or none at all)."""
     into = _listed(calls)
-    cost, missing, zero = Counts(), [], True
+    cost, missing, zero = Counts(), {}, True
     for call in calls:
         entry = table.lookup(call.op)
         if entry is None:
-            missing.append(op_name(call.op))
+            missing[op_name(call.op)] = table.value_dependence(call.op)
             continue
         try:
             cost = cost + entry.formula(call)
@@ -111,8 +111,9 @@ def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
                            f"{op_name(call.op)}: {type(error).__name__}: {error}")
         zero = zero and entry.zero_reason is not None
     if missing:
+        reasons = "".join(sorted({f"; {reason}" for reason in missing.values() if reason}))
         return Outcome("uncounted", Counts(), f"no formula; its decomposition into {into} runs "
-                       f"{', '.join(sorted(set(missing)))}, which has neither")
+                       f"{', '.join(sorted(missing))}, which has neither{reasons}")
     if not calls:
         return Outcome("zero", cost, "counted through its decomposition, which runs no op here")
     return Outcome("zero" if zero else "counted", cost,

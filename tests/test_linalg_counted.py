@@ -15,6 +15,7 @@ from torch import nn
 from torch.export import Dim
 
 from exportflops import analyze
+from exportflops.formulas import Cost
 
 
 class Apply(nn.Module):
@@ -129,8 +130,14 @@ def test_a_dynamic_size_gives_the_same_counts():
     assert report.evaluate(b=2, n=4).total.flops == 60
 
 
-def test_iterative_decompositions_stay_uncounted():
-    """SVD and the eigensolvers iterate until the values converge: no count from shapes."""
-    for function in (torch.linalg.svdvals, torch.linalg.eigvalsh):
-        report = analyze(Apply(function), (torch.randn(4, 4),))
-        assert report.uncounted != []
+def test_value_dependent_ops_say_why_and_take_a_formula():
+    """SVD and the eigensolvers iterate until the values converge: no count from shapes. The
+    reason says so and names the op to give a formula for; given one, it is counted."""
+    svd = analyze(Apply(torch.linalg.svdvals), (torch.randn(4, 4),))
+    eigh = analyze(Apply(torch.linalg.eigvalsh), (torch.randn(4, 4),))
+    for report, leaf in ((svd, "aten._linalg_svd.default"), (eigh, "aten._linalg_eigh.default")):
+        (uncounted,) = report.uncounted
+        assert "iterative" in uncounted.reason and f"formulas={{{leaf}" in uncounted.reason
+    estimate = {torch.ops.aten._linalg_svd.default: lambda call: Cost(flops=1_000)}
+    counted = analyze(Apply(torch.linalg.svdvals), (torch.randn(4, 4),), formulas=estimate)
+    assert counted.uncounted == [] and counted.total.flops == 1_000

@@ -35,7 +35,8 @@ any of them.
 Complex arithmetic: a complex MAC is 4 real MACs (`contraction`), a complex division 11 real
 FLOPs, a division by a real number (the Cholesky diagonal) 2. LDL^H (Bunch-Kaufman's 1x1 and 2x2
 pivots, chosen by the values), SVD and the eigensolvers (iterative: their sweeps depend on the
-values) have no formula and stay uncounted.
+values) and the matrix exponential (its degree chosen from the norm) have no formula: they are
+declared value-dependent and reported uncounted with that reason.
 """
 
 from __future__ import annotations
@@ -284,6 +285,26 @@ def ormqr(call: OpCall) -> Cost:
     return _cost(call, matrices * macs, other_flops=_per_real(call, matrices * flops, 2))
 
 
+FORMULAS.register_value_dependent(
+    aten_ops("_linalg_svd", "_linalg_eigh", "linalg_eig", "_linalg_eigvals", in_place=False),
+    "is iterative: the solver sweeps until the values converge, so its work depends on the "
+    "matrix, not only on its shape",
+)
+FORMULAS.register_value_dependent(
+    aten_ops("linalg_pinv", in_place=False),
+    "runs an SVD (an eigendecomposition when hermitian), iterative: its work depends on the "
+    "matrix, not only on its shape",
+)
+FORMULAS.register_value_dependent(
+    aten_ops("linalg_matrix_exp", in_place=False),
+    "scales and squares with a Pade degree and a number of squarings chosen from the "
+    "matrix's norm: its work depends on the values",
+)
+FORMULAS.register_value_dependent(
+    aten_ops("linalg_ldl_factor_ex", "linalg_ldl_solve", in_place=False),
+    "pivots as Bunch-Kaufman does, in 1x1 or 2x2 blocks as the values decide: its work "
+    "depends on them",
+)
 FORMULAS.register_zero(
     aten_ops("lu_unpack"),
     "data movement: unpacks L, U and the permutation from a packed LU factorization",

@@ -17,6 +17,9 @@ from ..opcall import OpCall, Size, TensorMeta  # noqa: F401  (formula files impo
 from ..records import FLOPS_PER_MAC, Counts  # noqa: F401
 from ..records.base import READ_FIELDS
 
+#: The note of an op counted neither by a formula nor through a decomposition.
+NO_FORMULA = "no formula"
+
 #: What a formula returns: the record type itself, under the name formula authors know.
 Cost = Counts
 
@@ -38,6 +41,8 @@ class FormulaTable:
     """Formulas keyed by op overload or packet; an overload's own entry wins over its packet's."""
 
     entries: dict[OpKey, Entry] = field(default_factory=dict)
+    value_dependent: dict[OpKey, str] = field(default_factory=dict)
+    """Ops no formula of shapes can count, each with the reason reports show."""
 
     def register(self, *ops: OpKey, replace: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: ``@table.register(aten.mm, aten.mm.default)``. Duplicates need ``replace``."""
@@ -72,6 +77,25 @@ class FormulaTable:
         for op in ops:
             self._add(op, Entry(zero, zero_reason=reason), replace=False)
 
+    def register_value_dependent(self, ops: list[OpKey], reason: str) -> None:
+        """Declare ops whose work depends on the tensors' values (an iterative solver's sweeps):
+        they stay uncounted unless a formula is given, and reports say ``reason``."""
+        for op in ops:
+            self.value_dependent[op] = reason
+
+    def value_dependence(self, op: OpKey) -> str | None:
+        """Why ``op``'s work depends on values, where it is declared so; else None."""
+        reason = self.value_dependent.get(op)
+        if reason is None and isinstance(op, torch._ops.OpOverload):
+            reason = self.value_dependent.get(op.overloadpacket)
+        return None if reason is None else (f"{op} {reason}; pass formulas={{{op}: ...}} with "
+                                            f"an estimate of your own to count it")
+
+    def no_formula(self, op: OpKey) -> str:
+        """The note of ``op`` uncounted for want of a formula, with why where declared."""
+        reason = self.value_dependence(op)
+        return NO_FORMULA if reason is None else f"{NO_FORMULA}: {reason}"
+
     def remove(self, op: OpKey) -> None:
         """Forget the formula registered for exactly ``op``."""
         if self.entries.pop(op, None) is None:
@@ -88,7 +112,7 @@ class FormulaTable:
 
     def with_overrides(self, formulas: Mapping[OpKey, Formula] | None) -> FormulaTable:
         """A copy of this table where ``formulas`` replace or extend the entries."""
-        merged = FormulaTable(dict(self.entries))
+        merged = FormulaTable(dict(self.entries), dict(self.value_dependent))
         for op, formula in (formulas or {}).items():
             _check(op, formula, where=f"formulas[{op}]")
             merged.entries[op] = Entry(formula)
