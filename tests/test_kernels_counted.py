@@ -119,3 +119,38 @@ def test_cudnn_attention_forward_dense_and_packed():
     packed = dict(args, cum_seq_q=TensorMeta((3,), torch.int32))
     with pytest.raises(FormulaError, match="variable-length"):
         _formula(op, packed, q)
+
+
+@pytest.mark.parametrize("special", [torch.special.i0, torch.special.i1e, torch.special.erfcx,
+                                     torch.special.ndtri, torch.special.bessel_j0,
+                                     torch.special.bessel_y1, torch.special.modified_bessel_k0,
+                                     torch.special.airy_ai, lambda x: torch.special.zeta(x, x)])
+def test_special_functions_are_one_flop_per_element(special):
+    """The pointwise convention (a transcendental function is 1 FLOP per output element): 4 x 8
+    = 32, whether torch lowers the op to a prim (i0, erfcx, zeta) or runs its own kernel."""
+    report = analyze(Apply(special), (torch.rand(4, 8) + 1,))
+    assert report.uncounted == [] and report.total.flops == 32
+
+
+def test_special_polynomials_say_their_work_depends_on_the_values():
+    """torch evaluates T_n(x) by a recurrence of up to n steps or by cos(n acos x), per element
+    as x decides: no count from shapes."""
+    report = analyze(Apply(lambda x: torch.special.chebyshev_polynomial_t(x, 7)),
+                     (torch.rand(4, 8),))
+    (uncounted,) = report.uncounted
+    assert "recurrence" in uncounted.reason
+
+
+def test_mode_sorts_each_slice():
+    """4 x 8, mode along the last dim: each row sorted (ceil(log2 8) = 3 compares per element)
+    and scanned for its longest run (1): 32 x 4 = 128."""
+    report = analyze(Apply(lambda x: torch.mode(x)[0]), (torch.randn(4, 8),))
+    assert report.uncounted == [] and report.total.flops == 128
+
+
+def test_packing_padded_sequences_moves_data():
+    """pack_padded_sequence copies the rows the lengths keep: no arithmetic, but counted."""
+    pack = torch.nn.utils.rnn.pack_padded_sequence
+    report = analyze(Apply(lambda x: pack(x, torch.tensor([3, 2]), batch_first=True).data),
+                     (torch.randn(2, 3, 4),))
+    assert report.uncounted == [] and report.total.flops == 0

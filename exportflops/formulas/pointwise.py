@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import Cost, OpCall, aten_ops, register_formula
+from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula
 
 aten = torch.ops.aten
 
@@ -78,6 +78,27 @@ def _register_table() -> None:
 
 
 _register_table()
+
+#: Special functions, one transcendental operation each: the prims torch's decompositions of
+#: ``torch.special`` and ``i0`` lower to (``special_log_ndtr`` is erfcx with a few more ops,
+#: counted through its decomposition), and the special ops with a kernel and no decomposition.
+SPECIAL_FUNCTIONS = [
+    getattr(torch.ops.prims, name) for name in (
+        "bessel_i0", "bessel_i0e", "bessel_i1", "bessel_i1e", "bessel_j0", "bessel_j1",
+        "spherical_bessel_j0", "erfcx", "ndtri", "zeta", "igamma", "igammac")
+] + aten_ops("special_bessel_y0", "special_bessel_y1", "special_modified_bessel_i0",
+             "special_modified_bessel_i1", "special_modified_bessel_k0",
+             "special_modified_bessel_k1", "special_scaled_modified_bessel_k0",
+             "special_scaled_modified_bessel_k1", "special_airy_ai")
+register_formula(*SPECIAL_FUNCTIONS)(per_output_element(1))
+
+FORMULAS.register_value_dependent(
+    aten_ops(*(f"special_{kind}_polynomial_{letter}" for kind, letters in (
+        ("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ("h", "he")),
+        ("laguerre", "l"), ("legendre", "p")) for letter in letters), in_place=False),
+    "evaluates a polynomial of degree n by a recurrence of up to n steps, or by a closed "
+    "form where x allows, chosen per element: its work depends on the values",
+)
 
 
 @register_formula(aten.dropout, aten.dropout_, aten.native_dropout, aten.feature_dropout,

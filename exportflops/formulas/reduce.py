@@ -149,12 +149,14 @@ def unique_consecutive(call: OpCall) -> Cost:
     return call.cost(flops=call["self"].numel)
 
 
-@register_formula(aten._unique, aten._unique2, aten.unique_dim)
+@register_formula(aten._unique, aten._unique2, aten.unique_dim, aten.mode)
 def unique(call: OpCall) -> Cost:
     """A sort, then each element compared with its neighbour: ceil(log2 L) + 1 compares per
-    element, L the sorted length (the elements, or ``dim``'s slices for unique_dim)."""
+    element, L the sorted length (the elements, or ``dim``'s slices for unique_dim). ``mode``
+    is the same per slice along ``dim`` (its default, -1): ATen sorts each slice and finds the
+    longest run of equal values in one pass."""
     x = call["self"]
-    dim = call.get("dim")
+    dim = call.get("dim", -1 if call.packet == "mode" else None)
     length = x.numel if dim is None or x.ndim == 0 else x.shape[dim % x.ndim]
     return call.cost(flops=x.numel * (_ceil_log2(length) + 1))
 

@@ -51,7 +51,8 @@ FORMULAS.register_zero(
          "view_copy", "expand_copy", "permute_copy", "transpose_copy", "unsqueeze_copy",
          "squeeze_copy", "slice_copy", "select_copy", "alias_copy", "split_copy",
          "split_with_sizes_copy", "unbind_copy", "t_copy", "diagonal_copy", "as_strided_copy",
-         "detach_copy", "_reshape_copy", "unfold_copy")
+         "detach_copy", "_reshape_copy", "unfold_copy", "_pack_padded_sequence",
+         "_pack_padded_sequence_backward", "_pad_packed_sequence")
     # Per overload: scatter.reduce and scatter.value_reduce add or multiply (formulas/reduce.py).
     + aten_ops("scatter.src", "scatter.value", "scatter.src_out", "scatter.value_out",
                "scatter_.src", "scatter_.value"),
