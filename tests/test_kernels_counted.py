@@ -154,3 +154,11 @@ def test_packing_padded_sequences_moves_data():
     report = analyze(Apply(lambda x: pack(x, torch.tensor([3, 2]), batch_first=True).data),
                      (torch.randn(2, 3, 4),))
     assert report.uncounted == [] and report.total.flops == 0
+
+
+def test_an_embeddings_max_norm_says_its_work_depends_on_the_values():
+    """max_norm rescales only the selected rows whose norm exceeds it: the values decide."""
+    table = nn.Embedding(10, 4, max_norm=1.0)
+    report = analyze(table, (torch.tensor([[1, 2, 2]]),))
+    (uncounted,) = report.uncounted
+    assert "max_norm" in uncounted.reason and uncounted.op.startswith("aten.embedding_renorm_")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..opcall import bytes_by_kind
-from .registry import Cost, OpCall, register_formula
+from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula
 
 aten = torch.ops.aten
 
@@ -32,3 +32,10 @@ def embedding_bag(call: OpCall) -> Cost:
     flops = gathered + weighted + (out.numel if call.get("mode", 0) == MEAN else 0)
     rows = [(indices, indices.nbytes), (weight, gathered * weight.dtype.itemsize)]
     return Cost(flops=flops, **bytes_by_kind(rows, [(out, out.nbytes)]))
+
+
+FORMULAS.register_value_dependent(
+    aten_ops("embedding_renorm", in_place=True),
+    "(an embedding's max_norm) rescales the distinct rows the indices select whose norm "
+    "exceeds max_norm: how many, the indices' and the weights' values decide",
+)
