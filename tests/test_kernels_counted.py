@@ -162,3 +162,12 @@ def test_an_embeddings_max_norm_says_its_work_depends_on_the_values():
     report = analyze(table, (torch.tensor([[1, 2, 2]]),))
     (uncounted,) = report.uncounted
     assert "max_norm" in uncounted.reason and uncounted.op.startswith("aten.embedding_renorm_")
+
+
+def test_resize_as_is_data_movement():
+    """CrossMapLRN2d resizes its scale buffer to its input's shape (resize_as_): no arithmetic,
+    declared so rather than left uncounted."""
+    report = analyze(nn.CrossMapLRN2d(3), (torch.randn(2, 4, 5, 5),))
+    assert report.uncounted == []
+    assert any(node.op.startswith("aten.resize_as") and node.status == "zero"
+               for node in report.nodes)

@@ -47,7 +47,7 @@ FORMULAS.register_zero(
          "nonzero", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
          "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
          "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
-         "im2col", "col2im", "lift_fresh_copy", "resize", "_unsafe_index",
+         "im2col", "col2im", "lift_fresh_copy", "resize", "resize_as", "_unsafe_index",
          "view_copy", "expand_copy", "permute_copy", "transpose_copy", "unsqueeze_copy",
          "squeeze_copy", "slice_copy", "select_copy", "alias_copy", "split_copy",
          "split_with_sizes_copy", "unbind_copy", "t_copy", "diagonal_copy", "as_strided_copy",
