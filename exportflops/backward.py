@@ -268,7 +268,9 @@ class _Flow:
         except Exception as error:  # any op may refuse a fake replay; the report says which
             return [BackwardOps(call, [], f"{type(error).__name__}: {error}")]
         return [BackwardOps(call, [
-            NodeCall(f"{call.name}.backward.{i}", op.op, op_name(op.op), op, call.stack)
+            # An op under vmap was replayed on one sample's shapes: its backward runs as often.
+            NodeCall(f"{call.name}.backward.{i}", op.op, op_name(op.op), op, call.stack,
+                     *((call.region, call.repeat) if call.repeat != 1 else ()))
             for i, op in enumerate(ops)
         ])]
 

@@ -22,6 +22,7 @@ from .kinds import subgraph_kinds, tensor_kinds
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
 from .stacks import Stack, invoked_stacks, module_stack
 from .symbolic import size_symbol
+from .vmap import VmapLevels
 
 #: Higher-order ops that run their subgraph exactly once per call (grad mode, autocast,
 #: checkpoint, ...); `_iterations` says how often every other control-flow op runs its own.
@@ -110,20 +111,24 @@ class _Scope:
 
 def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope: _Scope,
            forwards: dict[tuple[str, int], str]) -> Iterator[NodeCall]:
+    vmap = VmapLevels(lambda size: _size(size, renames))
     for node in graph.nodes:
         if node.op != "call_function":
             continue
         # Subgraph nodes carry no module stack, except invoke_subgraph bodies (the first call's).
         own = module_stack(node)
         stack = (scope.rebased(own) if scope.rebased else own) if own else scope.stack
+        batch = vmap.runs(node)
+        region = scope.region if batch == 1 else ", ".join(filter(None, (scope.region, "vmap")))
+        runs = None if scope.repeat is None else scope.repeat * batch
         yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target),
                        op_call(node.target, node.args, node.kwargs, node.meta.get("val"),
                                renames, read, kinds, kinds.get(node, ACTIVATION)),
-                       stack, scope.region, scope.repeat,
+                       stack, region, runs,
                        _autograd_function(node.meta.get("stack_trace"), forwards), node)
         times = _iterations(node, renames)
         for attr, subgraph in subgraphs(node):
-            repeat = None if times is None or scope.repeat is None else times * scope.repeat
+            repeat = None if times is None or runs is None else times * runs
             kind = node.target.name()
             inner = _Scope(f"{scope.prefix}{node.name}.{attr}.", stack,
                            f"{kind} {node.name}, {attr}", repeat,

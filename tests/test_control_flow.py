@@ -147,3 +147,38 @@ def test_invoke_subgraph_bodies_are_charged_to_each_calling_module(mode):
             assert modules[path].inclusive.macs == forward + backward, path
     assert report.total.macs == 3 * (forward + backward)
     assert not any("_export_root" in path for path in modules)
+
+
+class Vmapped(nn.Module):
+    """``torch.vmap`` over the rows: export records the Linear on one row's shapes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.vmap(self.a)(x)
+
+
+def test_vmap_counts_each_batched_op_once_per_sample():
+    """2 rows, vmapped: the Linear is recorded on (4,) but runs for both rows, one Linear on 2
+    rows (72 FLOPs). Nested, vmap(vmap) over 3 x 2 rows: 3 times that. Train mode: the weight's
+    gradient on 2 rows, 32 MACs, and the bias's, 2 x 4 adds (the input needs none)."""
+    assert analyze(Vmapped(), (torch.randn(2, 4),)).total.flops == LINEAR_FLOPS
+    nested = Vmapped()
+    nested.forward = lambda x: torch.vmap(torch.vmap(nested.a))(x)
+    assert analyze(nested, (torch.randn(3, 2, 4),)).total.flops == 3 * LINEAR_FLOPS
+    train = analyze(Vmapped(), (torch.randn(2, 4),), mode="train")
+    assert (train.backward.macs, train.backward.flops) == (LINEAR_MACS, 2 * LINEAR_MACS + 8)
+
+
+def test_vmap_runs_an_op_on_unbatched_tensors_once():
+    """vmap(x @ (w * 2), in_dims=(0, None)) over 5 rows of 3, w 3 x 2: w * 2 (6 FLOPs) touches
+    no batched value and runs once; the product runs per row, 5 * 3 * 2 = 30 MACs."""
+
+    class Scaled(nn.Module):
+        def forward(self, x, w):
+            return torch.vmap(lambda row, w: row @ (w * 2), in_dims=(0, None))(x, w)
+
+    report = analyze(Scaled(), (torch.randn(5, 3), torch.randn(3, 2)))
+    assert (report.total.macs, report.total.flops) == (30, 60 + 6)
