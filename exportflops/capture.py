@@ -91,7 +91,8 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     except Exception as error:  # torch raises many types; all become one error with a hint
         if not (by_values and data_dependent(error)):
             sys.stderr.write(printed.getvalue())
-            raise ExportError(name, first_lines(error), hint(error, target)) from error
+            raise ExportError(name, first_lines(error),
+                              hint(error, target, (args, kwargs))) from error
         return _decided_by_values(target, args, kwargs, forward_only, error)
     sys.stderr.write(printed.getvalue())
     captured = Captured(program, name, target, args, kwargs)

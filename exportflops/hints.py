@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.utils._pytree as pytree
 
 #: The words of torch's errors for a branch on a tensor's value that shapes cannot decide.
 DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
@@ -44,14 +47,22 @@ _HINTS = [
 ]
 
 
-def hint(error: Exception, model: torch.nn.Module) -> str:
-    """The user's next step after torch.export raised ``error`` on ``model``."""
+def hint(error: Exception, model: torch.nn.Module, inputs: Any = ()) -> str:
+    """The user's next step after torch.export raised ``error`` on ``model`` called with
+    ``inputs`` (its args and kwargs)."""
     quantized = sorted({type(m).__name__ for m in model.modules()
                         if type(m).__module__.startswith("torch.ao.nn.quantized")})
     if quantized:
         return (f"the model holds eager-mode quantized modules ({', '.join(quantized)}), whose "
                 f"packed weights torch.export cannot trace. Analyze the float model before "
                 f"quantize_dynamic: an int8 matmul does the same MACs as the float one.")
+    weights = {t.device.type for t in (*model.parameters(), *model.buffers())}
+    given = {t.device.type for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    if _says(error, MADE_ON_CPU) and len(weights) == 1 and given - weights:
+        (device,) = weights
+        return (f"the example inputs are on {', '.join(sorted(given - weights))} and the "
+                f"model's weights on {device}: create the inputs on {device} "
+                f"(device={device!r} in torch.randn, torch.zeros, ...).")
     for needles, advice in _HINTS:
         if _says(error, needles):
             return advice

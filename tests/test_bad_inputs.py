@@ -167,3 +167,12 @@ def test_a_data_dependent_size_of_real_inputs_is_the_examples():
     x = torch.tensor([1.0, -1.0, 2.0, -2.0, 3.0, 0.0, -3.0, 4.0])
     report = analyze(NonzeroSum(), (x,))
     assert report.total.flops == 8 + 4 and report.symbols == []
+
+
+@pytest.mark.parametrize("weights, inputs", [("meta", "cpu"), ("cpu", "meta")])
+def test_inputs_on_another_device_than_the_weights_say_which(weights, inputs):
+    """A model built on meta given cpu inputs (or the reverse) fails in torch.export; the hint
+    names both devices and where to create the inputs, not the model's own code."""
+    with pytest.raises(ExportError, match=f"inputs are on {inputs} and the model's weights on "
+                                          f"{weights}: create the inputs on {weights}"):
+        analyze(nn.Linear(8, 4, device=weights), (torch.randn(2, 8, device=inputs),))
