@@ -12,17 +12,7 @@ from torch import nn
 from exportflops import analyze
 from exportflops.errors import FormulaError
 from exportflops.formulas.registry import aten_ops
-
-
-class Call(nn.Module):
-    """A module whose forward is one function, so the graph holds that op under the root."""
-
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, *args):
-        return self.function(*args)
+from tests.models import Call
 
 
 def _node(report, op: str):
@@ -173,8 +163,9 @@ def test_a_backward_op_without_a_formula_is_counted_through_its_decomposition():
 
 
 def test_an_op_with_neither_formula_nor_decomposition_stays_uncounted():
-    """special_airy_ai has its own kernel and no decomposition in torch: reported, not zero."""
-    report = analyze(Call(torch.special.airy_ai), (torch.randn(4),))
-    node = _node(report, "aten.special_airy_ai.default")
+    """A library's op (conftest's doubled) has its own kernel and no decomposition in torch:
+    reported, not zero."""
+    report = analyze(Call(torch.ops.exportflops_tests.doubled), (torch.randn(4),))
+    node = _node(report, "exportflops_tests.doubled.default")
     assert (node.status, node.note) == ("uncounted", "no formula")
-    assert [u.op for u in report.uncounted] == ["aten.special_airy_ai.default"]
+    assert [u.op for u in report.uncounted] == ["exportflops_tests.doubled.default"]

@@ -11,17 +11,9 @@ from torch import nn
 from exportflops import analyze
 from exportflops.errors import FormulaError
 from exportflops.formulas import FORMULAS, OpCall, TensorMeta
+from tests.models import Call
 
 aten = torch.ops.aten
-
-
-class Apply(nn.Module):
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, *tensors):
-        return self.function(*tensors)
 
 
 class Trained(nn.Module):
@@ -49,9 +41,9 @@ def test_fractional_max_pool_compares_and_draws_its_windows():
     888 in all. 3-D, 1 x 2 planes of 6^3 to 3^3, kernel 2: 54 outputs x 7 = 378, starts 3 dims
     x (3 * 2 + 1) x 2 planes = 42: 420. Backward: each of the 96 gradients added where its max
     was."""
-    planar = analyze(Apply(lambda x: F.fractional_max_pool2d(x, 3, output_size=(4, 4))),
+    planar = analyze(Call(lambda x: F.fractional_max_pool2d(x, 3, output_size=(4, 4))),
                      (torch.randn(2, 3, 10, 10),))
-    volumetric = analyze(Apply(lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 3, 3))),
+    volumetric = analyze(Call(lambda x: F.fractional_max_pool3d(x, 2, output_size=(3, 3, 3))),
                          (torch.randn(1, 2, 6, 6, 6),))
     assert (planar.total.flops, volumetric.total.flops) == (888, 420)
     assert _backward_flops(lambda x: F.fractional_max_pool2d(x, 3, output_size=(4, 4)),
@@ -86,7 +78,7 @@ def test_margin_losses_backward():
 def test_dynamically_quantized_int4_matmul():
     """8 x 64 activations, 48 outputs: 8 * 48 * 64 = 24,576 MACs; quantizing the activations
     2 * 8 * 64 = 1,024, the weights' scales 48 * 64 = 3,072: 49,152 + 4,096 = 53,248 FLOPs."""
-    report = analyze(Apply(lambda x, w: aten._dyn_quant_matmul_4bit(x, w, 32, 64, 48)),
+    report = analyze(Call(lambda x, w: aten._dyn_quant_matmul_4bit(x, w, 32, 64, 48)),
                      (torch.randn(8, 64), torch.empty(2000, dtype=torch.uint8)))
     assert (report.total.macs, report.total.flops) == (24_576, 53_248)
 
@@ -128,14 +120,14 @@ def test_cudnn_attention_forward_dense_and_packed():
 def test_special_functions_are_one_flop_per_element(special):
     """The pointwise convention (a transcendental function is 1 FLOP per output element): 4 x 8
     = 32, whether torch lowers the op to a prim (i0, erfcx, zeta) or runs its own kernel."""
-    report = analyze(Apply(special), (torch.rand(4, 8) + 1,))
+    report = analyze(Call(special), (torch.rand(4, 8) + 1,))
     assert report.uncounted == [] and report.total.flops == 32
 
 
 def test_special_polynomials_say_their_work_depends_on_the_values():
     """torch evaluates T_n(x) by a recurrence of up to n steps or by cos(n acos x), per element
     as x decides: no count from shapes."""
-    report = analyze(Apply(lambda x: torch.special.chebyshev_polynomial_t(x, 7)),
+    report = analyze(Call(lambda x: torch.special.chebyshev_polynomial_t(x, 7)),
                      (torch.rand(4, 8),))
     (uncounted,) = report.uncounted
     assert "recurrence" in uncounted.reason
@@ -144,14 +136,14 @@ def test_special_polynomials_say_their_work_depends_on_the_values():
 def test_mode_sorts_each_slice():
     """4 x 8, mode along the last dim: each row sorted (ceil(log2 8) = 3 compares per element)
     and scanned for its longest run (1): 32 x 4 = 128."""
-    report = analyze(Apply(lambda x: torch.mode(x)[0]), (torch.randn(4, 8),))
+    report = analyze(Call(lambda x: torch.mode(x)[0]), (torch.randn(4, 8),))
     assert report.uncounted == [] and report.total.flops == 128
 
 
 def test_packing_padded_sequences_moves_data():
     """pack_padded_sequence copies the rows the lengths keep: no arithmetic, but counted."""
     pack = torch.nn.utils.rnn.pack_padded_sequence
-    report = analyze(Apply(lambda x: pack(x, torch.tensor([3, 2]), batch_first=True).data),
+    report = analyze(Call(lambda x: pack(x, torch.tensor([3, 2]), batch_first=True).data),
                      (torch.randn(2, 3, 4),))
     assert report.uncounted == [] and report.total.flops == 0
 
@@ -171,3 +163,45 @@ def test_resize_as_is_data_movement():
     assert report.uncounted == []
     assert any(node.op.startswith("aten.resize_as") and node.status == "zero"
                for node in report.nodes)
+
+
+@pytest.mark.parametrize("options, flops", [
+    ({}, 27 * (3 * 3 + 25) + 54 * 15), ({"padding_mode": "border"}, 27 * (3 * 4 + 25) + 54 * 15),
+    ({"padding_mode": "reflection"}, 27 * (3 * 11 + 25) + 54 * 15),
+    ({"mode": "nearest"}, 27 * 3 * (3 + 1)),
+])
+def test_grid_sample_on_volumes(options, flops):
+    """2 channels of 4^3 sampled at 3^3 points: 27 points, 54 outputs. Per point, 3 coordinates
+    unnormalized (3 each) and padded (border's clip 1, reflection's reflect and clip 8), then the
+    trilinear weights (3 floors, 6 distances, 8 products of 3: 25) or nearest's round per
+    coordinate; per output, 8 corners blended (8 multiplies, 7 adds) or one copied."""
+    report = analyze(Call(lambda x, g: F.grid_sample(x, g, align_corners=False, **options)),
+                     (torch.randn(1, 2, 4, 4, 4), torch.rand(1, 3, 3, 3, 3) * 2 - 1))
+    assert report.uncounted == [] and report.total.flops == flops
+
+
+def test_sampling_and_segments():
+    """4 rows of 8 weights. multinomial with replacement, 5 samples: cumulative sums and their
+    normalization (16) and a binary search of 3 compares per sample (15): 4 x 31 = 124; without
+    replacement, each weight divided by a draw and the top 3 selected: 4 x 16 = 64.
+    segment_reduce of 6 x 3 into segments of 2 and 4 rows: 18 adds; 'mean' also divides the
+    2 x 3 outputs: 24."""
+    weights, data, lengths = torch.rand(4, 8) + 0.1, torch.randn(6, 3), torch.tensor([2, 4])
+    counts = [analyze(Call(function), inputs).total.flops for function, inputs in (
+        (lambda p: torch.multinomial(p, 5, replacement=True), (weights,)),
+        (lambda p: torch.multinomial(p, 3), (weights,)),
+        (lambda d, n: torch.segment_reduce(d, "sum", lengths=n), (data, lengths)),
+        (lambda d, n: torch.segment_reduce(d, "mean", lengths=n), (data, lengths)))]
+    assert counts == [124, 64, 18, 24]
+
+
+def test_logit_backward_and_the_other_pointwise_kernels():
+    """logit's gradient: 2 compares against eps and grad / (x (1 - x)), 5 per element: 160 on
+    4 x 8 (the forward's logit and sum, 32 each, on top). angle and training rrelu's noisy
+    slope: 1 per element."""
+    x = torch.rand(4, 8)
+    train = analyze(Call(lambda x: torch.logit(x, eps=1e-6).sum()), (x.requires_grad_(),),
+                    mode="train")
+    angle = analyze(Call(torch.angle), (torch.randn(4, 8),))
+    noisy = analyze(Call(lambda x: F.rrelu(x, training=True)), (torch.randn(4, 8),))
+    assert (train.total.flops, angle.total.flops, noisy.total.flops) == (64 + 160, 32, 32)

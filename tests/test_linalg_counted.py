@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 from torch.export import Dim
 
 from exportflops import analyze
 from exportflops.formulas import Cost
-
-
-class Apply(nn.Module):
-    def __init__(self, function):
-        super().__init__()
-        self.function = function
-
-    def forward(self, *tensors):
-        return self.function(*tensors)
+from tests.models import Call
 
 
 def _counted(function, *tensors, **options):
-    report = analyze(Apply(function), tensors, **options)
+    report = analyze(Call(function), tensors, **options)
     assert report.uncounted == []
     return report.total
 
@@ -124,7 +115,7 @@ def test_leading_terms_are_the_published_ones(factor, leading):
 def test_a_dynamic_size_gives_the_same_counts():
     """Cholesky of b matrices of a dynamic n, evaluated at b = 2, n = 4: twice the 30 above."""
     n, b = Dim("n", min=2, max=64), Dim("b", min=2, max=64)
-    report = analyze(Apply(torch.linalg.cholesky), (torch.eye(5).expand(3, 5, 5).clone(),),
+    report = analyze(Call(torch.linalg.cholesky), (torch.eye(5).expand(3, 5, 5).clone(),),
                      dynamic_shapes=(({0: b, 1: n, 2: n},),))  # *tensors
     assert report.uncounted == []
     assert report.evaluate(b=2, n=4).total.flops == 60
@@ -133,11 +124,11 @@ def test_a_dynamic_size_gives_the_same_counts():
 def test_value_dependent_ops_say_why_and_take_a_formula():
     """SVD and the eigensolvers iterate until the values converge: no count from shapes. The
     reason says so and names the op to give a formula for; given one, it is counted."""
-    svd = analyze(Apply(torch.linalg.svdvals), (torch.randn(4, 4),))
-    eigh = analyze(Apply(torch.linalg.eigvalsh), (torch.randn(4, 4),))
+    svd = analyze(Call(torch.linalg.svdvals), (torch.randn(4, 4),))
+    eigh = analyze(Call(torch.linalg.eigvalsh), (torch.randn(4, 4),))
     for report, leaf in ((svd, "aten._linalg_svd.default"), (eigh, "aten._linalg_eigh.default")):
         (uncounted,) = report.uncounted
         assert "iterative" in uncounted.reason and f"formulas={{{leaf}" in uncounted.reason
     estimate = {torch.ops.aten._linalg_svd.default: lambda call: Cost(flops=1_000)}
-    counted = analyze(Apply(torch.linalg.svdvals), (torch.randn(4, 4),), formulas=estimate)
+    counted = analyze(Call(torch.linalg.svdvals), (torch.randn(4, 4),), formulas=estimate)
     assert counted.uncounted == [] and counted.total.flops == 1_000

@@ -137,30 +137,29 @@ def weight_norm_backward(call: OpCall) -> Cost:
 _CDIST_DERIVATIVE = {1.0: 2, 2.0: 2, "below 2": 7, "other": 6, math.inf: 9}
 
 
-def _norm_derivative(p) -> int:
-    return _CDIST_DERIVATIVE[p if p in _CDIST_DERIVATIVE else ("below 2" if p < 2 else "other")]
+def _distance_backward(call: OpCall, pairs, features, accumulations: int) -> Cost:
+    """Per pair and feature: the difference, the p-norm's derivative (`_CDIST_DERIVATIVE`) and
+    ``accumulations`` adds into the rows. p = 0 has no gradient: ATen fills it with zeros."""
+    p = call["p"]
+    if p == 0:
+        return call.cost()
+    kind = p if p in _CDIST_DERIVATIVE else ("below 2" if p < 2 else "other")
+    derivative = _CDIST_DERIVATIVE[kind]
+    return call.cost(flops=pairs * features * (1 + accumulations + derivative))
 
 
 @register_formula(aten._cdist_backward)
 def cdist_backward(call: OpCall) -> Cost:
-    """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's): per pair
-    and feature the difference, the norm's derivative (`_CDIST_DERIVATIVE`) and the add into
-    x1's row. p = 0 has no gradient: ATen fills it with zeros."""
-    if call["p"] == 0:
-        return call.cost()
-    pairs, features = call["cdist"].numel, call["x1"].shape[-1]
-    return call.cost(flops=pairs * features * (2 + _norm_derivative(call["p"])))
+    """The gradient of x1 (autograd calls it again with x1 and x2 swapped for x2's), added into
+    x1's row."""
+    return _distance_backward(call, call["cdist"].numel, call["x1"].shape[-1], 1)
 
 
 @register_formula(aten._pdist_backward)
 def pdist_backward(call: OpCall) -> Cost:
-    """As cdist's over the N(N-1)/2 pairs of rows of one input (``pdist``), ATen adding each
-    pair's gradient into one row and subtracting it from the other: the difference, the
-    derivative, an add and a subtract per pair and feature. p = 0: zeros."""
-    if call["p"] == 0:
-        return call.cost()
-    pairs, features = call["pdist"].numel, call["self"].shape[-1]
-    return call.cost(flops=pairs * features * (3 + _norm_derivative(call["p"])))
+    """Over the N(N-1)/2 pairs of rows of one input (``pdist``), ATen adding each pair's
+    gradient into one row and subtracting it from the other."""
+    return _distance_backward(call, call["pdist"].numel, call["self"].shape[-1], 2)
 
 
 @register_formula(aten.multi_margin_loss_backward)
@@ -183,6 +182,13 @@ def multilabel_margin_loss_backward(call: OpCall) -> Cost:
     forward's decomposition counts: the kernel's pairs depend on the target values."""
     x = call["self"]
     return call.cost(flops=x.numel * (4 * x.shape[-1] + 1))
+
+
+@register_formula(aten.logit_backward)
+def logit_backward(call: OpCall) -> Cost:
+    """ATen's kernel per element: x checked against [eps, 1 - eps] (2 compares), then
+    grad / (x (1 - x)) (a subtract, a multiply, a divide)."""
+    return call.cost(flops=5 * call.out.numel)
 
 
 #: FLOPs per sampled point and channel of the grid sampler's backward, (input gradient, grid

@@ -81,3 +81,35 @@ def _window_sum(size_in: int, size_out: int, taps: int, align_corners: bool,
         low = max(int(center - support + 0.5), 0)
         total += min(int(center + support + 0.5), size_in) - low
     return total
+
+
+#: ``grid_sample``'s ``padding_mode`` (0 zeros, 1 border, 2 reflection) -> FLOPs per grid
+#: coordinate, as ATen's ``grid_sampler_compute_source_index`` adds them to the unnormalizing:
+#: border clips (1); reflection reflects (subtract, abs, fmod, divide, floor, parity test and
+#: the flip, 7) and clips (1).
+_PADDING_FLOPS = {0: 0, 1: 1, 2: 8}
+#: FLOPs per grid coordinate to unnormalize it to the input's size: an add, a multiply and a
+#: subtract (``((coord + 1) * size - 1) / 2`` folds its divide into the multiply's constant).
+_UNNORMALIZE_FLOPS = 3
+#: Per output point of a trilinear sample: the corner below each coordinate (a floor each, 3),
+#: the distances to the two corners in each dim (6), and each of the 8 corner weights, a product
+#: of 3 distances (2 multiplies each, 16).
+_TRILINEAR_WEIGHT_FLOPS = 3 + 6 + 8 * 2
+#: ``interpolation_mode`` 0: bilinear (trilinear on volumes); 1 nearest (bicubic is 2-D only).
+_BILINEAR = 0
+
+
+@register_formula(aten.grid_sampler_3d)
+def grid_sampler_3d(call: OpCall) -> Cost:
+    """``grid_sample`` on volumes (N, C, D, H, W), as ATen's kernel runs it: per output point,
+    its 3 grid coordinates unnormalized and padded, then trilinear's corner weights (or a round
+    per coordinate for nearest); per output element, the 8 corners blended (15, as a trilinear
+    resize) or, for nearest, one copied. (The 2-D sampler is counted through its decomposition.)"""
+    out = call.out
+    points = out.shape[0] * math.prod(out.shape[2:])
+    per_coordinate = _UNNORMALIZE_FLOPS + _PADDING_FLOPS[call["padding_mode"]]
+    if call["interpolation_mode"] == _BILINEAR:
+        per_point, blend = 3 * per_coordinate + _TRILINEAR_WEIGHT_FLOPS, 2 * 8 - 1
+    else:
+        per_point, blend = 3 * (per_coordinate + 1), 0
+    return call.cost(flops=points * per_point + blend * out.numel)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import sympy
 import torch
 
@@ -24,6 +26,29 @@ def reduction(call: OpCall) -> Cost:
     if len(inputs) == 2:
         return call.cost(flops=call.out.numel)
     return call.cost(flops=inputs[0].numel)
+
+
+@register_formula(aten.segment_reduce)
+def segment_reduce(call: OpCall) -> Cost:
+    """Segments of ``data`` along ``axis`` (their lengths or offsets given) each reduced: one
+    add, multiply or compare per element read, as `reduction`; ``'mean'`` divides once per
+    output element."""
+    means = call.out.numel if call["reduce"] == "mean" else 0
+    return call.cost(flops=call["data"].numel + means)
+
+
+@register_formula(aten.multinomial)
+def multinomial(call: OpCall) -> Cost:
+    """Samples from each row of n weights, as ATen's kernel draws them: with replacement, the
+    cumulative distribution (n adds) normalized (n divides), then a binary search per sample
+    (ceil(log2 n) compares); without, each weight divided by an exponential draw (n) and the
+    top num_samples selected (n compares). The random draws themselves count 0, as creation
+    ops' do."""
+    weights = call["self"]
+    n, rows = weights.shape[-1], math.prod(weights.shape[:-1])
+    if call.get("replacement", False):
+        return call.cost(flops=rows * (2 * n + call["num_samples"] * _ceil_log2(n)))
+    return call.cost(flops=rows * 2 * n)
 
 
 @register_formula(aten.mean, aten.nanmean)

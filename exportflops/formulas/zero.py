@@ -44,7 +44,8 @@ FORMULAS.register_zero(
          "diagonal_scatter", "as_strided_scatter", "constant_pad_nd", "pad", "reflection_pad1d",
          "reflection_pad2d", "reflection_pad3d", "replication_pad1d", "replication_pad2d",
          "replication_pad3d", "repeat", "repeat_interleave", "roll", "flip", "tril", "triu",
-         "nonzero", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+         "nonzero", "nonzero_static", "upsample_nearest1d", "upsample_nearest2d",
+         "upsample_nearest3d",
          "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
          "pixel_shuffle", "pixel_unshuffle", "channel_shuffle", "native_channel_shuffle",
          "im2col", "col2im", "lift_fresh_copy", "resize", "resize_as", "_unsafe_index",
@@ -70,7 +71,7 @@ FORMULAS.register_zero(
          "ones", "ones_like", "full", "full_like", "new_empty", "new_empty_strided",
          "new_zeros", "new_ones", "new_full", "scalar_tensor", "arange", "linspace", "logspace",
          "eye", "fill", "zero", "rand", "rand_like", "randn", "randn_like", "randint",
-         "randint_like", "randperm", "bernoulli", "normal", "uniform"),
+         "randint_like", "randperm", "bernoulli", "normal", "uniform", "poisson"),
     "creation: fills a new tensor, reads no tensor data",
     moves="write",
 )
