@@ -205,3 +205,39 @@ def test_logit_backward_and_the_other_pointwise_kernels():
     angle = analyze(Call(torch.angle), (torch.randn(4, 8),))
     noisy = analyze(Call(lambda x: F.rrelu(x, training=True)), (torch.randn(4, 8),))
     assert (train.total.flops, angle.total.flops, noisy.total.flops) == (64 + 160, 32, 32)
+
+
+def test_lanczos_resize_blends_every_pixel_under_its_filter():
+    """8 x 8 to 4 x 4: scale 2, Lanczos-3's 6 taps widen to support 6. Output i's window is
+    [int(2 (i + 0.5) - 6 + 0.5), int(2 (i + 0.5) + 6 + 0.5)) clipped to [0, 8): 7, 8, 8, 7
+    pixels, 30 per dim, 900 weights; each output's k taps are k multiplies and k - 1 adds:
+    2 x 900 - 16 = 1,784."""
+    resize = Call(lambda x: torch.ops.aten._upsample_lanczos2d_aa(x, [4, 4], False))
+    report = analyze(resize, (torch.randn(1, 1, 8, 8),))
+    assert report.uncounted == [] and report.total.flops == 1_784
+
+
+def test_more_backward_kernels():
+    """embedding_bag's per-sample weights' gradient: each of 6 indices' row (width 4) dotted
+    with its bag's gradient, 24 MACs. segment_reduce's: one FLOP per element of its 6 x 3
+    data, 18. _add_relu (the mobile optimizer's fusion): an add and a relu, 2 per element."""
+
+    class Bag(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.table, self.scales = nn.Parameter(torch.randn(10, 4)), nn.Parameter(torch.ones(6))
+
+        def forward(self, indices, offsets):
+            return F.embedding_bag(indices, self.table, offsets,
+                                   mode="sum", per_sample_weights=self.scales).sum()
+
+    bag = analyze(Bag(), (torch.arange(1, 7), torch.tensor([0, 3])), mode="train")
+    segments = analyze(Call(lambda d, n: torch.segment_reduce(d, "sum", lengths=n).sum()),
+                       (torch.randn(6, 3, requires_grad=True), torch.tensor([2, 4])),
+                       mode="train")
+    fused = analyze(Call(torch.ops.aten._add_relu), (torch.randn(4, 8), torch.randn(4, 8)))
+    (weights_grad,) = [n for n in bag.nodes
+                       if n.op == "aten._embedding_bag_per_sample_weights_backward.default"]
+    (segment_grad,) = [n for n in segments.nodes
+                       if n.op == "aten._segment_reduce_backward.default"]
+    assert (weights_grad.cost.macs, segment_grad.cost.flops, fused.total.flops) == (24, 18, 64)

@@ -21,7 +21,7 @@ def embedding(call: OpCall) -> Cost:
                                 [(out, out.nbytes)]))
 
 
-@register_formula(aten.embedding_bag, aten._embedding_bag)
+@register_formula(aten.embedding_bag, aten._embedding_bag, aten._embedding_bag_forward_only)
 def embedding_bag(call: OpCall) -> Cost:
     weight, indices, out = call["weight"], call["indices"], call.outputs[0]
     width = weight.shape[-1]

@@ -184,6 +184,20 @@ def multilabel_margin_loss_backward(call: OpCall) -> Cost:
     return call.cost(flops=x.numel * (4 * x.shape[-1] + 1))
 
 
+@register_formula(aten._segment_reduce_backward)
+def segment_reduce_backward(call: OpCall) -> Cost:
+    """Each segment's gradient spread over the elements it reduced: one FLOP per element of
+    ``data`` (sum's copy counted as max's compare and mean's divide are)."""
+    return call.cost(flops=call["data"].numel)
+
+
+@register_formula(aten._embedding_bag_per_sample_weights_backward)
+def embedding_bag_per_sample_weights_backward(call: OpCall) -> Cost:
+    """The gradient of each per-sample weight: its bag's output gradient dotted with the row
+    it scaled, one MAC per element of the row."""
+    return contraction(call, call["indices"].numel * call["weight"].shape[-1])
+
+
 @register_formula(aten.logit_backward)
 def logit_backward(call: OpCall) -> Cost:
     """ATen's kernel per element: x checked against [eps, 1 - eps] (2 compares), then
@@ -251,6 +265,7 @@ register_formula(
     aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_efficient_attention_backward,
     aten._scaled_dot_product_cudnn_attention_backward,
+    aten._scaled_dot_product_fused_attention_overrideable_backward,
 )(_bhld_backward)
 
 
@@ -285,7 +300,8 @@ def resize_backward(call: OpCall) -> Cost:
     return call.cost(flops=2 * neighbours * call["grad_output"].numel)
 
 
-@register_formula(aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward)
+@register_formula(aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward,
+                  aten._upsample_lanczos2d_aa_backward)
 def antialiased_resize_backward(call: OpCall) -> Cost:
     # The forward's weights again, each times its output's gradient and added into its input
     # pixel: a multiply and an add per weight.

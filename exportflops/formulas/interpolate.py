@@ -33,11 +33,14 @@ for _name, _neighbours in NEIGHBOURS.items():
     register_formula(getattr(aten, _name))(_blend(_neighbours))
 
 
-#: Taps of each antialiased filter at scale 1 (torch's interp_size: 2 for linear, 4 for cubic).
-_AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4}
+#: Taps of each antialiased filter at scale 1 (torch's interp_size: 2 for linear, 4 for cubic,
+#: 6 for Lanczos-3).
+_AA_TAPS = {"_upsample_bilinear2d_aa": 2, "_upsample_bicubic2d_aa": 4,
+            "_upsample_lanczos2d_aa": 6}
 
 
-@register_formula(aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
+@register_formula(aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa,
+                  aten._upsample_lanczos2d_aa)
 def antialiased(call: OpCall) -> Cost:
     """An antialiased resize blends, per output pixel, every input pixel under the filter; when
     shrinking by ``s`` the filter widens by ``s`` (PyTorch's ``_compute_index_ranges_weights``:

@@ -36,7 +36,7 @@ def contraction(call: OpCall, macs, *, bias_elements=0) -> Cost:
     return call.cost(flops=FLOPS_PER_MAC * macs + bias_elements, macs=macs)
 
 
-@register_formula(aten.mm, aten._scaled_mm, aten._int_mm)
+@register_formula(aten.mm, aten._scaled_mm, aten._scaled_mm_v2, aten._int_mm)
 def mm(call: OpCall) -> Cost:
     (m, k), n = call["self"].shape, call["mat2"].shape[-1]
     bias = call.out.numel if call.get("bias") is not None else 0

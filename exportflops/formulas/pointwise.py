@@ -20,6 +20,7 @@ FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
     "sign": 1, "sgn": 1, "angle": 1, "floor": 1, "ceil": 1, "round": 1, "trunc": 1,
     "frac": 1,
     "maximum": 1, "minimum": 1, "fmax": 1, "fmin": 1, "copysign": 1, "hypot": 1,
+    "_add_relu": 2,  # add, then relu (the mobile optimizer's fusion)
     "addcmul": 2,  # multiply, add
     "addcdiv": 2,  # divide, add
     "lerp": 3,  # subtract, multiply, add
@@ -34,7 +35,8 @@ FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
     "relu": 1, "relu6": 1, "gelu": 1, "silu": 1, "mish": 1, "elu": 1, "selu": 1, "celu": 1,
     "leaky_relu": 1, "hardtanh": 1, "hardswish": 1, "hardsigmoid": 1, "softplus": 1,
     "softshrink": 1, "hardshrink": 1, "threshold": 1, "prelu": 1, "_prelu_kernel": 1,
-    "rrelu": 1, "rrelu_with_noise": 1, "log_sigmoid": 1, "log_sigmoid_forward": 1,
+    "rrelu": 1, "rrelu_with_noise": 1, "rrelu_with_noise_functional": 1, "log_sigmoid": 1,
+    "log_sigmoid_forward": 1,
     "glu": 2,  # sigmoid of one half, multiply by the other; per output element
     # compares, logic, selection and clamping
     "eq": 1, "ne": 1, "lt": 1, "le": 1, "gt": 1, "ge": 1, "isnan": 1, "isinf": 1,

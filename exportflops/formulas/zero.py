@@ -23,7 +23,9 @@ FORMULAS.register_zero(
          "sym_stride", "sym_storage_offset", "sym_constrain_range",
          "sym_constrain_range_for_size", "_functional_sym_constrain_range_for_size",
          "_functional_assert_async", "_local_scalar_dense", "item", "set_grad_enabled",
-         "broadcast_tensors", "size", "stride", "storage_offset", "_functional_sym_constrain_range")
+         "broadcast_tensors", "size", "stride", "storage_offset", "_functional_sym_constrain_range",
+         "_resize_output", "_print", "_make_dep_token", "dense_dim", "sparse_dim",
+         "is_coalesced", "is_pinned")
     + [torch.ops.prim.device],
     "view or metadata: aliases its input, reads no tensor data",
     moves="nothing",
@@ -52,7 +54,9 @@ FORMULAS.register_zero(
          "view_copy", "expand_copy", "permute_copy", "transpose_copy", "unsqueeze_copy",
          "squeeze_copy", "slice_copy", "select_copy", "alias_copy", "split_copy",
          "split_with_sizes_copy", "unbind_copy", "t_copy", "diagonal_copy", "as_strided_copy",
-         "detach_copy", "_reshape_copy", "unfold_copy", "_pack_padded_sequence",
+         "detach_copy", "_reshape_copy", "unfold_copy", "_pack_padded_sequence", "_pin_memory",
+         "_jagged_to_padded_dense_forward", "_padded_dense_to_jagged_forward", "_spdiags",
+         "_convert_weight_to_int4pack_for_cpu", "_dyn_quant_pack_4bit_weight",
          "_pack_padded_sequence_backward", "_pad_packed_sequence")
     # Per overload: scatter.reduce and scatter.value_reduce add or multiply (formulas/reduce.py).
     + aten_ops("scatter.src", "scatter.value", "scatter.src_out", "scatter.value_out",
@@ -71,7 +75,8 @@ FORMULAS.register_zero(
          "ones", "ones_like", "full", "full_like", "new_empty", "new_empty_strided",
          "new_zeros", "new_ones", "new_full", "scalar_tensor", "arange", "linspace", "logspace",
          "eye", "fill", "zero", "rand", "rand_like", "randn", "randn_like", "randint",
-         "randint_like", "randperm", "bernoulli", "normal", "uniform", "poisson"),
+         "randint_like", "randperm", "bernoulli", "normal", "uniform", "poisson",
+         "_standard_gamma"),
     "creation: fills a new tensor, reads no tensor data",
     moves="write",
 )
