@@ -13,6 +13,7 @@ from . import (  # noqa: F401  (each module registers its formulas on import)
     norm,
     pointwise,
     pool,
+    prims,
     reduce,
     rnn,
     spectral,
