@@ -33,7 +33,8 @@ any of them.
   keeps (backward accumulation); ``ormqr`` applies them to a given matrix.
 
 Complex arithmetic: a complex MAC is 4 real MACs (`contraction`), a complex division 11 real
-FLOPs, a division by a real number (the Cholesky diagonal) 2. LDL^H (Bunch-Kaufman's 1x1 and 2x2
+FLOPs, a division by a real number (the Cholesky diagonal) 2, a reflector's other scalar
+operations 2 (one per part). LDL^H (Bunch-Kaufman's 1x1 and 2x2
 pivots, chosen by the values), SVD and the eigensolvers (iterative: their sweeps depend on the
 values) and the matrix exponential (its degree chosen from the norm) have no formula: they are
 declared value-dependent and reported uncounted with that reason.
@@ -48,7 +49,7 @@ import sympy
 import torch
 
 from .matmul import contraction
-from .pointwise import COMPLEX_FLOPS_PER_OUTPUT_ELEMENT
+from .pointwise import COMPLEX_FLOPS_PER_OUTPUT_ELEMENT, REAL_PARTS_PER_COMPLEX
 from .registry import FORMULAS, Cost, OpCall, TensorMeta, aten_ops, register_formula
 
 aten = torch.ops.aten
@@ -238,12 +239,17 @@ def _apply_reflectors(length, columns, steps) -> tuple:
             _over_steps(columns, steps))
 
 
+def _reflector_cost(call: OpCall, matrices, macs, other_flops) -> Cost:
+    return _cost(call, matrices * macs,
+                 other_flops=_per_real(call, matrices * other_flops, REAL_PARTS_PER_COMPLEX))
+
+
 @register_formula(aten.geqrf)
 def geqrf(call: OpCall) -> Cost:
     """``torch.geqrf(A)``: the reflectors and R, packed; A (*, m, n)."""
     A = call["self"]
     macs, flops, _ = _factor_qr(*A.shape[-2:])
-    return _cost(call, _matrices(A) * macs, other_flops=_per_real(call, _matrices(A) * flops, 2))
+    return _reflector_cost(call, _matrices(A), macs, flops)
 
 
 @register_formula(aten.linalg_qr)
@@ -259,7 +265,7 @@ def linalg_qr(call: OpCall) -> Cost:
         kept = m if mode == "complete" else _shorter(m, n)
         q_macs, q_flops = _apply_reflectors(_reflectors(m), lambda j: kept - j + 1, steps)
         macs, flops = macs + q_macs, flops + q_flops
-    return _cost(call, _matrices(A) * macs, other_flops=_per_real(call, _matrices(A) * flops, 2))
+    return _reflector_cost(call, _matrices(A), macs, flops)
 
 
 @register_formula(aten.linalg_householder_product)
@@ -269,7 +275,7 @@ def householder_product(call: OpCall) -> Cost:
     A, steps = call["input"], call["tau"].shape[-1]
     m, n = A.shape[-2:]
     macs, flops = _apply_reflectors(_reflectors(m), lambda j: n - j + 1, steps)
-    return _cost(call, _matrices(A) * macs, other_flops=_per_real(call, _matrices(A) * flops, 2))
+    return _reflector_cost(call, _matrices(A), macs, flops)
 
 
 @register_formula(aten.ormqr)
@@ -281,8 +287,7 @@ def ormqr(call: OpCall) -> Cost:
     m, n = C.shape[-2:]
     spanned, other = (m, n) if call.get("left", True) else (n, m)
     macs, flops = _apply_reflectors(_reflectors(spanned), lambda j: other, steps)
-    matrices = _matrices(call.out)
-    return _cost(call, matrices * macs, other_flops=_per_real(call, matrices * flops, 2))
+    return _reflector_cost(call, _matrices(call.out), macs, flops)
 
 
 FORMULAS.register_value_dependent(
