@@ -34,7 +34,8 @@ class VmapLevels:
                                        else batch))
             return 1
         if target is predispatch._vmap_decrement_nesting:
-            self.open.pop()
+            if self.open:  # a subgraph may close a level its caller opened
+                self.open.pop()
             return 1
         levels = frozenset().union(*(self.batched.get(arg, frozenset())
                                      for arg in node.all_input_nodes))
