@@ -1,6 +1,7 @@
-"""torch's primitives (``torch.ops.prims``), which some of torch's decompositions lower to
+"""torch's primitives (``torch._prims``), which some of torch's decompositions lower to
 (``i0``'s, ``erfcx``'s): each counted as its aten namesake is. A graph holds no prims; an op
-with no formula of its own is counted through its decomposition, whose prims these count."""
+with no formula of its own is counted through its decomposition, whose prims these count.
+(Inductor's own prims, which torch.compile registers for its lowering, reach no graph here.)"""
 
 from __future__ import annotations
 
