@@ -290,10 +290,12 @@ def ormqr(call: OpCall) -> Cost:
     return _reflector_cost(call, _matrices(call.out), macs, flops)
 
 
+#: Why an SVD or eigensolver has no count from shapes (also prims.svd's, in prims.py).
+ITERATIVE = ("is iterative: the solver sweeps until the values converge, so its work depends "
+             "on the matrix, not only on its shape")
 FORMULAS.register_value_dependent(
     aten_ops("_linalg_svd", "_linalg_eigh", "linalg_eig", "_linalg_eigvals", in_place=False),
-    "is iterative: the solver sweeps until the values converge, so its work depends on the "
-    "matrix, not only on its shape",
+    ITERATIVE,
 )
 FORMULAS.register_value_dependent(
     aten_ops("linalg_pinv", in_place=False),

@@ -82,17 +82,12 @@ def _register_table() -> None:
 
 _register_table()
 
-#: Special functions, one transcendental operation each: the prims torch's decompositions of
-#: ``torch.special`` and ``i0`` lower to (``special_log_ndtr`` is erfcx with a few more ops,
-#: counted through its decomposition), and the special ops with a kernel and no decomposition.
-SPECIAL_FUNCTIONS = [
-    getattr(torch.ops.prims, name) for name in (
-        "bessel_i0", "bessel_i0e", "bessel_i1", "bessel_i1e", "bessel_j0", "bessel_j1",
-        "spherical_bessel_j0", "erfcx", "ndtri", "zeta", "igamma", "igammac")
-] + aten_ops("special_bessel_y0", "special_bessel_y1", "special_modified_bessel_i0",
-             "special_modified_bessel_i1", "special_modified_bessel_k0",
-             "special_modified_bessel_k1", "special_scaled_modified_bessel_k0",
-             "special_scaled_modified_bessel_k1", "special_airy_ai")
+#: Special functions with a kernel and no decomposition, one transcendental operation each (the
+#: others lower to prims, prims.py).
+SPECIAL_FUNCTIONS = aten_ops(
+    "special_bessel_y0", "special_bessel_y1", "special_modified_bessel_i0",
+    "special_modified_bessel_i1", "special_modified_bessel_k0", "special_modified_bessel_k1",
+    "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1", "special_airy_ai")
 register_formula(*SPECIAL_FUNCTIONS)(per_output_element(1))
 
 FORMULAS.register_value_dependent(

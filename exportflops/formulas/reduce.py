@@ -61,7 +61,8 @@ def mean(call: OpCall) -> Cost:
 def variance(call: OpCall) -> Cost:
     # mean (1 add), subtract the mean (1), square (1), sum (1) per element; std adds a sqrt per
     # output, var_mean/std_mean a divide per output for the mean they also return.
-    return call.cost(flops=4 * call["self"].numel + call.out.numel)
+    # prims.var names its input inp.
+    return call.cost(flops=4 * call.get("self", call.get("inp")).numel + call.out.numel)
 
 
 @register_formula(aten.linalg_vector_norm, aten.norm, aten.frobenius_norm)

@@ -11,6 +11,11 @@ from .registry import FORMULAS, aten_ops
 
 aten = torch.ops.aten
 
+#: The reasons reports show for the three kinds of arithmetic-free ops (also prims.py's).
+VIEW = "view or metadata: aliases its input, reads no tensor data"
+COPY = "data movement: copies, gathers or rearranges elements without arithmetic"
+CREATION = "creation: fills a new tensor, reads no tensor data"
+
 
 FORMULAS.register_zero(
     aten_ops("view", "_unsafe_view", "_reshape_alias", "expand", "expand_as", "permute",
@@ -27,7 +32,7 @@ FORMULAS.register_zero(
          "_resize_output", "_print", "_make_dep_token", "dense_dim", "sparse_dim",
          "is_coalesced", "is_pinned")
     + [torch.ops.prim.device],
-    "view or metadata: aliases its input, reads no tensor data",
+    VIEW,
     moves="nothing",
 )
 FORMULAS.register_zero(
@@ -61,7 +66,7 @@ FORMULAS.register_zero(
     # Per overload: scatter.reduce and scatter.value_reduce add or multiply (formulas/reduce.py).
     + aten_ops("scatter.src", "scatter.value", "scatter.src_out", "scatter.value_out",
                "scatter_.src", "scatter_.value"),
-    "data movement: copies, gathers or rearranges elements without arithmetic",
+    COPY,
     moves="copy",
 )
 FORMULAS.register_zero(
@@ -77,7 +82,7 @@ FORMULAS.register_zero(
          "eye", "fill", "zero", "rand", "rand_like", "randn", "randn_like", "randint",
          "randint_like", "randperm", "bernoulli", "normal", "uniform", "poisson",
          "_standard_gamma"),
-    "creation: fills a new tensor, reads no tensor data",
+    CREATION,
     moves="write",
 )
 
