@@ -1,5 +1,5 @@
 """Mends of torch's propagation of real values in ``torch.export.draft_export``, which decides
-each branch on a value as the example's values do (`capture`). Two bugs of torch 2.13 make that
+each branch on a value as the example's values do (`capture`). Four bugs of torch 2.13 make that
 propagation fail or decide on garbage; each mend applies for the one export and is undone
 after it, and leaves alone a torch without the function it mends. They replace torch's
 private functions because no public hook reaches them; a thread exporting beside the one
@@ -16,8 +16,9 @@ import torch
 
 @contextlib.contextmanager
 def values_propagated() -> Iterator[None]:
-    """Both mends, for one draft export."""
-    with _parameters_copied(), _signbit_meta_bool():
+    """Every mend, for one draft export."""
+    with _parameters_copied(), _signbit_meta_bool(), _offsets_compared_unguarded(), \
+            _empty_outputs_unchecked():
         yield
 
 
@@ -65,3 +66,63 @@ def _signbit_meta_bool() -> Iterator[None]:
         yield
     finally:
         signbit.prim_meta_impl = meta
+
+
+@contextlib.contextmanager
+def _offsets_compared_unguarded() -> Iterator[None]:
+    """draft_export checks each fake output's storage offset against the real one's with a
+    Python ``!=`` (``fake_utils._check_fake_real_tensors``), before the output's new sizes are
+    bound. ``torch.where(mask)`` gives the columns of a ``nonzero`` result, one of which starts
+    at the count of true values, u0: the check guards ``Ne(u0, 3)``, which makes u0 the
+    constant 3 and leaves torch no symbol to bind (``PendingUnbackedSymbolNotFound``). Sizes
+    are compared without a guard by torch itself; here an offset holding a symbol with no
+    value yet is not compared either, the rest of the check runs as it is."""
+    from torch._subclasses import fake_utils
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    check = getattr(fake_utils, "_check_fake_real_tensors", None)
+    compare = getattr(torch._prims.utils, "compare_tensor_meta", None)
+    if check is None or compare is None:
+        yield
+        return
+
+    def checked(real_out, fake_out, context="", sizes=True, strides=False,
+                storage_offset=True, requires_grad=True):
+        if not free_unbacked_symbols(fake_out.storage_offset()) or (
+                requires_grad and real_out.requires_grad != fake_out.requires_grad):
+            return check(real_out, fake_out, context, sizes, strides, storage_offset,
+                         requires_grad)
+        return compare(real_out, fake_out, check_sizes=sizes, check_strides=strides,
+                       allow_rhs_unbacked=True)
+
+    fake_utils._check_fake_real_tensors = checked
+    try:
+        yield
+    finally:
+        fake_utils._check_fake_real_tensors = check
+
+
+@contextlib.contextmanager
+def _empty_outputs_unchecked() -> Iterator[None]:
+    """draft_export unpacks its checks of an op's outputs with ``zip(*checks)``, which fails
+    for an op with no output tensor (``ValueError: not enough values to unpack``): iterating a
+    tensor of no rows (``for mask in masks``, transformers' SAM3-Video over its tracked objects
+    before any) is ``unbind`` giving an empty list. Such an output has nothing to check."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils import _pytree as pytree
+
+    check = getattr(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", None)
+    if check is None:
+        yield
+        return
+
+    def checked(self, func, fake_in, real_in, fake_out, real_out):
+        if not pytree.tree_leaves(fake_out):
+            return fake_out
+        return check(self, func, fake_in, real_in, fake_out, real_out)
+
+    FakeTensorMode._maybe_infer_fake_kernel_from_pytree_out = checked
+    try:
+        yield
+    finally:
+        FakeTensorMode._maybe_infer_fake_kernel_from_pytree_out = check

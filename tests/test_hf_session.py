@@ -1,9 +1,11 @@
 """Video trackers whose forward takes an inference session (issue 12): SAM2-Video, EdgeTAM-Video
 and SAM3-Tracker-Video are analyzed on the first frame of a session built from tensors, one
-clicked point per object (`exportflops.cli.hf_session`).
+clicked point per object; SAM3-Video on the first frame of a text-prompted session, where its
+detector finds --batch objects (`exportflops.cli.hf_session`).
 
 Sizes from transformers 5.23's default configs: Sam2VisionConfig's image_size is 1024 (SAM 2's
-published 1024 x 1024 input), Sam3's 1008 (72 patches of 14).
+published 1024 x 1024 input), Sam3's 1008 (72 patches of 14); SAM 3's text encoder has 32
+positions, the length its processor pads a prompt to.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import torch
 
 from exportflops import analyze
 from exportflops.cli.hf import hf_model
-from exportflops.errors import UsageError
+from exportflops.cli.hf_session import DetectedFrame, detect_objects, tracked_frame
+from exportflops.errors import ExportError, UsageError
 
 tf = pytest.importorskip("transformers")
 META = torch.device("meta")
@@ -52,12 +55,65 @@ def test_the_frame_is_encoded_once_and_each_object_adds_one_decoder_pass():
     assert one["model.memory_attention"] == 0
 
 
+@pytest.fixture(scope="module")
+def detected_frame():
+    """SAM3-Video, one layer a stack, on cpu: the scores its thresholds are set by need the
+    weights' values."""
+    return hf_model("sam3_video", torch.device("cpu"), None, layers=1, batch=1)
+
+
+def test_a_text_prompted_tracker_is_analyzed_on_a_frame_where_it_finds_batch_objects(
+        detected_frame):
+    frame, args, kwargs = detected_frame
+    pixels, ids, mask = args
+    assert pixels.shape == (1, 3, 1008, 1008) and ids.shape == mask.shape == (1, 32)
+    one = analyze(frame, args, kwargs)
+    detect_objects(frame.model, *args, 2)
+    two = analyze(DetectedFrame(frame.model, frame.session_class, 2), args, kwargs)
+    assert not one.uncounted and not two.uncounted
+    one, two = _rows(one), _rows(two)
+    # The frame is encoded once, whatever the detector finds.
+    assert one["model.detector_model.vision_encoder"] == two[
+        "model.detector_model.vision_encoder"] > 0
+    # Each object found starts a track: the tracker runs its mask decoder's two-way transformer
+    # and its memory encoder on a batch of one row per object, so two objects cost twice one,
+    # but for the memory's sine position encoding's frequencies, computed once a call:
+    # temperature ** (2 * (i // 2) / 32) for 32 features, 4 ops on 32 values = 128 FLOPs.
+    transformer = "model.tracker_model.mask_decoder.transformer"
+    assert two[transformer] == 2 * one[transformer] > 0
+    memory = "model.tracker_model.memory_encoder"
+    assert two[memory] - 128 == 2 * (one[memory] - 128) > 0
+    # The first frame has no earlier frame in memory to attend to.
+    assert one["model.tracker_model.memory_attention"] == 0
+
+
+def test_more_objects_than_the_detector_proposes_is_refused_naming_the_most(detected_frame):
+    # Sam3 DETR's decoder proposes num_queries = 200 objects a frame.
+    frame, args, _ = detected_frame
+    with pytest.raises(UsageError, match=r"proposes 200 objects a frame; pass --batch 199"):
+        detect_objects(frame.model, *args, 200)
+
+
+def test_a_text_prompted_tracker_on_meta_names_cpu():
+    frame, args, kwargs = hf_model("sam3_video", META, None, layers=1)
+    with pytest.raises(ExportError, match=r"data-dependent.*--device cpu"):
+        analyze(frame, args, kwargs)
+
+
+class Session:
+    """A session of a kind hf: does not build: neither clicked points nor a text prompt."""
+
+
+class BySession(torch.nn.Module):
+    def forward(self, inference_session: Session, frame_idx: int = 0) -> torch.Tensor:
+        return torch.zeros(1)
+
+
 def test_a_session_prompted_otherwise_is_refused_naming_it():
-    # SAM3-Video's session is prompted by text and tracks detections, not clicked points;
-    # its config holds its detector's (sam3) and its tracker's (sam3_tracker_video).
-    with pytest.raises(UsageError, match=r"'inference_session', a Sam3VideoInferenceSession.*"
-                                         r"\(hf:sam3, hf:sam3_tracker_video\)"):
-        hf_model("sam3_video", META, None, layers=1)
+    config = tf.PretrainedConfig()
+    with pytest.raises(UsageError, match=r"'inference_session', a Session, not a tensor.*"
+                                         r"or build the session and call analyze\(\)"):
+        tracked_frame(BySession(), Session, config, META, batch=1, seq=None)
 
 
 def test_a_video_sub_model_reads_its_inputs_from_the_tracker():

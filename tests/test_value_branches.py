@@ -590,3 +590,48 @@ def test_the_summary_lists_the_first_decisions_and_counts_the_rest():
     many = report.model_copy(update={"value_guards": [f"Eq(u{i}, 1)" for i in range(10)]})
     text = flops_report(many, view="summary")
     assert "Eq(u7, 1)" in text and "Eq(u8, 1)" not in text and "and 2 more" in text
+
+
+class ByWhere(nn.Module):
+    """The rows a mask picks by their values, through ``torch.where(mask)``'s indices (a
+    detector keeping the queries over a score: transformers' SAM3-Video), then a branch on
+    how many it picked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, query = torch.where(x.sum(-1) > 0)
+        rows = x[batch, query]
+        return self.layer(rows) if len(rows) > 0 else rows
+
+
+@pytest.mark.parametrize("picked", [1, 3, 5])
+def test_rows_picked_by_where_are_counted_as_many_as_the_example_picks(picked):
+    # torch 2.13's draft_export compared the second index column's storage offset (the count of
+    # picked rows, a new size) with a guard, fixing the size before it was bound, and failed
+    # (PendingUnbackedSymbolNotFound). By hand: picked rows x 4 inputs x 8 outputs.
+    x = -torch.ones(2, 5, 4)
+    x.view(10, 4)[:picked] = 1
+    assert analyze(ByWhere(), (x,)).total.macs == picked * 4 * 8
+
+
+class EachPicked(nn.Module):
+    """A loop over the rows a branch on values picked, none in the example (SAM3-Video's loop
+    over its tracked objects on the first frame)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 8, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        picked = x[x.sum(-1) > 100]
+        return torch.stack([self.layer(row) for row in picked] + [self.layer(x[0])])
+
+
+def test_a_loop_over_no_picked_rows_is_counted_as_none():
+    # Iterating a tensor of no rows is unbind giving no tensor, whose outputs torch 2.13's
+    # draft_export failed to check (ValueError: not enough values to unpack). By hand: only
+    # the last row's layer, 1 x 4 x 8.
+    assert analyze(EachPicked(), (torch.randn(3, 4),)).total.macs == 4 * 8

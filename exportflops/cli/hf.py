@@ -78,7 +78,7 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
 
     session = session_class(model)
     if session is not None:  # a video tracker: one frame of a session it builds from tensors
-        return tracked_frame(model, session, config, device, batch=batch)
+        return tracked_frame(model, session, config, device, batch=batch, seq=seq)
     try:
         args, inputs = hf_inputs(_probe(model, config, device, transformers, whole=whole),
                                  device, batch=batch, seq=seq, config=config)
