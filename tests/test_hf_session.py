@@ -17,6 +17,7 @@ from exportflops import analyze
 from exportflops.cli.hf import hf_model
 from exportflops.cli.hf_session import DetectedFrame, detect_objects, tracked_frame
 from exportflops.errors import ExportError, UsageError
+from exportflops.hints import meta_only
 
 tf = pytest.importorskip("transformers")
 META = torch.device("meta")
@@ -94,10 +95,12 @@ def test_more_objects_than_the_detector_proposes_is_refused_naming_the_most(dete
         detect_objects(frame.model, *args, 200)
 
 
-def test_a_text_prompted_tracker_on_meta_names_cpu():
+def test_a_text_prompted_tracker_on_meta_names_cpu_where_the_command_builds_it_again():
     frame, args, kwargs = hf_model("sam3_video", META, None, layers=1)
-    with pytest.raises(ExportError, match=r"data-dependent.*--device cpu"):
+    with pytest.raises(ExportError, match=r"data-dependent.*--device cpu") as error:
         analyze(frame, args, kwargs)
+    # What the command reads to build an hf: model again on cpu (`analyze_deciding_on_cpu`).
+    assert meta_only(error.value.__cause__) == "it branches on its inputs' values"
 
 
 class Session:
