@@ -91,7 +91,8 @@ def test_a_text_prompted_tracker_is_analyzed_on_a_frame_where_it_finds_batch_obj
 def test_more_objects_than_the_detector_proposes_is_refused_naming_the_most(detected_frame):
     # Sam3 DETR's decoder proposes num_queries = 200 objects a frame.
     frame, args, _ = detected_frame
-    with pytest.raises(UsageError, match=r"proposes 200 objects a frame; pass --batch 199"):
+    with pytest.raises(UsageError, match=r"proposes 200 objects a frame; pass --batch from 1 "
+                                         r"to 199"):
         detect_objects(frame.model, *args, 200)
 
 
