@@ -75,8 +75,10 @@ def _offsets_compared_unguarded() -> Iterator[None]:
     bound. ``torch.where(mask)`` gives the columns of a ``nonzero`` result, one of which starts
     at the count of true values, u0: the check guards ``Ne(u0, 3)``, which makes u0 the
     constant 3 and leaves torch no symbol to bind (``PendingUnbackedSymbolNotFound``). Sizes
-    are compared without a guard by torch itself; here an offset holding a symbol with no
-    value yet is not compared either, the rest of the check runs as it is."""
+    are compared without a guard by torch itself; here an offset holding a symbol not yet
+    bound is not compared either. The rest of the check runs as it is, and so does the whole
+    check of an offset whose symbols are bound (its guard fixes them at the example's values,
+    as torch has it)."""
     from torch._subclasses import fake_utils
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
@@ -88,7 +90,9 @@ def _offsets_compared_unguarded() -> Iterator[None]:
 
     def checked(real_out, fake_out, context="", sizes=True, strides=False,
                 storage_offset=True, requires_grad=True):
-        if not free_unbacked_symbols(fake_out.storage_offset()) or (
+        env = fake_out.fake_mode.shape_env
+        unbound = set(env.pending_fresh_unbacked_symbols) if env is not None else set()
+        if not unbound & free_unbacked_symbols(fake_out.storage_offset()) or (
                 requires_grad and real_out.requires_grad != fake_out.requires_grad):
             return check(real_out, fake_out, context, sizes, strides, storage_offset,
                          requires_grad)
