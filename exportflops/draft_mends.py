@@ -32,15 +32,9 @@ def _parameters_copied() -> Iterator[None]:
     from torch._subclasses import meta_utils
 
     copy = getattr(meta_utils, "_safe_copy", None)
-    if copy is None:
+    with _replaced(meta_utils, "_safe_copy", copy and (lambda dst, src: copy(
+            dst, src.data if isinstance(src, torch.nn.Parameter) else src))):
         yield
-        return
-    meta_utils._safe_copy = lambda dst, src: copy(
-        dst, src.data if isinstance(src, torch.nn.Parameter) else src)
-    try:
-        yield
-    finally:
-        meta_utils._safe_copy = copy
 
 
 @contextlib.contextmanager
@@ -57,15 +51,9 @@ def _signbit_meta_bool() -> Iterator[None]:
     signbit = torch.ops.prims.signbit.default
     meta = getattr(signbit, "prim_meta_impl", None)
     elementwise = getattr(_prims, "_prim_elementwise_meta", None)
-    if meta is None or elementwise is None:
+    with _replaced(signbit, "prim_meta_impl", meta and elementwise and functools.partial(
+            elementwise, type_promotion=_prims.ELEMENTWISE_PRIM_TYPE_PROMOTION_KIND.ALWAYS_BOOL)):
         yield
-        return
-    signbit.prim_meta_impl = functools.partial(
-        elementwise, type_promotion=_prims.ELEMENTWISE_PRIM_TYPE_PROMOTION_KIND.ALWAYS_BOOL)
-    try:
-        yield
-    finally:
-        signbit.prim_meta_impl = meta
 
 
 @contextlib.contextmanager
@@ -84,9 +72,6 @@ def _offsets_compared_unguarded() -> Iterator[None]:
 
     check = getattr(fake_utils, "_check_fake_real_tensors", None)
     compare = getattr(torch._prims.utils, "compare_tensor_meta", None)
-    if check is None or compare is None:
-        yield
-        return
 
     def checked(real_out, fake_out, context="", sizes=True, strides=False,
                 storage_offset=True, requires_grad=True):
@@ -99,11 +84,8 @@ def _offsets_compared_unguarded() -> Iterator[None]:
         return compare(real_out, fake_out, check_sizes=sizes, check_strides=strides,
                        allow_rhs_unbacked=True)
 
-    fake_utils._check_fake_real_tensors = checked
-    try:
+    with _replaced(fake_utils, "_check_fake_real_tensors", check and compare and checked):
         yield
-    finally:
-        fake_utils._check_fake_real_tensors = check
 
 
 @contextlib.contextmanager
@@ -116,17 +98,27 @@ def _empty_outputs_unchecked() -> Iterator[None]:
     from torch.utils import _pytree as pytree
 
     check = getattr(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", None)
-    if check is None:
-        yield
-        return
 
     def checked(self, func, fake_in, real_in, fake_out, real_out):
         if not pytree.tree_leaves(fake_out):
             return fake_out
         return check(self, func, fake_in, real_in, fake_out, real_out)
 
-    FakeTensorMode._maybe_infer_fake_kernel_from_pytree_out = checked
+    with _replaced(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out",
+                   check and checked):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner, name: str, mended) -> Iterator[None]:
+    """``owner.name`` is ``mended`` inside, as it was after; left alone where ``mended`` is
+    falsy (a torch without the function a mend replaces)."""
+    if not mended:
+        yield
+        return
+    kept = getattr(owner, name)
+    setattr(owner, name, mended)
     try:
         yield
     finally:
-        FakeTensorMode._maybe_infer_fake_kernel_from_pytree_out = check
+        setattr(owner, name, kept)
