@@ -29,6 +29,7 @@ _HOMES = {
     "FormulaError": "errors",
     "InputError": "errors",
     "UsageError": "errors",
+    "TorchFeatureError": "errors",
     "BuildError": "errors",
     "ProfileError": "errors",
     "UncountedOpError": "errors",

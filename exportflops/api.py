@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
 import torch
-import torch.utils._pytree as pytree
 
 from .aggregate import build_report
 from .attribution import module_tree, program_parameters
@@ -25,6 +24,7 @@ from .names import qualified_name
 from .progress import Progress, showing, stage
 from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .symbolic import parse_count
+from .torch_internals import pytree
 from .version import __version__
 from .walk import read_graph
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 from torch.export.graph_signature import OutputKind
 
 from .replay import Tracer
+from .torch_internals import HigherOrderOperator, OpOverload, pytree
 from .walk import RUN_ONCE, GraphRead, NodeCall, op_name, subgraphs
 
 
@@ -137,14 +137,14 @@ class _Flow:
         """Autograd decides: ``detach``, comparisons, ``argmax``, ``zeros_like``... return
         outputs that need no gradient. An op that cannot be replayed is assumed to pass one on
         from every floating output (its backward is then reported untraced)."""
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        if isinstance(node.target, HigherOrderOperator):
             return self._wrapper_outputs(node, autocast)
         if self._in_custom_function(node):
             # Autograd never sees these ops: the Function's outputs need a gradient when any of
             # its inputs does, whatever runs between (a straight-through estimator's comparison).
             val = node.meta.get("val")
             return frozenset(range(len(val))) if isinstance(val, (list, tuple)) else frozenset({0})
-        if isinstance(node.target, torch._ops.OpOverload):
+        if isinstance(node.target, OpOverload):
             try:
                 return self.tracer.outputs_needing(node, self._grad_positions(node), autocast)
             except Exception:  # any op may refuse a fake replay; its backward says why
@@ -256,9 +256,9 @@ class _Flow:
         outputs = self.receives.get(node)
         if outputs is None:
             return []
-        if isinstance(node.target, torch._ops.HigherOrderOperator):
+        if isinstance(node.target, HigherOrderOperator):
             return self._wrapper_backward(call)
-        if not isinstance(node.target, torch._ops.OpOverload):
+        if not isinstance(node.target, OpOverload):
             return []
         if self._in_custom_function(node):
             return [BackwardOps(call, [], custom_function_reason(call.autograd_function))]
@@ -290,7 +290,7 @@ class _Flow:
 
 
 def _grad_off(node: torch.fx.Node) -> bool:
-    return (isinstance(node.target, torch._ops.HigherOrderOperator)
+    return (isinstance(node.target, HigherOrderOperator)
             and node.target.name() == "wrap_with_set_grad_enabled" and node.args[0] is False)
 
 

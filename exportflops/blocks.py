@@ -34,11 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .names import ancestors
 from .quiet import quiet_fake_tensor_log
+from .torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
 #: Leaves compared by value; any other object as an input or output makes a call unique.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
@@ -107,7 +106,7 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
             # 2.13: "Attempted to inline function marked as skipped"); dropping dynamo's
             # caches restores it. Such a model is traced in full, as is one the pass fails on
             # (while_loop fails inside dynamo, before this mode sees it).
-            torch._dynamo.reset()
+            require("dynamo_reset")()
     if ops.higher_order:
         return Plan()
     return _choose(model, owners, trace)
@@ -127,7 +126,7 @@ def _cheap_mode(model: torch.nn.Module, args: tuple, kwargs: dict):
                *(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))]
     if all(t.device.type == "meta" for t in tensors):
         return contextlib.nullcontext()
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .torch_internals import FakeTensorMode
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
@@ -221,7 +220,7 @@ class _Ops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if isinstance(func, torch._ops.HigherOrderOperator):
+        if isinstance(func, HigherOrderOperator):
             self.higher_order = True
             self.events.append((func, object()))
             return func(*args, **kwargs)

@@ -16,15 +16,14 @@ from typing import Any
 
 import sympy
 import torch
-import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensor
 
 from .draft_mends import values_propagated
 from .errors import ExportError, InputError
 from .hints import data_dependent, first_lines, hint, undecided_hint
 from .placement import check_inputs, flat_inputs, input_name
-from .quiet import quiet, quiet_fake_tensor_log
+from .quiet import quiet, quiet_capture_log, quiet_fake_tensor_log
 from .saved import load
+from .torch_internals import FakeTensor, pytree, require
 from .walk import shape_env
 
 
@@ -85,7 +84,7 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     # then decide the branches that graph is no news, else it is passed on.
     printed = io.StringIO()
     try:
-        with _exporting(forward_only, dynamic_shapes), \
+        with _exporting(forward_only, dynamic_shapes), quiet_capture_log(), \
                 contextlib.redirect_stderr(printed) if by_values else contextlib.nullcontext():
             program = torch.export.export(target, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:  # torch raises many types; all become one error with a hint
@@ -110,7 +109,7 @@ def by_example(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes
 def value_sizes(graph: torch.fx.GraphModule) -> set:
     """The sizes of tensors in ``graph``, or in a subgraph of it (a ``no_grad`` or autocast
     region, a ``torch.cond`` branch), read from a tensor's values: its unbacked symbols."""
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    from .torch_internals import free_unbacked_symbols
 
     return {symbol for module in graph.modules() if isinstance(module, torch.fx.GraphModule)
             for node in module.graph.nodes for leaf in pytree.tree_leaves(node.meta.get("val"))
@@ -261,7 +260,7 @@ def _draft_log_in_a_temporary_folder() -> Iterator[None]:
     """draft_export writes torch's structured trace to a file per call, under the temporary
     folder unless ``TORCH_DTRACE`` names one: here a folder removed afterwards, unless the user
     named one."""
-    from torch._logging._internal import DTRACE_ENV_VAR
+    DTRACE_ENV_VAR = require("dtrace_env_var")
 
     before = os.environ.get(DTRACE_ENV_VAR)
     if before is not None:  # the user's own folder for torch's traces
@@ -286,8 +285,7 @@ def _lazy_graph_code():
     """Graph modules that generate their Python code when first run, not at every graph edit:
     export's passes recompile the graph a dozen times (a few hundred ms on a large model) and
     counting never runs it."""
-    from torch.fx._lazy_graph_module import _use_lazy_graph_module
-    return _use_lazy_graph_module(True)
+    return require("use_lazy_graph_module")(True)
 
 
 def _fake_dispatch_cache(enabled: bool):
@@ -295,7 +293,7 @@ def _fake_dispatch_cache(enabled: bool):
     entries (keyed and checked on symbolic sizes) cost more than they save, a third of the
     export of a GPT-2 block with a dynamic length (`benchmarks/sweep.py`); with static sizes
     it saves a sixth of a Llama-70B export."""
-    return torch._dynamo.config.patch(fake_tensor_cache_enabled=enabled)
+    return require("dynamo_config").patch(fake_tensor_cache_enabled=enabled)
 
 
 @contextlib.contextmanager

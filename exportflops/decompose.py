@@ -19,24 +19,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
-from torch._decomp import decomposition_table
 
 from .formulas.registry import FormulaTable
 from .opcall import OpCall, TensorMeta
 from .records import Counts
 from .replay import Recorder, _fresh, _layout, fake_replay
+from .torch_internals import (
+    OpOverload, decomposition_table, dispatch_has_kernel, dispatch_has_kernel_for_dispatch_key,
+    pytree,
+)
 from .walk import NodeCall, op_name
 
 
 def decomposition(op: Any) -> Any:
     """The function torch decomposes ``op`` with, or None: its CompositeImplicitAutograd kernel,
     else its ``torch._decomp`` entry."""
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, OpOverload):
         return None
     # TorchScript's prim ops (prim::device) are not in the dispatcher: no kernel to ask about.
-    if (torch._C._dispatch_has_kernel(op.name())
-            and torch._C._dispatch_has_kernel_for_dispatch_key(op.name(),
+    if (dispatch_has_kernel(op.name())
+            and dispatch_has_kernel_for_dispatch_key(op.name(),
                                                                "CompositeImplicitAutograd")):
         return op.decompose
     return decomposition_table.get(op)

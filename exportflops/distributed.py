@@ -28,7 +28,9 @@ from .errors import DistributedError, ExportError
 from .formulas.collectives import KINDS, NAMESPACES, message_bytes
 from .formulas.registry import FormulaTable
 from .names import qualified_name
+from .quiet import quiet_capture_log
 from .records import Collective, Report, TensorSpec
+from .torch_internals import OpOverload, require
 from .version import __version__
 from .walk import NodeCall, read_graph
 
@@ -44,7 +46,7 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
         raise ValueError(f"rank must be in 0..{world_size - 1}, got {rank!r}")
     import torch.distributed as dist
     # torch's fake backend registers itself with torch.distributed on this import.
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    FakeStore = require("fake_store")
 
     if dist.is_initialized():
         raise DistributedError(
@@ -111,18 +113,19 @@ def _joint_graph(model: torch.nn.Module, args: tuple,
                  kwargs: dict) -> Iterator[torch.fx.Graph]:
     """The joint forward + backward ATen graph of this rank, traced on fake tensors; open
     while the caller reads it (its tensors belong to the trace's fake mode)."""
-    from torch._dynamo.functional_export import dynamo_graph_capture_for_export
-    from torch._functorch.aot_autograd import aot_export_joint_with_descriptors
-    from torch._guards import tracing
+    from .torch_internals import dynamo_graph_capture_for_export
+    from .torch_internals import aot_export_joint_with_descriptors
+    from .torch_internals import tracing
 
     stack = contextlib.ExitStack()
     with stack:
+        stack.enter_context(quiet_capture_log())
         try:
             # Tracing runs the forward on fake tensors: the caller's random stream stays as it
             # was. Sizes stay the inputs' (dynamo makes a size it saw change symbolic).
             with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
                     fx_traceback.preserve_node_meta(), \
-                    torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+                    require("dynamo_config").patch(automatic_dynamic_shapes=False):
                 captured = dynamo_graph_capture_for_export(model)(*args, **kwargs)
             stack.enter_context(tracing(captured.meta.get("tracing_context")))
             stack.enter_context(torch.enable_grad())
@@ -168,7 +171,7 @@ def _phase(call: NodeCall) -> str:
 
 def _kind(call: NodeCall):
     op = call.op
-    if isinstance(op, torch._ops.OpOverload) and op.namespace in NAMESPACES:
+    if isinstance(op, OpOverload) and op.namespace in NAMESPACES:
         return KINDS.get(op._opname)
     return None
 

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 
 import torch
 
+from .torch_internals import FakeTensorMode, free_unbacked_symbols, pytree, require
+
 
 @contextlib.contextmanager
 def values_propagated() -> Iterator[None]:
@@ -29,8 +31,7 @@ def _parameters_copied() -> Iterator[None]:
     ``nn.Parameter`` is left as uninitialized memory, and each branch on a value computed from
     the weights (a logits check, a router) is decided on garbage. Here a parameter's values
     are copied from its plain-tensor ``.data``."""
-    from torch._subclasses import meta_utils
-
+    meta_utils = require("meta_utils")
     copy = getattr(meta_utils, "_safe_copy", None)
     with _replaced(meta_utils, "_safe_copy", copy and (lambda dst, src: copy(
             dst, src.data if isinstance(src, torch.nn.Parameter) else src))):
@@ -67,11 +68,9 @@ def _offsets_compared_unguarded() -> Iterator[None]:
     bound is not compared either. The rest of the check runs as it is, and so does the whole
     check of an offset whose symbols are bound (its guard fixes them at the example's values,
     as torch has it)."""
-    from torch._subclasses import fake_utils
-    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
+    fake_utils = require("fake_utils")
     check = getattr(fake_utils, "_check_fake_real_tensors", None)
-    compare = getattr(torch._prims.utils, "compare_tensor_meta", None)
+    compare = require("compare_tensor_meta")
 
     def checked(real_out, fake_out, context="", sizes=True, strides=False,
                 storage_offset=True, requires_grad=True):
@@ -94,8 +93,6 @@ def _empty_outputs_unchecked() -> Iterator[None]:
     for an op with no output tensor (``ValueError: not enough values to unpack``): iterating a
     tensor of no rows (``for mask in masks``, transformers' SAM3-Video over its tracked objects
     before any) is ``unbind`` giving an empty list. Such an output has nothing to check."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils import _pytree as pytree
 
     check = getattr(FakeTensorMode, "_maybe_infer_fake_kernel_from_pytree_out", None)
 

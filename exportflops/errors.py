@@ -7,6 +7,20 @@ class ExportFlopsError(Exception):
     """Base class of every error raised by exportflops."""
 
 
+class TorchFeatureError(ExportFlopsError):
+    """The installed torch lacks a private API an analysis needs (torch moves them between
+    releases): names the feature, the analysis, and the releases the suite runs on."""
+
+    def __init__(self, feature: str, path: str, needed_by: str, version: str,
+                 tested: tuple[str, ...]) -> None:
+        self.feature, self.path, self.needed_by = feature, path, needed_by
+        super().__init__(
+            f"{needed_by} needs {path} ({feature}), which torch {version} does not have. "
+            f"torch {', '.join(tested)} have it (the releases exportflops is tested on): "
+            f"install one of them, e.g. pip install torch=={tested[-1]}."
+        )
+
+
 class ExportError(ExportFlopsError):
     """``torch.export`` could not capture the model.
 

@@ -19,12 +19,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
 from .capture import Captured, buffers_kept, by_example, capture, value_sizes
 from .records import NodeRecord
 from .stacks import ModuleFrame
+from .torch_internals import pytree
 from .walk import NodeCall
 
 

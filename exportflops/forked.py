@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch
-import torch.utils._pytree as pytree
 
 from .progress import quiet
+from .torch_internals import pytree
 
 T = TypeVar("T")
 

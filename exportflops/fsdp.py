@@ -28,6 +28,8 @@ import torch.fx
 import torch.fx.traceback as fx_traceback
 
 from .errors import DistributedError
+from .quiet import quiet_capture_log
+from .torch_internals import get_sequence_nr, pytree
 
 
 def has_fsdp(model: torch.nn.Module) -> bool:
@@ -40,8 +42,7 @@ def has_fsdp(model: torch.nn.Module) -> bool:
 def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
                train: bool) -> Iterator[torch.fx.Graph]:
     """The graph of one forward (and in train mode its backward) of this rank."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.experimental.proxy_tensor import make_fx
+    from .torch_internals import detect_fake_mode, make_fx
 
     fake = detect_fake_mode(_local_tensors(model, args, kwargs))
     if fake is None:
@@ -54,7 +55,7 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
     def step(*flat):
         out = model(*flat[:len(args)], **dict(zip(kwargs, flat[len(args):])))
         if train:
-            outs = [o for o in torch.utils._pytree.tree_leaves(out)
+            outs = [o for o in pytree.tree_leaves(out)
                     if isinstance(o, torch.Tensor) and o.requires_grad]
             _backward_stacks(outs, spans)
             fx_traceback.current_meta["partitioner_tag"] = "is_backward"
@@ -63,7 +64,7 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
         return out
 
     with fake, fx_traceback.preserve_node_meta(), _module_stacks(model, spans), \
-            torch.enable_grad() if train else torch.no_grad():
+            quiet_capture_log(), torch.enable_grad() if train else torch.no_grad():
         try:
             graph = make_fx(step)(*args, *kwargs.values()).graph
         except DistributedError:
@@ -139,13 +140,13 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
         def hook(*_):
             stack.append((f"L__self___{path.replace('.', '_')}", (path, type(module))))
             fx_traceback.current_meta["nn_module_stack"] = dict(stack)
-            starts.append(torch.autograd._get_sequence_nr())
+            starts.append(get_sequence_nr())
         return hook
 
     def leave(module, inputs, output):
         frames = dict(stack)
-        spans.append((starts.pop(), torch.autograd._get_sequence_nr(), frames))
-        for tensor in torch.utils._pytree.tree_leaves(output):
+        spans.append((starts.pop(), get_sequence_nr(), frames))
+        for tensor in pytree.tree_leaves(output):
             if isinstance(tensor, torch.Tensor) and tensor.grad_fn is not None:
                 tensor.register_hook(lambda grad, frames=frames: _set_stack(frames))
         stack.pop()

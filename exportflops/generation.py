@@ -34,6 +34,7 @@ from .program_edits import name_input_sizes
 from .quiet import quiet_fake_tensor_log
 from .records import Counts, Report
 from .records.generation import PAST, GenerationReport, request_total
+from .torch_internals import pytree, require
 
 #: The options of `analyze` that `analyze_generation` passes on to both analyses.
 _ANALYZE_OPTIONS = ("strict", "formulas")
@@ -162,7 +163,7 @@ def _check_features(model: Any, features: Any, cache: str) -> tuple[int, int]:
                          f"makes them, e.g. torch.zeros(1, 80, 3000, device='meta') for "
                          f"Whisper.")
     _check_hf_cache(model, cache)
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .torch_internals import FakeTensorMode
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
@@ -182,15 +183,15 @@ def dynamic_cache_pytree() -> Iterator[None]:
     from transformers import DynamicCache
     from transformers.integrations.executorch import register_dynamic_cache_export_support
 
-    if DynamicCache in torch.utils._pytree.SUPPORTED_NODES:
+    if DynamicCache in pytree.SUPPORTED_NODES:
         yield
         return
     register_dynamic_cache_export_support()
     try:
         yield
     finally:
-        torch.utils._pytree._deregister_pytree_node(DynamicCache)
-        torch.fx._pytree._deregister_pytree_flatten_spec(DynamicCache)
+        pytree._deregister_pytree_node(DynamicCache)
+        require("fx_pytree")._deregister_pytree_flatten_spec(DynamicCache)
 
 
 def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
@@ -275,7 +276,7 @@ def _cache_layout(model, input_ids: torch.Tensor) -> list[tuple[tuple, torch.dty
     one-token prefill: run on fake tensors, or, where the model cannot run eagerly on fake
     tensors (a grouped-matmul MoE wants bf16 on cpu), read from that prefill's export (the
     path transformers takes under export). Needs `dynamic_cache_pytree`."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from .torch_internals import FakeTensorMode
     from transformers import DynamicCache
 
     inputs = {"input_ids": input_ids[:, :1], "use_cache": True}
@@ -305,7 +306,7 @@ def _exported_cache(model, inputs: dict):
     outputs = next(node for node in program.graph.nodes if node.op == "output").args[0]
     values = [torch.empty(node.meta["val"].shape, dtype=node.meta["val"].dtype, device="meta")
               if isinstance(node, torch.fx.Node) else node for node in outputs]
-    return returned_cache(torch.utils._pytree.tree_unflatten(values, program.call_spec.out_spec))
+    return returned_cache(pytree.tree_unflatten(values, program.call_spec.out_spec))
 
 
 def _static(model, input_ids: torch.Tensor, max_cache_len: int,

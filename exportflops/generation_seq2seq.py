@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .api import count_captured
 from .cache_names import cache_argument, returned_cache
@@ -26,6 +25,7 @@ from .records import Counts, Report
 from .records.generation import PAST
 from .symbolic import size_symbol
 from .program_edits import drop_cache_rebuild, name_input_sizes
+from .torch_internals import FakeTensorMode
 
 
 class _Prefill(torch.nn.Module):

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
+
+from .torch_internals import pytree
 
 #: The words of torch's errors for a branch on a tensor's value that shapes cannot decide.
 DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")

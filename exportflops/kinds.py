@@ -16,10 +16,10 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind
 
 from .opcall import STATE, WEIGHT, bind_schema
+from .torch_internals import pytree
 
 _WEIGHTS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 _MUTATIONS = (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION,

@@ -13,10 +13,10 @@ from collections import defaultdict
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from .errors import ProfileError
 from .records import Report
+from .torch_internals import pytree
 
 
 def wanted_device(device: str | torch.device | None) -> torch.device | None:

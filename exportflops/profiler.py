@@ -10,7 +10,6 @@ import warnings
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
 from .attribution import extra_reprs
 from .errors import ProfileError
@@ -18,6 +17,7 @@ from .placement import wanted_device
 from .records import Report
 from .render import flops_report
 from .runtime import NOT_GIVEN, check_iterations, check_peak_argument, profile
+from .torch_internals import pytree
 
 
 class FlopsProfiler:

@@ -28,3 +28,12 @@ def quiet_fake_tensor_log() -> contextlib.AbstractContextManager:
     fall back to the full export, a backward op's record), so the log line would say it
     twice."""
     return quiet(logging.CRITICAL, "torch._subclasses.fake_tensor")
+
+
+def quiet_capture_log() -> contextlib.AbstractContextManager:
+    """What torch logs while a capture fails or falls back: the shape environment's warnings
+    ("Unable to find user code corresponding to {u0}" before a branch on a value) and fake
+    tensors' failing ops. The failure reaches the caller as an `ExportError` with torch's
+    message, or the values decide the branch and the report lists the decision."""
+    return quiet(logging.CRITICAL, "torch._subclasses.fake_tensor",
+                 "torch.fx.experimental.symbolic_shapes")

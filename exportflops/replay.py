@@ -15,16 +15,14 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
-from torch._dispatch.python import enable_python_dispatcher
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .opcall import ACTIVATION, OpCall
 from .quiet import quiet_fake_tensor_log
 from .symbolic import parse_count
+from .torch_internals import (
+    enable_python_dispatcher, FakeTensorMode, free_unbacked_symbols, pytree, TorchDispatchMode,
+)
 from .walk import op_call
 
 

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils._pytree as pytree
 
 from . import devices, measured, timing
 from .api import analyze, count_captured
@@ -44,6 +43,7 @@ from .placement import (check_counted_inputs, check_inputs, check_runnable, devi
                         flat_inputs, wanted_device)
 from .records import Report
 from .saved import load
+from .torch_internals import pytree
 from .walk import op_name
 
 
@@ -253,7 +253,6 @@ def _check_concrete(report: Report) -> None:
             f"profile(report.evaluate(name=size, ...), args, program=program), or export "
             f"without dynamic_shapes."
         )
-
 
 
 # --- the runs ----------------------------------------------------------------------------------

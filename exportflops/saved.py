@@ -11,6 +11,7 @@ import zipfile
 import torch
 
 from .hints import first_lines
+from .torch_internals import require
 
 
 def load(path: str | os.PathLike) -> torch.export.ExportedProgram:
@@ -65,7 +66,7 @@ class _LogRecords(logging.Handler):
 
 def _version_mismatch(path: str | os.PathLike) -> str | None:
     """What differs between the archive's versions and this torch's, or None."""
-    from torch._export.serde.schema import SCHEMA_VERSION
+    SCHEMA_VERSION = require("export_schema_version")
     try:
         with zipfile.ZipFile(path) as archive:
             saved = {name.rpartition("/")[2]: archive.read(name) for name in archive.namelist()

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 import torch.fx
-from torch._functorch import predispatch
+
+from .torch_internals import predispatch
 
 
 class VmapLevels:

@@ -16,12 +16,12 @@ from typing import Any
 import sympy
 import torch
 import torch.fx
-from torch.utils._sympy.numbers import int_oo
 
 from .kinds import subgraph_kinds, tensor_kinds
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
 from .stacks import Stack, invoked_stacks, module_stack
 from .symbolic import size_symbol
+from .torch_internals import HigherOrderOperator, int_oo, OpOverload
 from .vmap import VmapLevels
 
 #: Higher-order ops that run their subgraph exactly once per call (grad mode, autocast,
@@ -172,7 +172,7 @@ def _function_forwards() -> dict[tuple[str, int], str]:
 
 def subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:
     """The subgraphs a control-flow op runs."""
-    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+    if not isinstance(node.target, HigherOrderOperator):
         return
     owner = node.graph.owning_module
     for arg in node.args:
@@ -186,7 +186,7 @@ def _iterations(node: torch.fx.Node, renames: dict) -> Any:
     """Runs of each subgraph per call: 1 for wrappers and for each branch of a cond (both are
     counted); a map or scan body once per slice of its inputs; flex attention's score_mod once
     per score; while_loop and any other: unknown at export time (None)."""
-    if not isinstance(node.target, torch._ops.HigherOrderOperator):
+    if not isinstance(node.target, HigherOrderOperator):
         return 1
     name = node.target.name()
     if name == "cond" or name in RUN_ONCE:
@@ -203,10 +203,10 @@ def _iterations(node: torch.fx.Node, renames: dict) -> Any:
 
 def op_name(target: Any) -> str:
     """``aten.mm.default`` for an OpOverload, ``getitem`` for a Python function."""
-    if isinstance(target, torch._ops.OpOverload):
+    if isinstance(target, OpOverload):
         namespace = target.namespace
         return f"{namespace}.{target._opname}.{target._overloadname}"
-    if isinstance(target, torch._ops.HigherOrderOperator):
+    if isinstance(target, HigherOrderOperator):
         return f"higher_order.{target.name()}"
     return getattr(target, "__name__", str(target))
 

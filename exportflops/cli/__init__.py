@@ -22,12 +22,18 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..errors import BuildError, ExportError, MissingExtraError, UsageError
-from ..progress import Progress, showing, stage
-from .hf import analyze_deciding_on_cpu, missed_input, raised_by
-from .memory import free_bytes, memory_capped, out_of_memory
-from .options import check, parser
-from .targets import build_target, device_named, hf_options
+# torch warns on import where numpy is missing ("Failed to initialize NumPy"): the command uses
+# no numpy, so the warning would be the only thing on stderr. Scoped to the import.
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    import torch  # noqa: F401
+
+from ..errors import BuildError, ExportError, MissingExtraError, UsageError  # noqa: E402
+from ..progress import Progress, showing, stage  # noqa: E402
+from .hf import analyze_deciding_on_cpu, missed_input, raised_by  # noqa: E402
+from .memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
+from .options import check, parser  # noqa: E402
+from .targets import build_target, device_named, hf_options  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

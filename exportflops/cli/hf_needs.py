@@ -132,9 +132,9 @@ def fake_error(model, args: tuple, kwargs: dict[str, Any], *,
     real, a real run goes on to the next input forward reads while None (`none_reads`), and
     that is the error; only the search for such inputs asks, for a real run costs a forward
     and its values can fail where export would not (LightGlue's keypoints)."""
-    from torch._subclasses.fake_tensor import (DataDependentOutputException,
-                                               DynamicOutputShapeException)
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+    from ..torch_internals import (
+        DataDependentOutputException, DynamicOutputShapeException, GuardOnDataDependentSymNode,
+    )
 
     from ..capture import all_real
 
@@ -161,12 +161,12 @@ def _real_error(model, args: tuple, kwargs: dict[str, Any]) -> Exception | None:
     """What ``model``'s forward raises on the real inputs, or None, in torch's exporting state
     as in `fake_forward`; its buffers and the random state left as they were."""
     import torch
-    from torch._export.utils import _compiling_state_context
 
     from ..capture import run_kept
+    from ..torch_internals import compiling_state_context
 
     try:
-        with torch.no_grad(), _compiling_state_context(), run_kept(model, args, kwargs):
+        with torch.no_grad(), compiling_state_context(), run_kept(model, args, kwargs):
             model(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - the caller reads it
         return error
@@ -180,12 +180,10 @@ def fake_forward():
     after them; and in torch's own exporting state, in which transformers makes no default
     masks (LongT5 builds an attention_mask of ones unless torch.compiler.is_compiling())."""
     import torch
-    from torch._export.utils import _compiling_state_context
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
     from ..quiet import quiet_fake_tensor_log
+    from ..torch_internals import FakeTensorMode, ShapeEnv, compiling_state_context
 
     fake = FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv())
-    with torch.no_grad(), quiet_fake_tensor_log(), _compiling_state_context(), fake:
+    with torch.no_grad(), quiet_fake_tensor_log(), compiling_state_context(), fake:
         yield

@@ -110,7 +110,7 @@ def atoms(config, device, *, batch: int, steps: int):
     import dataclasses
 
     import torch
-    import torch.utils._pytree as pytree
+    from ..torch_internals import pytree
 
     holder = next((c for c in vars(modeling_module(config) or object).values()
                    if isinstance(c, type) and dataclasses.is_dataclass(c)

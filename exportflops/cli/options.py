@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..errors import UsageError
-from ..version import __version__
+from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
 # The command prints less than flops_report's DEFAULT_VIEWS (which add top): its --help and
@@ -158,7 +158,9 @@ def parser() -> argparse.ArgumentParser:
                         help="trace every block (analyze(fast=False)) instead of tracing each "
                              "repeated block once and copying its counts; the same report")
     parser.add_argument("--debug", action="store_true", help="print tracebacks")
-    parser.add_argument("--version", action="version", version=f"exportflops {__version__}")
+    parser.add_argument("--version", action="version", version=versions_text(),
+                        help="print the versions of exportflops, torch and transformers, "
+                             "and whether the suite runs on this torch")
     return parser
 
 

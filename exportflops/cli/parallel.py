@@ -59,7 +59,7 @@ def _fake_tensors(fsdp: int | None):
     if fsdp is None:
         yield torch.device("meta")
         return
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from ..torch_internals import FakeTensorMode
 
     with FakeTensorMode():
         yield torch.device("cpu")

@@ -132,7 +132,7 @@ def _zeros(sizes: list[int], dtype, device):
 
 def _call_factory(factory, device) -> tuple[Any, Any]:
     import torch
-    import torch.utils._pytree as pytree
+    from ..torch_internals import pytree
 
     takes_device = _accepts(factory, "device")
     try:

@@ -17,9 +17,7 @@ import torch
 from ..errors import FormulaError
 from .norm import STATS_FLOPS
 from .reduce import SOFTMAX_FLOPS_PER_ELEMENT
-from .registry import FLOPS_PER_MAC, Cost, OpCall, TensorMeta, register_formula
-
-aten = torch.ops.aten
+from .registry import FLOPS_PER_MAC, Cost, OpCall, TensorMeta, register_formula, aten
 
 
 def attention_work(heads, q_len, kv_len, qk_dim, v_dim, *, masked: bool, causal: bool,

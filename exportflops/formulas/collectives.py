@@ -100,10 +100,18 @@ FORMULAS.register_zero(
     moves="nothing",
 )
 FORMULAS.register_zero(
-    ["fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat"],
+    # torch 2.15 copies gradients in with chunk_cat_mixed_dtype, which casts each gradient to
+    # the buffer's dtype as it copies (a cast is a copy here, as aten._to_copy is).
+    ["fsdp::all_gather_copy_in", "fsdp::split_with_sizes_copy", "fsdp::chunk_cat",
+     "fsdp::chunk_cat_mixed_dtype"],
     "FSDP2's copies of parameter shards into the all-gather buffer, of the gathered buffer out "
     "to the parameters, of gradients into the reduce-scatter buffer: no arithmetic",
     moves="copy",
+)
+FORMULAS.register_zero(
+    ["fsdp::record_grad_output_stream"],
+    "FSDP2 (torch 2.15) marks a gradient buffer as used by a stream: bookkeeping, no data moved",
+    moves="nothing",
 )
 FORMULAS.register_zero(
     ["profiler::_record_function_enter_new", "profiler::_record_function_exit"],

@@ -5,10 +5,10 @@ inside as its own node (see walk._iterations for how often each runs)."""
 from __future__ import annotations
 
 import torch
-from torch._ops import _higher_order_ops
 
 from ..walk import CONTROL_FLOW
 from .registry import FORMULAS, Cost, OpCall, register_formula
+from ..torch_internals import higher_order_ops as _higher_order_ops
 
 FORMULAS.register_zero(
     [getattr(torch.ops.higher_order, name) for name in sorted(CONTROL_FLOW)

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from .matmul import contraction
-from .registry import Cost, OpCall, register_formula
-
-aten = torch.ops.aten
+from .registry import Cost, OpCall, register_formula, aten
 
 
 def _convolution_cost(call: OpCall, transposed: bool) -> Cost:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import torch
 
 from ..opcall import bytes_by_kind
-from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula
+from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula, aten
 
-aten = torch.ops.aten
 
 #: EmbeddingBag's ``mode`` argument: 0 sum, 1 mean, 2 max (torch.nn.functional.embedding_bag).
 MEAN, MAX = 1, 2

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from .attention import _nonzero, attention_dims, causal_pairs, kernel_is_causal
 from .embedding import MAX, MEAN
 from .interpolate import NEIGHBOURS, antialiased_weights
 from .matmul import contraction
 from .pointwise import per_output_element
-from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula
+from .registry import FLOPS_PER_MAC, FORMULAS, Cost, OpCall, register_formula, aten
 
-aten = torch.ops.aten
 
 #: FLOPs per gradient element: the local derivative (from the saved input or output) times the
 #: incoming gradient.

@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import math
 
-import torch
 
-from .registry import Cost, OpCall, Size, register_formula
-
-aten = torch.ops.aten
+from .registry import Cost, OpCall, Size, register_formula, aten
 
 
 #: Input positions each output element of a resize blends: ``2**d`` for linear over ``d`` dims,

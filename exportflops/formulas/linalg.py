@@ -46,13 +46,10 @@ import math
 
 import sympy
 
-import torch
 
 from .matmul import contraction
 from .pointwise import COMPLEX_FLOPS_PER_OUTPUT_ELEMENT, REAL_PARTS_PER_COMPLEX
-from .registry import FORMULAS, Cost, OpCall, TensorMeta, aten_ops, register_formula
-
-aten = torch.ops.aten
+from .registry import FORMULAS, Cost, OpCall, TensorMeta, aten_ops, register_formula, aten
 
 
 #: Real FLOPs of one complex divide: pointwise.py's count (11).

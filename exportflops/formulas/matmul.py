@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from ..errors import FormulaError
-from .registry import FLOPS_PER_MAC, Cost, OpCall, register_formula
-
-aten = torch.ops.aten
+from .registry import FLOPS_PER_MAC, Cost, OpCall, register_formula, aten
 
 
 #: Real MACs per complex MAC: (a+bi)(c+di) accumulated is 4 real multiplies and 4 real adds

@@ -7,11 +7,9 @@ negligible and not counted. An affine weight adds 1 per element, a bias 1 more.
 
 from __future__ import annotations
 
-import torch
 
-from .registry import Cost, OpCall, register_formula
+from .registry import Cost, OpCall, register_formula, aten
 
-aten = torch.ops.aten
 
 STATS_FLOPS = 5
 #: Normalizing with stored statistics: subtract the running mean (1), multiply by rstd (1).

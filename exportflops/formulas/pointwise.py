@@ -7,11 +7,9 @@ entries above 1 are compositions of such operations, named in their comment.
 
 from __future__ import annotations
 
-import torch
 
-from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula
+from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula, aten
 
-aten = torch.ops.aten
 
 FLOPS_PER_OUTPUT_ELEMENT: dict[str, int] = {
     # arithmetic

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 
 from ..errors import FormulaError
-from .registry import Cost, OpCall, register_formula
-
-aten = torch.ops.aten
+from .registry import Cost, OpCall, register_formula, aten
 
 
 def _kernel_elements(call: OpCall, spatial_dims: int):

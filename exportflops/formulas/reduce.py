@@ -5,11 +5,9 @@ from __future__ import annotations
 import math
 
 import sympy
-import torch
 
-from .registry import Cost, OpCall, aten_ops, register_formula
+from .registry import Cost, OpCall, aten_ops, register_formula, aten
 
-aten = torch.ops.aten
 
 #: max (1) + subtract (1) + exp (1) + sum (1) + divide (1), per element: the ops softmax
 #: decomposes into (torch._decomp's _softmax), so a fused softmax and its decomposition agree.

@@ -12,20 +12,56 @@ from typing import Any, Union
 
 import torch
 
-from ..errors import DuplicateFormulaError, FormulaError, InvalidFormulaError
+from ..errors import DuplicateFormulaError, InvalidFormulaError
 from ..opcall import OpCall, Size, TensorMeta  # noqa: F401  (formula files import them here)
 from ..records import FLOPS_PER_MAC, Counts  # noqa: F401
 from ..records.base import READ_FIELDS
+from ..torch_internals import OpOverload, OpOverloadPacket
 
 #: The note of an op counted neither by a formula nor through a decomposition.
 NO_FORMULA = "no formula"
+
+
+class AbsentOp:
+    """An op the formula files name that the running torch does not define (a release removed
+    it, or added it later). Registering it does nothing but record its name, so the table
+    loads on every release; `FormulaTable.absent` lists the names."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, overload: str) -> AbsentOp:
+        if overload.startswith("__"):
+            raise AttributeError(overload)
+        return AbsentOp(f"{self.name}.{overload}")
+
+    def __repr__(self) -> str:
+        return f"AbsentOp({self.name})"
+
+
+class OpNames:
+    """``torch.ops.<namespace>`` for formula files: ``aten.cholesky`` is the op where this torch
+    defines it, else an `AbsentOp` (``torch.ops.aten.cholesky`` itself raises on torch 2.14)."""
+
+    def __init__(self, namespace: str) -> None:
+        self._namespace = namespace
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return getattr(getattr(torch.ops, self._namespace), name)
+        except (AttributeError, RuntimeError):
+            return AbsentOp(f"{self._namespace}.{name}")
+
+
+#: The aten namespace as formula files name it: an op this torch lacks is an `AbsentOp`.
+aten = OpNames("aten")
 
 #: What a formula returns: the record type itself, under the name formula authors know.
 Cost = Counts
 
 Formula = Callable[[OpCall], Cost]
 #: An overload, a packet, or a qualified op name string such as ``"transformers::grouped_mm"``.
-OpKey = Union[torch._ops.OpOverload, torch._ops.OpOverloadPacket, str, Any]
+OpKey = Union[OpOverload, OpOverloadPacket, str, Any]
 
 
 @dataclass(frozen=True)
@@ -43,6 +79,8 @@ class FormulaTable:
     entries: dict[OpKey, Entry] = field(default_factory=dict)
     value_dependent: dict[OpKey, str] = field(default_factory=dict)
     """Ops no formula of shapes can count, each with the reason reports show."""
+    absent: set[str] = field(default_factory=set)
+    """Ops the formula files name that this torch does not define, skipped when registered."""
 
     def register(self, *ops: OpKey, replace: bool = False) -> Callable[[Formula], Formula]:
         """Decorator: ``@table.register(aten.mm, aten.mm.default)``. Duplicates need ``replace``."""
@@ -81,12 +119,13 @@ class FormulaTable:
         """Declare ops whose work depends on the tensors' values (an iterative solver's sweeps):
         they stay uncounted unless a formula is given, and reports say ``reason``."""
         for op in ops:
-            self.value_dependent[op] = reason
+            if not self._skipped(op):
+                self.value_dependent[op] = reason
 
     def value_dependence(self, op: OpKey) -> str | None:
         """Why ``op``'s work depends on values, where it is declared so; else None."""
         reason = self.value_dependent.get(op)
-        if reason is None and isinstance(op, torch._ops.OpOverload):
+        if reason is None and isinstance(op, OpOverload):
             reason = self.value_dependent.get(op.overloadpacket)
         return None if reason is None else (f"{op} {reason}; pass formulas={{{op}: ...}} with "
                                             f"an estimate of your own to count it")
@@ -105,20 +144,29 @@ class FormulaTable:
         """The entry of the overload, else of its packet, else of its qualified name
         (``"mylib::fused_rope"``: a formula for a library's op that needs no import of it)."""
         entry = self.entries.get(op)
-        if entry is None and isinstance(op, torch._ops.OpOverload):
+        if entry is None and isinstance(op, OpOverload):
             entry = (self.entries.get(op.overloadpacket)
                      or self.entries.get(op.overloadpacket._qualified_op_name))
         return entry
 
     def with_overrides(self, formulas: Mapping[OpKey, Formula] | None) -> FormulaTable:
         """A copy of this table where ``formulas`` replace or extend the entries."""
-        merged = FormulaTable(dict(self.entries), dict(self.value_dependent))
+        merged = FormulaTable(dict(self.entries), dict(self.value_dependent), set(self.absent))
         for op, formula in (formulas or {}).items():
             _check(op, formula, where=f"formulas[{op}]")
             merged.entries[op] = Entry(formula)
         return merged
 
+    def _skipped(self, op: OpKey) -> bool:
+        """Whether ``op`` is absent from this torch: then its name is recorded, nothing else."""
+        if isinstance(op, AbsentOp):
+            self.absent.add(op.name)
+            return True
+        return False
+
     def _add(self, op: OpKey, entry: Entry, replace: bool) -> None:
+        if self._skipped(op):
+            return
         _check(op, entry.formula, where=f"the formula registered for {op}")
         if op in self.entries and not replace:
             raise DuplicateFormulaError(
@@ -168,17 +216,21 @@ def register_formula(*ops: OpKey, replace: bool = False) -> Callable[[Formula], 
 
 def aten_ops(*names: str, in_place: bool = True) -> list:
     """The aten packets (``"mul"``) or overloads (``"scatter.src"``) named, each packet with its
-    in-place variant (``mul_``) where torch has one; a name torch does not define raises
-    `FormulaError` naming it, so a typo never drops an op from a table silently."""
+    in-place variant (``mul_``) where torch has one. A name this torch does not define comes
+    back as an `AbsentOp`, which the table records in ``absent``; a test checks each absent name
+    against the ops torch releases are known to lack, so a typo still fails."""
     ops = []
     for name in names:
         packet_name, _, overload = name.partition(".")
-        packet = getattr(torch.ops.aten, packet_name, None)
-        op = packet if packet is None or not overload else getattr(packet, overload, None)
-        if op is None:
-            raise FormulaError(f"a built-in formula table names aten.{name}, which torch "
-                               f"{torch.__version__} does not define: correct the name")
-        ops.append(op)
-        if in_place and not overload and hasattr(torch.ops.aten, f"{packet_name}_"):
-            ops.append(getattr(torch.ops.aten, f"{packet_name}_"))
+        packet = getattr(aten, packet_name)
+        ops.append(getattr(packet, overload) if overload else packet)
+        in_place_op = getattr(aten, f"{packet_name}_")
+        if in_place and not overload and not isinstance(in_place_op, AbsentOp):
+            ops.append(in_place_op)
     return ops
+
+
+def absent_ops(table: FormulaTable | None = None) -> list[str]:
+    """The ops the built-in formula files name that this torch lacks, sorted: what a torch
+    release removed (``aten.cholesky`` from 2.14) or has not added yet."""
+    return sorted((table or FORMULAS).absent)

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import math
 
-import torch
 
-from .registry import FLOPS_PER_MAC, Cost, OpCall, TensorMeta, register_formula
+from .registry import FLOPS_PER_MAC, Cost, OpCall, TensorMeta, register_formula, aten
 
-aten = torch.ops.aten
 
 #: Gates per cell: LSTM input, forget, cell, output; GRU reset, update, new; RNN one.
 GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}

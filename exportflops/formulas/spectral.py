@@ -11,12 +11,9 @@ counted as multiply-accumulates, as fvcore and torch's FlopCounterMode leave FFT
 
 from __future__ import annotations
 
-import torch
 
 from .reduce import _ceil_log2
-from .registry import Cost, OpCall, register_formula
-
-aten = torch.ops.aten
+from .registry import Cost, OpCall, register_formula, aten
 
 
 def _butterflies(complex_elements, sizes) -> object:

@@ -5,11 +5,10 @@ from __future__ import annotations
 import operator
 
 import torch
-from torch._functorch import predispatch
 
 from .registry import FORMULAS, aten_ops
+from ..torch_internals import predispatch
 
-aten = torch.ops.aten
 
 #: The reasons reports show for the three kinds of arithmetic-free ops (also prims.py's).
 VIEW = "view or metadata: aliases its input, reads no tensor data"

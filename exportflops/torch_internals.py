@@ -1,0 +1,131 @@
+"""Every private torch API exportflops uses, in one place, each behind a check that the
+installed torch has it.
+
+torch moves its private modules between releases. Each one we use is a `Feature` here: its
+dotted path and the analysis that needs it. `require` loads one where it is used; a torch that
+lacks it raises `TorchFeatureError` naming the feature, the analysis, and the releases the suite
+runs on (which have it), so only that analysis fails and the rest work. The few every analysis
+needs (pytree, op types, fake tensors) are loaded through the same table on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import TorchFeatureError
+from .version import TESTED_TORCH
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A private torch object: where it lives and what needs it."""
+
+    path: str
+    """``module:attribute`` (the attribute may be dotted), or ``module`` for a whole module."""
+    needed_by: str
+    """The analysis or step that fails without it, as the error names it."""
+
+
+_FEATURES: dict[str, Feature] = {}
+
+
+def _feature(name: str, path: str, needed_by: str) -> None:
+    _FEATURES[name] = Feature(path, needed_by)
+
+
+_CORE = "every analysis"
+_feature("pytree", "torch.utils._pytree", _CORE)
+_feature("fx_pytree", "torch.fx._pytree", "generation with a transformers cache")
+_feature("OpOverload", "torch._ops:OpOverload", _CORE)
+_feature("OpOverloadPacket", "torch._ops:OpOverloadPacket", _CORE)
+_feature("HigherOrderOperator", "torch._ops:HigherOrderOperator", _CORE)
+_feature("higher_order_ops", "torch._ops:_higher_order_ops", _CORE)
+_feature("FakeTensor", "torch._subclasses.fake_tensor:FakeTensor", _CORE)
+_feature("FakeTensorMode", "torch._subclasses.fake_tensor:FakeTensorMode", _CORE)
+_feature("DataDependentOutputException",
+         "torch._subclasses.fake_tensor:DataDependentOutputException", "hf: models on meta")
+_feature("DynamicOutputShapeException",
+         "torch._subclasses.fake_tensor:DynamicOutputShapeException", "hf: models on meta")
+_feature("meta_utils", "torch._subclasses.meta_utils", "deciding branches by values")
+_feature("fake_utils", "torch._subclasses.fake_utils", "deciding branches by values")
+_feature("compare_tensor_meta", "torch._prims_common:compare_tensor_meta",
+         "deciding branches by values")
+_feature("TorchDispatchMode", "torch.utils._python_dispatch:TorchDispatchMode",
+         "the fast path and runtime replay")
+_feature("enable_python_dispatcher", "torch._dispatch.python:enable_python_dispatcher",
+         "runtime replay")
+_feature("free_unbacked_symbols", "torch.fx.experimental.symbolic_shapes:free_unbacked_symbols",
+         _CORE)
+_feature("ShapeEnv", "torch.fx.experimental.symbolic_shapes:ShapeEnv", "hf: models on meta")
+_feature("GuardOnDataDependentSymNode",
+         "torch.fx.experimental.symbolic_shapes:GuardOnDataDependentSymNode",
+         "hf: models on meta")
+_feature("int_oo", "torch.utils._sympy.numbers:int_oo", "dynamic sizes")
+_feature("decomposition_table", "torch._decomp:decomposition_table", _CORE)
+_feature("dispatch_has_kernel", "torch._C:_dispatch_has_kernel", _CORE)
+_feature("dispatch_has_kernel_for_dispatch_key",
+         "torch._C:_dispatch_has_kernel_for_dispatch_key", _CORE)
+_feature("predispatch", "torch._functorch:predispatch", _CORE)
+_feature("compiling_state_context", "torch._export.utils:_compiling_state_context",
+         "hf: models on meta")
+_feature("export_schema_version", "torch._export.serde.schema:SCHEMA_VERSION",
+         "reading a saved ExportedProgram")
+_feature("dtrace_env_var", "torch._logging._internal:DTRACE_ENV_VAR",
+         "deciding branches by values")
+_feature("use_lazy_graph_module", "torch.fx._lazy_graph_module:_use_lazy_graph_module", _CORE)
+_feature("dynamo_config", "torch._dynamo:config", _CORE)
+_feature("dynamo_reset", "torch._dynamo:reset", "the fast path")
+_feature("fake_store", "torch.testing._internal.distributed.fake_pg:FakeStore",
+         "fake_process_group (per-rank analyses in one process)")
+_feature("dynamo_graph_capture_for_export",
+         "torch._dynamo.functional_export:dynamo_graph_capture_for_export",
+         "per-rank capture of a tensor-parallel (DTensor) model")
+_feature("aot_export_joint_with_descriptors",
+         "torch._functorch.aot_autograd:aot_export_joint_with_descriptors",
+         "per-rank capture of a tensor-parallel (DTensor) model")
+_feature("tracing", "torch._guards:tracing",
+         "per-rank capture of a tensor-parallel (DTensor) model")
+_feature("detect_fake_mode", "torch._guards:detect_fake_mode", "per-rank capture under FSDP2")
+_feature("get_sequence_nr", "torch.autograd:_get_sequence_nr", "per-rank capture under FSDP2")
+_feature("make_fx", "torch.fx.experimental.proxy_tensor:make_fx", "per-rank capture under FSDP2")
+
+
+def require(name: str) -> Any:
+    """The torch object of feature ``name``; `TorchFeatureError` where this torch lacks it."""
+    feature = _FEATURES[name]
+    module_name, _, attribute = feature.path.partition(":")
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in filter(None, attribute.split(".")):
+            found = getattr(found, part)
+    except (ImportError, AttributeError) as error:
+        raise TorchFeatureError(name, feature.path.replace(":", "."), feature.needed_by,
+                                torch.__version__, TESTED_TORCH) from error
+    return found
+
+
+def has(name: str) -> bool:
+    """Whether this torch has feature ``name``."""
+    try:
+        require(name)
+    except TorchFeatureError:
+        return False
+    return True
+
+
+def missing() -> dict[str, str]:
+    """The features this torch lacks, each with what needs it: empty on a tested release."""
+    return {name: feature.needed_by for name, feature in _FEATURES.items() if not has(name)}
+
+
+def __getattr__(name: str) -> Any:
+    # ``torch_internals.pytree`` and the like: the feature, loaded on first use.
+    if name not in _FEATURES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = require(name)
+    globals()[name] = value
+    return value
