@@ -349,8 +349,10 @@ def test_a_model_that_fails_only_on_meta_is_built_again_on_cpu(model_class):
     from exportflops.cli import hf
 
     on_meta, x = model_class().to("meta"), torch.randn(3, 16, device="meta")
-    with pytest.raises(ExportError, match="--device cpu"):  # the API says how
-        analyze(on_meta, (x,))
+    try:  # torch 2.15 exports ReadsMadeTensor on meta (it folds the tensor made of sizes)
+        assert analyze(on_meta, (x,)).total.macs == 3 * 16 * 8
+    except ExportError as error:
+        assert "--device cpu" in str(error)  # the API says how
     report = hf.analyze_deciding_on_cpu(analyze, on_meta, (x,), {}, lambda: (
         model_class(), (torch.randn(3, 16),), {}))
     assert report.total.macs == 3 * 16 * 8  # by hand: the Linear on 3 rows

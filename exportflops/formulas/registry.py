@@ -223,7 +223,8 @@ def aten_ops(*names: str, in_place: bool = True) -> list:
     for name in names:
         packet_name, _, overload = name.partition(".")
         packet = getattr(aten, packet_name)
-        ops.append(getattr(packet, overload) if overload else packet)
+        ops.append(getattr(packet, overload, None) or AbsentOp(f"aten.{name}") if overload
+                   else packet)
         in_place_op = getattr(aten, f"{packet_name}_")
         if in_place and not overload and not isinstance(in_place_op, AbsentOp):
             ops.append(in_place_op)
