@@ -20,7 +20,7 @@ import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
 from exportflops import analyze_generation
-from exportflops.cache_names import cache_argument
+from exportflops.generation.cache_names import cache_argument
 
 
 def llama(layers: int, width: int) -> torch.nn.Module:

@@ -2,7 +2,7 @@
 meta with at most ``--layers`` layers, then analyzed; counts of built / analyzed / failed-ours /
 failed-theirs, and the failing types grouped by error.
 
-A failure is ours (`exportflops.cli.hf.blame`) when the innermost frame of its traceback is in
+A failure is ours (`exportflops.hf.models.blame`) when the innermost frame of its traceback is in
 exportflops (our builder, our inputs check, our counting), when transformers' forward read an
 input of its own that our builder did not make (a None where it needed a mask or a patch
 grid), or when it rejected our inputs with a ValueError of its own; theirs when it is in
@@ -31,7 +31,7 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.cli.hf import analyze_deciding_on_cpu, blame, hf_model
+from exportflops.hf.models import analyze_deciding_on_cpu, blame, hf_model
 
 
 def try_type(model_type: str, layers: int, mode: str, out) -> None:

@@ -14,7 +14,7 @@ from .version import __version__
 #: Public name -> the module that defines it.
 _HOMES = {
     "analyze": "api",
-    "fake_process_group": "distributed",
+    "fake_process_group": "parallel",
     "Collective": "records",
     "DistributedError": "errors",
     "analyze_generation": "generation",
@@ -61,11 +61,11 @@ _HOMES = {
     "to_markdown": "render",
     "roofline_view": "render",
     "profile": "runtime",
-    "to_html": "pictures",
-    "to_trace": "pictures",
+    "to_html": "render.pictures",
+    "to_trace": "render.pictures",
     "MissingExtraError": "errors",
     "NotMeasuredError": "errors",
-    "FlopsProfiler": "profiler",
+    "FlopsProfiler": "runtime.profiler",
 }
 
 __all__ = ["__version__", *sorted(_HOMES)]

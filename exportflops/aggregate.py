@@ -9,7 +9,7 @@ from collections import defaultdict
 import sympy
 
 from .attribution import ModuleInfo
-from .names import ancestors, parent
+from .records.names import ancestors, parent
 from .records import (Counts, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 

@@ -12,21 +12,21 @@ import torch
 
 from .aggregate import build_report
 from .attribution import module_tree, program_parameters
-from .capture import as_args, capture
-from .distributed import analyze_parallel, is_parallelized
+from .capture.export import as_args, capture
+from .parallel.ranks import analyze_parallel, is_parallelized
 from .errors import InputError
-from .backward import trace_backward
-from .count import count_node, untraced_backward
-from .decompose import Decomposer
-from .fastpath import Expansion, NotRepeated, fast_capture
+from .count.backward import trace_backward
+from .count.apply import count_node, untraced_backward
+from .count.decompose import Decomposer
+from .capture.fastpath import Expansion, NotRepeated, fast_capture
 from .formulas import FORMULAS, FormulaTable
-from .names import qualified_name
+from .records.names import qualified_name
 from .progress import Progress, showing, stage
 from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
-from .symbolic import parse_count
+from .records.symbolic import parse_count
 from .torch_internals import pytree
 from .version import __version__
-from .walk import read_graph
+from .graph.walk import read_graph
 
 
 def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -46,7 +46,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     expressions in the Dims' names; ``report.evaluate(seq=...)`` sets them.
     ``progress=True`` shows the stage and the elapsed seconds on stderr (`exportflops.progress`).
     ``fast=True`` traces each repeated block once and copies its counts to its repeats (the
-    same report; see `exportflops.blocks`); ``fast=False`` forces the full export.
+    same report; see `exportflops.capture.blocks`); ``fast=False`` forces the full export.
     """
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")

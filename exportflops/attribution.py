@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .names import ancestors, parent, qualified_name
-from .walk import NodeCall
+from .records.names import ancestors, parent, qualified_name
+from .graph.walk import NodeCall
 
 
 @dataclass

@@ -131,7 +131,7 @@ def analyzes_with_every_op_counted(model_type: str, device=None, layers: int = 1
     import torch
 
     from exportflops import analyze
-    from exportflops.cli.hf import hf_model
+    from exportflops.hf.models import hf_model
 
     report = analyze(*hf_model(model_type, device or torch.device("meta"), None, layers=layers))
     assert report.total.flops != 0
@@ -143,7 +143,7 @@ def input_shapes(model_type: str, names) -> dict:
     meta, batch 1, default length."""
     import torch
 
-    from exportflops.cli.hf import hf_model
+    from exportflops.hf.models import hf_model
 
     named = named_inputs(*hf_model(model_type, torch.device("meta"), None, layers=1))
     return {name: tuple(named[name].shape) for name in names if name in named}

@@ -1,5 +1,5 @@
-"""One rank of the real two-process run in tests/test_distributed.py (started with torchrun,
-gloo on CPU): analyzes its rank, then runs a real training step with torch's CommDebugMode
+"""One rank of the real two-process run in tests/parallel/test_distributed.py (started with
+torchrun, gloo on CPU): analyzes its rank, then runs a real training step with torch's CommDebugMode
 counting the collectives that actually ran. Writes both to ``<out>/rank<r>.json``."""
 
 from __future__ import annotations

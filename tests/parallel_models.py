@@ -1,5 +1,5 @@
-"""Small models and tensor-parallel plans shared by tests/test_distributed.py and the worker it
-starts with torchrun (tests/distributed_worker.py)."""
+"""Small models and tensor-parallel plans shared by tests/parallel/test_distributed.py and the
+worker it starts with torchrun (tests/distributed_worker.py)."""
 
 from __future__ import annotations
 

@@ -239,7 +239,7 @@ def test_data_dependent_control_flow_hints_at_torch_cond():
         def forward(self, x):
             return x * 2 if x.sum() > 0 else x - 1
 
-    # On meta: with values, the example's decide the branch (tests/test_value_branches.py).
+    # On meta: with values, the example's decide the branch (tests/capture/test_value_branches.py).
     with pytest.raises(ExportError, match="Branchy") as info:
         analyze(Branchy(), (torch.randn(3, device="meta"),))
     assert "torch.cond" in info.value.hint

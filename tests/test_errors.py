@@ -48,7 +48,7 @@ class Branchy(nn.Module):
 
 
 def test_data_dependent_control_flow_carries_torchs_reason_and_the_hint():
-    # On meta: with values, the example's decide the branch (tests/test_value_branches.py).
+    # On meta: with values, the example's decide the branch (tests/capture/test_value_branches.py).
     with pytest.raises(ExportError) as error:
         analyze(Branchy(), (torch.randn(3, device="meta"),))
     message = str(error.value)

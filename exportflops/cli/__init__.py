@@ -30,8 +30,8 @@ with warnings.catch_warnings():
 
 from ..errors import BuildError, ExportError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
-from .hf import analyze_deciding_on_cpu, missed_input, raised_by  # noqa: E402
-from .memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
+from ..hf.models import analyze_deciding_on_cpu, missed_input, raised_by  # noqa: E402
+from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .targets import build_target, device_named, hf_options  # noqa: E402
 
@@ -140,7 +140,7 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     if ns.generate is not None:
-        from ..generation import analyze_generation
+        from ..generation.decoder import analyze_generation
         try:
             if not args:
                 raise ValueError(f"it takes its inputs by name ({', '.join(kwargs or {})})")
@@ -159,7 +159,7 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
 
     reprs = extra_reprs(model)
     if ns.profile:
-        from ..runtime import profile
+        from ..runtime.measure import profile
         report = profile(model, args, kwargs, warmup=ns.warmup, repeat=ns.repeat)
         return _with_roofline(ns, _Outcome(report, reprs))
     dynamic = None
@@ -278,7 +278,7 @@ def _html(ns: argparse.Namespace, outcome: _Outcome) -> str:
 
     peaks = bandwidth = None
     if ns.device_model not in (None, "cpu"):
-        from ..pictures import device_roofs
+        from ..render.pictures import device_roofs
         peaks, bandwidth = device_roofs(ns.device_model, outcome.report)
     return html_report(outcome.report, roofline=outcome.roofline, peaks=peaks,
                        bandwidth_byte_per_s=bandwidth)

@@ -32,7 +32,7 @@ def analyze_parallelized(ns: argparse.Namespace):
 
     from ..api import analyze
     from ..attribution import extra_reprs
-    from ..distributed import fake_process_group
+    from ..parallel.ranks import fake_process_group
 
     degrees = {name: n for name, n in (("fsdp", ns.fsdp), ("tp", ns.tp)) if n is not None}
     world = (ns.tp or 1) * (ns.fsdp or 1)

@@ -11,7 +11,7 @@ import sys
 from typing import Any
 
 from ..errors import BuildError, UsageError
-from .hf import hf_model
+from ..hf.models import hf_model
 
 
 def device_named(name: str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..walk import CONTROL_FLOW
+from ..graph.walk import CONTROL_FLOW
 from .registry import FORMULAS, Cost, OpCall, register_formula
 from ..torch_internals import higher_order_ops as _higher_order_ops
 

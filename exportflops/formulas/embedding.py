@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..opcall import bytes_by_kind
+from ..graph.opcall import bytes_by_kind
 from .registry import FORMULAS, Cost, OpCall, aten_ops, register_formula, aten
 
 

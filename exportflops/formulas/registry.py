@@ -13,7 +13,7 @@ from typing import Any, Union
 import torch
 
 from ..errors import DuplicateFormulaError, InvalidFormulaError
-from ..opcall import OpCall, Size, TensorMeta  # noqa: F401  (formula files import them here)
+from ..graph.opcall import OpCall, Size, TensorMeta  # noqa: F401  (formula files import them here)
 from ..records import FLOPS_PER_MAC, Counts  # noqa: F401
 from ..records.base import READ_FIELDS
 from ..torch_internals import OpOverload, OpOverloadPacket

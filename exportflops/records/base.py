@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import sympy
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
-from ..symbolic import Evaluator, parse_count
+from .symbolic import Evaluator, parse_count
 
 SCHEMA_VERSION = 1
 

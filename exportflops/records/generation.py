@@ -8,7 +8,7 @@ from typing import Literal
 
 import sympy
 
-from ..symbolic import Evaluator, size_symbol
+from .symbolic import Evaluator, size_symbol
 from .base import SCHEMA_VERSION, Counts, Record
 from .report import Report
 

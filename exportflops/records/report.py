@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..symbolic import Evaluator
+from .symbolic import Evaluator
 from .base import SCHEMA_VERSION, Counts, Record, TensorSpec
 from .collectives import Collective
 from .roofline import Roofline
@@ -252,9 +252,9 @@ class Report(Record):
     def roofline(self, device: str, *, tf32: bool = False) -> Roofline:
         """Each node's time on ``device`` from its FLOPs and bytes, its bound and its ridge
         point, rolled up per module and model: ``report.roofline(device="h100-sxm")``. Keys are
-        the device table's (``exportflops.devices.DEVICES``) or ``cpu``, measured here. See
-        `exportflops.roofline`."""
-        from ..roofline import roofline  # needs torch and the device table: loaded on use
+        the device table's (``exportflops.roofline.devices.DEVICES``) or ``cpu``, measured here. See
+        `exportflops.roofline.predict`."""
+        from ..roofline.predict import roofline  # needs torch and the device table: loaded on use
 
         return roofline(self, device, tf32=tf32)
 

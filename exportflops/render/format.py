@@ -16,7 +16,7 @@ import sympy
 from tabulate import tabulate
 
 from ..records import Report
-from ..symbolic import size_symbol
+from ..records.symbolic import size_symbol
 
 # Decimal prefixes, largest first: counts and bytes are shown as k (1e3) to T (1e12).
 _PREFIXES = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))

@@ -14,7 +14,7 @@ import html
 import os
 from typing import Any
 
-from ..names import short_name
+from ..records.names import short_name
 from ..records import Report
 from .format import Style, magnitude
 from .plots import RooflineLike, intensity, module_icicle, plotly, roofline_scatter

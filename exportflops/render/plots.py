@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ..errors import MissingExtraError
-from ..names import parent, short_name
+from ..records.names import parent, short_name
 from ..records import Counts, NodeRecord, Report
 from .format import Style, magnitude
 

@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from ..errors import NotMeasuredError
-from ..names import ancestors
+from ..records.names import ancestors
 from ..records import NodeRecord, NodeTiming, Report
 
 #: The trace format's timestamps are microseconds; the layout works in integer nanoseconds.

@@ -12,7 +12,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..names import join, parent, short_name
+from ..records.names import join, parent, short_name
 from ..records import Counts, ModuleRecord, Report
 from .format import Style, magnitude
 

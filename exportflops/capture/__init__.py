@@ -1,0 +1,9 @@
+"""Capture: every tracer of the package, so a torch upgrade touches this folder.
+
+``export`` is the only caller of ``torch.export`` (a model, an ExportedProgram or a saved
+``.pt2`` in, a `Captured` program out), with ``draft_mends`` for deciding branches by values and
+``saved`` for programs read back; ``blocks`` and ``fastpath`` are the fast path's cheap eager
+pass and its export with repeated blocks stubbed; ``dtensor`` and ``fsdp`` capture one rank of a
+parallelized model. ``hints`` turns torch's failures into the user's next step, ``placement``
+checks where the inputs live, and ``quiet`` silences torch's logs while a capture falls back.
+"""

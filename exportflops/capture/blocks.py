@@ -1,0 +1,399 @@
+"""The fast path's plan: which module calls are copies of an earlier one, found by one cheap pass.
+
+Deep models are stacks of identical blocks, and ``torch.export`` traces every one of them. The
+cheap pass runs the model once eagerly on meta (or fake) tensors, as ``FlopCounterMode`` does,
+with hooks on every module and a dispatch mode that records every ATen op. A module call is a
+*repeat* of an earlier call (its *model*) when all of these are equal:
+
+1. the module trees: class of every submodule at every relative path, training flags, and the
+   shape, dtype, device and ``requires_grad`` of every parameter and buffer;
+2. the inputs: pytree structure, and per tensor shape, stride, dtype, device and
+   ``requires_grad``; other leaves by value (ints, floats, strings, ``None``, dtypes); grad
+   mode, inference mode and autocast state;
+3. the outputs, likewise;
+4. what the call ran: every ATen op with its arguments' shapes, dtypes and scalar values, and
+   every submodule call, in order (the proof that the code and the attributes the code reads
+   behave the same).
+
+And when nothing makes sharing unsafe: both modules run exactly once, their submodules only
+inside them, no parameter, buffer or submodule of theirs is reachable from outside, no
+module of theirs has hooks or an instance ``forward``, and no input or output leaf is an
+object (a cache) that the call could change. Blocks inside wrapped regions (``no_grad``,
+autocast, checkpointing, custom autograd Functions, control flow) are found after export and
+traced in full. Anything else is traced in full too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..records.names import ancestors
+from .quiet import quiet_fake_tensor_log
+from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
+
+#: Leaves compared by value; any other object as an input or output makes a call unique.
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
+          torch.layout)
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """A tensor output of a repeated call, as its stub must make it."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    requires_grad: bool
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One module call replaced by the nodes of its model's call."""
+
+    path: str
+    model: str
+    """Path of the module whose call it repeats."""
+    outputs: Any
+    """Its output as a pytree whose tensor leaves are `TensorSlot`s."""
+    grad_inputs: bool
+    """Whether a tensor input requires grad (the stub ties its outputs to those)."""
+
+
+@dataclass
+class Plan:
+    repeats: dict[str, Repeat] = field(default_factory=dict)
+    """Path of each repeated module -> its repeat."""
+
+
+class _Unique(Exception):
+    """A value that makes a call incomparable with any other."""
+
+
+def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
+    """The repeats of one call ``model(*args, **kwargs)``; an empty plan when the cheap pass
+    fails or finds none (the full export then runs and reports any error itself)."""
+    try:
+        # The model may change its inputs' Python objects (a cache appends its entries): the
+        # export that follows must see them as the user gave them.
+        args, kwargs = copy.deepcopy((args, kwargs))
+    except Exception:  # an input that cannot be copied: trace in full
+        return Plan()
+    owners = _owners(model)
+    paths = _unique_paths(model, owners)
+    trace = _Trace(paths)
+    cheap = _cheap_mode(model, args, kwargs)
+    ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
+    failed = True
+    try:
+        with quiet_fake_tensor_log(), cheap, trace.hooks(model), \
+                torch.random.fork_rng(devices=[]), ops:
+            model(*args, **kwargs)
+        failed = False
+    except Exception:  # the full export reports the model's own errors with their hints
+        return Plan()
+    finally:
+        if ops.higher_order or failed:
+            # An eager torch.cond (while_loop, map) compiles its branches with dynamo, and
+            # compiled under this dispatch mode they break the export that follows (torch
+            # 2.13: "Attempted to inline function marked as skipped"); dropping dynamo's
+            # caches restores it. Such a model is traced in full, as is one the pass fails on
+            # (while_loop fails inside dynamo, before this mode sees it).
+            require("dynamo_reset")()
+    if ops.higher_order:
+        return Plan()
+    return _choose(model, owners, trace)
+
+
+def _unique_paths(model: torch.nn.Module, owners: dict[int, set[str]]) -> dict[int, str | None]:
+    """id(module) -> its path, for modules reachable by one path only (a shared module maps to
+    None: it cannot be part of a repeat)."""
+    return {id(module): path if len(owners[id(module)]) == 1 else None
+            for path, module in model.named_modules()}
+
+
+def _cheap_mode(model: torch.nn.Module, args: tuple, kwargs: dict):
+    """Plain eager on meta when every tensor is on meta; otherwise fake tensors, so nothing is
+    computed and no state changes."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))]
+    if all(t.device.type == "meta" for t in tensors):
+        return contextlib.nullcontext()
+    from ..torch_internals import FakeTensorMode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+@dataclass
+class _Call:
+    path: str
+    start: int
+    inputs: tuple = ()
+    end: int = -1
+    outputs: Any = None
+    out_key: tuple = ()
+    grad_inputs: bool = False
+
+
+class _Trace:
+    """Module calls and ops, in the order they ran."""
+
+    def __init__(self, paths: dict[int, str | None]) -> None:
+        self.paths = paths
+        self.events: list[tuple] = []
+        self.calls: list[_Call] = []
+        self.open: list[_Call] = []
+        self.escaped: set[str] = set()
+        """Paths some module below ran outside of: its calls do not hold all their work."""
+
+    @contextlib.contextmanager
+    def hooks(self, model: torch.nn.Module) -> Iterator[None]:
+        handles = []
+        try:
+            for module in model.modules():
+                path = self.paths.get(id(module))
+                handles.append(module.register_forward_pre_hook(
+                    self._enter(path), with_kwargs=True))
+                handles.append(module.register_forward_hook(
+                    self._exit(path), with_kwargs=True, always_call=True))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _enter(self, path: str | None):
+        def hook(module, args, kwargs):
+            call = _Call(path, len(self.events))
+            try:
+                call.inputs = (_key((args, kwargs)), torch.is_grad_enabled(),
+                               torch.is_inference_mode_enabled(), _autocast())
+                call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in pytree.tree_leaves((args, kwargs)))
+            except _Unique:
+                call.path = None
+            self.events.append(("enter", path))
+            if path is not None:
+                running = {c.path for c in self.open}
+                self.escaped.update(a for a in ancestors(path)[:-1] if a not in running)
+            self.calls.append(call)
+            self.open.append(call)
+        return hook
+
+    def _exit(self, path: str | None):
+        def hook(module, args, kwargs, output):
+            call = self.open.pop()
+            self.events.append(("exit", path))
+            call.end = len(self.events)
+            try:
+                call.out_key = _key(output)
+                call.outputs = pytree.tree_map_only(torch.Tensor, _slot, output)
+            except _Unique:
+                call.path = None
+        return hook
+
+
+class _Ops(TorchDispatchMode):
+    """Records each ATen op with what its result depends on. A higher-order op (``cond``,
+    ``map``) is run, and makes the calls around it unique: its subgraphs are not compared.
+
+    With ``reuse`` (every tensor on meta), a functional op seen before with equal arguments is
+    not run again: its result is new empty meta tensors of the recorded shapes and strides.
+    A meta kernel's result depends on nothing else (meta tensors hold no values), and a
+    functional op's result aliases nothing; this makes the pass over a stack of identical
+    blocks cost little more than its first block (many meta kernels are Python references)."""
+
+    supports_higher_order_operators = True
+
+    def __init__(self, trace: _Trace, reuse: bool) -> None:
+        super().__init__()
+        self.events = trace.events
+        self.higher_order = False
+        self.reuse = reuse
+        self.results: dict[tuple, tuple] = {}
+        """(op, args key, kwargs key, default dtype) -> (result maker, result key)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if isinstance(func, HigherOrderOperator):
+            self.higher_order = True
+            self.events.append((func, object()))
+            return func(*args, **kwargs)
+        try:
+            key = (func, _op_key(args), _op_key(kwargs), torch.get_default_dtype())
+        except _Unique:
+            self.events.append((func, object()))  # never equal to another op
+            return func(*args, **kwargs)
+        if key in self.results:
+            make, out_key = self.results[key]
+            self.events.append((*key[:3], out_key))
+            return make()
+        out = func(*args, **kwargs)
+        try:
+            out_key = _op_key(out)
+        except _Unique:
+            self.events.append((func, object()))
+            return out
+        self.events.append((*key[:3], out_key))
+        if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
+            self.results[key] = (_maker(out), out_key)
+        return out
+
+
+@functools.cache
+def _functional(func) -> bool:
+    """The op writes none of its arguments and its results alias none of them."""
+    schema = func._schema
+    return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
+
+
+def _all_meta(inputs: Any, out: Any) -> bool:
+    """Every tensor argument is on meta and the result is one or more meta tensors."""
+    results = pytree.tree_leaves(out)
+    return bool(results) and all(isinstance(t, torch.Tensor) and t.is_meta for t in results) \
+        and all(t.is_meta for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor))
+
+
+def _maker(out: Any):
+    """A function returning new empty meta tensors shaped like the tensors of ``out``."""
+    leaves, spec = pytree.tree_flatten(out)
+    layouts = [(t.shape, t.stride(), t.dtype) for t in leaves]
+    return lambda: pytree.tree_unflatten(
+        [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+         for shape, stride, dtype in layouts], spec)
+
+
+def _key(tree: Any) -> tuple:
+    leaves, spec = pytree.tree_flatten(tree)
+    return (spec, *(_leaf(leaf) for leaf in leaves))
+
+
+def _op_key(value: Any) -> Any:
+    """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
+    tuples or dicts of them: a nested tuple, without pytree's specs (the cheap pass's cost is
+    mostly this, once per op)."""
+    if isinstance(value, (list, tuple)):
+        return (type(value), *(_op_key(v) for v in value))
+    if isinstance(value, dict):
+        return (dict, *((k, _op_key(v)) for k, v in value.items()))
+    return _leaf(value)
+
+
+def _leaf(leaf: Any) -> Any:
+    if isinstance(leaf, torch.Tensor):
+        return (tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)
+    if isinstance(leaf, _PLAIN):
+        return (type(leaf), leaf)
+    raise _Unique
+
+
+def _autocast() -> tuple:
+    return tuple((device, torch.is_autocast_enabled(device),
+                  torch.get_autocast_dtype(device)) for device in ("cpu", "cuda"))
+
+
+def _slot(tensor: torch.Tensor) -> TensorSlot:
+    return TensorSlot(tuple(tensor.shape), tensor.dtype, tensor.device, tensor.requires_grad)
+
+
+def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) -> Plan:
+    """Repeats chosen outermost first; a repeat and its model are never inside or around
+    another repeat, and a repeat never around or inside a model."""
+    runs = Counter(call.path for call in trace.calls)
+    modules = dict(model.named_modules(remove_duplicate=False))
+    by_key: dict[tuple, _Call] = {}
+    candidates = []
+    for call in trace.calls:
+        if not call.path or runs[call.path] != 1 or call.path in trace.escaped or \
+                not _private(call.path, modules, owners):
+            continue
+        key = (_tree_key(modules[call.path]), call.inputs, call.out_key,
+               _body(trace.events, call))
+        first = by_key.setdefault(key, call)
+        if first is not call and not _nested(first.path, call.path):
+            candidates.append((call.path.count("."), call, first))
+    plan = Plan()
+    repeats, taken = _Paths(), _Paths()  # the repeats; the repeats and their models
+    for _, call, first in sorted(candidates, key=lambda c: c[0]):
+        # A repeat's nodes are copied from its model's, which must all be traced.
+        if taken.touches(call.path) or repeats.touches(first.path):
+            continue
+        plan.repeats[call.path] = Repeat(call.path, first.path, call.outputs,
+                                             call.grad_inputs)
+        repeats.add(call.path)
+        taken.add(call.path)
+        taken.add(first.path)
+    return plan
+
+
+class _Paths:
+    """Module paths, asked whether a path is one of them, inside one or around one."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.around: set[str] = set()
+        """Every module above a member."""
+
+    def add(self, path: str) -> None:
+        self.members.add(path)
+        self.around.update(ancestors(path)[:-1])
+
+    def touches(self, path: str) -> bool:
+        return path in self.around or any(p in self.members for p in ancestors(path))
+
+
+def _nested(a: str, b: str) -> bool:
+    """One path is the other or inside it."""
+    return _inside(a, b) or _inside(b, a)
+
+
+def _inside(path: str, container: str) -> bool:
+    return path == container or path.startswith(container + ".")
+
+
+def _owners(model: torch.nn.Module) -> dict[int, set[str]]:
+    """id of every module, parameter and buffer -> the paths that reach it."""
+    owners: dict[int, set[str]] = defaultdict(set)
+    for path, module in model.named_modules(remove_duplicate=False):
+        owners[id(module)].add(path)
+        for name, tensor in [*module._parameters.items(), *module._buffers.items()]:
+            if tensor is not None:
+                owners[id(tensor)].add(f"{path}.{name}" if path else name)
+    return owners
+
+
+def _private(path: str, modules: dict, owners: dict[int, set[str]]) -> bool:
+    """Everything under the module is reachable through it alone, and nothing there has hooks
+    or an instance forward."""
+    for sub in modules[path].modules():
+        if "forward" in sub.__dict__ or sub._forward_pre_hooks or sub._forward_hooks or \
+                sub._backward_hooks or sub._backward_pre_hooks:
+            return False
+        tensors = [t for t in [*sub._parameters.values(), *sub._buffers.values()]
+                   if t is not None]
+        if any(not _inside(p, path) for item in [sub, *tensors] for p in owners[id(item)]):
+            return False
+    return True
+
+
+def _tree_key(module: torch.nn.Module) -> tuple:
+    return (
+        tuple((path, type(sub), sub.training)
+              for path, sub in module.named_modules(remove_duplicate=False)),
+        tuple((name, _leaf(t), isinstance(t, torch.nn.Parameter))
+              for name, t in [*module.named_parameters(remove_duplicate=False),
+                              *module.named_buffers(remove_duplicate=False)]),
+    )
+
+
+def _body(events: list[tuple], call: _Call) -> tuple:
+    """The call's events with module paths relative to it."""
+    cut = len(call.path)
+    return tuple(
+        (event[0], event[1][cut:]) if event[0] in ("enter", "exit") and event[1] else event
+        for event in events[call.start + 1:call.end - 1])

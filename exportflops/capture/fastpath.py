@@ -1,0 +1,217 @@
+"""The fast path: export once with each repeated block stubbed, then copy its model's nodes.
+
+`blocks.plan_blocks` says which module calls repeat an earlier one. The model is exported
+through a shallow copy of its module tree in which each repeated module's ``forward`` is a
+stub: tensors of the recorded output shapes (``zeros``), tied to the call's inputs that need a
+gradient so that autograd's flow around the block is unchanged in train mode. The user's
+modules are never modified; parameters are shared, so their names and ties are the model's.
+
+The stub's own nodes are then replaced by copies of the model call's nodes, moved to the
+repeat's module paths; in train mode the backward records of the model's nodes are copied the
+same way. Counts, module tree and operators are then built as for a full export.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from .blocks import Plan, Repeat, TensorSlot, plan_blocks
+from .export import Captured, buffers_kept, by_example, capture, value_sizes
+from ..records import NodeRecord
+from ..graph.stacks import ModuleFrame
+from ..torch_internals import pytree
+from ..graph.walk import NodeCall
+
+
+def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
+    """A shallow copy of ``model`` whose repeated modules run their stub. Only the modules on
+    the way to a repeat or a model are copied (each with its own ``_modules``); the copies share
+    every other module, parameter and buffer with ``model``. A repeat's copy holds no
+    parameters, buffers or children (export would lift them for nothing), except in train mode
+    when its outputs need a gradient that no input brings: they come from its parameters then.
+    A model's copy records the sizes its call sees, which its repeats' stubs take (with
+    dynamic shapes they are symbolic: a stub's zeros then have the model's sizes, not the
+    example's)."""
+    copies: dict[str, torch.nn.Module] = {}
+
+    def copied(path: str) -> torch.nn.Module:
+        if path not in copies:
+            if path:
+                owner, _, name = path.rpartition(".")
+                holder = copied(owner)
+                module = holder._modules[name] = copy.copy(holder._modules[name])
+            else:
+                module = copy.copy(model)
+            module._modules = dict(module._modules)
+            copies[path] = module
+        return copies[path]
+
+    seen: dict[str, list] = {}
+    for path in {repeat.model for repeat in plan.repeats.values()}:
+        module = copied(path)
+        module.forward = _recording(module, seen.setdefault(path, [None, None]))
+    for repeat in plan.repeats.values():
+        module = copied(repeat.path)
+        if not train or repeat.grad_inputs:
+            module._parameters, module._buffers, module._modules = {}, {}, {}
+        # An instance attribute of the copy; ``nn.Module.__call__`` calls it as ``forward``.
+        module.forward = _stub(module, repeat, train, seen[repeat.model])
+    return copied("")
+
+
+def _recording(module: torch.nn.Module, seen: list):
+    """The module's own forward, keeping the sizes of its inputs and its output in ``seen``."""
+    own = type(module).forward.__get__(module)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        output = own(*args, **kwargs)
+        seen[:] = [_sizes((args, kwargs)), output]
+        return output
+    return forward
+
+
+def _sizes(tree: Any) -> list:
+    """The shape of every tensor leaf, each size as its expression (structural equality, which
+    installs no guard on a symbolic size)."""
+    return [tuple(d.node.expr if isinstance(d, torch.SymInt) else d for d in t.shape)
+            for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
+    """Zeros of the model call's outputs. In train mode an output that needs a gradient is tied
+    to every input that requires one (or else to the module's parameters), as the block's own
+    output is: the backward then flows around the block as it does around the real one."""
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        sizes, output = seen
+        if sizes != _sizes((args, kwargs)):
+            # Equal at the example's sizes, not as functions of the dynamic ones.
+            raise NotRepeated(repeat.path)
+        anchors = []
+        if train:
+            anchors = [t for t in pytree.tree_leaves((args, kwargs))
+                       if isinstance(t, torch.Tensor) and t.requires_grad]
+            anchors = anchors or [p for p in module.parameters() if p.requires_grad]
+        shapes = iter(t.shape for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor))
+        return pytree.tree_map_only(TensorSlot, lambda slot: _made(slot, next(shapes), anchors),
+                                    repeat.outputs)
+    return forward
+
+
+def _made(slot: TensorSlot, shape: Any, anchors: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros(shape, dtype=slot.dtype, device=slot.device)
+    if slot.requires_grad and anchors:
+        out = out + sum(a.sum() for a in anchors) * 0
+    return out
+
+
+class NotRepeated(Exception):
+    """A repeat may not count as its model: one of them runs in a wrapped region, or
+    gradients reach the outputs of one of them only in part (a ``detach`` downstream)."""
+
+
+class Expansion:
+    """Replaces the stubs' nodes by copies of the model calls' nodes, forward then backward."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.copies: dict[str, tuple[NodeCall, Repeat]] = {}
+        """Name of each copied node -> (the node it copies, its repeat)."""
+        self.within: dict[str, list[NodeCall]] = {}
+        """Path of each model and repeat -> the graph's nodes inside its call (`forward`)."""
+
+    def forward(self, nodes: list[NodeCall]) -> list[NodeCall]:
+        repeats = self.plan.repeats
+        of_model: dict[str, list[NodeCall]] = defaultdict(list)
+        models = {repeat.model for repeat in repeats.values()}
+        for node in nodes:
+            # Wrapped regions (grad mode, autocast, checkpointing, custom Functions) change
+            # what the backward of a block is; a block in or around one is traced in full.
+            if (node.region or node.autograd_function) and any(
+                    f.path in models or f.path in repeats for f in node.stack):
+                raise NotRepeated(node.name)
+            for frame in node.stack:
+                if frame.path in models:
+                    of_model[frame.path].append(node)
+        self.within = {path: list(of_model[path]) for path in models}
+        expanded, done = [], set()
+        for node in nodes:
+            index = next((i for i, f in enumerate(node.stack) if f.path in repeats), None)
+            if index is None:
+                expanded.append(node)
+                continue
+            repeat = repeats[node.stack[index].path]
+            self.within.setdefault(repeat.path, []).append(node)
+            if repeat.path in done:
+                continue
+            done.add(repeat.path)
+            for original in of_model[repeat.model]:
+                moved = self._moved(original, repeat, node.stack[:index + 1])
+                self.copies[moved.name] = (original, repeat)
+                expanded.append(moved)
+        return expanded
+
+    def _moved(self, node: NodeCall, repeat: Repeat, outer: tuple[ModuleFrame, ...]) -> NodeCall:
+        index = next(i for i, f in enumerate(node.stack) if f.path == repeat.model)
+        inner = tuple(ModuleFrame(_rebased(f.path, repeat), f.type_name,
+                                  f.call_key.replace(repeat.model, repeat.path, 1))
+                      for f in node.stack[index + 1:])
+        return replace(node, name=f"{repeat.path}:{node.name}", stack=outer + inner, node=None)
+
+    def backward(self, forward: list[NodeCall], records: list[NodeRecord],
+                 received: dict[torch.fx.Node, bool]) -> list[NodeRecord]:
+        """The backward records in the order of the expanded forward nodes. A repeat's are its
+        model's when every output of both that needs a gradient receives one (equal inputs,
+        equal graphs: then equal backward); otherwise `NotRepeated`."""
+        for path, calls in self.within.items():
+            inside = {call.node for call in calls}
+            for call in calls:
+                leaves = any(user not in inside for user in call.node.users)
+                if leaves and not received.get(call.node, True):
+                    raise NotRepeated(path)
+        by_forward: dict[str, list[NodeRecord]] = defaultdict(list)
+        for record in records:
+            by_forward[record.differentiates].append(record)
+        expanded = []
+        for node in forward:
+            if node.name not in self.copies:
+                expanded += by_forward.get(node.name, [])
+                continue
+            original, repeat = self.copies[node.name]
+            expanded += [record.model_copy(update={
+                "name": f"{repeat.path}:{record.name}",
+                "module": _rebased(record.module, repeat),
+                "differentiates": node.name}) for record in by_forward.get(original.name, [])]
+        return expanded
+
+
+def _rebased(path: str, repeat: Repeat) -> str:
+    return repeat.path + path[len(repeat.model):]
+
+
+def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: bool,
+                 dynamic_shapes: Any = None) -> tuple[Captured | None, Expansion | None]:
+    """The model exported with its repeats stubbed, and how to expand them; (None, None) when
+    there is no repeat, the stubbed export fails, or it reads sizes from the values of real
+    inputs (the full export then runs, and measures those on the example)."""
+    if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
+        return None, None
+    with buffers_kept(model):  # the plan's run updates buffers in place (a running count)
+        plan = plan_blocks(model, args, kwargs or {})
+    if not plan.repeats:
+        return None, None
+    try:
+        # The stubs' zeros are no example to decide a branch on values by: the full export's.
+        captured = capture(stubbed(model, plan, train), args, kwargs,
+                           dynamic_shapes=dynamic_shapes, forward_only=not train,
+                           by_values=False)
+    except Exception:  # the full export fails the same way and says why
+        return None, None
+    if by_example(model, args, kwargs or {}, dynamic_shapes) and value_sizes(
+            captured.program.graph_module):
+        return None, None  # sizes read from values (a .tolist()), which the full export measures
+    return replace(captured, module=model), Expansion(plan)

@@ -1,0 +1,163 @@
+"""Apply the formula table to walked nodes: one `NodeRecord` per node, never a silent zero."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import torch
+
+from .decompose import Decomposer
+from ..errors import CountError, InvalidFormulaError, UncountedOpError
+from ..formulas.registry import FormulaTable
+from ..graph.opcall import OpCall, TensorMeta
+from ..records import Counts, NodeRecord, TensorSpec
+from ..graph.walk import NodeCall
+
+
+def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str = "forward",
+               differentiates: str = "", decomposer: Decomposer | None = None,
+               sizes: Mapping | None = None) -> NodeRecord:
+    """Count one node; ``strict`` turns an uncounted node into `UncountedOpError`. A node with
+    no formula is counted through its decomposition when ``decomposer`` finds one. ``sizes``:
+    each data-dependent size's value on the example, where the capture measured them (the
+    report is then counted at those values)."""
+    entry = table.lookup(node.op)
+    status, cost, note = "counted", Counts(), ""
+    decomposed = None if entry is not None or decomposer is None else decomposer.count(node, table)
+    if decomposed is not None:
+        status, cost, note = decomposed.status, decomposed.cost, decomposed.note
+    elif entry is None:
+        status, note = "uncounted", table.no_formula(node.op)
+    else:
+        try:
+            cost = _applied(entry.formula, node.call, sizes)
+        except CountError as error:
+            raise InvalidFormulaError(f"{_where(entry.formula, node)} built a Cost with {error}: "
+                                      f"counts are integers or expressions in sizes.") from error
+        except Exception as error:  # a user's formula may raise anything; the node says which
+            status, note = "error", f"{type(error).__name__}: {error}"
+        else:
+            cost = _checked(cost, entry.formula, node)
+            if entry.zero_reason is not None:
+                status, note = "zero", entry.zero_reason
+    if (status == "counted" and (decomposed is not None or _built_in(entry.formula))
+            and (sparse := sparse_operand(node.call, cost))):
+        status, cost, note = "uncounted", Counts(), sparse
+    if node.region:
+        cost, status, note = _in_region(node, cost, status, note)
+    if strict and status in ("uncounted", "error"):
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    # Every field is built here (the cost is a validated Counts): no validation needed.
+    return NodeRecord.model_construct(
+        name=node.name,
+        op=node.op_name,
+        module=node.module,
+        status=status,
+        inputs=[_spec(t) for t in node.call.tensor_inputs()],
+        outputs=[_spec(t) for t in node.call.outputs],
+        cost=cost,
+        note=note,
+        phase=phase,
+        differentiates=differentiates,
+    )
+
+
+def _applied(formula, call: OpCall, sizes: Mapping | None) -> Counts:
+    """``formula`` on ``call``; where it needs concrete sizes (an antialiased resize's windows,
+    an adaptive pool's) and the call's symbols all have values in ``sizes``, at those."""
+    try:
+        return formula(call)
+    except Exception:
+        symbols = call.size_symbols()
+        if not (sizes and symbols and symbols <= sizes.keys()):
+            raise
+    return formula(call.at_sizes(sizes))
+
+
+def _built_in(formula) -> bool:
+    """A formula of exportflops' table, which counts dense tensors; a user's formula may read
+    `TensorMeta.layout` and count a sparse tensor's nonzeros its own way."""
+    return getattr(formula, "__module__", "").startswith("exportflops.")
+
+
+def sparse_operand(call: OpCall, cost: Counts) -> str:
+    """Why ``cost`` is no count of ``call``: a tensor of it is sparse, and a sparse kernel's
+    arithmetic follows the nonzeros it stores, a value no shape holds (a matmul of a 1000 x
+    1000 COO matrix holding 10 nonzeros does 10 multiply-adds per column, not 1000). The
+    formulas count dense tensors; an op with no arithmetic (a view, ``to_dense``) stays
+    counted. Empty where every tensor is strided."""
+    layouts = {t.layout for t in (*call.tensor_inputs(), *call.outputs)
+               if isinstance(t, TensorMeta)} - {torch.strided}
+    if not layouts or (cost.flops == 0 and cost.macs == 0):
+        return ""
+    names = ", ".join(sorted(str(layout).removeprefix("torch.") for layout in layouts))
+    return (f"a sparse tensor ({names}): its cost follows the nonzeros it stores, which the "
+            f"graph does not hold; counted dense it would be {cost.flops} FLOPs. Count it with "
+            f"your own formula (formulas=), or pass it dense (.to_dense()) to count it so")
+
+
+def _checked(cost: object, formula, node: NodeCall) -> Counts:
+    """A formula's result, refused unless it is a Cost of natural counts in the node's sizes:
+    a wrong count would otherwise reach every total silently."""
+    where = _where(formula, node)
+    if not isinstance(cost, Counts):
+        raise InvalidFormulaError(
+            f"{where} returned {type(cost).__name__}: a formula returns "
+            f"exportflops.Cost(flops=..., macs=...) or call.cost(...) (bytes from its tensors)."
+        )
+    for name in Counts.model_fields:
+        value = getattr(cost, name)
+        problem = _count_problem(value, node.call) if value != 0 else None
+        if problem:
+            raise InvalidFormulaError(
+                f"{where} returned {name}={value}, {problem}: counts are non-negative integers, "
+                f"or expressions in the dynamic sizes the node sees."
+            )
+    return cost
+
+
+def _where(formula, node: NodeCall) -> str:
+    return (f"the formula {getattr(formula, '__qualname__', formula)} for {node.op_name} at node "
+            f"{node.name!r} (module {node.module or '<root>'!r})")
+
+
+def _count_problem(value, call) -> str | None:
+    if isinstance(value, int):
+        return "a negative count" if value < 0 else None
+    if value.is_number:
+        return "not an integer"
+    stray = value.free_symbols - call.size_symbols()
+    if stray:
+        return f"which depends on {', '.join(sorted(map(str, stray)))}, not a size of the node"
+    return "a negative count" if value.is_negative else None
+
+
+def _in_region(node: NodeCall, cost: Counts, status: str, note: str) -> tuple[Counts, str, str]:
+    """An op inside a control-flow subgraph: scaled by its runs, or uncounted when unknown."""
+    if status not in ("counted", "zero"):
+        return cost, status, f"{node.region}: {note}"
+    if node.repeat is None:
+        return Counts(), "uncounted", (f"{node.region}: runs an unknown number of times "
+                                       f"(trip count not known at export); {cost.flops} FLOPs "
+                                       f"per run")
+    suffix = f", x{node.repeat}" if node.repeat != 1 else ""
+    where = f"{node.region}{suffix}" + (f"; {note}" if note else "")
+    return cost.scaled(node.repeat), status, where
+
+
+def untraced_backward(node: NodeCall, reason: str, *, strict: bool) -> NodeRecord:
+    """The record of a forward node whose backward could not be traced: missing, not zero."""
+    note = f"backward not traced: {reason}"
+    if strict:
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    return NodeRecord(name=f"{node.name}.backward", op=node.op_name, module=node.module,
+                      status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
+                      outputs=[], cost=Counts(), note=note, phase="backward",
+                      differentiates=node.name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _spec(tensor: TensorMeta) -> TensorSpec:
+    # A transformer repeats the same few shapes in every layer; records are frozen, so shared.
+    return TensorSpec.of(tensor.shape, tensor.dtype)

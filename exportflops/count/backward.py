@@ -1,0 +1,321 @@
+"""Train mode: the backward ops of every forward node, traced from autograd, not guessed.
+
+For each forward op whose inputs need gradients and whose output receives one, the op is
+replayed on fresh fake tensors of the node's shapes, strides and dtypes, and the ATen ops that
+``torch.autograd.grad`` dispatches for its vector-Jacobian product are recorded. Those ops are
+the op's real backward (``mm`` pairs for a linear, ``convolution_backward`` with its output mask,
+``_softmax_backward_data``, ...), counted by the same formula table and charged to the module of
+the forward node. Which tensors need gradients follows the graph: parameters with
+``requires_grad`` (a frozen parameter needs none), inputs the user marked ``requires_grad``, and
+what autograd computes from them (replaying each op says which outputs it tracks: none for
+``detach``, comparisons, ``argmax``, ``zeros_like``). Gradients flow from every floating output
+the model returns, as ``loss.backward()`` of a loss computed from all of them.
+
+Run-once wrappers are gone through op by op: an autocast region's ops are replayed under its
+autocast (the backward runs in the dtypes the forward ran in), a ``no_grad`` region needs no
+gradient, and a checkpointed region is differentiated and also recomputed in the backward. The
+inlined forward of a custom ``torch.autograd.Function`` gets no backward of its own: autograd
+runs the Function's backward, user code export does not capture, so it is reported untraced.
+
+This module reads the exported graph itself (``meta["val"]`` for the fake tensors to replay):
+the walker's shapes and dtypes are not enough to run an op.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export.graph_signature import OutputKind
+
+from .replay import Tracer
+from ..torch_internals import HigherOrderOperator, OpOverload, pytree
+from ..graph.walk import RUN_ONCE, GraphRead, NodeCall, op_name, subgraphs
+
+
+#: Activation checkpointing as export leaves it: the higher-order ops dynamo emits, and
+#: torch.utils.checkpoint's reentrant variant, a custom Function whose backward reruns its region
+#: with grad on and then backpropagates through it (non-strict export inlines its forward as a
+#: no_grad wrapper).
+CHECKPOINT_OPS = frozenset({"tag_activation_checkpoint", "wrap_activation_checkpoint"})
+CHECKPOINT_FUNCTIONS = frozenset({"torch.utils.checkpoint.CheckpointFunction"})
+RECOMPUTED = ("recomputed in the backward: activation checkpointing discarded this op's "
+              "activations and reruns it before differentiating it")
+CONTROL_FLOW_REASON = "the backward of control flow (torch.cond, map, while_loop) is not traced"
+
+
+def custom_function_reason(function: str) -> str:
+    return (f"it runs inside the forward of the custom torch.autograd.Function {function}, "
+            f"whose backward is user code that torch.export does not capture; autograd runs "
+            f"that backward, not these ops' own")
+
+
+@dataclass(frozen=True)
+class BackwardOps:
+    """The backward of one forward node: its recorded ops, or why none could be traced."""
+
+    forward: NodeCall
+    calls: list[NodeCall]
+    failure: str = ""
+    note: str = ""
+    """Why these ops run in the backward when that is not differentiation: recomputation."""
+
+
+def trace_backward(program: torch.export.ExportedProgram, graph: GraphRead,
+                   received: dict | None = None, measured: dict | None = None
+                   ) -> list[BackwardOps]:
+    """The backward ops of every forward node of ``graph`` (the program's graph, read) that
+    needs and receives a gradient. ``received``, when given, is filled with node -> whether
+    every output of it that needs a gradient receives one. ``measured``: the example's value
+    of each size read from values, for a backward kernel that needs concrete sizes."""
+    signature = program.graph_signature
+    flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds, measured), graph.nodes,
+                 {*signature.inputs_to_parameters, *signature.inputs_to_buffers})
+    flow.run(program.graph, _user_outputs(program))
+    if received is not None:
+        received.update({node: needs <= flow.receives.get(node, set())
+                         for node, needs in flow.needs.items()})
+    return [ops for call in graph.nodes for ops in flow.backward_of(call)]
+
+
+def _user_outputs(program: torch.export.ExportedProgram) -> set[str]:
+    return {spec.arg.name for spec in program.graph_signature.output_specs
+            if spec.kind == OutputKind.USER_OUTPUT and hasattr(spec.arg, "name")}
+
+
+class _Flow:
+    """Which nodes need a gradient (forward, asking autograd op by op) and receive one
+    (backward, from the outputs), through the subgraphs of run-once wrappers, whose ops autograd
+    records as if unwrapped (autocast, grad mode, checkpointing)."""
+
+    def __init__(self, tracer: Tracer, forward: list[NodeCall], lifted: set[str]) -> None:
+        self.tracer = tracer
+        self.lifted = lifted
+        """Names of the placeholders that hold parameters and buffers."""
+        self.forward = forward
+        self.calls = {call.node: call for call in forward if call.node is not None}
+        self.needs: dict[torch.fx.Node, frozenset[int]] = {}
+        """Node -> indices of its outputs that need a gradient ({0} for one tensor)."""
+        self.receives: dict[torch.fx.Node, set[int]] = {}
+        """Node that needs a gradient -> indices of its outputs that receive one."""
+        self.autocast: dict[torch.fx.Node, tuple] = {}
+        """Node inside a ``wrap_with_autocast`` -> that wrapper's autocast arguments."""
+        self.bodies: dict[torch.fx.Node, tuple[torch.fx.Graph, list, list]] = {}
+        """Wrapper traced through -> (subgraph, its operands, the subgraph's placeholders)."""
+        self.kinds: dict[torch.fx.Node, str] = {}
+        """Higher-order op -> how the backward treats it (see `_kind`)."""
+
+    def run(self, graph: torch.fx.Graph, outputs: set[str]) -> None:
+        for node in graph.nodes:
+            if node.op == "placeholder" and getattr(node.meta.get("val"), "requires_grad", False):
+                self.needs[node] = frozenset({0})
+        self._forward_pass(graph, None)
+        for arg in _input_nodes(graph.output_node()):
+            if arg.name in outputs:
+                self._receive(arg, 0)
+        self._backward_pass(graph)
+
+    def _forward_pass(self, graph: torch.fx.Graph, autocast: tuple | None) -> None:
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            if autocast is not None:
+                self.autocast[node] = autocast
+            if node.target is operator.getitem:
+                if node.args[1] in self.needs.get(node.args[0], ()):
+                    self.needs[node] = frozenset({0})
+            elif any(arg in self.needs for arg in _input_nodes(node)):
+                outputs = self._outputs_needing(node, autocast)
+                if outputs:
+                    self.needs[node] = outputs
+
+    def _outputs_needing(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
+        """Autograd decides: ``detach``, comparisons, ``argmax``, ``zeros_like``... return
+        outputs that need no gradient. An op that cannot be replayed is assumed to pass one on
+        from every floating output (its backward is then reported untraced)."""
+        if isinstance(node.target, HigherOrderOperator):
+            return self._wrapper_outputs(node, autocast)
+        if self._in_custom_function(node):
+            # Autograd never sees these ops: the Function's outputs need a gradient when any of
+            # its inputs does, whatever runs between (a straight-through estimator's comparison).
+            val = node.meta.get("val")
+            return frozenset(range(len(val))) if isinstance(val, (list, tuple)) else frozenset({0})
+        if isinstance(node.target, OpOverload):
+            try:
+                return self.tracer.outputs_needing(node, self._grad_positions(node), autocast)
+            except Exception:  # any op may refuse a fake replay; its backward says why
+                pass
+        return _floating_outputs(node.meta.get("val"))
+
+    def _wrapper_outputs(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
+        kind = self._kind(node)
+        if kind == "no_grad":
+            return frozenset()
+        if kind not in ("through", "checkpoint"):
+            return _floating_outputs(node.meta.get("val"))
+        (subgraph, operands, placeholders) = self.bodies[node]
+        for placeholder, operand in zip(placeholders, operands):
+            if operand in self.needs:
+                self.needs[placeholder] = frozenset({0})
+        if node.target.name() == "wrap_with_autocast":
+            autocast = tuple(node.args[:4])  # device type, dtype, enabled, cache_enabled
+        self._forward_pass(subgraph, autocast)
+        return frozenset(i for i, out in enumerate(_output_values(subgraph))
+                         if out in self.needs)
+
+    def _kind(self, node: torch.fx.Node) -> str:
+        """How the backward treats a higher-order op: ``through`` its subgraph op by op (and a
+        ``checkpoint`` recomputes it too), ``no_grad`` (no gradient), ``function`` (the inlined
+        forward of a custom autograd.Function) or ``opaque`` (control flow)."""
+        if node not in self.kinds:
+            self.kinds[node] = self._classify(node)
+        return self.kinds[node]
+
+    def _classify(self, node: torch.fx.Node) -> str:
+        name = node.target.name()
+        bodies = list(subgraphs(node))
+        if name not in RUN_ONCE or len(bodies) != 1:
+            return "opaque"
+        subgraph = bodies[0][1]
+        placeholders = [n for n in subgraph.nodes if n.op == "placeholder"]
+        operands = _operands(node)
+        if len(placeholders) != len(operands):
+            return "opaque"
+        function = self._function_in(subgraph)
+        if function and function not in CHECKPOINT_FUNCTIONS:
+            return "function"
+        if _grad_off(node) and not function and not self._after_function(node):
+            return "no_grad"
+        if function and not self._checkpoint_tracks(operands):
+            return "no_grad"
+        self.bodies[node] = (subgraph, operands, placeholders)
+        return "checkpoint" if name in CHECKPOINT_OPS or function else "through"
+
+    def _checkpoint_tracks(self, operands: list) -> bool:
+        """Reentrant checkpointing tracks its outputs only when one of the tensors passed to
+        ``checkpoint`` needs a gradient: parameters used inside do not count (torch warns "None
+        of the inputs have requires_grad=True", and they get no gradient). Export passes both
+        as operands; the lifted parameters and buffers are told apart by name. (Classified
+        when the forward pass reaches the wrapper, so the operands' needs are known.)"""
+        return any(operand in self.needs and operand.name not in self.lifted
+                   for operand in operands)
+
+    def _after_function(self, node: torch.fx.Node) -> bool:
+        """Whether this grad-off wrapper is export's record of a custom Function's exit, not a
+        ``no_grad`` of the model's. Export records a ``no_grad`` inside the Function's forward
+        (reentrant checkpointing has one) and its exit, which restores the forward's own
+        grad-off mode, but not the grad-on mode ``apply`` restores on return: the ops after
+        the Function land in a grad-off wrapper of their own, right after the Function's."""
+        previous = node.prev
+        while previous.op != "root" and not _grad_off(previous):
+            previous = previous.prev
+        return previous.op != "root" and bool(self._function_in(next(subgraphs(previous))[1]))
+
+    def _in_custom_function(self, node: torch.fx.Node) -> bool:
+        function = self.calls[node].autograd_function if node in self.calls else ""
+        return bool(function) and function not in CHECKPOINT_FUNCTIONS
+
+    def _function_in(self, subgraph: torch.fx.Graph) -> str:
+        return next((self.calls[n].autograd_function for n in subgraph.nodes
+                     if n in self.calls and self.calls[n].autograd_function), "")
+
+    def _backward_pass(self, graph: torch.fx.Graph) -> None:
+        for node in reversed(graph.nodes):
+            if node.op != "call_function" or node not in self.receives:
+                continue
+            if node.target is operator.getitem:
+                self._receive(node.args[0], node.args[1])
+            elif node in self.bodies:
+                subgraph, operands, placeholders = self.bodies[node]
+                outputs = _output_values(subgraph)
+                for index in self.receives[node]:
+                    self._receive(outputs[index], 0)
+                self._backward_pass(subgraph)
+                for placeholder, operand in zip(placeholders, operands):
+                    if placeholder in self.receives:
+                        self._receive(operand, 0)
+            else:
+                for arg in _input_nodes(node):
+                    self._receive(arg, 0)
+
+    def _receive(self, node: Any, index: int) -> None:
+        if node in self.needs:
+            self.receives.setdefault(node, set()).add(index)
+
+    def _grad_positions(self, node: torch.fx.Node) -> set[int]:
+        flat = pytree.tree_leaves((node.args, node.kwargs))
+        return {i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a in self.needs
+                and _floating(a.meta.get("val"))}
+
+    def backward_of(self, call: NodeCall) -> list[BackwardOps]:
+        node = call.node
+        outputs = self.receives.get(node)
+        if outputs is None:
+            return []
+        if isinstance(node.target, HigherOrderOperator):
+            return self._wrapper_backward(call)
+        if not isinstance(node.target, OpOverload):
+            return []
+        if self._in_custom_function(node):
+            return [BackwardOps(call, [], custom_function_reason(call.autograd_function))]
+        try:
+            ops = self.tracer.backward_of(node, self._grad_positions(node), outputs,
+                                          self.autocast.get(node))
+        except Exception as error:  # any op may refuse a fake replay; the report says which
+            return [BackwardOps(call, [], f"{type(error).__name__}: {error}")]
+        return [BackwardOps(call, [
+            # An op under vmap was replayed on one sample's shapes: its backward runs as often.
+            NodeCall(f"{call.name}.backward.{i}", op.op, op_name(op.op), op, call.stack,
+                     *((call.region, call.repeat) if call.repeat != 1 else ()))
+            for i, op in enumerate(ops)
+        ])]
+
+    def _wrapper_backward(self, call: NodeCall) -> list[BackwardOps]:
+        kind = self._kind(call.node)
+        if kind == "function":
+            function = self._function_in(next(subgraphs(call.node))[1])
+            return [BackwardOps(call, [], custom_function_reason(function))]
+        if kind == "opaque":
+            return [BackwardOps(call, [], CONTROL_FLOW_REASON)]
+        if kind == "checkpoint":
+            prefix = f"{call.name}."
+            return [BackwardOps(inner, [replace(inner, name=f"{inner.name}.recompute")],
+                                note=RECOMPUTED)
+                    for inner in self.forward if inner.name.startswith(prefix)]
+        return []
+
+
+def _grad_off(node: torch.fx.Node) -> bool:
+    return (isinstance(node.target, HigherOrderOperator)
+            and node.target.name() == "wrap_with_set_grad_enabled" and node.args[0] is False)
+
+
+def _operands(node: torch.fx.Node) -> list:
+    """The values a wrapper passes to its subgraph's placeholders: the nodes after the
+    subgraph's own ``get_attr`` argument."""
+    flat = pytree.tree_leaves((node.args, node.kwargs))
+    start = next(i for i, a in enumerate(flat)
+                 if isinstance(a, torch.fx.Node) and a.op == "get_attr") + 1
+    return [a for a in flat[start:] if isinstance(a, torch.fx.Node)]
+
+
+def _output_values(graph: torch.fx.Graph) -> list:
+    return list(pytree.tree_leaves(graph.output_node().args[0]))
+
+
+def _floating_outputs(val: Any) -> frozenset[int]:
+    values = val if isinstance(val, (list, tuple)) else [val]
+    return frozenset(i for i, v in enumerate(values) if _floating(v))
+
+
+def _input_nodes(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
+    return (a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node))
+
+
+def _floating(val: Any) -> bool:
+    return any(isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
+               for v in pytree.tree_leaves(val))

@@ -1,0 +1,10 @@
+"""Generation: the prefill and one decode step, as polynomials of the context length.
+
+``decoder`` holds `analyze_generation` for decoder-only models, ``seq2seq`` the encoder-decoder
+models, ``sliding`` the caches whose layers keep a window, ``cache_names`` the name transformers
+gives a model's cache, and ``forked`` work run in a forked process meanwhile.
+"""
+
+from .decoder import analyze_generation
+
+__all__ = ["analyze_generation"]

@@ -1,0 +1,7 @@
+"""Graph: the readers of ``node.meta`` outside capture.
+
+``walk`` turns each ``call_function`` node of an exported graph into a `NodeCall` (the op, its
+tensors' shapes, its module stack); ``stacks`` reads module stacks, ``kinds`` what each tensor
+holds (weight, state, activation), ``vmap`` how often an op under ``torch.vmap`` runs, and
+``program_edits`` the edits generation makes to a decode step's program.
+"""

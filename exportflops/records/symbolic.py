@@ -1,0 +1,48 @@
+"""Dynamic sizes as sympy symbols: one symbol per size name, counts parsed from JSON, and the
+evaluation of expressions at given sizes. Torch-free, and below the records: they use it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+
+from ..errors import CountError
+
+
+def size_symbol(name: str) -> sympy.Symbol:
+    """The one symbol a dynamic size named ``name`` becomes: a positive integer."""
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def parse_count(value: Any) -> int | sympy.Expr:
+    """An int, or a sympy expression in the user's size names (from JSON: its string)."""
+    if isinstance(value, bool):
+        raise CountError("a count is an integer or an expression, not a bool")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        value = sympy.sympify(value)
+        value = value.xreplace({s: size_symbol(s.name) for s in value.free_symbols})
+    if isinstance(value, sympy.Basic):
+        return int(value) if value.is_Integer else value
+    raise CountError(f"a count is an integer or an expression, got {type(value).__name__}")
+
+
+class Evaluator:
+    """Evaluates expressions at fixed sizes, each distinct expression once: a transformer
+    repeats the same ones in every layer."""
+
+    def __init__(self, values: dict[str, int]) -> None:
+        self.values = {size_symbol(name): value for name, value in values.items()}
+        self.cache: dict = {}
+
+    def value(self, expr: int | sympy.Expr | str) -> int:
+        """``expr`` at the sizes; a string is parsed first (a dynamic size in a shape)."""
+        if isinstance(expr, int):
+            return expr
+        result = self.cache.get(expr)
+        if result is None:
+            parsed = parse_count(expr) if isinstance(expr, str) else expr
+            result = self.cache[expr] = int(parsed.xreplace(self.values))
+        return result

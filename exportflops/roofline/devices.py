@@ -1,0 +1,352 @@
+"""Dense peak FLOP/s per dtype and memory bandwidth per device: one sourced, dated row per
+device, as data. Keys are short lowercase names (``h100-sxm``, ``a100-sxm-80gb``); the roofline
+(`exportflops.roofline.predict`) reads a row by key, the MFU by the name the driver reports.
+
+Every figure is the *dense* tensor-core (or vector) peak of the datasheet. NVIDIA prints the
+Hopper, Ada and Ampere tensor-core figures with 2:4 structured sparsity (marked ``*``, "with
+sparsity"); where the datasheet prints only that figure, the dense one is half of it, and the
+row keeps the printed sparse number inside the halving so that the trap stays visible
+(shared/REFERENCES.md, "Peak FLOPS: a trap"). Where it prints both, the row takes the printed
+dense figure.
+
+A device is found by the exact name ``torch.cuda.get_device_name()`` reports, matched against a
+whole-name pattern, never a substring: an unknown name (another variant, a MIG slice, a new GPU)
+is an `UnknownDeviceError` naming ``peak_flop_per_s=``, not a fallback to a row that looks
+close.
+
+The CPU has no datasheet row: `cpu_peak` derives an *estimate* from the thread count, the clock
+and the vector width, and says so in its source.
+
+`mfu_peak` is the policy: which of these peaks the MFU of a measured report is taken against.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from ..errors import UnknownDeviceError
+from ..records import Report
+
+TERA = 1e12
+#: The date the rows' figures were checked against public copies of the datasheet tables (the
+#: vendor's pages could not be reached from where the check ran); verify against the source URL.
+_CHECKED = "checked 2026-11-23"
+
+#: Dtype keys of the table. ``tf32`` is float32 matmul on tensor cores; `matmul_dtype` picks it.
+DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
+
+
+def sparse_to_dense(sparse_tflops: float) -> float:
+    """Dense TFLOPS from a datasheet figure printed with 2:4 sparsity: half of it."""
+    return sparse_tflops / 2
+
+
+@dataclass(frozen=True)
+class Device:
+    """One device of the table."""
+
+    key: str
+    """Short name, e.g. ``h100-sxm``, ``a100-sxm-80gb``."""
+    names: str
+    """Regular expression matched against the whole ``torch.cuda.get_device_name()``."""
+    dense_tflops: Mapping[str, float]
+    """Dense peak in TFLOP/s per dtype key of `DTYPES`; a dtype absent here has no peak."""
+    bandwidth_gb_s: float
+    """Peak memory bandwidth in GB/s (10^9 bytes per second), as the datasheet prints it."""
+    source: str
+    """Datasheet the figures come from: its name and URL."""
+    dated: str
+    """Which edition of the source the figures were read from, or when they were checked."""
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_s * 1e9
+
+
+#: The four A100 boards share the datasheet's peaks and differ in memory bandwidth.
+_A100_DENSE = {
+    "float64": 19.5,  # FP64 Tensor Core
+    "float32": 19.5,
+    "tf32": 156,  # printed "156 TF | 312 TF*"
+    "bfloat16": 312,  # printed "312 TF | 624 TF*"
+    "float16": 312,
+}
+_A100_SOURCE = ("NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950-"
+                "r4-web.pdf), https://www.nvidia.com/en-us/data-center/a100/")
+_A100_DATED = "datasheet r4 (the file named), checked 2026-11-23"
+
+
+class Peak(NamedTuple):
+    flop_per_s: float
+    source: str
+    """The row (or the derivation, for an estimate) the figure comes from."""
+
+
+DEVICES: tuple[Device, ...] = (
+    *(Device(
+        key=f"a100-{board}-{gb}gb",
+        names=name,
+        dense_tflops=_A100_DENSE,
+        bandwidth_gb_s=bandwidth,  # "GPU Memory Bandwidth", per board
+        source=_A100_SOURCE,
+        dated=_A100_DATED,
+    ) for board, gb, name, bandwidth in (
+        ("sxm", 40, "NVIDIA A100-SXM4-40GB", 1555),
+        ("sxm", 80, "NVIDIA A100-SXM4-80GB", 2039),
+        ("pcie", 40, "NVIDIA A100-PCIE-40GB", 1555),
+        ("pcie", 80, "NVIDIA A100 80GB PCIe", 1935),
+    )),
+    Device(
+        key="h100-sxm",
+        names=r"NVIDIA H100 80GB HBM3",
+        dense_tflops={
+            "float64": 67,  # FP64 Tensor Core
+            "float32": 67,
+            "tf32": sparse_to_dense(989),  # printed "989 teraFLOPS*"
+            "bfloat16": sparse_to_dense(1979),  # printed "1,979 teraFLOPS*"
+            "float16": sparse_to_dense(1979),
+            "float8": sparse_to_dense(3958),  # printed "3,958 teraFLOPS*"
+        },
+        bandwidth_gb_s=3350,  # "GPU memory bandwidth 3.35TB/s"
+        source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h100/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="h100-pcie",
+        names=r"NVIDIA H100 PCIe",
+        dense_tflops={
+            "float64": 51,  # FP64 Tensor Core
+            "float32": 51,
+            "tf32": sparse_to_dense(756),  # printed "756 teraFLOPS*"
+            "bfloat16": sparse_to_dense(1513),  # printed "1,513 teraFLOPS*"
+            "float16": sparse_to_dense(1513),
+            "float8": sparse_to_dense(3026),  # printed "3,026 teraFLOPS*"
+        },
+        bandwidth_gb_s=2000,  # "GPU memory bandwidth 2TB/s"
+        source="NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h100/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="h200-sxm",
+        # H200 SXM: the H100 SXM compute with 141 GB of HBM3e. "NVIDIA H200 NVL" is another
+        # board with lower peaks and does not match.
+        names=r"NVIDIA H200",
+        dense_tflops={
+            "float64": 67,  # FP64 Tensor Core
+            "float32": 67,
+            "tf32": sparse_to_dense(989),  # printed "989 TFLOPS*"
+            "bfloat16": sparse_to_dense(1979),  # printed "1,979 TFLOPS*"
+            "float16": sparse_to_dense(1979),
+            "float8": sparse_to_dense(3958),  # printed "3,958 TFLOPS*"
+        },
+        bandwidth_gb_s=4800,  # "GPU memory bandwidth 4.8TB/s"
+        source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/h200/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="l4",
+        names=r"NVIDIA L4",
+        dense_tflops={
+            "float32": 30.3,
+            "tf32": sparse_to_dense(120),  # printed "120 teraFLOPS*"
+            "bfloat16": sparse_to_dense(242),  # printed "242 teraFLOPS*"
+            "float16": sparse_to_dense(242),
+            "float8": sparse_to_dense(485),  # printed "485 teraFLOPS*"
+        },
+        bandwidth_gb_s=300,  # "GPU memory bandwidth 300GB/s"
+        source="NVIDIA L4 Tensor Core GPU datasheet (* shown with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/l4/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="l40s",
+        names=r"NVIDIA L40S",
+        dense_tflops={
+            "float32": 91.6,
+            "tf32": 183,  # printed "183 | 366*"
+            # Printed "362.05 | 733*": the dense figure is printed, and it is not half of the
+            # sparse one (366.5); the printed dense figure is the peak.
+            "bfloat16": 362.05,
+            "float16": 362.05,
+            "float8": 733,  # printed "733 | 1,466*"
+        },
+        bandwidth_gb_s=864,  # "GPU memory bandwidth 864GB/s"
+        source="NVIDIA L40S GPU datasheet (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/l40s/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="a10",
+        names=r"NVIDIA A10",
+        dense_tflops={
+            "float32": 31.2,
+            "tf32": 62.5,  # printed "62.5 TF | 125 TF*"
+            "bfloat16": 125,  # printed "125 TF | 250 TF*"
+            "float16": 125,
+        },
+        bandwidth_gb_s=600,  # "GPU memory bandwidth 600GB/s"
+        source="NVIDIA A10 Tensor Core GPU datasheet (* with sparsity), "
+               "https://www.nvidia.com/en-us/data-center/products/a10-gpu/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="v100-sxm2",
+        # Volta has no bfloat16 or TF32 tensor cores: those dtypes have no peak here.
+        names=r"Tesla V100-SXM2-(16|32)GB",
+        dense_tflops={"float64": 7.8, "float32": 15.7, "float16": 125},  # "Tensor Performance"
+        bandwidth_gb_s=900,  # "Memory Bandwidth 900GB/sec"
+        source="NVIDIA Tesla V100 GPU datasheet, V100 SXM2 column, "
+               "https://www.nvidia.com/en-us/data-center/v100/",
+        dated=_CHECKED,
+    ),
+    Device(
+        key="t4",
+        names=r"Tesla T4",
+        dense_tflops={"float32": 8.1, "float16": 65},  # "Mixed Precision (FP16/FP32)"
+        bandwidth_gb_s=320,  # printed "320+ GB/sec": the floor of the figure
+        source="NVIDIA T4 Tensor Core GPU datasheet, "
+               "https://www.nvidia.com/en-us/data-center/tesla-t4/",
+        dated=_CHECKED,
+    ),
+)
+
+
+def lookup(device_name: str) -> Device:
+    """The row whose pattern matches the whole device name; `UnknownDeviceError` otherwise."""
+    for device in DEVICES:
+        if re.fullmatch(device.names, device_name.strip()):
+            return device
+    raise UnknownDeviceError(
+        f"No dense peak FLOP/s is known for {device_name!r}. Pass peak_flop_per_s=<dense FLOP/s "
+        f"from its datasheet> (half of a figure printed with sparsity), e.g. "
+        f"peak_flop_per_s=312e12 for an A100 in bfloat16, or peak_flop_per_s=False to measure "
+        f"latency without MFU. Known "
+        f"devices: {', '.join(d.key for d in DEVICES)}."
+    )
+
+
+def device_row(key: str) -> Device:
+    """The row of a short device key such as ``h100-sxm``; `UnknownDeviceError` otherwise."""
+    for device in DEVICES:
+        if device.key == key:
+            return device
+    raise UnknownDeviceError(f"No device {key!r} in the table; its keys are "
+                             f"{', '.join(d.key for d in DEVICES)} (and cpu, measured here).")
+
+
+def matmul_dtype(dtype: str, *, tf32: bool) -> str:
+    """The table key for a contraction in ``dtype``: float32 runs as ``tf32`` when allowed,
+    every float8 variant is ``float8``."""
+    if dtype == "float32" and tf32:
+        return "tf32"
+    if dtype.startswith("float8"):
+        return "float8"
+    return dtype
+
+
+def gpu_peak(device_name: str, dtype: str) -> Peak:
+    """Dense peak of a GPU for a table dtype key (see `matmul_dtype`)."""
+    device = lookup(device_name)
+    if dtype not in device.dense_tflops:
+        raise UnknownDeviceError(
+            f"The table has no dense {dtype} peak for {device_name!r} ({device.key}; it lists "
+            f"{', '.join(device.dense_tflops)}). Pass peak_flop_per_s=<dense FLOP/s> or "
+            f"peak_flop_per_s=False to measure latency without MFU."
+        )
+    tflops = device.dense_tflops[dtype]
+    return Peak(tflops * TERA, f"{device.key} {dtype} dense {tflops:g} TFLOP/s, {device.source}")
+
+
+# fp32 lanes of one vector register per torch CPU capability. Two FMA units per core and 2 FLOPs
+# per lane per FMA are assumptions of the estimate (true of most server x86 cores since Haswell;
+# some parts have one 512-bit FMA unit, which halves the AVX512 figure).
+_FP32_LANES = {"AVX2": 8, "AVX512": 16}
+_FMA_UNITS = 2
+_FLOPS_PER_FMA = 2
+
+
+def cpu_peak(dtype: str, *, threads: int, capability: str, ghz: float | None,
+             ghz_source: str = "") -> Peak:
+    """An *estimate* of the CPU's peak: threads x GHz x FLOPs per cycle of its vector units.
+
+    float64 has half the lanes; bfloat16 and float16 are taken at the float32 rate (AMX and
+    AVX512-BF16 are not modelled). Hyperthreads share a core's FMA units, so with more threads
+    than physical cores the estimate is high.
+    """
+    if capability not in _FP32_LANES or not ghz:
+        raise UnknownDeviceError(
+            f"Cannot estimate this CPU's peak (torch CPU capability {capability!r}, clock "
+            f"{'unknown' if not ghz else f'{ghz:g} GHz'}). Pass peak_flop_per_s=<FLOP/s> or "
+            f"peak_flop_per_s=False to measure latency without MFU."
+        )
+    lanes = _FP32_LANES[capability] // (2 if dtype == "float64" else 1)
+    lane_dtype = "float64" if dtype == "float64" else "float32"
+    per_cycle = lanes * _FMA_UNITS * _FLOPS_PER_FMA
+    flop_per_s = threads * ghz * 1e9 * per_cycle
+    return Peak(flop_per_s, (
+        f"estimate, not a datasheet figure: {threads} threads x {ghz:g} GHz ({ghz_source}) x "
+        f"{per_cycle} FLOP/cycle ({capability}: {lanes} {lane_dtype} lanes x {_FMA_UNITS} FMA "
+        f"units (assumed) x {_FLOPS_PER_FMA}) = "
+        f"{flop_per_s / 1e9:.0f} GFLOP/s"
+    ))
+
+
+def cpu_clock_ghz() -> tuple[float | None, str]:
+    """The CPU's maximum clock if the kernel reports one, else the current clock of cpu0."""
+    max_freq = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+    try:
+        return int(max_freq.read_text()) / 1e6, "cpuinfo_max_freq"
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":")[1]) / 1e3, "current clock from /proc/cpuinfo"
+    except (OSError, ValueError, IndexError):
+        pass
+    return None, ""
+
+
+# --- which peak an MFU is measured against -----------------------------------------------------
+
+def mfu_peak(peak_flop_per_s: float | bool | None, run_on: torch.device,
+             report: Report) -> Peak | None:
+    """The dense peak that the MFU of ``report``, run on ``run_on``, is measured against: the
+    user's figure (checked by the caller), none for ``False``, else the table's row for a GPU or
+    the estimate for the CPU, in the dtype that does most of the work (`compute_dtype`)."""
+    if peak_flop_per_s is False:
+        return None
+    if peak_flop_per_s is not None:
+        return Peak(float(peak_flop_per_s), "user")
+    dtype = compute_dtype(report)
+    if run_on.type == "cuda":
+        # float32 matmuls run on TF32 tensor cores unless the precision is "highest".
+        tf32 = torch.get_float32_matmul_precision() != "highest"
+        return gpu_peak(torch.cuda.get_device_name(run_on), matmul_dtype(dtype, tf32=tf32))
+    ghz, ghz_source = cpu_clock_ghz()
+    return cpu_peak(matmul_dtype(dtype, tf32=False), threads=torch.get_num_threads(),
+                    capability=torch.backends.cpu.get_cpu_capability(), ghz=ghz,
+                    ghz_source=ghz_source)
+
+
+def compute_dtype(report: Report) -> str:
+    """The dtype of the first input of the nodes holding most of the contraction FLOPs (of all
+    FLOPs when nothing contracts): contractions run at the peak the MFU is about, and a model
+    that contracts in bfloat16 is measured against the bfloat16 peak even if its norms run in
+    float32."""
+    contracting = [n for n in report.nodes if n.cost.macs and n.inputs]
+    nodes = contracting or [n for n in report.nodes if n.cost.flops and n.inputs]
+    flops: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        flops[node.inputs[0].dtype] += node.cost.flops
+    return max(flops, key=flops.get) if flops else "float32"

@@ -1,0 +1,71 @@
+"""The fast path's cheap pass reuses a functional meta op's result instead of running its
+kernel again, and nothing else: results stay new tensors of the right layout, views still alias
+their base, in-place ops and ops on real tensors still run, and the plan is the same."""
+
+from __future__ import annotations
+
+import torch
+
+from exportflops.capture.blocks import _Ops, _Trace, plan_blocks
+from exportflops.examples.llama import Llama, LlamaConfig
+
+
+def _ops() -> _Ops:
+    return _Ops(_Trace({}), reuse=True)
+
+
+def test_functional_meta_op_gives_new_tensor_of_recorded_layout():
+    a = torch.empty(4, 8, device="meta")
+    b = torch.empty(16, 8, device="meta").t()  # non-contiguous argument
+    with _ops() as ops:
+        first = a @ b
+        second = a @ b
+    assert second is not first
+    assert second.shape == (4, 16) and second.stride() == first.stride() == (16, 1)
+    assert ops.events[0] == ops.events[1]
+
+
+def test_view_still_aliases_and_inplace_still_runs():
+    a = torch.empty(4, 8, device="meta")
+    with _ops():
+        a.t()
+        view = a.t()
+        a.unsqueeze_(0)
+        a.unsqueeze_(0)
+    assert view._base is a
+    assert a.shape == (1, 1, 4, 8)  # both in-place ops changed it
+
+
+def test_ops_on_real_tensors_compute_values():
+    with _ops():
+        first = torch.arange(4) * 2
+        second = torch.arange(4) * 3
+        third = torch.arange(4) * 3
+    assert first.tolist() == [0, 2, 4, 6]
+    assert second.tolist() == third.tolist() == [0, 3, 6, 9]
+
+
+def test_default_dtype_is_part_of_the_key():
+    before = torch.get_default_dtype()
+    try:
+        with _ops():
+            single = torch.ones(3, device="meta")
+            torch.set_default_dtype(torch.float64)
+            double = torch.ones(3, device="meta")
+    finally:
+        torch.set_default_dtype(before)
+    assert single.dtype == torch.float32 and double.dtype == torch.float64
+
+
+def test_plan_is_the_same_with_and_without_reuse(monkeypatch):
+    config = LlamaConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                         head_dim=8, ffn_dim=64, max_seq_len=16)
+    with torch.device("meta"):
+        model = Llama(config)
+    ids = torch.zeros((1, 8), dtype=torch.long, device="meta")
+    with_reuse = plan_blocks(model, (ids,), {})
+    monkeypatch.setattr("exportflops.capture.blocks._all_meta", lambda inputs, out: False)
+    without = plan_blocks(model, (ids,), {})
+    models = {path: repeat.model for path, repeat in with_reuse.repeats.items()}
+    assert all(models[f"layers.{i}"] == "layers.0" for i in (1, 2, 3))
+    assert with_reuse.repeats == without.repeats
