@@ -1,6 +1,6 @@
 """One analysis against one ``torch.utils.flop_counter.FlopCounterMode`` run, both on meta, in
 one process: GPT-2 124M at 1024 tokens, a Llama-3-70B shape at 4096 tokens and, with
-``--405b``, a Llama-3.1-405B shape at 4096 tokens (issue 16).
+``--405b``, a Llama-3.1-405B shape at 4096 tokens.
 
 Target: ``analyze(model, args)`` (the fast path, the default) takes at most 2x the time of
 running the model's forward once under FlopCounterMode. The two alternate, ``--repeat`` times

@@ -3,7 +3,7 @@ model's own ``forward``) against the replay with a clock around every node, meas
 run by `exportflops.profile` (the two alternate within each iteration, so a machine that slows
 down slows both).
 
-Target (issue 7): hooked / plain <= 1.15 and |residual| <= 10% of plain, on the medians, where
+Target: hooked / plain <= 1.15 and |residual| <= 10% of plain, on the medians, where
 the residual is the plain forward's latency minus the sum of the nodes' median latencies (time
 no node accounts for: module calls, Python between ops). The minima are printed too: on a
 shared machine they are the least disturbed figures.

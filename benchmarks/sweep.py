@@ -7,7 +7,7 @@
 2. 64 concrete ``analyze`` calls (one export each);
 3. 64 runs of ``torch.utils.flop_counter.FlopCounterMode`` over the model's forward.
 
-Target (issue 4): the symbolic way at least 20x faster than FlopCounterMode. Every way's totals
+Target: the symbolic way at least 20x faster than FlopCounterMode. Every way's totals
 are checked against each other: ours equal each other at every point; FlopCounterMode counts
 matmul FLOPs only (and on meta SDPA runs its math path, two bmm), so it is compared with our
 ``matmul_flops``.

@@ -11,67 +11,61 @@ from typing import Any
 
 from .version import __version__
 
-#: Public name -> the module that defines it.
+#: Public name -> the module that defines it: the analyses, the rendering functions (each
+#: returns its text), the records a user reads, the names a formula is written with, and the
+#: errors a user catches. Everything else stays importable from its package.
 _HOMES = {
+    # the analyses
     "analyze": "api",
-    "fake_process_group": "parallel",
-    "Collective": "records",
-    "DistributedError": "errors",
     "analyze_generation": "generation",
+    "profile": "runtime",
+    "fake_process_group": "parallel",
+    # DeepSpeed's and fvcore's names for the same analysis
     "get_model_profile": "compat",
     "FlopCountAnalysis": "compat",
-    "ExportError": "errors",
-    "ExportFlopsError": "errors",
-    "CountError": "errors",
-    "DuplicateFormulaError": "errors",
-    "InvalidFormulaError": "errors",
-    "Progress": "progress",
-    "FormulaError": "errors",
-    "InputError": "errors",
-    "UsageError": "errors",
-    "TorchFeatureError": "errors",
-    "BuildError": "errors",
-    "ProfileError": "errors",
-    "UncountedOpError": "errors",
-    "UnknownDeviceError": "errors",
-    "RooflineError": "errors",
-    "GenerationError": "errors",
-    "FLOPS_PER_MAC": "records",
-    "Counts": "records",
-    "GenerationReport": "records",
-    "ModuleRecord": "records",
-    "NodeRecord": "records",
-    "OperatorStats": "records",
-    "Report": "records",
-    "Roofline": "records",
-    "RooflineModule": "records",
-    "RooflineNode": "records",
-    "TensorSpec": "records",
-    "TiedParameter": "records",
-    "UncountedOp": "records",
-    "FORMULAS": "formulas",
-    "Cost": "formulas",
-    "FormulaTable": "formulas",
-    "OpCall": "formulas",
-    "TensorMeta": "formulas",
-    "register_formula": "formulas",
-    "RenderOptions": "render",
+    # rendering: each returns its text
     "flops_report": "render",
     "to_csv": "render",
     "to_markdown": "render",
     "roofline_view": "render",
-    "profile": "runtime",
     "to_html": "render.pictures",
     "to_trace": "render.pictures",
+    # the records a user reads
+    "Report": "records",
+    "GenerationReport": "records",
+    "Roofline": "records",
+    "Cost": "records",
+    "ModuleRecord": "records",
+    "NodeRecord": "records",
+    "OperatorStats": "records",
+    "UncountedOp": "records",
+    # writing a formula
+    "register_formula": "formulas",
+    "OpCall": "formulas",
+    "TensorMeta": "formulas",
+    "FLOPS_PER_MAC": "records",
+    # the errors a user catches (every error is an ExportFlopsError)
+    "ExportFlopsError": "errors",
+    "ExportError": "errors",
+    "InputError": "errors",
+    "UncountedOpError": "errors",
+    "InvalidFormulaError": "errors",
     "MissingExtraError": "errors",
-    "NotMeasuredError": "errors",
-    "FlopsProfiler": "runtime.profiler",
+    "TorchFeatureError": "errors",
 }
 
 __all__ = ["__version__", *sorted(_HOMES)]
 
 
+#: The packages a user reaches by attribute (``exportflops.roofline.roofline(report, device)``,
+#: ``exportflops.hf.build("llama")``), imported on first use like the names above.
+_PACKAGES = {"budgets", "examples", "formulas", "generation", "hf", "parallel", "records",
+             "render", "roofline", "runtime"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _PACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'exportflops' has no attribute {name!r}")

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import functools
 from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import sympy
 
 from .attribution import ModuleInfo
 from .records.names import ancestors, parent
-from .records import (Counts, ModuleRecord, NodeRecord, OperatorStats, Report,
+from .records import (Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 
 
-#: Field order of `Counts`; a node's cost is read once into a tuple in this order.
-_FIELDS = tuple(Counts.model_fields)
+T = TypeVar("T")
+
+#: Field order of `Cost`; a node's cost is read once into a tuple in this order.
+_FIELDS = tuple(Cost.model_fields)
 
 
-def _values(counts: Counts) -> tuple:
+def _values(counts: Cost) -> tuple:
     return tuple(getattr(counts, name) for name in _FIELDS)
 
 
@@ -61,11 +65,11 @@ class _Sum:
             total.merge(one)
         return total
 
-    def counts(self) -> Counts:
+    def counts(self) -> Cost:
         if self.terms is None:
             return _int_counts(tuple(self.ints))
         # Values are already ints or sympy expressions: no validation needed.
-        return Counts.model_construct(**{
+        return Cost.model_construct(**{
             name: self.ints[i] + _expanded_sum(tuple(self.terms[i])) if self.terms[i]
             else self.ints[i]
             for i, name in enumerate(_FIELDS)})
@@ -82,9 +86,9 @@ def _expanded_sum(terms: tuple) -> sympy.Expr:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _int_counts(ints: tuple[int, ...]) -> Counts:
+def _int_counts(ints: tuple[int, ...]) -> Cost:
     # A model repeats the same layer: records are frozen, so equal counts share one object.
-    return Counts.model_construct(**dict(zip(_FIELDS, ints)))
+    return Cost.model_construct(**dict(zip(_FIELDS, ints)))
 
 
 class _Phases:
@@ -130,7 +134,8 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
     own: dict[str, dict[tuple[str, bool], _Sum]] = defaultdict(lambda: defaultdict(_Sum))
     for node in nodes:
         own[node.module][(node.op, node.phase == "backward")].add(_values(node.cost))
-    module_ops = {path: _by_op(sums) for path, sums in _rolled_up(own).items()}
+    module_ops = {path: _by_op(sums)
+                  for path, sums in rolled_up(own, _merged, lambda: defaultdict(_Sum)).items()}
     own_ops = {path: _by_op(sums) for path, sums in own.items()}
     inclusive = {path: _Phases.of(ops.values()) for path, ops in module_ops.items()}
     exclusive = {path: _Sum.of(sums.values()) for path, sums in own.items()}
@@ -169,18 +174,28 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
     )
 
 
-def _rolled_up(own: dict[str, dict[tuple, _Sum]]) -> dict[str, dict[tuple, _Sum]]:
-    """Per module path, the sums of its own nodes and of every module under it, keyed like
-    ``own``: each module's sums are pushed once into its parent, deepest modules first."""
+def rolled_up(own: Mapping[str, T], add: Callable[[T, T], T],
+              zero: Callable[[], T]) -> dict[str, T]:
+    """Per module path, the inclusive value from the exclusive ones: ``own``'s value of the path
+    plus the rolled-up values of the modules under it. Paths are those of ``own`` and every
+    module above them; each is pushed once into its parent, deepest first. ``add(total, value)``
+    returns the sum (it may update ``total`` in place and return it). The one roll-up of the
+    module tree: counts here, latencies (`exportflops.runtime.measured`) and predicted times
+    (`exportflops.roofline.predict`) alike."""
     paths = {p for path in own for p in ancestors(path)}
-    rolled: dict[str, dict[tuple, _Sum]] = {path: defaultdict(_Sum) for path in paths}
+    rolled = {path: zero() for path in paths}
     for path in sorted(paths, key=lambda p: -len(ancestors(p))):
-        for key, one in own.get(path, {}).items():
-            rolled[path][key].merge(one)
+        if path in own:
+            rolled[path] = add(rolled[path], own[path])
         if path:
-            for key, one in rolled[path].items():
-                rolled[parent(path)][key].merge(one)
+            rolled[parent(path)] = add(rolled[parent(path)], rolled[path])
     return rolled
+
+
+def _merged(total: dict[tuple, _Sum], sums: dict[tuple, _Sum]) -> dict[tuple, _Sum]:
+    for key, one in sums.items():
+        total[key].merge(one)
+    return total
 
 
 def _by_op(sums: dict[tuple[str, bool], _Sum]) -> dict[str, _Phases]:

@@ -12,8 +12,9 @@ import torch
 
 from .aggregate import build_report
 from .attribution import module_tree, program_parameters
+from .capture.dtensor import rank_graph
 from .capture.export import as_args, capture
-from .parallel.ranks import analyze_parallel, is_parallelized
+from .parallel.ranks import check_process_group, is_parallelized, local_parameters, rank_fields
 from .errors import InputError
 from .count.backward import trace_backward
 from .count.apply import count_node, untraced_backward
@@ -26,7 +27,7 @@ from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .records.symbolic import parse_count
 from .torch_internals import pytree
 from .version import __version__
-from .graph.walk import read_graph
+from .graph.walk import GraphRead, phase, read_graph
 
 
 def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -77,14 +78,26 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,
               dynamic_shapes: Any) -> Report:
-    """A model parallelized with torch.distributed: this rank's report (`distributed`)."""
+    """A model parallelized with torch.distributed: this rank's report, counted by the same
+    tail as any graph (`_node_counter`), with its collectives (`exportflops.parallel`)."""
     if dynamic_shapes is not None:
         raise InputError(f"dynamic_shapes is not supported for a parallelized model "
                          f"({type(model).__name__} holds DTensor parameters): analyze it at "
                          f"fixed sizes, one call per size.")
+    check_process_group(model)
     args, kwargs = as_args(args, model), dict(kwargs or {})
-    return analyze_parallel(model, args, kwargs, table, strict=strict, mode=mode,
-                            inputs=_input_specs(args, kwargs))
+    with rank_graph(model, args, kwargs, train=mode == "train") as graph:
+        read = read_graph(graph)
+        phases = {call.name: phase(call.node) for call in read.nodes}
+        calls = [call for call in read.nodes if mode == "train" or phases[call.name] == "forward"]
+        count = _node_counter(read, table, strict=strict, sizes={})
+        nodes = [count(call, phase=phases[call.name]) for call in calls]
+        tree, tied = module_tree(calls, local_parameters(model), model,
+                                 qualified_name(type(model)))
+        fields = rank_fields(calls, phases)
+    report = _report(nodes, tree, tied, name=type(model).__name__,
+                     inputs=_input_specs(args, kwargs), mode=mode)
+    return report.model_copy(update=fields)
 
 
 def count_captured(captured, *, strict: bool = False,
@@ -140,9 +153,7 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     given = captured.given_sizes or {}
     measured = {graph.renames.get(symbol, symbol): value for symbol, value in given.items()}
     complete = all(s.symbol in measured for s in graph.symbols)
-    count = functools.partial(count_node, table=table, strict=strict,
-                              sizes=measured if complete else {},
-                              decomposer=Decomposer(graph.shape_env, graph.renames))
+    count = _node_counter(graph, table, strict=strict, sizes=measured if complete else {})
     calls = graph.nodes if expansion is None else expansion.forward(graph.nodes)
     nodes = _counted(calls, count, expansion)
     if mode == "train":
@@ -153,13 +164,9 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
     tree, tied = module_tree(calls, parameters, captured.module, _type_name(captured))
-    report = build_report(
-        nodes, tree, tied,
-        model=captured.name,
-        inputs=_input_specs(captured.args, captured.kwargs),
-        torch_version=torch.__version__,
-        exportflops_version=__version__,
-        mode=mode,
+    report = _report(
+        nodes, tree, tied, name=captured.name,
+        inputs=_input_specs(captured.args, captured.kwargs), mode=mode,
         symbols=[SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max,
                                   data_dependent=s.example is None)
                  for s in graph.symbols],
@@ -178,6 +185,21 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     # The rest are in no count (a float a branch read): any value in their range.
     unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
     return report.evaluate(**sizes, **{s.name: s.min or 0 for s in unknown})
+
+
+def _node_counter(graph: GraphRead, table: FormulaTable, *, strict: bool,
+                  sizes: dict) -> Callable[..., NodeRecord]:
+    """What counts one node of ``graph``, the same for every capture: its formula, else torch's
+    decomposition of its op (replayed in the graph's shape environment), else uncounted."""
+    return functools.partial(count_node, table=table, strict=strict, sizes=sizes,
+                             decomposer=Decomposer(graph.shape_env, graph.renames))
+
+
+def _report(nodes: list[NodeRecord], tree, tied, *, name: str, inputs: list[TensorSpec],
+            mode: str, symbols: list[SizeSymbolRecord] = ()) -> Report:
+    return build_report(nodes, tree, tied, model=name, inputs=inputs,
+                        torch_version=torch.__version__, exportflops_version=__version__,
+                        mode=mode, symbols=list(symbols))
 
 
 def _in_counts(report: Report) -> set[str]:

@@ -39,9 +39,10 @@ def get_model_profile(model: torch.nn.Module, input_shape: tuple[int, ...] | Non
         args = (torch.ones(tuple(input_shape), device=_device_of(model)),)
     report = analyze(model, args, kwargs, mode=mode)
     if print_profile or output_file is not None:
-        flops_report(report, view=("summary", "top", "tree") if detailed else ("summary", "top"),
-                     depth=module_depth, top=top_modules, ignore_modules=tuple(ignore_modules),
-                     output_file=output_file, print_output=output_file is None)
+        text = flops_report(report, depth=module_depth, top=top_modules,
+                            view=("summary", "top", "tree") if detailed else ("summary", "top"),
+                            ignore_modules=tuple(ignore_modules))
+        written_or_printed(text, output_file)
     values = (report.total.flops, report.total.macs, report.params)
     if not as_string:
         return values
@@ -82,3 +83,12 @@ class FlopCountAnalysis:
 def _device_of(model: torch.nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def written_or_printed(text: str, output_file: str | os.PathLike | None) -> None:
+    """DeepSpeed's profilers write their text to ``output_file`` when given, else print it."""
+    if output_file is None:
+        print(text, end="")
+        return
+    with open(output_file, "w", encoding="utf-8") as f:
+        f.write(text)

@@ -94,7 +94,7 @@ def showing(progress: bool | Progress) -> contextlib.AbstractContextManager:
             return contextlib.nullcontext()
         progress = Progress()
     if not isinstance(progress, Progress):
-        raise TypeError(f"progress must be True, False or an exportflops.Progress, got "
+        raise TypeError(f"progress must be True, False or an exportflops.progress.Progress, got "
                         f"{type(progress).__name__}")
     return progress.running()
 

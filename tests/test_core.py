@@ -6,10 +6,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import exportflops
-from exportflops import (Counts, ExportError, FormulaTable, Report, UncountedOpError, analyze,
-                         register_formula)
+from exportflops import Cost, ExportError, Report, UncountedOpError, analyze, register_formula
 from exportflops.attribution import parent
 from exportflops.examples.gpt2 import gpt2
+from exportflops.errors import DuplicateFormulaError
+from exportflops.formulas import FORMULAS, FormulaTable
 from tests.models import SharedLayer, SmallConvNet, TwoLayerMLP
 
 
@@ -110,7 +111,7 @@ def test_inclusive_is_exclusive_plus_children_and_root_is_the_sum_of_nodes(build
     for module in report.modules:
         expected = sum((c.inclusive for c in _children(report, module.path)), module.exclusive)
         assert module.inclusive == expected, module.path
-    assert report.total == sum((n.cost for n in report.nodes), Counts())
+    assert report.total == sum((n.cost for n in report.nodes), Cost())
     assert report.module("").inclusive == report.total
     assert sum(s.cost.flops for s in report.operators.values()) == report.total.flops
 
@@ -180,10 +181,10 @@ def test_a_globally_registered_formula_counts_the_custom_op_and_can_be_removed()
     register_formula(op)(_scale_add_cost)
     try:
         assert analyze(UsesCustomOp(), (torch.randn(3, 4),)).uncounted == []
-        with pytest.raises(exportflops.DuplicateFormulaError, match="replace=True"):
+        with pytest.raises(DuplicateFormulaError, match="replace=True"):
             register_formula(op)(_scale_add_cost)
     finally:
-        exportflops.FORMULAS.remove(op)
+        FORMULAS.remove(op)
     assert len(analyze(UsesCustomOp(), (torch.randn(3, 4),)).uncounted) == 1
 
 

@@ -28,12 +28,12 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
-from ..errors import BuildError, ExportError, MissingExtraError, UsageError  # noqa: E402
+from .. import hf  # noqa: E402
+from ..errors import BuildError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
-from ..hf.models import analyze_deciding_on_cpu, missed_input, raised_by  # noqa: E402
 from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
 from .options import check, parser  # noqa: E402
-from .targets import build_target, device_named, hf_options  # noqa: E402
+from .targets import build_target, device_named, hf_options, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     if ns.trace:
         from ..render.trace import to_trace
         try:
-            to_trace(outcome.report, ns.trace)
+            with open(ns.trace, "w", encoding="utf-8") as file:
+                file.write(to_trace(outcome.report))
         except OSError as error:
             return _fail(ns, f"exportflops: error: cannot write --trace {ns.trace!r} "
                              f"({error.strerror}); pass a path in an existing, writable "
@@ -167,25 +168,18 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         from .workflows import dynamic_shapes
         maxima = {name: max(values) for name, values in ns.points.items()}
         dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
-    # Built on meta by default, an hf: model has no values to decide its branches by: on cpu
-    # (with static sizes only: values would fix dynamic ones).
-    on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
-                      kwargs=ns.kwargs, hf_options=hf_options(ns))
-              if ns.model.startswith("hf:") and ns.device is None and dynamic is None else None)
-    try:
-        report = analyze_deciding_on_cpu(
-            partial(analyze, strict=ns.strict, mode=ns.mode, dynamic_shapes=dynamic,
-                    fast=not ns.full_export), model, args, kwargs, on_cpu)
-    except ExportError as error:
-        missed = missed_input(error, model, args, kwargs) if ns.model.startswith("hf:") else None
-        if missed is not None:
-            raise UsageError(f"{type(model).__name__}.forward needs {missed!r} (it read it while "
-                             f"None in {raised_by(error)}), and exportflops does not know how "
-                             f"to make it for this model; pass it with --kwargs.") from error
-        if ns.model.startswith("hf:") and raised_by(error).startswith("transformers"):
-            raise BuildError(f"transformers' {type(model).__name__}.forward raised in "
-                             f"{raised_by(error)}: {error.torch_message}") from error
-        raise
+    options = {"strict": ns.strict, "mode": ns.mode, "dynamic_shapes": dynamic,
+               "fast": not ns.full_export}
+    if ns.model.startswith("hf:"):
+        # Built on meta by default, an hf: model has no values to decide its branches by: the
+        # library's policy builds it again on cpu (with --input's shapes, as on meta).
+        on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
+                          kwargs=ns.kwargs, hf_options=hf_options(ns))
+                  if ns.device is None else None)
+        with in_flags():
+            report = hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
+    else:
+        report = analyze(model, args, kwargs, **options)
     outcome = _Outcome(report, reprs)
     if ns.budget:
         from ..budgets import compare
@@ -196,10 +190,12 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
 
 def _with_roofline(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
     if ns.device_model is not None:
+        from ..roofline import roofline
+
         report = outcome.report
         if report.symbols:  # dynamic sizes: the roofline at the example sizes
             report = report.evaluate()
-        outcome.roofline = report.roofline(device=ns.device_model)
+        outcome.roofline = roofline(report, ns.device_model)
     return outcome
 
 
@@ -278,7 +274,7 @@ def _html(ns: argparse.Namespace, outcome: _Outcome) -> str:
 
     peaks = bandwidth = None
     if ns.device_model not in (None, "cpu"):
-        from ..render.pictures import device_roofs
+        from ..roofline.predict import device_roofs
         peaks, bandwidth = device_roofs(ns.device_model, outcome.report)
     return html_report(outcome.report, roofline=outcome.roofline, peaks=peaks,
                        bandwidth_byte_per_s=bandwidth)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from ..errors import UsageError
 from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
+# torch holds a size, an element count and a storage's bytes as int64 (c10's
+# computeStorageNbytes refuses a larger one: "Storage size calculation overflowed").
+INT64_MAX = 2**63 - 1
 # The command prints less than flops_report's DEFAULT_VIEWS (which add top): its --help and
 # examples promise "summary and module tree", and on a terminal the top view repeats the
 # tree's largest rows; --view top (or all) adds it.
@@ -62,105 +66,126 @@ def parser() -> argparse.ArgumentParser:
         prog="exportflops",
         description="FLOPs, MACs and bytes per module and per operator of a PyTorch model, "
                     "counted from its torch.export graph.",
-        epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False)  # -h/--help is added under "general", with --debug and --version
     parser.add_argument("model", metavar="MODEL", help="what to analyze (see below)")
-    parser.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
+    # The help reads by topic: each option sits in the group of what it does, in the order a
+    # run goes (what is built, what is counted, the analyses beside the counts, what is
+    # printed). A new option joins the group of its topic; tests/cli/test_cli_options.py
+    # checks that none is left in argparse's ungrouped "options".
+
+    inputs = parser.add_argument_group("model and inputs")
+    inputs.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
                         help="one positional input of forward(), e.g. 1,3,224,224 or 1,1024:int64 "
                              "(dtype default float32); repeat for several inputs")
-    parser.add_argument("--kwargs", metavar="JSON", default=None,
+    inputs.add_argument("--kwargs", metavar="JSON", default=None,
                         help='keyword arguments of forward() as a JSON object, e.g. '
                              '\'{"use_cache": false}\'')
-    parser.add_argument("--layers", type=int, default=None, metavar="N",
+    inputs.add_argument("--layers", type=int, default=None, metavar="N",
                         help="hf: at most N layers in each stack (default: the config's own)")
-    parser.add_argument("--batch", type=int, default=None, metavar="N",
+    inputs.add_argument("--batch", type=int, default=None, metavar="N",
                         help="hf: batch size of the example inputs (default 1)")
-    parser.add_argument("--seq", type=int, default=None, metavar="N",
+    inputs.add_argument("--seq", type=int, default=None, metavar="N",
                         help="hf: tokens per example sequence (default 128, or the model's "
                              "positions when fewer), or audio frames / waveform samples")
-    parser.add_argument("--device", choices=("meta", "cpu", "cuda"), default=None,
+    inputs.add_argument("--device", choices=("meta", "cpu", "cuda"), default=None,
                         help="where the model and inputs are built (default meta: nothing is "
                              "allocated, the counts are the same; cpu: capped at the memory "
                              "the machine has free)")
-    parser.add_argument("--view", action="append", default=None, metavar="VIEW[,VIEW]",
+
+    analysis = parser.add_argument_group("analysis")
+    analysis.add_argument("--mode", choices=("forward", "train"), default="forward",
+                          help="train also counts the backward autograd runs (default forward)")
+    analysis.add_argument("--strict", action="store_true",
+                          help="fail (exit 1) on an op with no formula instead of listing it")
+    analysis.add_argument("--full-export", action="store_true",
+                          help="trace every block (analyze(fast=False)) instead of tracing each "
+                               "repeated block once and copying its counts; the same report")
+    analysis.add_argument("--dynamic", action="append", default=[], metavar="NAME[=ARG:DIM]",
+                          help="export with a dynamic size: batch (dim 0 of the first input), seq "
+                               "(its dim 1), or NAME=ARG:DIM for dim DIM of positional input ARG; "
+                               "the counts become formulas of NAME")
+    analysis.add_argument("--sweep", action="append", default=[], metavar="NAME=V[,V...]",
+                          help="evaluate the dynamic size NAME at each value (one export), e.g. "
+                               "seq=512,1024,2048; several --sweep move together")
+    analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
+                          default=None,
+                          help="set a published transformer budget beside the graph, component "
+                               "by component (GPT-2, Llama, Mistral, Qwen2 layouts)")
+
+    runtime = parser.add_argument_group("runtime and roofline")
+    runtime.add_argument("--profile", action="store_true",
+                         help="also time the graph node by node (needs --device cpu or cuda): "
+                              "latency, achieved FLOP/s and MFU")
+    runtime.add_argument("--warmup", type=int, default=10, help="--profile: untimed iterations")
+    runtime.add_argument("--repeat", type=int, default=50, help="--profile: timed iterations")
+    runtime.add_argument("--trace", metavar="FILE", default=None,
+                         help="--profile: also write the timeline as a Chrome/Perfetto trace "
+                              "JSON (open it in ui.perfetto.dev or chrome://tracing)")
+    runtime.add_argument("--device-model", metavar="NAME", default=None,
+                         help="add the roofline on this device: each node's time predicted from "
+                              "its FLOPs and bytes, and its bound (a device table key such as "
+                              "h100-sxm or a100-sxm-80gb, or cpu: measured here); with --profile, "
+                              "predicted beside measured")
+
+    generation = parser.add_argument_group("generation")
+    generation.add_argument("--generate", type=int, default=None, metavar="N",
+                            help="the cost of generating N tokens after the prompt (--input, token "
+                                 "ids) with a KV cache: prefill, decode step per token, request "
+                                 "(Hugging Face models)")
+    generation.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
+                            help="--generate: a growing cache (useful work) or a static one "
+                                 "(executed work over --max-cache-len entries)")
+    generation.add_argument("--max-cache-len", type=int, default=None, metavar="N",
+                            help="--generate --cache static: entries of the cache (default: prompt "
+                                 "+ N)")
+
+    parallel = parser.add_argument_group("parallelism")
+    parallel.add_argument("--tp", type=int, default=None, metavar="N",
+                          help="split the model N ways by its own tensor-parallel plan (built-in "
+                               "llama, hf: models with a tp_plan, a model's tp_plan attribute) "
+                               "in a fake process group, and analyze one rank: its local shards "
+                               "and its collectives (view collectives)")
+    parallel.add_argument("--fsdp", type=int, default=None, metavar="N",
+                          help="FSDP2 (fully_shard) over N ranks: each transformer block (a "
+                               "Hugging Face model's decoder layer, or each entry of a "
+                               "ModuleList), then the root, in a fake process group on fake "
+                               "tensors; analyze one rank (view collectives). With --tp M: a 2-D "
+                               "mesh (N, M), the plan on the inner dimension, as torchtitan does")
+    parallel.add_argument("--rank", type=int, default=0,
+                          help="--tp/--fsdp: the rank analyzed (default 0); with both, rank r "
+                               "is FSDP index r // M, tensor-parallel index r %% M")
+    parallel.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
+                          help="the collectives view adds each one's time at this bus bandwidth "
+                               "between ranks, in GB/s (1e9 bytes/s)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument("--view", action="append", default=None, metavar="VIEW[,VIEW]",
                         help="summary, top, tree, operators, module_operators, collectives or "
                              f"all (default {','.join(CLI_DEFAULT_VIEWS)}, and collectives "
                              f"with --tp); with --format csv: tree "
                              "(one row per module, the default) or operators (one row per op)")
-    parser.add_argument("--depth", type=int, default=-1,
+    output.add_argument("--depth", type=int, default=-1,
                         help="deepest module level shown in the tree and top views (-1: all)")
-    parser.add_argument("--top", type=int, default=3,
+    output.add_argument("--top", type=int, default=3,
                         help="module types per depth in the top view (-1: all; default 3)")
-    parser.add_argument("--group-by", choices=("type", "path"), default="type",
+    output.add_argument("--group-by", choices=("type", "path"), default="type",
                         help="the top view ranks module types (default) or module paths")
-    parser.add_argument("--format", choices=FORMATS, default="table",
+    output.add_argument("--format", choices=FORMATS, default="table",
                         help="table (text), json (the whole report, reloadable with "
                              "Report.model_validate_json), csv, md (Markdown) or html (one "
                              "page with the pictures and tables, needs --output and "
                              "exportflops[html])")
-    parser.add_argument("--output", metavar="FILE", default=None,
+    output.add_argument("--output", metavar="FILE", default=None,
                         help="write there instead of stdout")
-    parser.add_argument("--mode", choices=("forward", "train"), default="forward",
-                        help="train also counts the backward autograd runs (default forward)")
-    parser.add_argument("--dynamic", action="append", default=[], metavar="NAME[=ARG:DIM]",
-                        help="export with a dynamic size: batch (dim 0 of the first input), seq "
-                             "(its dim 1), or NAME=ARG:DIM for dim DIM of positional input ARG; "
-                             "the counts become formulas of NAME")
-    parser.add_argument("--sweep", action="append", default=[], metavar="NAME=V[,V...]",
-                        help="evaluate the dynamic size NAME at each value (one export), e.g. "
-                             "seq=512,1024,2048; several --sweep move together")
-    parser.add_argument("--profile", action="store_true",
-                        help="also time the graph node by node (needs --device cpu or cuda): "
-                             "latency, achieved FLOP/s and MFU")
-    parser.add_argument("--trace", metavar="FILE", default=None,
-                        help="--profile: also write the timeline as a Chrome/Perfetto trace "
-                             "JSON (open it in ui.perfetto.dev or chrome://tracing)")
-    parser.add_argument("--warmup", type=int, default=10, help="--profile: untimed iterations")
-    parser.add_argument("--repeat", type=int, default=50, help="--profile: timed iterations")
-    parser.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
-                        default=None,
-                        help="set a published transformer budget beside the graph, component "
-                             "by component (GPT-2, Llama, Mistral, Qwen2 layouts)")
-    parser.add_argument("--device-model", metavar="NAME", default=None,
-                        help="add the roofline on this device: each node's time predicted from "
-                             "its FLOPs and bytes, and its bound (a device table key such as "
-                             "h100-sxm or a100-sxm-80gb, or cpu: measured here); with --profile, "
-                             "predicted beside measured")
-    parser.add_argument("--generate", type=int, default=None, metavar="N",
-                        help="the cost of generating N tokens after the prompt (--input, token "
-                             "ids) with a KV cache: prefill, decode step per token, request "
-                             "(Hugging Face models)")
-    parser.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
-                        help="--generate: a growing cache (useful work) or a static one "
-                             "(executed work over --max-cache-len entries)")
-    parser.add_argument("--max-cache-len", type=int, default=None, metavar="N",
-                        help="--generate --cache static: entries of the cache (default: prompt "
-                             "+ N)")
-    parser.add_argument("--tp", type=int, default=None, metavar="N",
-                        help="split the model N ways by its own tensor-parallel plan (built-in "
-                             "llama, hf: models with a tp_plan, a model's tp_plan attribute) "
-                             "in a fake process group, and analyze one rank: its local shards "
-                             "and its collectives (view collectives)")
-    parser.add_argument("--fsdp", type=int, default=None, metavar="N",
-                        help="FSDP2 (fully_shard) over N ranks: each transformer block (a "
-                             "Hugging Face model's decoder layer, or each entry of a "
-                             "ModuleList), then the root, in a fake process group on fake "
-                             "tensors; analyze one rank (view collectives). With --tp M: a 2-D "
-                             "mesh (N, M), the plan on the inner dimension, as torchtitan does")
-    parser.add_argument("--rank", type=int, default=0,
-                        help="--tp/--fsdp: the rank analyzed (default 0); with both, rank r "
-                             "is FSDP index r // M, tensor-parallel index r %% M")
-    parser.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
-                        help="the collectives view adds each one's time at this bus bandwidth "
-                             "between ranks, in GB/s (1e9 bytes/s)")
-    parser.add_argument("--strict", action="store_true",
-                        help="fail (exit 1) on an op with no formula instead of listing it")
-    parser.add_argument("--full-export", action="store_true",
-                        help="trace every block (analyze(fast=False)) instead of tracing each "
-                             "repeated block once and copying its counts; the same report")
-    parser.add_argument("--debug", action="store_true", help="print tracebacks")
-    parser.add_argument("--version", action="version", version=versions_text(),
-                        help="print the versions of exportflops, torch and transformers, "
-                             "and whether the suite runs on this torch")
+
+    general = parser.add_argument_group("general")
+    general.add_argument("-h", "--help", action="help",
+                         help="show this help message and exit")
+    general.add_argument("--debug", action="store_true", help="print tracebacks")
+    general.add_argument("--version", action="version", version=versions_text(),
+                         help="print the versions of exportflops, torch and transformers, "
+                              "and whether the suite runs on this torch")
     return parser
 
 
@@ -257,6 +282,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "or cuda).")
     if ns.format == "html" and (ns.points or ns.budget):
         raise UsageError("--format html draws one report: not with --sweep or --budget.")
+    _check_cache(ns)
     if ns.generate is not None and (
             ns.generate < 1 or ns.dims or ns.points or ns.profile or ns.budget
             or ns.mode == "train" or ns.format not in ("table", "json") or ns.kwargs
@@ -265,8 +291,6 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          ".pt2), its prompt from --input; it prints a table or --format json, "
                          "and does not combine with --dynamic, --sweep, --profile, --budget, "
                          "--mode train or --kwargs.")
-    if (ns.cache != "dynamic" or ns.max_cache_len is not None) and ns.generate is None:
-        raise UsageError("--cache and --max-cache-len apply to --generate N.")
     if ns.tp is not None or ns.fsdp is not None:
         degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
         world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
@@ -288,6 +312,24 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
         raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
                          "or JSON: not with --sweep, --mode train or --format csv.")
+
+
+def _check_cache(ns: argparse.Namespace) -> None:
+    """--max-cache-len needs --cache static, which needs --generate N: each refusal names the
+    flag and the one it needs."""
+    if ns.max_cache_len is not None and ns.cache != "static":
+        needs = "" if ns.generate is not None else ", and --cache needs --generate N"
+        raise UsageError(f"--max-cache-len sizes a static cache: it needs --cache static{needs}; "
+                         f"pass --generate {ns.generate or 'N'} --cache static --max-cache-len "
+                         f"{ns.max_cache_len}.")
+    if ns.cache != "dynamic" and ns.generate is None:
+        flags = "--cache and --max-cache-len need" if ns.max_cache_len is not None \
+            else "--cache needs"
+        raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
+                         f"tokens generated after the prompt.")
+    if ns.max_cache_len is not None and ns.max_cache_len < 1:
+        raise UsageError(f"--max-cache-len takes a count of cache entries >= 1, got "
+                         f"{ns.max_cache_len}.")
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
@@ -328,10 +370,19 @@ def _parse_input(text: str):
         raise UsageError(f"--input {text!r}: sizes must be integers separated by commas, "
                          f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64."
                          ) from None
-    if any(s < 0 for s in sizes):
-        raise UsageError(f"--input {text!r}: sizes cannot be negative.")
+    if any(s < 1 for s in sizes):
+        raise UsageError(f"--input {text!r}: sizes must be at least 1, got {min(sizes)}.")
+    if max(sizes) > INT64_MAX:
+        raise UsageError(f"--input {text!r}: size {max(sizes)} is past {INT64_MAX} "
+                         f"(2**63 - 1), the largest a size can be: torch holds sizes as "
+                         f"signed 64-bit integers.")
     dtype = getattr(torch, dtype_name or "float32", None)
     if not isinstance(dtype, torch.dtype):
         raise UsageError(f"--input {text!r}: unknown dtype {dtype_name!r}; use a torch dtype "
                          f"name such as float32, bfloat16, float16 or int64.")
+    nbytes = math.prod(sizes) * dtype.itemsize
+    if nbytes > INT64_MAX:
+        raise UsageError(f"--input {text!r}: {nbytes:,} bytes, past {INT64_MAX:,} (2**63 - 1), "
+                         f"the most a tensor can hold even on meta: torch counts a tensor's "
+                         f"bytes as a signed 64-bit integer.")
     return sizes, dtype

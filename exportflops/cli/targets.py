@@ -3,15 +3,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import os
+import re
 import sys
 from typing import Any
 
-from ..errors import BuildError, UsageError
-from ..hf.models import hf_model
+from .. import hf
+from ..errors import BuildError, ExportError, UsageError
+from ..hf.models import CpuRunError
+from ..hf.needs import innermost
+
+#: The hf library's arguments its errors name, and the command's flag for each (``args=`` is
+#: `exportflops.analyze`'s positional inputs: the command's --input).
+FLAGS = {"seq": "--seq", "batch": "--batch", "layers": "--layers", "device": "--device",
+         "kwargs": "--kwargs", "args": "--input"}
+#: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``, or bare
+#: (``kwargs=``).
+_ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|\d+|N)?")
 
 
 def device_named(name: str):
@@ -25,10 +37,36 @@ def device_named(name: str):
 
 
 def hf_options(ns) -> dict:
-    """--layers, --batch and --seq as `build_target` takes them, and the KV cache kept on for
+    """--layers, --batch and --seq as `hf.build` takes them, and the KV cache kept on for
     --generate."""
     return {"layers": ns.layers, "batch": ns.batch or 1, "seq": ns.seq,
             "use_cache": ns.generate is not None}
+
+
+def flags(text: str) -> str:
+    """``text`` of the hf library with each argument it names as the command's flag:
+    ``seq=128`` as ``--seq 128``, ``device="cpu"`` as ``--device cpu``, ``kwargs=`` as
+    ``--kwargs``."""
+    return _ARGUMENT.sub(lambda m: FLAGS[m[1]] + (f" {m[2].strip(chr(34))}" if m[2] else ""),
+                         text)
+
+
+@contextlib.contextmanager
+def in_flags():
+    """The hf library's errors raised in the block, with the arguments they name as flags
+    (`flags`): its UsageErrors, the hint of its run on cpu past its cap (`CpuRunError`), and an
+    export failure that quotes a UsageError of its own (raised in a forward it wraps)."""
+    try:
+        yield
+    except UsageError as error:
+        raise UsageError(flags(str(error))) from error
+    except CpuRunError as error:  # its hint is the library's
+        raise ExportError(error.model_name, error.torch_message, flags(error.hint)) from error
+    except ExportError as error:
+        if not isinstance(innermost(error), UsageError):  # torch's own failure, as it is
+            raise
+        # torch quotes the library's UsageError, raised in a forward it wraps (a tracker's).
+        raise ExportError(error.model_name, flags(error.torch_message), error.hint) from error
 
 
 def build_target(spec: str, device, *, shapes=None, kwargs: dict | None = None,
@@ -36,7 +74,7 @@ def build_target(spec: str, device, *, shapes=None, kwargs: dict | None = None,
     """The model named by the command's MODEL ``spec``, its positional args and keyword args,
     on ``device``; ``shapes`` (``[(sizes, dtype), ...]``) replace the example args;
     ``hf_options`` (``layers``, ``batch``, ``seq``, ``use_cache``) size an ``hf:`` model and
-    its inputs."""
+    its inputs (`hf.build`, its errors in flags)."""
     import torch
 
     from ..examples import EXAMPLES
@@ -44,8 +82,9 @@ def build_target(spec: str, device, *, shapes=None, kwargs: dict | None = None,
     if spec in EXAMPLES:
         model, args = EXAMPLES[spec](device=device)
     elif spec.startswith("hf:"):
-        model, args, kwargs = hf_model(spec.removeprefix("hf:"), device, kwargs,
-                                         **(hf_options or {}))
+        with in_flags():
+            model, args, kwargs = hf.build(spec, device=device, kwargs=kwargs,
+                                           **(hf_options or {}))
     elif ":" in spec:
         model, args = _call_factory(_resolve_factory(spec), device)
     else:

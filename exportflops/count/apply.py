@@ -11,7 +11,7 @@ from .decompose import Decomposer
 from ..errors import CountError, InvalidFormulaError, UncountedOpError
 from ..formulas.registry import FormulaTable
 from ..graph.opcall import OpCall, TensorMeta
-from ..records import Counts, NodeRecord, TensorSpec
+from ..records import Cost, NodeRecord, TensorSpec
 from ..graph.walk import NodeCall
 
 
@@ -23,7 +23,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
     each data-dependent size's value on the example, where the capture measured them (the
     report is then counted at those values)."""
     entry = table.lookup(node.op)
-    status, cost, note = "counted", Counts(), ""
+    status, cost, note = "counted", Cost(), ""
     decomposed = None if entry is not None or decomposer is None else decomposer.count(node, table)
     if decomposed is not None:
         status, cost, note = decomposed.status, decomposed.cost, decomposed.note
@@ -43,12 +43,12 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
                 status, note = "zero", entry.zero_reason
     if (status == "counted" and (decomposed is not None or _built_in(entry.formula))
             and (sparse := sparse_operand(node.call, cost))):
-        status, cost, note = "uncounted", Counts(), sparse
+        status, cost, note = "uncounted", Cost(), sparse
     if node.region:
         cost, status, note = _in_region(node, cost, status, note)
     if strict and status in ("uncounted", "error"):
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
-    # Every field is built here (the cost is a validated Counts): no validation needed.
+    # Every field is built here (the cost is a validated Cost): no validation needed.
     return NodeRecord.model_construct(
         name=node.name,
         op=node.op_name,
@@ -63,7 +63,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
     )
 
 
-def _applied(formula, call: OpCall, sizes: Mapping | None) -> Counts:
+def _applied(formula, call: OpCall, sizes: Mapping | None) -> Cost:
     """``formula`` on ``call``; where it needs concrete sizes (an antialiased resize's windows,
     an adaptive pool's) and the call's symbols all have values in ``sizes``, at those."""
     try:
@@ -81,7 +81,7 @@ def _built_in(formula) -> bool:
     return getattr(formula, "__module__", "").startswith("exportflops.")
 
 
-def sparse_operand(call: OpCall, cost: Counts) -> str:
+def sparse_operand(call: OpCall, cost: Cost) -> str:
     """Why ``cost`` is no count of ``call``: a tensor of it is sparse, and a sparse kernel's
     arithmetic follows the nonzeros it stores, a value no shape holds (a matmul of a 1000 x
     1000 COO matrix holding 10 nonzeros does 10 multiply-adds per column, not 1000). The
@@ -97,16 +97,16 @@ def sparse_operand(call: OpCall, cost: Counts) -> str:
             f"your own formula (formulas=), or pass it dense (.to_dense()) to count it so")
 
 
-def _checked(cost: object, formula, node: NodeCall) -> Counts:
+def _checked(cost: object, formula, node: NodeCall) -> Cost:
     """A formula's result, refused unless it is a Cost of natural counts in the node's sizes:
     a wrong count would otherwise reach every total silently."""
     where = _where(formula, node)
-    if not isinstance(cost, Counts):
+    if not isinstance(cost, Cost):
         raise InvalidFormulaError(
             f"{where} returned {type(cost).__name__}: a formula returns "
             f"exportflops.Cost(flops=..., macs=...) or call.cost(...) (bytes from its tensors)."
         )
-    for name in Counts.model_fields:
+    for name in Cost.model_fields:
         value = getattr(cost, name)
         problem = _count_problem(value, node.call) if value != 0 else None
         if problem:
@@ -133,12 +133,12 @@ def _count_problem(value, call) -> str | None:
     return "a negative count" if value.is_negative else None
 
 
-def _in_region(node: NodeCall, cost: Counts, status: str, note: str) -> tuple[Counts, str, str]:
+def _in_region(node: NodeCall, cost: Cost, status: str, note: str) -> tuple[Cost, str, str]:
     """An op inside a control-flow subgraph: scaled by its runs, or uncounted when unknown."""
     if status not in ("counted", "zero"):
         return cost, status, f"{node.region}: {note}"
     if node.repeat is None:
-        return Counts(), "uncounted", (f"{node.region}: runs an unknown number of times "
+        return Cost(), "uncounted", (f"{node.region}: runs an unknown number of times "
                                        f"(trip count not known at export); {cost.flops} FLOPs "
                                        f"per run")
     suffix = f", x{node.repeat}" if node.repeat != 1 else ""
@@ -153,7 +153,7 @@ def untraced_backward(node: NodeCall, reason: str, *, strict: bool) -> NodeRecor
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
     return NodeRecord(name=f"{node.name}.backward", op=node.op_name, module=node.module,
                       status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
-                      outputs=[], cost=Counts(), note=note, phase="backward",
+                      outputs=[], cost=Cost(), note=note, phase="backward",
                       differentiates=node.name)
 
 

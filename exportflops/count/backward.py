@@ -34,7 +34,7 @@ from torch.export.graph_signature import OutputKind
 
 from .replay import Tracer
 from ..torch_internals import HigherOrderOperator, OpOverload, pytree
-from ..graph.walk import RUN_ONCE, GraphRead, NodeCall, op_name, subgraphs
+from ..graph.walk import example_value, GraphRead, NodeCall, op_name, RUN_ONCE, subgraphs
 
 
 #: Activation checkpointing as export leaves it: the higher-order ops dynamo emits, and
@@ -111,7 +111,7 @@ class _Flow:
 
     def run(self, graph: torch.fx.Graph, outputs: set[str]) -> None:
         for node in graph.nodes:
-            if node.op == "placeholder" and getattr(node.meta.get("val"), "requires_grad", False):
+            if node.op == "placeholder" and getattr(example_value(node), "requires_grad", False):
                 self.needs[node] = frozenset({0})
         self._forward_pass(graph, None)
         for arg in _input_nodes(graph.output_node()):
@@ -142,21 +142,21 @@ class _Flow:
         if self._in_custom_function(node):
             # Autograd never sees these ops: the Function's outputs need a gradient when any of
             # its inputs does, whatever runs between (a straight-through estimator's comparison).
-            val = node.meta.get("val")
+            val = example_value(node)
             return frozenset(range(len(val))) if isinstance(val, (list, tuple)) else frozenset({0})
         if isinstance(node.target, OpOverload):
             try:
                 return self.tracer.outputs_needing(node, self._grad_positions(node), autocast)
             except Exception:  # any op may refuse a fake replay; its backward says why
                 pass
-        return _floating_outputs(node.meta.get("val"))
+        return _floating_outputs(example_value(node))
 
     def _wrapper_outputs(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
         kind = self._kind(node)
         if kind == "no_grad":
             return frozenset()
         if kind not in ("through", "checkpoint"):
-            return _floating_outputs(node.meta.get("val"))
+            return _floating_outputs(example_value(node))
         (subgraph, operands, placeholders) = self.bodies[node]
         for placeholder, operand in zip(placeholders, operands):
             if operand in self.needs:
@@ -249,7 +249,7 @@ class _Flow:
     def _grad_positions(self, node: torch.fx.Node) -> set[int]:
         flat = pytree.tree_leaves((node.args, node.kwargs))
         return {i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a in self.needs
-                and _floating(a.meta.get("val"))}
+                and _floating(example_value(a))}
 
     def backward_of(self, call: NodeCall) -> list[BackwardOps]:
         node = call.node

@@ -22,13 +22,13 @@ import torch
 
 from ..formulas.registry import FormulaTable
 from ..graph.opcall import OpCall, TensorMeta
-from ..records import Counts
+from ..records import Cost
 from .replay import Recorder, _fresh, _layout, fake_replay
 from ..torch_internals import (
     OpOverload, decomposition_table, dispatch_has_kernel, dispatch_has_kernel_for_dispatch_key,
     pytree,
 )
-from ..graph.walk import NodeCall, op_name
+from ..graph.walk import example_value, NodeCall, op_name
 
 
 def decomposition(op: Any) -> Any:
@@ -49,7 +49,7 @@ class Outcome:
     """A decomposed node's status, cost and note, as `count_node` records them."""
 
     status: str
-    cost: Counts
+    cost: Cost
     note: str
 
 
@@ -68,7 +68,7 @@ class Decomposer:
             return None
         values = _values(node)
         if values is None:
-            return Outcome("uncounted", Counts(), "no formula; its decomposition is traced only "
+            return Outcome("uncounted", Cost(), "no formula; its decomposition is traced only "
                            "for a graph node or an op of concrete sizes")
         key = (node.op, tuple(_layout(v, False) for v in pytree.tree_leaves(values)))
         if key not in self.cache:
@@ -85,14 +85,14 @@ class Decomposer:
                 with recorder:
                     result = function(*args, **kwargs)
         except Exception as error:  # torch's own decompositions may refuse fake or symbolic input
-            return Outcome("uncounted", Counts(), f"no formula; its decomposition could not be "
+            return Outcome("uncounted", Cost(), f"no formula; its decomposition could not be "
                            f"traced ({type(error).__name__}: {error})")
         if result is NotImplemented:
-            return Outcome("uncounted", Counts(), "no formula; its decomposition does not apply "
+            return Outcome("uncounted", Cost(), "no formula; its decomposition does not apply "
                            "to these arguments")
         if self.shape_env is not None and len(self.shape_env.guards) > guards:
             branches = ", ".join(str(g.expr) for g in self.shape_env.guards[guards:])
-            return Outcome("uncounted", Counts(), f"no formula; its decomposition branches on "
+            return Outcome("uncounted", Cost(), f"no formula; its decomposition branches on "
                            f"dynamic sizes ({branches}), so no one count holds for every size")
         return _summed(recorder.calls, table)
 
@@ -100,7 +100,7 @@ class Decomposer:
 def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
     """The decomposition's ops counted by the table (each has an entry, or none at all)."""
     into = _listed(calls)
-    cost, missing, zero = Counts(), {}, True
+    cost, missing, zero = Cost(), {}, True
     for call in calls:
         entry = table.lookup(call.op)
         if entry is None:
@@ -109,12 +109,12 @@ def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
         try:
             cost = cost + entry.formula(call)
         except Exception as error:  # a user's formula may raise anything; the note says which
-            return Outcome("error", Counts(), f"counted through its decomposition into {into}: "
+            return Outcome("error", Cost(), f"counted through its decomposition into {into}: "
                            f"{op_name(call.op)}: {type(error).__name__}: {error}")
         zero = zero and entry.zero_reason is not None
     if missing:
         reasons = "".join(sorted({f"; {reason}" for reason in missing.values() if reason}))
-        return Outcome("uncounted", Counts(), f"no formula; its decomposition into {into} runs "
+        return Outcome("uncounted", Cost(), f"no formula; its decomposition into {into} runs "
                        f"{', '.join(sorted(missing))}, which has neither{reasons}")
     if not calls:
         return Outcome("zero", cost, "counted through its decomposition, which runs no op here")
@@ -158,7 +158,7 @@ def _values(node: NodeCall) -> tuple | None:
     """(args, kwargs) to replay: the graph node's own fake values, or for an op autograd ran
     (no node), empty tensors of its concrete shapes; None when a size is symbolic."""
     if node.node is not None:
-        values = pytree.tree_map_only(torch.fx.Node, lambda n: n.meta.get("val"),
+        values = pytree.tree_map_only(torch.fx.Node, example_value,
                                       (node.node.args, node.node.kwargs))
         return tuple(values[0]), dict(values[1])
     schema = node.op._schema

@@ -23,7 +23,7 @@ from ..records.symbolic import parse_count
 from ..torch_internals import (
     enable_python_dispatcher, FakeTensorMode, free_unbacked_symbols, pytree, TorchDispatchMode,
 )
-from ..graph.walk import op_call
+from ..graph.walk import example_value, op_call
 
 
 def fake_replay(shape_env, *, grad: bool, allow_non_fake_inputs: bool,
@@ -98,7 +98,7 @@ class Tracer:
         # The outputs' layouts too: two ops on equal inputs differ there when their sizes are
         # read from values (each masked_select's count is its own symbol).
         return (node.target, tuple(_layout(a, i in grad_positions) for i, a in enumerate(flat)),
-                tuple(_layout(v, False) for v in _outputs(node.meta.get("val"))),
+                tuple(_layout(v, False) for v in _outputs(example_value(node))),
                 repr(autocast), self._flat_kinds(flat))
 
     def _flat_kinds(self, flat: list) -> tuple[str, ...]:
@@ -132,7 +132,7 @@ class Tracer:
         """The sizes the replay read from values afresh (a masked_select's count: a new
         symbol each run), each renamed to the size the graph's node has there."""
         renames = {}
-        for fresh, kept in zip(results, _outputs(node.meta.get("val"))):
+        for fresh, kept in zip(results, _outputs(example_value(node))):
             if isinstance(fresh, torch.Tensor) and isinstance(kept, torch.Tensor):
                 renames |= {new.node.expr: _expr(old).xreplace(self.renames)
                             for new, old in zip(fresh.shape, kept.shape)
@@ -198,7 +198,7 @@ def _at(value: Any, measured: dict | None) -> Any:
 
 
 def _value(value: Any) -> Any:
-    return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+    return example_value(value) if isinstance(value, torch.fx.Node) else value
 
 
 def _fresh(value: Any, device: torch.device | None = None) -> Any:

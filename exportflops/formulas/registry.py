@@ -1,4 +1,5 @@
-"""The op -> formula registry. A formula sees an `OpCall` and returns a `Cost` (`Counts`).
+"""The op -> formula registry. A formula sees an `OpCall` and returns a `Cost`, the record
+type the report itself holds.
 
 A formula is a small pure function ``(call: OpCall) -> Cost``. It reads shapes, dtypes and scalar
 arguments, never calls torch, and never turns a size into ``int``: sizes may be symbolic.
@@ -14,7 +15,7 @@ import torch
 
 from ..errors import DuplicateFormulaError, InvalidFormulaError
 from ..graph.opcall import OpCall, Size, TensorMeta  # noqa: F401  (formula files import them here)
-from ..records import FLOPS_PER_MAC, Counts  # noqa: F401
+from ..records import FLOPS_PER_MAC, Cost  # noqa: F401
 from ..records.base import READ_FIELDS
 from ..torch_internals import OpOverload, OpOverloadPacket
 
@@ -55,9 +56,6 @@ class OpNames:
 
 #: The aten namespace as formula files name it: an op this torch lacks is an `AbsentOp`.
 aten = OpNames("aten")
-
-#: What a formula returns: the record type itself, under the name formula authors know.
-Cost = Counts
 
 Formula = Callable[[OpCall], Cost]
 #: An overload, a packet, or a qualified op name string such as ``"transformers::grouped_mm"``.

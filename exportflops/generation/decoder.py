@@ -32,9 +32,10 @@ from .seq2seq import cache_zeros, kv_counts, seq2seq
 from .sliding import cache_windows, decode_step
 from ..graph.program_edits import name_input_sizes
 from ..capture.quiet import quiet_fake_tensor_log
-from ..records import Counts, Report
+from ..records import Cost, Report
 from ..records.generation import PAST, GenerationReport, request_total
 from ..torch_internals import pytree, require
+from ..graph.walk import example_value
 
 #: The options of `analyze` that `analyze_generation` passes on to both analyses.
 _ANALYZE_OPTIONS = ("strict", "formulas")
@@ -247,7 +248,7 @@ def _reference_llama(model, input_ids: torch.Tensor, options: dict) -> tuple:
 
 
 def _reference_llama_step(model, input_ids: torch.Tensor,
-                          options: dict) -> tuple[Report, Counts, list[str]]:
+                          options: dict) -> tuple[Report, Cost, list[str]]:
     config = model.config
     shape = (input_ids.shape[0], config.n_kv_heads, max(input_ids.shape[1], 2), config.head_dim)
     dtype = model.output.weight.dtype
@@ -304,13 +305,13 @@ def _exported_cache(model, inputs: dict):
     program = capture_forward(model, (), {**inputs, cache_argument(model):
                                           DynamicCache(config=model.config)}).program
     outputs = next(node for node in program.graph.nodes if node.op == "output").args[0]
-    values = [torch.empty(node.meta["val"].shape, dtype=node.meta["val"].dtype, device="meta")
+    values = [torch.empty(example_value(node).shape, dtype=example_value(node).dtype, device="meta")
               if isinstance(node, torch.fx.Node) else node for node in outputs]
     return returned_cache(pytree.tree_unflatten(values, program.call_spec.out_spec))
 
 
 def _static(model, input_ids: torch.Tensor, max_cache_len: int,
-            options: dict) -> tuple[Report, Report, Counts]:
+            options: dict) -> tuple[Report, Report, Cost]:
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
     with _static_generation_config(model):
@@ -328,7 +329,7 @@ def _static(model, input_ids: torch.Tensor, max_cache_len: int,
         "cache_position": torch.tensor([prompt_len], device=device)}), **options)
     tensors = [t for layer in wrapper.static_cache.layers for t in (layer.keys, layer.values)]
     read = sum(t.numel() * t.dtype.itemsize for t in tensors)  # every entry, padding included
-    return prefill, decode, Counts(bytes_read=read, bytes_written=read // max_cache_len)
+    return prefill, decode, Cost(bytes_read=read, bytes_written=read // max_cache_len)
 
 
 @contextlib.contextmanager

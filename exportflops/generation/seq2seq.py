@@ -21,7 +21,7 @@ from ..api import count_captured
 from .cache_names import cache_argument, returned_cache
 from ..capture.export import capture_forward
 from .forked import beside
-from ..records import Counts, Report
+from ..records import Cost, Report
 from ..records.generation import PAST
 from ..records.symbolic import size_symbol
 from ..graph.program_edits import drop_cache_rebuild, name_input_sizes
@@ -81,7 +81,7 @@ def seq2seq(model, input_ids: torch.Tensor, options: dict) -> tuple:
 
 
 def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
-          options: dict) -> tuple[Report, Counts, list[str]]:
+          options: dict) -> tuple[Report, Cost, list[str]]:
     """The decode step's report, its KV cache bytes and the cache-rebuild nodes left out."""
     batch, device = input_ids.shape[0], input_ids.device
     # The caches as transformers builds them (layers, heads, head dim, dtype), on fake tensors.
@@ -108,7 +108,7 @@ def _step(model, input_ids: torch.Tensor, start: torch.Tensor,
     # The self-attention cache as in a decoder-only model; the encoder's keys and values,
     # one entry per encoder position and layer, read whole at every step.
     constant = sum(t.numel() * t.dtype.itemsize for t in args[4] + args[5])
-    kv = kv_counts(keys + values) + Counts(bytes_read=constant)
+    kv = kv_counts(keys + values) + Cost(bytes_read=constant)
     return decode, kv, dropped
 
 
@@ -118,12 +118,12 @@ def cache_zeros(shape: tuple, dtype: torch.dtype, device, length: int) -> torch.
     return torch.zeros((*shape[:2], length, *shape[3:]), dtype=dtype, device=device)
 
 
-def kv_counts(tensors: list[torch.Tensor], lengths: list | None = None) -> Counts:
+def kv_counts(tensors: list[torch.Tensor], lengths: list | None = None) -> Cost:
     """Each cache tensor (batch, kv_heads, length, head_dim): the attention reads its cached
     entries and the step's own, the step writes one. ``lengths`` are the cached entries of each,
     ``past`` by default (a sliding-window layer whose window is full holds W - 1)."""
     past = size_symbol(PAST)
     lengths = [past] * len(tensors) if lengths is None else lengths
     rows = [math.prod((*t.shape[:2], *t.shape[3:])) * t.dtype.itemsize for t in tensors]
-    return Counts(bytes_read=sum(row * (length + 1) for row, length in zip(rows, lengths)),
+    return Cost(bytes_read=sum(row * (length + 1) for row, length in zip(rows, lengths)),
                   bytes_written=sum(rows))

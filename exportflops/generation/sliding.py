@@ -22,7 +22,7 @@ from ..capture.export import capture_forward
 from ..errors import GenerationError
 from .seq2seq import cache_zeros, kv_counts
 from ..graph.program_edits import drop_cache_rebuild, name_input_sizes
-from ..records import Counts, Report
+from ..records import Cost, Report
 from ..records.generation import PAST
 from ..records.symbolic import size_symbol
 
@@ -62,7 +62,7 @@ def cache_windows(model: Any) -> list[int | None]:
 
 
 def decode_step(model: Any, input_ids: torch.Tensor, windows: list[int | None],
-                tensors: list[torch.Tensor], options: dict) -> tuple[Report, Counts, list[str]]:
+                tensors: list[torch.Tensor], options: dict) -> tuple[Report, Cost, list[str]]:
     """The decode step, its KV cache bytes and the cache-rebuild nodes left out of it, with
     the layers whose window is given here full (W - 1 entries) and the others at ``past``.
     ``tensors`` are the cache's keys then values, one per layer, at the example length of

@@ -15,7 +15,7 @@ from typing import Any
 import sympy
 import torch
 
-from ..records import Counts
+from ..records import Cost
 from ..records.symbolic import parse_count
 
 Size = Any  # an int, or a sympy expression when the dimension is dynamic
@@ -122,22 +122,22 @@ class OpCall:
                        outputs=fixed(self.outputs))
 
     def cost(self, flops: Size = 0, macs: Size = 0, *, masked_flops: Size = 0,
-             masked_macs: Size = 0, moves_data: bool = True) -> Counts:
-        """The `Counts` of this call, whose bytes are every tensor input read once and every
+             masked_macs: Size = 0, moves_data: bool = True) -> Cost:
+        """The `Cost` of this call, whose bytes are every tensor input read once and every
         output written once.
 
         ``moves_data=False`` is for views and metadata ops, which touch no tensor data.
         """
         if not moves_data:
-            return Counts(flops=flops, macs=macs)
-        return Counts(flops=flops, macs=macs, masked_flops=masked_flops, masked_macs=masked_macs,
+            return Cost(flops=flops, macs=macs)
+        return Cost(flops=flops, macs=macs, masked_flops=masked_flops, masked_macs=masked_macs,
                       **bytes_by_kind(((t, t.nbytes) for t in self.tensor_inputs()),
                                       ((t, t.nbytes) for t in self.outputs)))
 
 
 def bytes_by_kind(reads: Iterable[tuple[TensorMeta, Size]],
                   writes: Iterable[tuple[TensorMeta, Size]]) -> dict[str, Size]:
-    """The byte fields of a `Counts` for ``(tensor, bytes)`` read and written, each charged to
+    """The byte fields of a `Cost` for ``(tensor, bytes)`` read and written, each charged to
     its tensor's kind: for a formula that reads part of a tensor (an embedding's gathered rows)."""
     read = {WEIGHT: 0, STATE: 0, ACTIVATION: 0}
     written = {STATE: 0, ACTIVATION: 0}

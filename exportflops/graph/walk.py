@@ -170,6 +170,19 @@ def _function_forwards() -> dict[tuple[str, int], str]:
     return lines
 
 
+def example_value(node: torch.fx.Node) -> Any:
+    """The value torch recorded for ``node``'s output while tracing (``node.meta["val"]``): a
+    fake tensor, a tuple of them, a SymInt, or None for a node without one."""
+    return node.meta.get("val")
+
+
+def phase(node: torch.fx.Node | None) -> str:
+    """"backward" for a node of the backward half of a joint graph (AOT autograd's and
+    FSDP2's captures tag them ``partitioner_tag="is_backward"``), else "forward"."""
+    tag = node.meta.get("partitioner_tag") if node is not None else None
+    return "backward" if tag == "is_backward" else "forward"
+
+
 def subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:
     """The subgraphs a control-flow op runs."""
     if not isinstance(node.target, HigherOrderOperator):

@@ -3,36 +3,46 @@ for it: tokens of several codebooks a step (MusicGen, Dia, Kyutai, Inkling), a v
 spectrogram, a codec decoder's latents, Qwen2.5-Omni's speech DiT, the spectrogram that follows
 from a model's tokens or waveform (Voxtral Realtime, XCodec2), a spectrogram of stacked frames
 (Granite Speech 5), the frames of every example concatenated (the Qwen-Omni audio encoders).
-None (or empty) where the config has no such field, as in
-`hf_task_inputs`."""
+The family inputs are rules of the registry (`rules`). None (or empty) where the config has no
+such field, as in `tasks`."""
 
 from __future__ import annotations
 
 from .media import MEL_BINS, config_int, feature_layouts, mel_bins, sub_config
+from .rules import Wanted, input_rule
 
 #: The fields of a config of images, whose num_channels are colours, not codebooks (LayoutLMv3,
 #: ViLT and UDOP have a vocab_size and num_channels 3).
 IMAGE_FIELDS = ("image_size", "patch_size", "input_size")
 
 
-def speech_dit_input(name: str, dit, device, *, batch: int, codes: int):
-    """Qwen2.5-Omni's code-to-mel DiT (and Token2Wav around it): ``codes`` speech codes, each
-    repeats mel frames of mel_dim; a reference mel as long, which its speaker encoder reads; the
-    speaker's embedding (enc_emb_dim) per frame, or once (Token2Wav's conditioning); the time of
-    the flow per example. None where ``dit`` has no mel_dim, repeats and enc_emb_dim."""
+#: Qwen2.5-Omni's speech DiT's inputs of a vector per mel frame (``codes * repeats`` frames),
+#: and the config field of each one's width.
+SPEECH_DIT_FRAMES = {"hidden_states": "mel_dim", "condition_vector": "mel_dim",
+                     "reference_mel": "mel_dim", "speaker_embedding": "enc_emb_dim"}
+
+
+@input_rule("quantized_code", "code", *SPEECH_DIT_FRAMES, "conditioning", "time_step")
+def speech_dit(wanted: Wanted):
+    """Qwen2.5-Omni's code-to-mel DiT (and Token2Wav around it, its dit_config): ``steps``
+    speech codes, each repeats mel frames of mel_dim; a reference mel as long, which its
+    speaker encoder reads; the speaker's embedding (enc_emb_dim) per frame, or once (Token2Wav's
+    conditioning); the time of the flow per example. None where the DiT's config has no
+    mel_dim, repeats and enc_emb_dim."""
     import torch
 
-    mel, repeats, speaker = (config_int(dit, (field,)) for field in
-                             ("mel_dim", "repeats", "enc_emb_dim"))
-    if None in (mel, repeats, speaker):
+    dit, batch, codes = sub_config(wanted.config, "dit"), wanted.batch, wanted.steps
+    fields = {field: config_int(dit, (field,)) for field in ("mel_dim", "repeats", "enc_emb_dim")}
+    if None in fields.values():
         return None
-    frames = codes * repeats
-    shapes = {"hidden_states": (batch, frames, mel), "condition_vector": (batch, frames, mel),
-              "reference_mel": (batch, frames, mel), "speaker_embedding": (batch, frames, speaker),
-              "conditioning": (batch, speaker), "time_step": (batch,)}
-    if name in ("quantized_code", "code"):
-        return torch.zeros((batch, codes), dtype=torch.long, device=device)
-    return torch.zeros(shapes[name], device=device) if name in shapes else None
+    if wanted.name in ("quantized_code", "code"):
+        return wanted.zeros((batch, codes), torch.long)
+    if wanted.name == "conditioning":
+        return wanted.zeros((batch, fields["enc_emb_dim"]))
+    if wanted.name == "time_step":
+        return wanted.zeros((batch,))
+    frames = codes * fields["repeats"]
+    return wanted.zeros((batch, frames, fields[SPEECH_DIT_FRAMES[wanted.name]]))
 
 
 def codebook_layouts(ids, config) -> list | None:
@@ -56,30 +66,42 @@ def codebook_layouts(ids, config) -> list | None:
             ids.new_zeros((batch, seq, 1 + codebooks))]
 
 
-def audio_family_input(name: str, config, device, *, batch: int, steps: int):
-    """Inputs of the audio families, each sized by the config field that its model's code
-    reads for it; None where ``config`` has no such field."""
+@input_rule("audio_input_ids")
+def codebook_tokens(wanted: Wanted):
+    """Inkling's audio: a token per codebook (n_mel_bins) a frame, in the layouts of
+    `codebook_layouts`."""
     import torch
 
-    if name == "audio_input_ids":  # Inkling's audio: a token per codebook (n_mel_bins) a frame
-        return codebook_layouts(torch.zeros((batch, steps), dtype=torch.long, device=device),
-                                config)
-    mels = config_int(config, ("mel_dim",))
-    if name == "mel_spectrogram" and mels is not None:
-        # A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
-        # ``(batch, mel_dim, frames)``.
-        return torch.zeros((batch, mels, steps), device=device)
-    if (name == "latents" and config_int(config, ("latent_stride",)) is not None
-            or name == "hidden_states" and getattr(config, "upsampling_ratios", None)):
-        # A codec's decoder: latent frames of hidden_size ``(batch, hidden_size, frames)``,
-        # which its upsampling convolution (Mimi's, stride latent_stride) or its stem
-        # convolution before upsampling_ratios (VibeVoice's) reads.
-        return torch.zeros((batch, config.hidden_size, steps), device=device)
-    cross = config_int(config, ("cross_hidden_size",))
-    if name == "encoder_hidden_states" and cross is not None:
-        # Dia's decoder: its cross-attention projects its encoder's states of cross_hidden_size.
-        return torch.zeros((batch, steps, cross), device=device)
+    ids = wanted.zeros((wanted.batch, wanted.steps), torch.long)
+    return codebook_layouts(ids, wanted.config)
+
+
+@input_rule("mel_spectrogram")
+def vocoder_mels(wanted: Wanted):
+    """A vocoder whose first convolution reads mel_dim channels (Qwen2.5-Omni's BigVGAN):
+    ``(batch, mel_dim, frames)``."""
+    mels = config_int(wanted.config, ("mel_dim",))
+    return None if mels is None else wanted.zeros((wanted.batch, mels, wanted.steps))
+
+
+@input_rule("latents", "hidden_states")
+def codec_latents(wanted: Wanted):
+    """A codec's decoder: latent frames of hidden_size ``(batch, hidden_size, frames)``, which
+    its upsampling convolution (Mimi's ``latents``, stride latent_stride) or its stem
+    convolution before upsampling_ratios (VibeVoice's ``hidden_states``) reads."""
+    config = wanted.config
+    if (wanted.name == "latents" and config_int(config, ("latent_stride",)) is not None
+            or wanted.name == "hidden_states" and getattr(config, "upsampling_ratios", None)):
+        return wanted.zeros((wanted.batch, config.hidden_size, wanted.steps))
     return None
+
+
+@input_rule("encoder_hidden_states")
+def cross_states(wanted: Wanted):
+    """Dia's decoder: its cross-attention projects its encoder's states of
+    cross_hidden_size."""
+    cross = config_int(wanted.config, ("cross_hidden_size",))
+    return None if cross is None else wanted.zeros((wanted.batch, wanted.steps, cross))
 
 
 def features_config(config):

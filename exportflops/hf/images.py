@@ -2,8 +2,9 @@
 its code reads: SegGPT's prompt, a windowed ViT's patch states, patches as rows, as images, as
 clips or as blocks of merged tokens, Aria's images of its projector's patch counts, Gemma 4's
 pooled grid, VideoLLaMA 3's merge sizes, Molmo2's pooled crops; and an image's placeholders in
-the text (`image_placeholders`). `image_family_input` and `image_companions` are what
-`hf_task_inputs` asks. None (or empty) where the config has no such field, as there."""
+the text (`image_placeholders`). The family inputs are rules of the registry (`rules`);
+`image_companions` is what `companions` asks. None (or empty) where the config has no such
+field, as in `tasks`."""
 
 from __future__ import annotations
 
@@ -16,19 +17,24 @@ from .media import (
     patch_grid, sub_config, with_image_tokens,
 )
 from .parent import parent_configs
+from .rules import Wanted, input_rule
 from .sizes import windows
 
+#: SegGPT's prompt: an image and its mask, each stacked above the input image (the model
+#: concatenates them along the height) to fill the config's image_size.
+PROMPT_IMAGES = ("prompt_pixel_values", "prompt_masks")
 
-def prompt_image(config, device, *, batch: int):
+
+@input_rule(*PROMPT_IMAGES)
+def prompt_image(wanted: Wanted):
     """SegGPT's prompt image (or mask) ``(batch, num_channels, height / 2, width)``: its
     image_size (896, 448) is a prompt above an input, concatenated along the height by its
     forward. None where image_size is not such a pair."""
-    import torch
-
+    config = wanted.config
     size = getattr(config, "image_size", None)
     if not (isinstance(size, (list, tuple)) and len(size) == 2):
         return None
-    return torch.zeros((batch, config.num_channels, size[0] // 2, size[1]), device=device)
+    return wanted.zeros((wanted.batch, config.num_channels, size[0] // 2, size[1]))
 
 
 def windowed_states(config, device, *, batch: int):
@@ -148,15 +154,15 @@ def _room_for_image(inputs: dict[str, Any], config, count: int, seq: int | None
     image's ``count`` tokens before its own, where the image has more tokens than the default
     text (MiniMax-M3-VL's image_size 2016 in patches of 14, merged 2 x 2: 72 x 72 = 5184) and
     the text model's positions hold both. Empty where the text already holds them; a
-    UsageError where ``--seq`` set a text too short for them."""
+    UsageError where ``seq`` set a text too short for them."""
     ids = inputs["input_ids"]
     limit = config_int(config.get_text_config(), MAX_POSITIONS)
     length = count + ids.shape[1]
     if count <= ids.shape[1] or (limit is not None and length > limit):
         return {}
     if seq is not None:
-        raise UsageError(f"--seq {seq}: one image of {type(config).__name__} takes {count} "
-                         f"tokens of the text; pass --seq {count} or more.")
+        raise UsageError(f"seq={seq}: one image of {type(config).__name__} takes {count} "
+                         f"tokens of the text; pass seq={count} or more.")
     shape = (ids.shape[0], length)
     return {name: ids.new_ones(shape) if name == "attention_mask" else ids.new_zeros(shape)
             for name in ("input_ids", "token_type_ids", "attention_mask") if name in inputs}
@@ -234,24 +240,37 @@ def token_blocks(vision, device, *, batch: int) -> tuple | None:
     return blocks, torch.tensor([rows] * batch, dtype=torch.long, device=device)
 
 
-def image_family_input(name: str, config, device, *, batch: int):
-    """The image inputs of one family, each sized by the config fields its code reads: a
-    windowed ViT's patch states (`windowed_states`); VideoLLaMA3's (and its tower's) merge of
-    each image's patches, a side: the vision config's `merge_size` where it keeps one, else 1,
-    VideoLLaMA3's image processor's for a still image (its video processor merges 2); Gemma
-    4's (x, y) of each patch of its `pooled_patches` grid: zeros, every patch a real one (-1
-    marks padding). None where ``config`` has no such field."""
+@input_rule("hidden_states")
+def windowed_patch_states(wanted: Wanted):
+    """A windowed ViT's patch states (`windowed_states`)."""
+    return windowed_states(wanted.config, wanted.device, batch=wanted.batch)
+
+
+@input_rule(*MERGE_SIZES)
+def merge_sizes(wanted: Wanted):
+    """VideoLLaMA3's (and its tower's) merge of each image's patches, a side: the vision
+    config's `merge_size` where it keeps one, else 1, VideoLLaMA3's image processor's for a
+    still image (its video processor merges 2)."""
     import torch
 
-    if name == "hidden_states":
-        return windowed_states(config, device, batch=batch)
-    if name in MERGE_SIZES:
-        merge = merge_size(sub_config(config, "vision"))
-        return torch.full((batch,), merge, dtype=torch.long, device=device)
-    side = pooled_patches(config)
-    if name == "pixel_position_ids" and side is not None:
-        return torch.zeros((batch, side ** 2, 2), dtype=torch.long, device=device)
-    return patches_then_queries(name, config, device, batch=batch)
+    merge = merge_size(sub_config(wanted.config, "vision"))
+    return torch.full((wanted.batch,), merge, dtype=torch.long, device=wanted.device)
+
+
+@input_rule("pixel_position_ids")
+def pooled_positions(wanted: Wanted):
+    """Gemma 4's (x, y) of each patch of its `pooled_patches` grid: zeros, every patch a real
+    one (-1 marks padding)."""
+    import torch
+
+    side = pooled_patches(wanted.config)
+    return None if side is None else wanted.zeros((wanted.batch, side ** 2, 2), torch.long)
+
+
+@input_rule("num_patches", "inputs_embeds")
+def ocr_sequence(wanted: Wanted):
+    """DeepSeek-OCR2's vision encoder's patches and queries (`patches_then_queries`)."""
+    return patches_then_queries(wanted.name, wanted.config, wanted.device, batch=wanted.batch)
 
 
 #: DeepSeek-OCR2's learnt queries, appended to an image's patches: 144 (12 x 12, for a 768-px

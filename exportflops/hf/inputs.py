@@ -6,33 +6,23 @@ shapes only."""
 from __future__ import annotations
 
 import inspect
-import math
 from typing import Any
 
 from ..errors import UsageError
-from .audio import codebook_layouts, concatenated_frames, features_config, stacked_frames
+# The rule modules first, in the order a name's rules are asked (`rules`): the families'
+# (tasks, audio, images), then the general ones (modalities, imported below).
+from . import tasks as _tasks, audio as _audio, images as _images  # noqa: F401
+from .audio import concatenated_frames, features_config, stacked_frames
+from .companions import companions
 from .images import image_placeholders, patch_layouts, patch_rows, pooled_crops, token_blocks
 from .media import (
-    GRID_INPUTS, IMAGE_SIZES, MASKS, MAX_POSITIONS, MEL_BINS, MERGE_SIZES, SIZE_INPUTS, accepted,
-    boxes, config_int, encoder_states, fake_error, feature_layouts, flattened_patches, grid,
-    image_tokens, mask, naflex, patches, pixels, sizes, spectrogram, sub_config, time_series,
-    waveform,
+    GRID_INPUTS, MASKS, MERGE_SIZES, accepted, fake_error, grid, image_tokens, mask, naflex,
+    patches, sub_config,
 )
+from .modalities import IMAGES, SPECTROGRAMS, has_mel_bins
 from .needs import needed_input, refused_ids
-from .sizes import depth_positions
-from .tasks import companions, family_input
+from .rules import FAMILY, HF_DEFAULT_SEQ_LEN, UnknownInputError, Wanted, make
 
-
-class UnknownInputError(UsageError):
-    """forward requires an input that no field of the config shapes."""
-
-
-#: Tokens per example sequence of a text model, unless --seq says otherwise (or the model's
-#: positions are fewer: CLIP's text tower has 77).
-HF_DEFAULT_SEQ_LEN = 128
-#: Samples of a raw waveform (``input_values``): one second at 16 kHz, the sampling rate of
-#: wav2vec2's, HuBERT's and WavLM's feature extractors.
-HF_DEFAULT_SAMPLES = 16_000
 #: The inputs `example` makes.
 KNOWN = ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask", "pixel_values",
          "pixel_values_videos", "input_features", "inputs_embeds", "query_embeds",
@@ -42,10 +32,6 @@ SIDE_INPUTS = ("bbox", "encoder_hidden_states", "qformer_input_ids", "pixel_valu
                "high_res_pixel_values", "visual_feats", "visual_pos")
 #: Combinations of layouts tried at most, where several inputs come in layouts to choose from.
 MAX_TOGETHER = 16
-#: The inputs that take a spectrogram, in the layouts `feature_layouts` makes.
-SPECTROGRAMS = ("input_features", "audio_mel")
-#: The inputs that take images, in the layouts `pixels` makes.
-IMAGES = ("pixel_values", "pixel_values_videos")
 #: The inputs of each modality, by the names transformers' forwards use.
 MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_features"}
 
@@ -64,11 +50,11 @@ def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=N
     if main == "inputs" and encoder_main in KNOWN:
         # A generic name for the encoder's own input (SpeechEncoderDecoder's waveform).
         main = encoder_main
-    if main not in parameters and _has_mel_bins(config):
+    if main not in parameters and has_mel_bins(config):
         # An audio encoder whose forward calls its features hidden_states (Granite Speech's).
         main = "input_features"
     if (main not in parameters and parameters[0] not in KNOWN
-            and family_input(parameters[0], config, "meta", batch=1, steps=1) is not None):
+            and make(Wanted(parameters[0], config, "meta", 1, 1), (FAMILY,)) is not None):
         # A first parameter that a family's rule makes (Qwen2.5-Omni's DiT reads mel frames
         # that it calls hidden_states).
         main = parameters[0]
@@ -279,7 +265,7 @@ def _patch_inputs(inputs: dict[str, Any], pixel_name: str, grid_input: str,
     inputs[pixel_name] = patch_layouts(patches(vision, device, batch=batch), vision)
     inputs[grid_input] = grid(grid_input, vision, device, batch=batch)
     for name in parameters.intersection(MERGE_SIZES):  # VideoLLaMA 3's, with the grid
-        inputs[name] = family_input(name, config, device, batch=batch, steps=1)
+        inputs[name] = make(Wanted(name, config, device, batch, 1), (FAMILY,))
     image_placeholders(inputs, parameters, config, image_tokens(vision), seq)
 
 
@@ -290,82 +276,11 @@ def _has_sub_config(config, modality: str) -> bool:
 
 
 def example(name: str, config, device, *, batch: int, seq: int | None):
-    """The zero tensor for input ``name`` of a model with ``config``."""
-    import torch
-
-    if name in ("input_ids", "decoder_input_ids", "token_type_ids", "attention_mask"):
-        decoder = name == "decoder_input_ids"
-        # decoder=False would mean "not the decoder's" and return a composite config itself.
-        text = config.get_text_config(decoder=True if decoder else None)
-        ids = torch.zeros((batch, text_length(text, seq, decoder=decoder)), dtype=torch.long,
-                          device=device)
-        # Tokens of several audio codebooks a step come in layouts to choose from.
-        layouts = codebook_layouts(ids, text) if name.endswith("input_ids") else None
-        return layouts or ids
-    if name in IMAGE_SIZES:
-        return sizes(sub_config(config, "vision"), device, batch=batch)
-    if name in GRID_INPUTS + SIZE_INPUTS:
-        return grid(name, sub_config(config, "vision"), device, batch=batch)
-    if name in IMAGES:
-        return pixels(name, sub_config(config, "vision"), device, batch=batch)
-    if name == "high_res_pixel_values":  # DeepSeek-VL-Hybrid's second tower, of 1024 pixels
-        vision = getattr(config, "high_res_vision_config", None) or sub_config(config, "vision")
-        return pixels("pixel_values", vision, device, batch=batch)
-    if name in SPECTROGRAMS:  # a spectrogram, its layout chosen by hf_inputs
-        return feature_layouts(features_config(config), device, batch=batch, seq=seq)
-    made = family_input(name, config, device, batch=batch, steps=seq or HF_DEFAULT_SEQ_LEN)
-    if made is not None:
-        return made
-    if name in ("inputs_embeds", "query_embeds", "hidden_states"):
-        # hidden_states: a tower over another's states (FLAVA's multimodal encoder).
-        hidden = config.get_text_config().hidden_size
-        return torch.zeros((batch, seq or HF_DEFAULT_SEQ_LEN, hidden), device=device)
-    audio = sub_config(config, "audio")
-    if name == "input_values":
-        # A waveform, or a spectrogram where the config has mel bins (AST calls its own
-        # input_values; SpeechT5's bins are its decoder's, its encoder reads a waveform).
-        # Whole tokens of samples_per_token samples (Muse Spark's 1,920: 80 ms at 24 kHz).
-        per_token = config_int(audio, ("samples_per_token",)) or 1
-        samples = seq or math.ceil(HF_DEFAULT_SAMPLES / per_token) * per_token
-        waves = waveform(audio, device, batch=batch, samples=samples)
-        if _has_mel_bins(audio):
-            return waves + feature_layouts(audio, device, batch=batch, seq=seq)
-        return waves
-    if name == "flattened_patches":
-        return flattened_patches(sub_config(config, "vision"), device, batch=batch, seq=seq)
-    if name == "spectrogram":
-        return spectrogram(config, device, batch=batch, seq=seq)
-    if name in ("past_values", "past_values_padding", "freq"):
-        return time_series(name, config, device, batch=batch, seq=seq)
-    text = config.get_text_config()
-    if name == "bbox":
-        return boxes(config, device, batch=batch, length=text_length(text, seq))
-    if name == "encoder_hidden_states":
-        return encoder_states(config, device, batch=batch, length=text_length(text, seq))
-    if name == "qformer_input_ids" and getattr(config, "qformer_config", None) is not None:
-        length = text_length(config.qformer_config, seq)
-        return torch.zeros((batch, length), dtype=torch.long, device=device)
-    raise UnknownInputError(f"exportflops does not know how to make an example {name!r} for "
-                            f"{type(config).__name__}, and its forward requires it; pass the "
-                            f"model's inputs with --input and --kwargs.")
-
-
-def text_length(config, seq: int | None, *, decoder: bool = False) -> int:
-    """``seq`` tokens, or HF_DEFAULT_SEQ_LEN bounded by the model's positions (its decoder's
-    for decoder tokens); a ``seq`` longer than the positions is the user's error."""
-    names = ("max_target_positions", *MAX_POSITIONS) if decoder else MAX_POSITIONS
-    field = next((n for n in names if isinstance(getattr(config, n, None), int)), None)
-    limit = None if field is None else getattr(config, field)
-    depth = depth_positions(config)
-    if depth is not None and (limit is None or depth < limit):
-        limit, field = depth, "num_codebooks"
-    if seq is None:
-        return min(HF_DEFAULT_SEQ_LEN, limit or HF_DEFAULT_SEQ_LEN)
-    if limit is not None and seq > limit:
-        raise UsageError(f"--seq {seq}: {type(config).__name__} has {limit} positions "
-                         f"({field}); pass --seq {limit} or less.")
-    return seq
-
-
-def _has_mel_bins(config) -> bool:
-    return config_int(config, MEL_BINS) is not None
+    """The example for input ``name`` of a model with ``config``: what the first rule of the
+    registry (`rules`) that makes one returns, the families' rules before the general ones."""
+    value = make(Wanted(name, config, device, batch, seq))
+    if value is None:
+        raise UnknownInputError(f"exportflops does not know how to make an example {name!r} "
+                                f"for {type(config).__name__}, and its forward requires it; "
+                                f"pass the model's inputs with args= and kwargs=.")
+    return value

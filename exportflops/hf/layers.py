@@ -42,7 +42,7 @@ def cap_layers(config, layers: int) -> None:
     backbone whose head reads several of its stages keeps one layer per stage read
     (`_backbone_layers`: Depth Anything's four)."""
     if layers < 1:
-        raise UsageError(f"--layers {layers}: give a count of at least 1.")
+        raise UsageError(f"layers={layers}: give a count of at least 1.")
     configs = (config, *sub_configs(config))
     for config_ in configs:
         for name, value in layer_counts(config_).items():

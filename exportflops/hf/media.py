@@ -341,9 +341,9 @@ def mask(name: str, masked, config, audio, *, batch: int):
         if name != "feature_lens":
             return None
         if masked.shape[1] % batch:
-            raise UsageError(f"--batch {batch}: the {masked.shape[1]} frames of the examples "
+            raise UsageError(f"batch={batch}: the {masked.shape[1]} frames of the examples "
                              f"concatenated do not split evenly; pass feature_lens with "
-                             f"--kwargs, or frames a multiple of {batch}.")
+                             f"kwargs=, or frames a multiple of {batch}.")
         return torch.full((batch,), masked.shape[1] // batch, dtype=torch.long,
                           device=masked.device)
     frames = masked.shape[-1] if masked.shape[1] == mel_bins(audio) else masked.shape[1]

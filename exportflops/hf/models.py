@@ -49,6 +49,11 @@ TOWERS = ("vision_config", "audio_config")
 NO_CACHE = {"use_cache": False}
 
 
+class CpuRunError(ExportError):
+    """The run on cpu that `analyze_deciding_on_cpu` turned to went past its memory cap; the
+    hint names the arguments that make it smaller."""
+
+
 def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = None,
              batch: int = 1, seq: int | None = None,
              use_cache: bool = False) -> tuple[Any, tuple, dict]:
@@ -292,12 +297,12 @@ def analyze_deciding_on_cpu(analyze, model, args: tuple, kwargs: dict, on_cpu=No
             if not (capped and out_of_memory(failure)):
                 raise
             name = type(model).__name__
-            raise ExportError(name, first_lines(failure), (
+            raise CpuRunError(name, first_lines(failure), (
                 f"{name} cannot be analyzed on meta ({why}), so it was built again on cpu and "
                 f"run on its example; that run needed more than {cap / 2**30:.1f} GiB beyond "
                 f"what the process held (the example's values may decide its sizes). Pass "
-                f"--device cpu, capped only at the memory the machine has free, or smaller "
-                f"inputs (--seq, --batch, --kwargs).")) from failure
+                f"device=\"cpu\", capped only at the memory the machine has free, or smaller "
+                f"inputs (seq=, batch=, kwargs=).")) from failure
 
 
 def missed_input(error: BaseException, model, args: tuple, kwargs: dict | None) -> str | None:

@@ -175,7 +175,7 @@ def _size(size) -> int:
         return int(size)
     except Exception as error:  # a SymInt with no hint: .item() or nonzero upstream
         raise UsageError(f"a size of this input depends on the composite model's values "
-                         f"({size}); pass the model's inputs with --input and --kwargs."
+                         f"({size}); pass the model's inputs with args= and kwargs=."
                          ) from error
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from .inputs import text_length
+from .modalities import text_length
 from .media import image_size, sub_config
 
 #: The points clicked on each object in the frame: one, a positive click (label 1), as a
@@ -105,8 +105,8 @@ class DetectedFrame(torch.nn.Module):
         if self.objects is None:
             raise UsageError(f"How many objects {type(self.model).__name__}'s detector finds "
                              f"on a frame is data-dependent (its scores' values), and a model "
-                             f"on meta holds none: build it on cpu (the command: --device cpu, "
-                             f"with --layers N to keep it small).")
+                             f"on meta holds none: build it on cpu (device=\"cpu\", with "
+                             f"layers=N to keep it small).")
         session = _session(self.session_class, pixel_values)
         prompt = session.add_prompt(PROMPT)
         session.prompt_input_ids[prompt] = input_ids
@@ -132,16 +132,16 @@ def detect_objects(model, pixel_values: torch.Tensor, input_ids: torch.Tensor,
     scores = (out.pred_logits.sigmoid() * out.presence_logits.sigmoid()).flatten()
     ranked = scores.sort(descending=True).values.tolist()
     if not 1 <= objects < len(ranked):
-        raise UsageError(f"--batch {objects}: {type(model).__name__}'s detector proposes "
-                         f"{len(ranked)} objects a frame; pass --batch from 1 to "
+        raise UsageError(f"batch={objects}: {type(model).__name__}'s detector proposes "
+                         f"{len(ranked)} objects a frame; pass batch= from 1 to "
                          f"{len(ranked) - 1}.")
     found, missed = ranked[objects - 1], ranked[objects]
     # Scores this close could swap in the export's own run of the detector.
     if math.isclose(found, missed, rel_tol=SCORE_TOLERANCE):
-        raise UsageError(f"--batch {objects}: {type(model).__name__}'s detector scores object "
+        raise UsageError(f"batch={objects}: {type(model).__name__}'s detector scores object "
                          f"{objects} and object {objects + 1} alike on the example frame "
                          f"({found:.7g} and {missed:.7g}), so no threshold finds exactly "
-                         f"{objects}; pass another --batch.")
+                         f"{objects}; pass another batch=.")
     for name in THRESHOLDS:
         setattr(model, name, (found + missed) / 2)
 

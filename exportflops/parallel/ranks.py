@@ -1,38 +1,25 @@
-"""Parallelized models: each rank's counts from its local shards, and every collective it issues.
+"""Parallelized models, one rank at a time: the process group a rank runs in, the parameters
+it holds (its local shards), and the collectives it issues, with nccl-tests' message sizes.
 
-A model sharded with torch.distributed (tensor and sequence parallel plans on DTensor, Hugging
-Face ``tp_plan``) cannot go through ``torch.export`` (it refuses DTensor inputs and parameters,
-pytorch issue 175467). This is a second capture for such models, after pytorch's
-``test/distributed/tensor/test_dtensor_export.py``: dynamo captures the model with its module
-stacks, then ``aot_export_joint_with_descriptors`` traces the joint forward and backward ATen
-graph of one rank, DTensor lowered to local shapes and ``_c10d_functional`` collectives. The
-walker, the formula table and the aggregation are the ones every analysis uses.
+`analyze` counts a rank as it counts any model (`exportflops.api`): the rank's graph comes from
+`exportflops.capture.dtensor`, its nodes go through the one counting tail (formulas and
+decompositions), and this module adds the rank's fields to the report.
 """
 
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 from collections.abc import Iterator
 
 import torch
 import torch.fx
-import torch.fx.traceback as fx_traceback
 
-from ..aggregate import build_report
-from ..attribution import module_tree
-from ..capture.hints import first_lines
-from ..count.apply import count_node
-from ..errors import DistributedError, ExportError
+from ..errors import DistributedError
 from ..formulas.collectives import KINDS, NAMESPACES, message_bytes
-from ..formulas.registry import FormulaTable
-from ..records.names import qualified_name
-from ..capture.quiet import quiet_capture_log
-from ..records import Collective, Report, TensorSpec
+from ..graph.walk import NodeCall
+from ..records import Collective
 from ..torch_internals import OpOverload, require
-from ..version import __version__
-from ..graph.walk import NodeCall, read_graph
 
 
 @contextlib.contextmanager
@@ -73,100 +60,24 @@ def is_parallelized(model: object) -> bool:
                                          for m in model.modules())))
 
 
-def analyze_parallel(model: torch.nn.Module, args: tuple, kwargs: dict, table: FormulaTable, *,
-                     strict: bool, mode: str, inputs: list[TensorSpec]) -> Report:
-    """The report of this process's rank: counts of its local shards (forward, and the
-    backward in train mode) and the collectives it issues."""
+def check_process_group(model: torch.nn.Module) -> None:
+    """A parallelized model is analyzed as one rank of a process group: there must be one."""
     import torch.distributed as dist
 
-    name = type(model).__name__
     if not dist.is_initialized():
         raise DistributedError(
-            f"{name} is parallelized (DTensor parameters) but no process group is set up: "
-            f"analyze inside exportflops.fake_process_group(world_size), or after "
+            f"{type(model).__name__} is parallelized (DTensor parameters) but no process group "
+            f"is set up: analyze inside exportflops.fake_process_group(world_size), or after "
             f"torch.distributed.init_process_group().")
-    from ..capture.fsdp import fsdp_graph, has_fsdp
-
-    traced = (fsdp_graph(model, args, kwargs, mode == "train") if has_fsdp(model)
-              else _joint_graph(model, args, kwargs))
-    with traced as graph:
-        _user_module_stacks(graph)
-        calls = read_graph(graph).nodes
-        phases = {call.name: _phase(call) for call in calls}
-        if mode == "forward":
-            calls = [call for call in calls if phases[call.name] == "forward"]
-        nodes = [count_node(call, table, strict=strict, phase=phases[call.name])
-                 for call in calls]
-        collectives = [_collective(call, phases[call.name]) for call in calls
-                       if _kind(call) is not None]
-        tree, tied = module_tree(calls, _local_parameters(model), model,
-                                 qualified_name(type(model)))
-    report = build_report(nodes, tree, tied, model=name, inputs=inputs,
-                          torch_version=torch.__version__, exportflops_version=__version__,
-                          mode=mode)
-    return report.model_copy(update={"world_size": dist.get_world_size(),
-                                     "rank": dist.get_rank(), "collectives": collectives})
 
 
-@contextlib.contextmanager
-def _joint_graph(model: torch.nn.Module, args: tuple,
-                 kwargs: dict) -> Iterator[torch.fx.Graph]:
-    """The joint forward + backward ATen graph of this rank, traced on fake tensors; open
-    while the caller reads it (its tensors belong to the trace's fake mode)."""
-    from ..torch_internals import dynamo_graph_capture_for_export
-    from ..torch_internals import aot_export_joint_with_descriptors
-    from ..torch_internals import tracing
+def rank_fields(calls: list[NodeCall], phases: dict[str, str]) -> dict:
+    """The fields a rank's report adds: the world, this rank, and the collectives it issues."""
+    import torch.distributed as dist
 
-    stack = contextlib.ExitStack()
-    with stack:
-        stack.enter_context(quiet_capture_log())
-        try:
-            # Tracing runs the forward on fake tensors: the caller's random stream stays as it
-            # was. Sizes stay the inputs' (dynamo makes a size it saw change symbolic).
-            with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
-                    fx_traceback.preserve_node_meta(), \
-                    require("dynamo_config").patch(automatic_dynamic_shapes=False):
-                captured = dynamo_graph_capture_for_export(model)(*args, **kwargs)
-            stack.enter_context(tracing(captured.meta.get("tracing_context")))
-            stack.enter_context(torch.enable_grad())
-            joint = aot_export_joint_with_descriptors(stack, captured, args, kwargs)
-        except Exception as error:  # torch raises many types; all become one error with a hint
-            raise _capture_error(model, error) from error
-        yield joint.graph_module.graph
-
-
-def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
-    return ExportError(type(model).__name__, first_lines(error),
-                       "dynamo could not capture the parallelized model, or AOT autograd could "
-                       "not trace its joint graph; see torch's message below.")
-
-
-#: How dynamo names a module: ``L['self'].layers[0]``, ``L['self']._modules['mlp']``, ...;
-#: the root is ``L['args'][0]`` where a decorator's wrapper takes the forward's ``self`` in
-#: its ``*args`` (transformers' ``deprecate_kwarg`` since 5.24).
-_ROOT = re.compile(r"^L\[(?:'args'\]\[0\]|'[^']+'\])\.?")
-_ITEM = re.compile(r"\.?(?:_modules)?\[(?:'([^']+)'|(\d+))\]")
-
-
-def user_path(source: str) -> str:
-    """A dynamo module source -> the ``named_modules()`` path: ``L['self'].layers[0].mlp`` is
-    ``layers.0.mlp``."""
-    path = _ITEM.sub(lambda m: "." + (m[1] or m[2]), _ROOT.sub("", source))
-    return path.lstrip(".")
-
-
-def _user_module_stacks(graph: torch.fx.Graph) -> None:
-    """Each node's module stack under the user's paths, where the walker reads it. AOT autograd
-    gives a backward node the stack of the forward node it differentiates (``fwd_``)."""
-    for node in graph.nodes:
-        stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
-        node.meta["nn_module_stack"] = {key: (user_path(path), type_)
-                                        for key, (path, type_) in stack.items()}
-
-
-def _phase(call: NodeCall) -> str:
-    tag = call.node.meta.get("partitioner_tag") if call.node is not None else None
-    return "backward" if tag == "is_backward" else "forward"
+    return {"world_size": dist.get_world_size(), "rank": dist.get_rank(),
+            "collectives": [collective(call, phases[call.name]) for call in calls
+                            if _kind(call) is not None]}
 
 
 def _kind(call: NodeCall):
@@ -176,7 +87,7 @@ def _kind(call: NodeCall):
     return None
 
 
-def _collective(call: NodeCall, phase: str) -> Collective:
+def collective(call: NodeCall, phase: str) -> Collective:
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     kind = _kind(call)
@@ -213,7 +124,7 @@ def _process_group_argument(node: torch.fx.Node | None):
     return None
 
 
-def _local_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+def local_parameters(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     """(name, this rank's shard) per parameter; a tied parameter keeps one shard object."""
     from torch.distributed.tensor import DTensor
 

@@ -4,7 +4,7 @@ A `Report` is plain data: it serializes to JSON and back (`Report.model_validate
 saved report renders and queries without the model.
 """
 
-from .base import FLOPS_PER_MAC, SCHEMA_VERSION, Count, Counts, Record, TensorSpec
+from .base import FLOPS_PER_MAC, SCHEMA_VERSION, Count, Cost, Record, TensorSpec
 from .collectives import Collective
 from .generation import GenerationReport
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
@@ -12,7 +12,7 @@ from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report
 from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 
-__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Count", "Counts", "GenerationReport",
+__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Cost", "Count", "GenerationReport",
            "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus", "NodeTiming",
            "OperatorStats", "Record", "Report", "Roofline", "RooflineModule", "RooflineNode",
            "RuntimeProfile", "SizeSymbolRecord", "TensorSpec", "TiedParameter", "Timing",

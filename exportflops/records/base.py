@@ -16,7 +16,7 @@ SCHEMA_VERSION = 1
 FLOPS_PER_MAC = 2
 
 
-#: The `Counts` fields of bytes read: an op that reads nothing has all of them 0.
+#: The `Cost` fields of bytes read: an op that reads nothing has all of them 0.
 READ_FIELDS = ("bytes_read", "weight_bytes_read", "state_bytes_read")
 
 
@@ -32,7 +32,7 @@ Count = Annotated[Any, PlainValidator(parse_count), PlainSerializer(_dump_count)
 """An integer, or for dynamic sizes a sympy expression serialized as its string."""
 
 
-class Counts(Record):
+class Cost(Record):
     """Work of one node, module or model: FLOPs, MACs and bytes from tensor sizes x itemsize.
 
     Formulas return this type (``exportflops.Cost`` is the same class under the name formula
@@ -93,22 +93,22 @@ class Counts(Record):
         """``flops`` without the work a causal mask discards (the unmasked work only)."""
         return self.flops - self.masked_flops
 
-    def __add__(self, other: Counts) -> Counts:
-        return Counts(**{name: getattr(self, name) + getattr(other, name)
-                         for name in Counts.model_fields})
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(**{name: getattr(self, name) + getattr(other, name)
+                         for name in Cost.model_fields})
 
-    def __sub__(self, other: Counts) -> Counts:
-        return Counts(**{name: getattr(self, name) - getattr(other, name)
-                         for name in Counts.model_fields})
+    def __sub__(self, other: Cost) -> Cost:
+        return Cost(**{name: getattr(self, name) - getattr(other, name)
+                         for name in Cost.model_fields})
 
-    def scaled(self, factor: int | sympy.Expr) -> Counts:
+    def scaled(self, factor: int | sympy.Expr) -> Cost:
         """This cost repeated ``factor`` times."""
-        return Counts(**{name: getattr(self, name) * factor for name in Counts.model_fields})
+        return Cost(**{name: getattr(self, name) * factor for name in Cost.model_fields})
 
-    def evaluated(self, sizes: Evaluator) -> Counts:
+    def evaluated(self, sizes: Evaluator) -> Cost:
         """These counts at fixed dynamic sizes: ints."""
-        return Counts.model_construct(**{name: sizes.value(getattr(self, name))
-                                         for name in Counts.model_fields})
+        return Cost.model_construct(**{name: sizes.value(getattr(self, name))
+                                         for name in Cost.model_fields})
 
 
 class TensorSpec(Record):

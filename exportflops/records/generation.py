@@ -9,7 +9,7 @@ from typing import Literal
 import sympy
 
 from .symbolic import Evaluator, size_symbol
-from .base import SCHEMA_VERSION, Counts, Record
+from .base import SCHEMA_VERSION, Cost, Record
 from .report import Report
 
 #: The dynamic size of a decode step: tokens already in the KV cache.
@@ -57,7 +57,7 @@ class GenerationReport(Record):
     for a static cache they are constants (the step is the same at every position). What a
     decode loop executes: the exported step's rebuild of the cache is left out
     (``dropped_nodes``)."""
-    kv_cache: Counts
+    kv_cache: Cost
     """The part of one decode step's bytes that is the KV cache: ``bytes_read`` the entries the
     attention reads (``past + 1`` per layer for a dynamic cache, ``max_cache_len`` for a static
     one), ``bytes_written`` the step's new entry per layer; from the cache's own tensors (key
@@ -67,7 +67,7 @@ class GenerationReport(Record):
     transformers rebuilds a dynamic cache from its input tensors, copying each (a ``cat`` with
     an empty tensor), one read and one write of the whole past cache that a decode loop, which
     keeps its cache between steps, does not make."""
-    total: Counts
+    total: Cost
     """The whole request: the prefill plus every decode step, summed in closed form."""
     sliding_window: int | None = None
     """The window W of the model's sliding-window layers (transformers'
@@ -77,7 +77,7 @@ class GenerationReport(Record):
     decode_windowed: Report | None = None
     """The decode step once the sliding windows are full (``past >= sliding_window - 1``):
     the sliding layers' caches at W - 1 entries, the others' at ``past``."""
-    kv_cache_windowed: Counts | None = None
+    kv_cache_windowed: Cost | None = None
     """`kv_cache` of ``decode_windowed``."""
 
     def step(self, past: int) -> Report:
@@ -88,11 +88,11 @@ class GenerationReport(Record):
             return decode
         return decode.evaluate(**{PAST: past})
 
-    def step_counts(self, past: int) -> Counts:
+    def step_counts(self, past: int) -> Cost:
         """The decode step's model total with ``past`` tokens in the cache."""
         return _at(self._decode_at(past).total, past)
 
-    def kv_cache_at(self, past: int) -> Counts:
+    def kv_cache_at(self, past: int) -> Cost:
         """`kv_cache` with ``past`` tokens in the cache."""
         return _at(self.kv_cache_windowed if self.windows_full(past) else self.kv_cache, past)
 
@@ -111,8 +111,8 @@ class GenerationReport(Record):
         return range(first, first + self.new_tokens - 1)
 
 
-def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int, *,
-                  windowed: Counts | None = None, window: int | None = None) -> Counts:
+def request_total(prefill: Cost, step: Cost, first: int, new_tokens: int, *,
+                  windowed: Cost | None = None, window: int | None = None) -> Cost:
     """The prefill plus the decode step summed over ``past = first .. first + G - 2`` (``first``
     = P for a decoder-only model) in closed form:
     each count is a polynomial in ``past`` (a constant for a static cache), summed in closed
@@ -128,8 +128,8 @@ def request_total(prefill: Counts, step: Counts, first: int, new_tokens: int, *,
         return sum(power_sum(sympy.sympify(getattr(counts, name)), past, start, end)
                    for counts, start, end in spans if start <= end)
 
-    return Counts(**{name: getattr(prefill, name) + summed(name)
-                     for name in Counts.model_fields})
+    return Cost(**{name: getattr(prefill, name) + summed(name)
+                     for name in Cost.model_fields})
 
 
 def power_sum(polynomial: sympy.Expr, symbol: sympy.Symbol, first: int,
@@ -157,7 +157,7 @@ def _number(value: sympy.Expr) -> int | sympy.Expr:
     return int(value) if value.is_number else value
 
 
-def _at(counts: Counts, past: int) -> Counts:
+def _at(counts: Cost, past: int) -> Cost:
     return counts.evaluated(Evaluator({PAST: past}))
 
 

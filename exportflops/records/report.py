@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from .symbolic import Evaluator
-from .base import SCHEMA_VERSION, Counts, Record, TensorSpec
+from .base import SCHEMA_VERSION, Cost, Record, TensorSpec
 from .collectives import Collective
-from .roofline import Roofline
 from .timing import RuntimeProfile
 
 
@@ -30,7 +29,7 @@ class NodeRecord(Record):
     """Tensor arguments, in schema order."""
     outputs: list[TensorSpec]
     """Tensor outputs."""
-    cost: Counts
+    cost: Cost
     """Zero for uncounted and error nodes."""
     note: str = ""
     """Why a zero op is free, or the error of a formula that raised."""
@@ -52,11 +51,11 @@ class OperatorStats(Record):
 
     calls: int
     """Number of nodes calling the op, forward and backward."""
-    cost: Counts
+    cost: Cost
     """Summed cost of those nodes."""
     backward_calls: int = 0
     """How many of the calls compute gradients."""
-    backward: Counts = Counts()
+    backward: Cost = Cost()
     """The part of ``cost`` spent computing gradients."""
 
     def evaluated(self, sizes: Evaluator) -> OperatorStats:
@@ -82,12 +81,12 @@ class ModuleRecord(Record):
     """Parameters registered directly on this module (tied ones at their first name only)."""
     tied_params: list[str] = []
     """This module's parameter names that are tied to a parameter counted at another name."""
-    inclusive: Counts
+    inclusive: Cost
     """Cost of the module's own ops and of its children's (forward and, in train mode,
     backward)."""
-    backward: Counts = Counts()
+    backward: Cost = Cost()
     """The part of ``inclusive`` spent computing gradients (``mode="train"``)."""
-    exclusive: Counts
+    exclusive: Cost
     """Cost of the ops that ran in this module itself (its functionals), not in a child."""
     operators: dict[str, OperatorStats] = {}
     """Inclusive cost per op (fvcore's by_module_and_operator)."""
@@ -161,9 +160,9 @@ class Report(Record):
     """exportflops that counted it."""
     mode: Literal["forward", "train"] = "forward"
     """``train`` when the backward ops were counted too."""
-    total: Counts
+    total: Cost
     """The whole model: the sum over every node (forward and, in train mode, backward)."""
-    backward: Counts = Counts()
+    backward: Cost = Cost()
     """The part of ``total`` spent computing gradients."""
     symbols: list[SizeSymbolRecord] = []
     """Dynamic sizes; counts that depend on them are expressions in their names."""
@@ -198,7 +197,7 @@ class Report(Record):
     shapes alone."""
 
     @property
-    def forward(self) -> Counts:
+    def forward(self) -> Cost:
         """The forward pass alone."""
         return self.total - self.backward
 
@@ -249,15 +248,6 @@ class Report(Record):
         missing = sum(u.calls for u in self.uncounted)
         return counted / (counted + missing) if counted + missing else 1.0
 
-    def roofline(self, device: str, *, tf32: bool = False) -> Roofline:
-        """Each node's time on ``device`` from its FLOPs and bytes, its bound and its ridge
-        point, rolled up per module and model: ``report.roofline(device="h100-sxm")``. Keys are
-        the device table's (``exportflops.roofline.devices.DEVICES``) or ``cpu``, measured here. See
-        `exportflops.roofline.predict`."""
-        from ..roofline.predict import roofline  # needs torch and the device table: loaded on use
-
-        return roofline(self, device, tf32=tf32)
-
     def module(self, path: str) -> ModuleRecord:
         for record in self.modules:
             if record.path == path:
@@ -265,7 +255,7 @@ class Report(Record):
         raise KeyError(f"no module {path!r} in the report of {self.model}; "
                        f"module paths are named_modules() names, '' is the root")
 
-    def by_module(self, depth: int | None = None) -> dict[str, Counts]:
+    def by_module(self, depth: int | None = None) -> dict[str, Cost]:
         """Inclusive cost per module path, optionally only modules up to ``depth``."""
         return {m.path: m.inclusive for m in self.modules if depth is None or m.depth <= depth}
 

@@ -5,7 +5,9 @@ Every view is a pure function of a `Report` and the display options: it reads th
 report holds and never recomputes one, so a printed total is the report's own. Counts of dynamic
 sizes are written as their expressions and ranked at the sizes the graph was exported with.
 Percentages are of the model's totals (``report.total``, ``report.params``). `flops_report` joins
-views and is the only function here that prints or writes a file, and only when asked.
+views. Every rendering function returns its text (`flops_report`, `to_csv`, `to_markdown`,
+`roofline_view`, and `exportflops.render.pictures`' `to_html` and `to_trace`): none prints or
+writes a file; write the text with ``Path(...).write_text``.
 
 Views, after DeepSpeed's flops profiler and fvcore:
 
@@ -27,7 +29,6 @@ top), ``tables.py`` (summary, operators, module_operators, CSV), ``collectives.p
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -116,30 +117,22 @@ def render(report: Report, options: RenderOptions = RenderOptions(),
     return "\n\n".join(views[name]() for name in o.view) + "\n"
 
 
-def flops_report(report: Report, options: RenderOptions | None = None, *,
-                 output_file: str | os.PathLike | None = None, print_output: bool = False,
-                 **fields: Any) -> str:
+def flops_report(report: Report, options: RenderOptions | None = None, **fields: Any) -> str:
     """The report as text tables, DeepSpeed-profiler style; returns the text.
 
     ``options`` (a `RenderOptions`), or its fields as keywords (they override ``options``):
     ``view`` one or more of ``summary``, ``top``, ``tree``, ``operators``,
     ``module_operators``, ``collectives``; ``depth``, ``top``, ``group_by``, ``collapse``,
     ``ignore_modules``, ``extra_reprs``, ``tablefmt``, ``as_string``, ``link_bytes_per_s`` (see
-    `RenderOptions`). The text is written to ``output_file`` and printed with
-    ``print_output=True``; otherwise nothing is. A `GenerationReport` renders as its per-token
-    table (``tablefmt`` and ``as_string`` apply).
+    `RenderOptions`). A `GenerationReport` renders as its per-token table (``tablefmt`` and
+    ``as_string`` apply).
     """
-    options = _options(options, fields, "flops_report", also=("output_file", "print_output"))
+    options = _options(options, fields, "flops_report")
     if isinstance(report, GenerationReport):
         text = generation_view(report, Style(tablefmt=options.tablefmt,
                                              as_string=options.as_string)) + "\n"
     else:
         text = render(report, options)
-    if output_file is not None:
-        with open(output_file, "w", encoding="utf-8") as f:
-            f.write(text)
-    if print_output:
-        print(text, end="")
     return text
 
 
@@ -156,8 +149,8 @@ def to_markdown(report: Report, options: RenderOptions | None = None, **fields: 
     return f"# exportflops report: {report.model}\n\n{render(report, options, style)}"
 
 
-def _options(options: RenderOptions | None, fields: dict[str, Any], caller: str,
-             also: tuple[str, ...] = ()) -> RenderOptions:
+def _options(options: RenderOptions | None, fields: dict[str, Any],
+             caller: str) -> RenderOptions:
     """The one place keyword options become a `RenderOptions`: ``fields`` over ``options``."""
     if options is not None and not isinstance(options, RenderOptions):
         raise TypeError(f"{caller}()'s second argument is a RenderOptions, got "
@@ -166,7 +159,7 @@ def _options(options: RenderOptions | None, fields: dict[str, Any], caller: str,
     unknown = sorted(set(fields) - set(RenderOptions.model_fields))
     if unknown:
         raise TypeError(f"{caller}() got unknown keyword(s) {', '.join(unknown)}; it takes "
-                        f"{', '.join([*RenderOptions.model_fields, *also])}.")
+                        f"{', '.join(RenderOptions.model_fields)}.")
     if options is None:
         return RenderOptions(**fields)
     return RenderOptions(**{**dict(options), **fields}) if fields else options

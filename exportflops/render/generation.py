@@ -3,7 +3,7 @@ lengths, and the whole request. Imports no torch."""
 
 from __future__ import annotations
 
-from ..records import Counts
+from ..records import Cost
 from ..records.generation import GenerationReport
 from .format import Style
 
@@ -43,7 +43,7 @@ def generation_view(report: GenerationReport, style: Style = Style(),
     return style.titled(title, style.table(rows, _HEADERS, "lrrrrrrrr"))
 
 
-def _row(style: Style, phase: str, tokens: int, keys: int | None, cost: Counts,
+def _row(style: Style, phase: str, tokens: int, keys: int | None, cost: Cost,
          kv_read: int | None) -> list:
     moved = cost.bytes_moved
     return [phase, tokens, keys, style.count(cost.flops), style.count(cost.macs, "MACs"),

@@ -11,7 +11,6 @@ nothing is fetched when it is opened. Like every renderer this is a pure functio
 from __future__ import annotations
 
 import html
-import os
 from typing import Any
 
 from ..records.names import short_name
@@ -63,10 +62,10 @@ document.querySelectorAll("table.sortable th").forEach(function (th) {
 def html_report(report: Report, *, roofline: RooflineLike | None = None,
                 peaks: dict[str, float] | None = None,
                 bandwidth_byte_per_s: float | None = None) -> str:
-    """The whole page. ``roofline`` (``report.roofline(device=...)``) adds each node's predicted
-    rate to the scatter and its predicted time and bound to the node table; ``peaks`` (label ->
-    FLOP/s) and ``bandwidth_byte_per_s`` are the roofs drawn. A measured report's own peak
-    (``runtime.peak_flop_per_s``) is drawn when no peak is given."""
+    """The whole page. ``roofline`` (``exportflops.roofline.roofline(report, device)``) adds
+    each node's predicted rate to the scatter and its predicted time and bound to the node
+    table; ``peaks`` (label -> FLOP/s) and ``bandwidth_byte_per_s`` are the roofs drawn. A
+    measured report's own peak (``runtime.peak_flop_per_s``) is drawn when no peak is given."""
     require_report(report, "html_report")
     runtime = report.runtime
     if not peaks and runtime is not None and runtime.peak_flop_per_s:
@@ -97,13 +96,6 @@ def html_report(report: Report, *, roofline: RooflineLike | None = None,
             f"<title>{title}</title>\n<style>{_CSS}</style>\n"
             f"<script>{plotly_js}</script>\n</head><body>\n" + "\n".join(sections)
             + f"\n<script>{_SORT_SCRIPT}</script>\n</body></html>\n")
-
-
-def write_html(report: Report, path: str | os.PathLike, **options: Any) -> None:
-    """Write `html_report` (with its keyword ``options``) to ``path``."""
-    text = html_report(report, **options)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
 
 
 # --- the tables ---------------------------------------------------------------------------------

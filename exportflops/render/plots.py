@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from ..errors import MissingExtraError
 from ..records.names import parent, short_name
-from ..records import Counts, NodeRecord, Report
+from ..records import Cost, NodeRecord, Report
 from .format import Style, magnitude
 
 _STYLE = Style()
@@ -41,7 +41,7 @@ class RooflineNode(Protocol):
 
 
 class RooflineLike(Protocol):
-    """A roofline of the report's nodes: ``report.roofline(device=...)``."""
+    """A roofline of the report's nodes: ``exportflops.roofline.roofline(report, device)``."""
 
     nodes: Sequence[RooflineNode]
 
@@ -143,7 +143,7 @@ def roofline_scatter(report: Report, *, roofline: RooflineLike | None = None,
     return figure
 
 
-def intensity(report: Report, cost: Counts) -> float | None:
+def intensity(report: Report, cost: Cost) -> float | None:
     """FLOPs per byte read and written (at the example sizes for dynamic counts); None without
     bytes."""
     moved = _value(report, cost.bytes_moved)

@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Any, Literal
 
-from ..records import Counts, Report
+from ..records import Cost, Report
 from .collectives import collective_summary_rows
 from .format import Style, magnitude
 from .tree import ModuleTree, root_label
@@ -170,7 +170,7 @@ def operators_view(report: Report, style: Style = Style()) -> str:
                         style.table(rows, _COST_HEADERS + ["note"], "lrrrrrrrl"))
 
 
-def _cost_row(name: str, calls: int, cost: Counts, report: Report, style: Style) -> list:
+def _cost_row(name: str, calls: int, cost: Cost, report: Report, style: Style) -> list:
     total = report.total
     return [name, calls, style.count(cost.flops), style.percent(cost.flops, total.flops),
             style.count(cost.macs, "MACs"), style.percent(cost.macs, total.macs),
@@ -190,7 +190,7 @@ def module_operators_view(report: Report, style: Style = Style(), *, depth: int 
         if depth >= 0 and record.depth > depth:
             return
         ops = [(op, s) for op, s in record.operators.items()
-               if s.cost != Counts() or op in uncounted]
+               if s.cost != Cost() or op in uncounted]
         ops.sort(key=_by_cost(report))
         for i, (op, stats) in enumerate(ops):
             row = _cost_row(op, stats.calls, stats.cost, report, style)
@@ -217,7 +217,7 @@ def to_csv(report: Report, rows: Literal["modules", "operators"] = "modules") ->
     """One row per module (``inclusive_*`` and ``exclusive_*`` counts; the exclusive columns sum
     to the model total) or per op, raw integers, with a header row."""
     require_report(report, "to_csv")
-    fields = list(Counts.model_fields)
+    fields = list(Cost.model_fields)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     if rows == "modules":
@@ -244,7 +244,7 @@ def to_csv(report: Report, rows: Literal["modules", "operators"] = "modules") ->
     return out.getvalue()
 
 
-#: The model totals a sweep shows at each point: (heading, Counts field, unit).
+#: The model totals a sweep shows at each point: (heading, Cost field, unit).
 _SWEEP_COLUMNS = (("MACs", "macs", "MACs"), ("FLOPs", "flops", ""),
                   ("bytes read", "bytes_read", "B"), ("bytes written", "bytes_written", "B"))
 

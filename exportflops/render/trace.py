@@ -22,7 +22,6 @@ and bandwidth from.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ..errors import NotMeasuredError
@@ -82,12 +81,10 @@ def trace_events(report: Report) -> dict[str, Any]:
     }
 
 
-def to_trace(report: Report, path: str | os.PathLike) -> None:
-    """Write the trace of a measured report (``exportflops.profile``) to ``path``, for Perfetto
-    (ui.perfetto.dev) or chrome://tracing."""
-    text = json.dumps(trace_events(report))
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
+def to_trace(report: Report) -> str:
+    """The trace of a measured report (``exportflops.profile``) as JSON text, for Perfetto
+    (ui.perfetto.dev) or chrome://tracing: write it to a ``.json`` file."""
+    return json.dumps(trace_events(report))
 
 
 def _runtime_of(report: Report):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..records.names import join, parent, short_name
-from ..records import Counts, ModuleRecord, Report
+from ..records import Cost, ModuleRecord, Report
 from .format import Style, magnitude
 
 
@@ -117,7 +117,7 @@ def tree_view(report: Report, style: Style = Style(), *, depth: int = -1, collap
 
     def emit(group: _Group, level: int) -> None:
         records = [tree.records[p] for p in group.paths]
-        inclusive = sum((m.inclusive for m in records), Counts())
+        inclusive = sum((m.inclusive for m in records), Cost())
         params = sum(m.params for m in records)
         row = [style.indent * level + group.label,
                style.count(params), style.percent(params, report.params),
@@ -125,7 +125,7 @@ def tree_view(report: Report, style: Style = Style(), *, depth: int = -1, collap
                style.percent(inclusive.macs, report.total.macs),
                style.count(inclusive.flops), style.percent(inclusive.flops, report.total.flops)]
         if train:
-            backward = sum((m.backward for m in records), Counts())
+            backward = sum((m.backward for m in records), Cost())
             row += [style.count(backward.flops),
                     style.ratio(backward.flops, inclusive.flops - backward.flops)]
         if measured:

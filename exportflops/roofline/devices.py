@@ -5,9 +5,9 @@ device, as data. Keys are short lowercase names (``h100-sxm``, ``a100-sxm-80gb``
 Every figure is the *dense* tensor-core (or vector) peak of the datasheet. NVIDIA prints the
 Hopper, Ada and Ampere tensor-core figures with 2:4 structured sparsity (marked ``*``, "with
 sparsity"); where the datasheet prints only that figure, the dense one is half of it, and the
-row keeps the printed sparse number inside the halving so that the trap stays visible
-(shared/REFERENCES.md, "Peak FLOPS: a trap"). Where it prints both, the row takes the printed
-dense figure.
+row keeps the printed sparse number inside the halving so that the trap stays visible (the H100
+datasheet, https://www.nvidia.com/en-us/data-center/h100/, prints SXM bf16 as "1,979
+teraFLOPS*": dense 989.5). Where it prints both, the row takes the printed dense figure.
 
 A device is found by the exact name ``torch.cuda.get_device_name()`` reports, matched against a
 whole-name pattern, never a substring: an unknown name (another variant, a MIG slice, a new GPU)

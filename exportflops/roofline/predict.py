@@ -27,9 +27,9 @@ from collections import defaultdict
 
 import torch
 
-from .devices import DTYPES, TERA, device_row, matmul_dtype
+from .devices import DTYPES, TERA, compute_dtype, device_row, matmul_dtype
 from ..errors import RooflineError, UnknownDeviceError
-from ..records.names import ancestors
+from ..aggregate import rolled_up
 from ..records import NodeRecord, Report, Roofline, RooflineModule, RooflineNode
 
 
@@ -40,7 +40,7 @@ def roofline(report: Report, device: str, *, tf32: bool = False) -> Roofline:
         raise RooflineError(
             f"The report of {report.model} counts dynamic sizes "
             f"({', '.join(s.name for s in report.symbols)}): a roofline needs numbers. Call "
-            f"report.evaluate(<size>=<value>).roofline(device={device!r}).")
+            f"exportflops.roofline.roofline(report.evaluate(<size>=<value>), {device!r}).")
     timed = [n for n in report.nodes if n.status in ("counted", "zero")
              and (n.cost.flops or n.cost.bytes_read or n.cost.bytes_written)]
     keys = {n.name: _dtype_key(n, tf32) for n in timed}
@@ -98,14 +98,13 @@ def _node(node: NodeRecord, dtype: str, peaks: dict[str, float], bandwidth: floa
 def _modules(report: Report, nodes: list[RooflineNode],
              measured: dict[str, float]) -> list[RooflineModule]:
     """Each module's sums over its nodes and its children's, in the report's module order."""
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    own: dict[str, dict[str, float]] = defaultdict(_times)
     for node in nodes:
-        for path in ancestors(node.module):
-            one = sums[path]
-            one["compute_s"] += node.compute_s
-            one["memory_s"] += node.memory_s
-            one["predicted_s"] += node.predicted_s
-            one["compute_bound_s"] += node.predicted_s if node.bound == "compute" else 0.0
+        _add_times(own[node.module], {
+            "compute_s": node.compute_s, "memory_s": node.memory_s,
+            "predicted_s": node.predicted_s,
+            "compute_bound_s": node.predicted_s if node.bound == "compute" else 0.0})
+    sums = rolled_up(own, _add_times, _times)
     modules = []
     for record in report.modules:
         if record.path not in sums:
@@ -118,6 +117,16 @@ def _modules(report: Report, nodes: list[RooflineNode],
             bound="compute" if 2 * one["compute_bound_s"] >= one["predicted_s"] else "memory",
             **_against(one["predicted_s"], measured.get(record.path))))
     return modules
+
+
+def _times() -> dict[str, float]:
+    return dict.fromkeys(("compute_s", "memory_s", "predicted_s", "compute_bound_s"), 0.0)
+
+
+def _add_times(total: dict[str, float], times: dict[str, float]) -> dict[str, float]:
+    for key, seconds in times.items():
+        total[key] += seconds
+    return total
 
 
 def _against(predicted_s: float, measured_s: float | None) -> dict:
@@ -175,3 +184,19 @@ def _best(run) -> float:
         run()
         times.append((time.perf_counter_ns() - start) / 1e9)
     return min(times)
+
+
+def device_roofs(key: str, report: Report) -> tuple[dict[str, float], float]:
+    """The roofs of the table row ``key`` for ``report``: its dense peak in the dtype that does
+    most of the report's contractions (`compute_dtype`; float32 as TF32 unless torch's
+    float32 matmul precision is ``"highest"``, as `devices.mfu_peak` has it), and its memory
+    bandwidth in bytes/s (the memory roof)."""
+    row = device_row(key)
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    dtype = matmul_dtype(compute_dtype(report), tf32=tf32)
+    if dtype not in row.dense_tflops:
+        raise UnknownDeviceError(f"The table has no dense {dtype} peak for {key} (it lists "
+                                 f"{', '.join(row.dense_tflops)}): no compute roof to draw.")
+    tflops = row.dense_tflops[dtype]
+    peaks = {f"{key} {dtype} dense {tflops:g} TFLOP/s": tflops * TERA}
+    return peaks, row.bandwidth_bytes_per_s

@@ -3,12 +3,13 @@ tree, the plain and timed totals, and the rates against a peak."""
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections import defaultdict
 
 from ..roofline import devices
 from . import timing
-from ..records.names import ancestors
+from ..aggregate import rolled_up
 from ..records import ModuleTiming, NodeTiming, Report, RuntimeProfile, Timing
 
 def runtime_profile(report: Report, samples: timing.Samples, peak: devices.Peak | None, *,
@@ -22,12 +23,10 @@ def runtime_profile(report: Report, samples: timing.Samples, peak: devices.Peak 
         latency = _timing(seconds)
         rate = _rate(records[name].cost.flops, latency.median_s, peak)
         nodes.append(NodeTiming(name=name, module=records[name].module, latency=latency, **rate))
-    inclusive: dict[str, float] = defaultdict(float)
     exclusive: dict[str, float] = defaultdict(float)
     for node in nodes:
         exclusive[node.module] += node.latency.median_s
-        for path in ancestors(node.module):
-            inclusive[path] += node.latency.median_s
+    inclusive = rolled_up(exclusive, operator.add, float)
     modules = [ModuleTiming(path=m.path, inclusive_s=inclusive[m.path],
                             exclusive_s=exclusive.get(m.path, 0.0),
                             **_rate(m.inclusive.flops, inclusive[m.path], peak))
@@ -44,7 +43,7 @@ def runtime_profile(report: Report, samples: timing.Samples, peak: devices.Peak 
         hooked_total=hooked,
         plain_total=plain,
         overhead_s=hooked.median_s - plain.median_s,
-        residual_s=plain.median_s - inclusive[""],
+        residual_s=plain.median_s - inclusive.get("", 0.0),
         peak_flop_per_s=None if peak is None else peak.flop_per_s,
         peak_source="none (peak_flop_per_s=False)" if peak is None else peak.source,
         achieved_flop_per_s=achieved,

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..attribution import extra_reprs
+from ..compat import written_or_printed
 from ..errors import ProfileError
 from ..capture.placement import wanted_device
 from ..records import Report
@@ -131,8 +132,9 @@ class FlopsProfiler:
         with each module's ``extra_repr()`` in the tree as DeepSpeed shows it; ``options`` go to
         it (``view=``, ``tablefmt=``, ...). Returns the text."""
         options.setdefault("extra_reprs", extra_reprs(self.model))
-        return flops_report(self.report, depth=depth, top=top, output_file=output_file,
-                            print_output=output_file is None, **options)
+        text = flops_report(self.report, depth=depth, top=top, **options)
+        written_or_printed(text, output_file)
+        return text
 
     def _capture(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         # A copy: the caller may reuse its input buffers in place once the forward returns.

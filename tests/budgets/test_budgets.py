@@ -1,6 +1,6 @@
 """Budgets against the figures their sources publish, and compare() against exported graphs.
 
-Sources (shared/REFERENCES.md):
+Sources:
 - nanoGPT ``transformer_sizing.ipynb`` (karpathy/nanoGPT, commit 1281615): GPT-2 124M as the
   notebook sizes it, its per-component FLOPs table, its parameter table and its PaLM check;
 - nanoGPT ``scaling_laws.ipynb`` (commit 0082c48): its reproduction of Chinchilla's Table A4
@@ -335,7 +335,8 @@ def test_gpt2_graph_matches_karpathys_budget_of_its_own_config_on_every_matmul_r
 
 def test_gpt2_graph_forward_matmuls_total_the_published_figure(gpt2_graph):
     model, report = gpt2_graph
-    # shared/REFERENCES.md: nanoGPT's model file at inference, head on the last position.
+    # nanoGPT's model.py at inference, head on the last position only: the notebook's 12 blocks
+    # (212,600,881,152) plus the head, 2 x 768 x 50304 = 77,266,944.
     assert compare(report, _gpt2_budget(model)).row("forward_total").counted_flops == \
         212_678_148_096
 

@@ -1,5 +1,5 @@
-"""Nothing the user gave is silently ignored; every bad input is a typed error saying what to do
-(issue 17, section 3). Expected counts are derived by hand in each test."""
+"""Nothing the user gave is silently ignored; every bad input is a typed error saying what to do.
+Expected counts are derived by hand in each test."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fast path (each repeated block traced once) gives the full export's report.
 
-Equal as issue 16 defines it: everything in the Report but node names (so the per-node records
+Equal means everything in the Report but node names (so the per-node records
 are compared as a multiset without their names), forward and train. Each case also checks that
 the fast path did apply (the plan has repeats), so equality is not the full export compared with
 itself; and the model whose blocks differ in one shape checks that those are not merged.

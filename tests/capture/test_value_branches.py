@@ -1,4 +1,4 @@
-"""A model that branches on its inputs' values (issue 12): with real tensors the example's
+"""A model that branches on its inputs' values: with real tensors the example's
 values decide each branch (torch.export.draft_export), the counts are that path's and the
 report lists each condition decided; on meta the error says how to get there."""
 

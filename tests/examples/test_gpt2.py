@@ -1,7 +1,7 @@
 """GPT-2 124M (nanoGPT's model file) against Karpathy's transformer_sizing notebook.
 
 Source: karpathy/nanoGPT transformer_sizing.ipynb, forward FLOPs of one 1024-token sequence,
-2 FLOPs per MAC, matmuls only, attention over the full T x T square (shared/REFERENCES.md).
+2 FLOPs per MAC, matmuls only, attention over the full T x T square.
 """
 
 import pytest

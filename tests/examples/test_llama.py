@@ -1,10 +1,10 @@
 """The Llama example (Meta's llama3 reference in plain torch) against hand derivations.
 
-MACs are derived here from the config, one matmul at a time, in the convention of
-shared/REFERENCES.md (Karpathy's sizing notebook): a (rows x in) @ (in x out) product is
-rows * in * out MACs, attention counted over the full T x T square (scores q.k and reduce p.v,
-head_dim MACs each per (query, key) pair). Parameter counts are derived from the module shapes of
-Meta's llama/model.py and compared with the published totals.
+MACs are derived here from the config, one matmul at a time, in the convention of Karpathy's
+sizing notebook (karpathy/nanoGPT ``transformer_sizing.ipynb``): a (rows x in) @ (in x out)
+product is rows * in * out MACs, attention counted over the full T x T square (scores q.k and
+reduce p.v, head_dim MACs each per (query, key) pair). Parameter counts are derived from the
+module shapes of Meta's llama/model.py and compared with the published totals.
 """
 
 import subprocess

@@ -3,7 +3,7 @@
 Published (torchvision `ResNet50_Weights.IMAGENET1K_V1.meta`, pytorch/vision
 ``torchvision/models/resnet.py``, and the docs' table of classification weights): 25,557,032
 parameters and ``_ops`` 4.089 "GFLOPS" at 224x224, which torchvision counts as conv + linear
-multiply-accumulates (its ``_ops`` are MACs; README, Conventions).
+multiply-accumulates (its ``_ops`` are MACs; docs/conventions.md, Units).
 
 Hand derivation at 224x224, one image (MACs of a conv = output elements x in-channels x k x k):
   1. stem conv1 7x7/2, 3->64, out 112x112: 64*112*112 * 3*7*7 = 118,013,952.

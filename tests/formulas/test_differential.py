@@ -50,7 +50,8 @@ from torch.utils.flop_counter import (
     sdpa_flop_count,
 )
 
-from exportflops import FORMULAS, OpCall, TensorMeta, analyze
+from exportflops import OpCall, TensorMeta, analyze
+from exportflops.formulas import FORMULAS
 
 CASES_PER_FAMILY = 80
 

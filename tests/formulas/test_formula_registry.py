@@ -1,4 +1,4 @@
-"""The formula registry validates what it is given (issue 17, section 3): keys, formulas and the
+"""The formula registry validates what it is given: keys, formulas and the
 counts formulas return, each refused with a typed error naming the op and, at a node, the node."""
 
 from __future__ import annotations
@@ -8,14 +8,9 @@ import sympy
 import torch
 from torch import nn
 
-from exportflops import (
-    FORMULAS,
-    Cost,
-    DuplicateFormulaError,
-    FormulaTable,
-    InvalidFormulaError,
-    analyze,
-)
+from exportflops import Cost, InvalidFormulaError, analyze
+from exportflops.errors import DuplicateFormulaError
+from exportflops.formulas import FORMULAS, FormulaTable
 
 aten = torch.ops.aten
 

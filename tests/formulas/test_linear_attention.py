@@ -1,5 +1,5 @@
 """Triangular solves, and the gated delta rule of Hugging Face's linear-attention layers (Qwen3.5,
-OLMo-Hybrid, and the MiniCPM-V / -OCR models built on Qwen3.5's text model): issue 17, section 2.
+OLMo-Hybrid, and the MiniCPM-V / -OCR models built on Qwen3.5's text model).
 
 transformers 5's ``torch_chunk_gated_delta_rule`` takes one branch in eager and another under
 torch.export (``is_torchdynamo_exporting()``). Eager solves the chunk's unit-lower-triangular

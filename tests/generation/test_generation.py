@@ -10,10 +10,11 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import exportflops  # noqa: E402
-from exportflops import GenerationError, GenerationReport, analyze, analyze_generation  # noqa: E402
+from exportflops import GenerationReport, analyze, analyze_generation  # noqa: E402
 from exportflops.generation.cache_names import cache_argument  # noqa: E402
 from exportflops.generation.decoder import dynamic_cache_pytree  # noqa: E402
 from exportflops.records.symbolic import size_symbol  # noqa: E402
+from exportflops.errors import GenerationError  # noqa: E402
 
 # A tiny Llama: 2 layers, width 32, 4 query heads and 2 key/value heads of dim 8 (GQA), SwiGLU
 # MLP of width 48, a 64-token vocabulary, untied head; float32 (4 bytes).
@@ -112,7 +113,7 @@ def test_the_polynomial_equals_a_concrete_decode_step(model, dynamic, past):
                and n.outputs[0].shape == list(shape)]
     assert len(rebuild) == LAYERS * 2 and len(dynamic.dropped_nodes) == LAYERS * 2
     copy = LAYERS * 2 * ROW * past
-    expected = concrete.total - exportflops.Counts(bytes_read=copy, bytes_written=copy)
+    expected = concrete.total - exportflops.Cost(bytes_read=copy, bytes_written=copy)
     assert dynamic.step(past).total == expected
     assert dynamic.step_counts(past) == expected
 

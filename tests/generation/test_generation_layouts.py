@@ -10,8 +10,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exportflops import GenerationError, analyze_generation  # noqa: E402
+from exportflops import analyze_generation  # noqa: E402
 from exportflops.records.symbolic import size_symbol  # noqa: E402
+from exportflops.errors import GenerationError  # noqa: E402
 
 PAST = size_symbol("past")
 PROMPT = torch.zeros(1, 4, dtype=torch.long, device="meta")

@@ -7,9 +7,10 @@ import pytest
 import sympy
 import torch
 
-from exportflops import GenerationError, analyze, analyze_generation
+from exportflops import analyze, analyze_generation
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.records.symbolic import size_symbol
+from exportflops.errors import GenerationError
 
 # 2 layers, width 32, 4 query heads and 2 key/value heads of dim 8 (GQA), SwiGLU of width 48,
 # a 64-token vocabulary, untied output; float32.

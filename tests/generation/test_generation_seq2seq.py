@@ -9,13 +9,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exportflops import (  # noqa: E402
-    GenerationError,
-    GenerationReport,
-    analyze_generation,
-    flops_report,
-)
+from exportflops import GenerationReport, analyze_generation, flops_report  # noqa: E402
 from exportflops.records.symbolic import size_symbol  # noqa: E402
+from exportflops.errors import GenerationError  # noqa: E402
 
 # T5: width 32, 4 heads of dim 8, ReLU FFN of width 48, 3 encoder and 2 decoder layers, a
 # 64-token vocabulary, untied head (T5 1.1 style); float32.

@@ -16,8 +16,9 @@ import pytest
 import torch
 
 import exportflops
-from exportflops import DistributedError, Report, fake_process_group
+from exportflops import Report, fake_process_group
 from exportflops.formulas.collectives import KINDS
+from exportflops.errors import DistributedError
 from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, TwoBlocks, tensor_parallel
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
@@ -264,6 +265,38 @@ def test_two_real_gloo_processes_agree_with_the_fake_process_group(tmp_path):
     ("L['args'][0].model.layers[0]", "model.layers.0"),
 ])
 def test_dynamos_module_sources_become_the_models_own_paths(source, path):
-    from exportflops.parallel.ranks import user_path
+    from exportflops.capture.dtensor import user_path
 
     assert user_path(source) == path
+
+
+class ShardedThenDecomposed(torch.nn.Module):
+    """A column-parallel linear whose local output feeds two ops with no formula of their own,
+    counted through torch's decomposition (tests/count/test_decompose.py derives both)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16, bias=False)
+
+    def forward(self, x):
+        h = self.up(x)  # (4, 16 / tp) on each rank
+        return torch.nn.functional.mse_loss(h, h * 2), torch.addr(h[:, :3], h[:, 0], h[0, :3])
+
+
+def test_an_op_counted_through_its_decomposition_on_one_device_is_counted_per_rank_too():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    x = torch.randn(4, 8)
+    with fake_process_group(2):
+        mesh = init_device_mesh("cpu", (2,))
+        model = parallelize_module(ShardedThenDecomposed(), mesh,
+                                   {"up": ColwiseParallel(use_local_output=True)})
+        report = exportflops.analyze(model, (x,))
+    flops = {n.op: n.cost.flops for n in report.nodes}
+    assert report.uncounted == []
+    # h is (4, 8) on each rank. mse_loss(h, 2h), mean over 32 elements: 32 subtracts, 32
+    # squares, 32 adds and 1 divide = 97. addr(h[:, :3], h[:, 0], h[0, :3]): 4*3 = 12 products,
+    # scaled by alpha and beta (12 + 12 multiplies) before 12 adds = 48.
+    assert flops["aten.mse_loss.default"] == 32 * 3 + 1
+    assert flops["aten.addr.default"] == 12 * 4

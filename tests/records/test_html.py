@@ -23,10 +23,11 @@ import torch
 from torch import nn
 
 import exportflops
-from exportflops import MissingExtraError, UnknownDeviceError, analyze
-from exportflops.render.pictures import device_roofs
+from exportflops import MissingExtraError, analyze
+from exportflops.roofline.predict import device_roofs
 from exportflops.render.html import CONTENT_SECURITY_POLICY, html_report
 from exportflops.render.plots import roofline_scatter
+from exportflops.errors import UnknownDeviceError
 from tests.browser import Browser, find_chromium
 
 pytest.importorskip("plotly", reason="the HTML report needs the html extra (plotly)")
@@ -71,7 +72,7 @@ def page(profiled, tmp_path_factory):
     if CHROMIUM is None:
         pytest.skip("no chromium")
     path = tmp_path_factory.mktemp("html") / "report.html"
-    exportflops.to_html(profiled, path)
+    path.write_text(exportflops.to_html(profiled))
     count = "document.querySelectorAll({!r}).length".format
     with Browser(CHROMIUM) as browser:
         browser.open(path.as_uri())
@@ -175,7 +176,8 @@ def test_roofs_meet_at_the_ridge_point(profiled):
 
 
 def test_a_roofline_adds_each_node_s_predicted_rate_and_its_bound(counted):
-    # What report.roofline(device=...) returns, reduced to the fields the picture reads.
+    # What exportflops.roofline.roofline(report, device) returns, reduced to the fields the
+    # picture reads.
     nodes = [SimpleNamespace(name=n.name, intensity=1.0 + i, predicted_s=1e-6,
                              bound="memory" if n.op == "aten.relu.default" else "compute")
              for i, n in enumerate(counted.nodes) if n.status == "counted"]
@@ -198,13 +200,13 @@ def test_a_device_key_draws_the_table_s_dense_peak(profiled, tmp_path, monkeypat
     assert device_roofs("h100-sxm", profiled) == ({"h100-sxm float32 dense 67 TFLOP/s": 67e12},
                                                   3.35e12)
     path = tmp_path / "h100.html"
-    exportflops.to_html(profiled, path, device="h100-sxm")
+    path.write_text(exportflops.to_html(profiled, device="h100-sxm"))
     assert "roof: h100-sxm float32 dense 67 TFLOP" in path.read_text()
 
 
 def test_an_unknown_device_key_names_the_known_ones(counted, tmp_path):
     with pytest.raises(UnknownDeviceError, match="h100-sxm"):
-        exportflops.to_html(counted, tmp_path / "x.html", device="h100")
+        exportflops.to_html(counted, device="h100")
 
 
 def test_without_plotly_the_error_names_the_extra_to_install(counted, monkeypatch):

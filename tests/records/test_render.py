@@ -246,12 +246,11 @@ def test_tablefmt_is_passed_to_tabulate(reports):
     assert all(line.startswith("|") for line in lines[1:])
 
 
-def test_output_file_and_print_output(reports, tmp_path, capsys):
-    path = tmp_path / "report.txt"
-    text = flops_report(reports["mlp"], view="summary", output_file=path, print_output=True)
-    assert path.read_text() == text and capsys.readouterr().out == text
-    flops_report(reports["mlp"], view="summary")
-    assert capsys.readouterr().out == ""  # nothing printed unless asked
+def test_rendering_returns_its_text_and_prints_or_writes_nothing(reports, tmp_path, capsys):
+    text = flops_report(reports["mlp"], view="summary")
+    assert text.startswith("Summary of") and capsys.readouterr().out == ""
+    with pytest.raises(TypeError, match="unknown keyword.*output_file"):
+        flops_report(reports["mlp"], view="summary", output_file=tmp_path / "report.txt")
 
 
 def test_unknown_view_and_grouping_are_refused_with_the_choices(reports):

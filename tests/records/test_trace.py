@@ -11,9 +11,10 @@ import torch
 from torch import nn
 
 import exportflops
-from exportflops import NotMeasuredError, analyze
+from exportflops import analyze
 from exportflops.records.names import ancestors
 from exportflops.render.trace import trace_events
+from exportflops.errors import NotMeasuredError
 from tests.cli_support import one_paragraph, run
 from tests.records.test_html import EMBED_BYTES, EMBED_FLOPS, Net
 
@@ -119,7 +120,7 @@ def test_torch_s_trace_reader_loads_it_and_finds_the_achieved_rates(tmp_path):
     profile_analysis = pytest.importorskip("torch._inductor.analysis.profile_analysis")
     report = _profile(Net(), torch.randn(2, 8))
     path = tmp_path / "trace.json"
-    exportflops.to_trace(report, path)
+    path.write_text(exportflops.to_trace(report))
     reader = profile_analysis.JsonProfile(str(path), dtype="float32")
     reader.augment_trace()
     table = reader.report(name_limit=80)
@@ -134,7 +135,7 @@ def test_torch_s_trace_reader_loads_it_and_finds_the_achieved_rates(tmp_path):
 def test_a_report_that_was_not_measured_has_no_trace(tmp_path):
     report = analyze(Net(), (torch.randn(2, 8),))
     with pytest.raises(NotMeasuredError, match="exportflops.profile"):
-        exportflops.to_trace(report, tmp_path / "trace.json")
+        exportflops.to_trace(report)
 
 
 def test_the_command_writes_the_trace_and_the_page(models, tmp_path):

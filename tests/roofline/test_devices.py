@@ -1,8 +1,8 @@
 """The peak table against its datasheets, the sparse -> dense halving, refused names and dtypes,
 and the CPU estimate's arithmetic.
 
-The trap (shared/REFERENCES.md, "Peak FLOPS: a trap"): NVIDIA prints Hopper, Ada and Ampere
-tensor-core figures with 2:4 sparsity (H100 SXM bf16 "1,979 teraFLOPS*"); the dense peak is
+The trap: NVIDIA prints Hopper, Ada and Ampere tensor-core figures with 2:4 sparsity (H100 SXM
+bf16 "1,979 teraFLOPS*", https://www.nvidia.com/en-us/data-center/h100/); the dense peak is
 half (989.5). Where a datasheet prints both, the dense one is read directly."""
 
 from __future__ import annotations
@@ -121,7 +121,9 @@ def test_every_row_has_its_bandwidth_transcribed_and_is_dated():
 
 
 def test_a_sparse_figure_is_halved():
-    """REFERENCES.md: H100 SXM bf16 printed 1,979 TFLOPS with sparsity, dense 989.5."""
+    """H100 SXM bf16 is printed as 1,979 TFLOPS with sparsity; dense is 989.5.
+
+    Source: the H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/."""
     assert sparse_to_dense(1979) == 989.5
 
 

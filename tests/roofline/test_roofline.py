@@ -20,6 +20,7 @@ from exportflops.cli import main
 from exportflops.errors import RooflineError, UnknownDeviceError
 from exportflops.examples.gpt2 import gpt2
 from exportflops.records import Roofline
+from exportflops.roofline import roofline as roofline_of
 
 TERA = 1e12
 H100_SXM = {"float32": 67 * TERA, "bfloat16": 1979 / 2 * TERA, "bandwidth": 3.35e12}
@@ -63,7 +64,7 @@ def test_a_linear_is_predicted_from_its_flops_bytes_and_the_datasheet(device, dt
     #    2 x 4096^2 FLOPs over (4096^2 + 2 x 4096) x size bytes, under 2 / size FLOP/B.
     assert (compute_s > memory_s) == (bound == "compute")
 
-    roofline = report.roofline(device=device)
+    roofline = roofline_of(report, device=device)
     (node,) = roofline.nodes
     assert node.name == "linear" and node.bound == bound
     assert node.intensity == pytest.approx(flops / (weight + x + y), rel=1e-12)
@@ -76,7 +77,7 @@ def test_a_linear_is_predicted_from_its_flops_bytes_and_the_datasheet(device, dt
 def test_tf32_takes_float32_contractions_at_the_tensor_core_peak():
     report = _linear(4096, 4096, torch.float32)
     # H100 SXM TF32 printed "989 teraFLOPS*" with sparsity: dense 494.5.
-    node = report.roofline(device="h100-sxm", tf32=True).nodes[0]
+    node = roofline_of(report, device="h100-sxm", tf32=True).nodes[0]
     assert node.dtype == "tf32"
     assert node.predicted_s == pytest.approx(2 * 4096**3 / (989 / 2 * TERA), rel=1e-12)
 
@@ -177,7 +178,7 @@ def test_a_decode_step_is_memory_bound(device):
     # FLOPs per element, so the model's intensity is about 2 / 4 = 0.5 FLOP/B, far under the
     # float32 ridge (67e12 / 3.35e12 = 20 FLOP/B on H100 SXM; 19.5e12 / 2.039e12 = 9.6 on A100).
     model, args = gpt2("meta", seq_len=1)
-    roofline = analyze(model, args).roofline(device=device)
+    roofline = roofline_of(analyze(model, args), device=device)
     assert roofline.total.bound == "memory"
     assert 0.45 < roofline.total.intensity < 0.55
     linears = [n for n in roofline.nodes if n.op == "aten.linear.default"]
@@ -185,7 +186,7 @@ def test_a_decode_step_is_memory_bound(device):
 
 
 def test_a_module_predicts_the_sum_of_its_nodes(gpt2_report):
-    roofline = gpt2_report.roofline(device="h100-sxm")
+    roofline = roofline_of(gpt2_report, device="h100-sxm")
     block = next(m for m in roofline.modules if m.path == "transformer.h.3")
     inside = [n for n in roofline.nodes if n.module.startswith("transformer.h.3.")
               or n.module == "transformer.h.3"]
@@ -195,7 +196,7 @@ def test_a_module_predicts_the_sum_of_its_nodes(gpt2_report):
 
 
 def test_the_roofline_round_trips_through_json(gpt2_report):
-    roofline = gpt2_report.roofline(device="a100-sxm-80gb")
+    roofline = roofline_of(gpt2_report, device="a100-sxm-80gb")
     assert Roofline.model_validate_json(roofline.model_dump_json()) == roofline
     plain = json.loads(roofline.model_dump_json())
     assert {"name", "intensity", "bound", "predicted_s"} <= set(plain["nodes"][0])
@@ -204,13 +205,13 @@ def test_the_roofline_round_trips_through_json(gpt2_report):
 
 def test_an_unknown_device_key_is_refused_with_the_known_keys():
     with pytest.raises(UnknownDeviceError, match="h100-sxm.*a100-sxm-80gb|a100-sxm-80gb.*h100"):
-        _linear(1, 8, torch.float32).roofline(device="h100")
+        roofline_of(_linear(1, 8, torch.float32), device="h100")
 
 
 def test_a_contraction_dtype_the_device_lacks_names_the_node():
     # Volta (V100) has no bfloat16 tensor cores: its row lists no bfloat16 peak.
     with pytest.raises(UnknownDeviceError, match="'linear'.*bfloat16.*v100-sxm2"):
-        _linear(1, 8, torch.bfloat16).roofline(device="v100-sxm2")
+        roofline_of(_linear(1, 8, torch.bfloat16), device="v100-sxm2")
 
 
 def test_a_report_of_dynamic_sizes_must_be_evaluated_first():
@@ -219,8 +220,8 @@ def test_a_report_of_dynamic_sizes_must_be_evaluated_first():
     model = nn.Linear(8, 8)
     report = analyze(model, (torch.zeros(4, 8),), dynamic_shapes=({0: Dim("batch")},))
     with pytest.raises(RooflineError, match="evaluate"):
-        report.roofline(device="h100-sxm")
-    assert report.evaluate(batch=4).roofline(device="h100-sxm").nodes
+        roofline_of(report, device="h100-sxm")
+    assert roofline_of(report.evaluate(batch=4), device="h100-sxm").nodes
 
 
 def test_the_cpu_is_measured_and_a_profiled_report_shows_the_efficiency():
@@ -229,7 +230,7 @@ def test_the_cpu_is_measured_and_a_profiled_report_shows_the_efficiency():
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU())
     with torch.no_grad():
         report = profile(model, (torch.randn(64, 256),), warmup=1, repeat=3)
-    roofline = report.roofline(device="cpu")
+    roofline = roofline_of(report, device="cpu")
     assert roofline.source.startswith("measured on this CPU")
     assert roofline.measured_on == report.runtime.device
     medians = {t.name: t.latency.median_s for t in report.runtime.nodes}

@@ -1,4 +1,4 @@
-"""Progress (issue 12, item 3): the stage and elapsed seconds on stderr, opt-in in the API, on a
+"""Progress: the stage and elapsed seconds on stderr, opt-in in the API, on a
 terminal only in the command."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from exportflops import Progress, analyze, profile
+from exportflops import analyze, profile
+from exportflops.progress import Progress
 from tests.cli_support import ROOT
 
 
@@ -49,7 +50,8 @@ def test_progress_true_writes_to_stderr(capsys):
 
 
 def test_progress_of_another_type_is_refused():
-    with pytest.raises(TypeError, match="progress must be True, False or an exportflops.Progress"):
+    with pytest.raises(TypeError,
+                       match="progress must be True, False or an exportflops.progress.Progress"):
         analyze(*mlp(), progress="yes")
 
 

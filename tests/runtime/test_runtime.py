@@ -1,4 +1,4 @@
-"""The runtime pass (issue 7): every counted node timed, module latencies that add up along the
+"""The runtime pass: every counted node timed, module latencies that add up along the
 tree, the plain forward beside the timed replay, MFU, the training-loop profiler, and the errors.
 
 Timing tests assert properties (orderings, sums, what was run how often), never speeds: the CI
@@ -15,10 +15,12 @@ import pytest
 import torch
 from torch import nn
 
-from exportflops import ExportError, FlopsProfiler, ProfileError, Report, analyze, profile
+from exportflops import ExportError, Report, analyze, profile
 from exportflops.roofline import devices
 from exportflops.runtime import timing
 from exportflops.runtime.measured import runtime_profile
+from exportflops.errors import ProfileError
+from exportflops.runtime.profiler import FlopsProfiler
 
 B, IN, HIDDEN, OUT = 8, 32, 64, 10
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -680,7 +682,7 @@ def test_both_peak_names_at_once_are_refused(make):
         make()
 
 
-# --- inputs the program was not exported for (issue 17) ----------------------------------------
+# --- inputs the program was not exported for ----------------------------------------------------
 
 @pytest.fixture(scope="module")
 def program_of_net() -> torch.export.ExportedProgram:
@@ -748,7 +750,7 @@ def test_a_constant_input_of_another_value_is_refused():
         profile(program, (torch.ones(2), 4), repeat=1, peak_flop_per_s=False)
 
 
-# --- nothing silently ignored (issue 17) -------------------------------------------------------
+# --- nothing silently ignored ------------------------------------------------------------------
 
 def test_program_is_refused_for_a_target_that_is_not_a_report(program_of_net):
     with pytest.raises(TypeError, match=r"program=\) names the program of a Report; the Net given "

@@ -1,0 +1,95 @@
+"""One rank of a parallelized model, captured: the joint forward and backward ATen graph of a
+DTensor model (tensor and sequence parallel plans, Hugging Face ``tp_plan``), or of an FSDP2 one.
+
+``torch.export`` refuses DTensor inputs and parameters (pytorch issue 175467, "torch.export
+does not support DTensor"). After pytorch's ``test/distributed/tensor/test_dtensor_export.py``:
+dynamo captures the model with its module stacks, then ``aot_export_joint_with_descriptors``
+traces the joint graph of one rank, DTensor lowered to local shapes and ``_c10d_functional``
+collectives. FSDP2 models go through ``capture.fsdp`` instead. A backward node carries the
+``partitioner_tag`` "is_backward" (`exportflops.graph.walk.phase`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+
+from ..errors import ExportError
+from ..torch_internals import require
+from .fsdp import fsdp_graph, has_fsdp
+from .hints import first_lines
+from .quiet import quiet_capture_log
+
+
+@contextlib.contextmanager
+def rank_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
+               train: bool) -> Iterator[torch.fx.Graph]:
+    """This rank's graph, its module stacks under the user's paths, open while the caller
+    reads it: FSDP2's forward (and in ``train`` its backward), else the DTensor joint graph
+    (forward and backward)."""
+    traced = (fsdp_graph(model, args, kwargs, train) if has_fsdp(model)
+              else _joint_graph(model, args, kwargs))
+    with traced as graph:
+        _user_module_stacks(graph)
+        yield graph
+
+
+@contextlib.contextmanager
+def _joint_graph(model: torch.nn.Module, args: tuple,
+                 kwargs: dict) -> Iterator[torch.fx.Graph]:
+    """The joint forward + backward ATen graph of this rank, traced on fake tensors; open
+    while the caller reads it (its tensors belong to the trace's fake mode)."""
+    from ..torch_internals import (
+        aot_export_joint_with_descriptors, dynamo_graph_capture_for_export, tracing,
+    )
+
+    stack = contextlib.ExitStack()
+    with stack:
+        stack.enter_context(quiet_capture_log())
+        try:
+            # Tracing runs the forward on fake tensors: the caller's random stream stays as it
+            # was. Sizes stay the inputs' (dynamo makes a size it saw change symbolic).
+            with torch.random.fork_rng(devices=[]), torch.enable_grad(), \
+                    fx_traceback.preserve_node_meta(), \
+                    require("dynamo_config").patch(automatic_dynamic_shapes=False):
+                captured = dynamo_graph_capture_for_export(model)(*args, **kwargs)
+            stack.enter_context(tracing(captured.meta.get("tracing_context")))
+            stack.enter_context(torch.enable_grad())
+            joint = aot_export_joint_with_descriptors(stack, captured, args, kwargs)
+        except Exception as error:  # torch raises many types; all become one error with a hint
+            raise _capture_error(model, error) from error
+        yield joint.graph_module.graph
+
+
+def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
+    return ExportError(type(model).__name__, first_lines(error),
+                       "dynamo could not capture the parallelized model, or AOT autograd could "
+                       "not trace its joint graph; see torch's message below.")
+
+
+#: How dynamo names a module: ``L['self'].layers[0]``, ``L['self']._modules['mlp']``, ...;
+#: the root is ``L['args'][0]`` where a decorator's wrapper takes the forward's ``self`` in
+#: its ``*args`` (transformers' ``deprecate_kwarg`` since 5.24).
+_ROOT = re.compile(r"^L\[(?:'args'\]\[0\]|'[^']+'\])\.?")
+_ITEM = re.compile(r"\.?(?:_modules)?\[(?:'([^']+)'|(\d+))\]")
+
+
+def user_path(source: str) -> str:
+    """A dynamo module source -> the ``named_modules()`` path: ``L['self'].layers[0].mlp`` is
+    ``layers.0.mlp``."""
+    path = _ITEM.sub(lambda m: "." + (m[1] or m[2]), _ROOT.sub("", source))
+    return path.lstrip(".")
+
+
+def _user_module_stacks(graph: torch.fx.Graph) -> None:
+    """Each node's module stack under the user's paths, where the walker reads it. AOT autograd
+    gives a backward node the stack of the forward node it differentiates (``fwd_``)."""
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+        node.meta["nn_module_stack"] = {key: (user_path(path), type_)
+                                        for key, (path, type_) in stack.items()}
