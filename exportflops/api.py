@@ -52,7 +52,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     table = _table(formulas)
-    with showing(progress), _grad_mode(mode), collector_paused():
+    with showing(progress), _grad_mode(mode), collector_paused(), random_state_kept():
         if mode == "train":
             args, kwargs = _normal_tensors((args, kwargs))
         stage("export")
@@ -208,6 +208,15 @@ def _in_counts(report: Report) -> set[str]:
             for value in (*node.cost.model_dump().values(),
                           *(d for t in (*node.inputs, *node.outputs) for d in t.shape))
             if not isinstance(value, int) for symbol in parse_count(value).free_symbols}
+
+
+def random_state_kept() -> contextlib.AbstractContextManager:
+    """The random number generators' states as they were after the block, failed or not:
+    torch.export runs the forward, and a failing export (train mode) leaves the generators
+    advanced. The CUDA generators are kept where CUDA is already initialized (this never
+    initializes it)."""
+    cuda = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else []
+    return torch.random.fork_rng(devices=list(cuda))
 
 
 @contextlib.contextmanager

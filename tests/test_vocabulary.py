@@ -73,3 +73,23 @@ def test_get_model_profile_prints_the_profile_and_formats_as_strings(capsys):
 def test_the_aliases_are_top_level_names():
     assert exportflops.FlopCountAnalysis is FlopCountAnalysis
     assert "get_model_profile" in dir(exportflops)
+
+
+class BlocksInAList(nn.Module):
+    """Two linears in an nn.ModuleList, both run, and a third in a list never run: fvcore's
+    ``skip_uncalled_containers`` case (a container's own forward never runs)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.used = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.unused = nn.ModuleList([nn.Linear(4, 4)])
+
+    def forward(self, x):
+        for block in self.used:
+            x = block(x)
+        return x
+
+
+def test_a_container_whose_children_ran_is_not_uncalled():
+    report = analyze(BlocksInAList(), (torch.randn(2, 4),))
+    assert report.uncalled_modules() == {"unused", "unused.0"}

@@ -40,11 +40,17 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
             "fake_process_group() needs no process group, but one is set up already "
             f"({dist.get_backend()}, world size {dist.get_world_size()}): analyze under it "
             "directly, or call torch.distributed.destroy_process_group() first.")
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+    # init_process_group installs an excepthook that prefixes every later traceback with
+    # "[rankN]:"; the process is not a rank once the block ends.
+    excepthook = sys.excepthook
     try:
-        yield
+        dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
     finally:
-        dist.destroy_process_group()
+        sys.excepthook = excepthook
 
 
 def is_parallelized(model: object) -> bool:

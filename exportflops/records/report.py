@@ -278,8 +278,13 @@ class Report(Record):
         return calls
 
     def uncalled_modules(self) -> set[str]:
-        """Paths of the modules that never ran in the analyzed call (fvcore's name)."""
-        return {m.path for m in self.modules if m.calls == 0}
+        """Paths of the modules that never ran in the analyzed call (fvcore's name). A module
+        whose own forward never ran while a module under it did is a container (an
+        ``nn.ModuleList``, an ``nn.ModuleDict``): it is left out, as fvcore's
+        ``skip_uncalled_containers`` has it."""
+        called = [m.path for m in self.modules if m.calls]
+        return {m.path for m in self.modules if m.calls == 0
+                and not any(_inside(m.path)(path) for path in called if path != m.path)}
 
 
 def _inside(path: str):

@@ -1,0 +1,83 @@
+"""No global state left behind: the process's exception hook, the random generators' states,
+grad mode, the default dtype and device are the same after each public entry point as before,
+whether it succeeded or failed."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import exportflops
+from exportflops.errors import ExportFlopsError
+
+
+def _state() -> dict:
+    state = {"excepthook": sys.excepthook, "grad": torch.is_grad_enabled(),
+             "dtype": torch.get_default_dtype(),
+             "device": torch.empty(0).device, "cpu_rng": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _same(before: dict, after: dict) -> None:
+    assert after.keys() == before.keys()
+    for key, value in before.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(after[key], value), key
+        elif isinstance(value, list):
+            assert all(torch.equal(a, b) for a, b in zip(after[key], value)), key
+        else:
+            assert after[key] == value, key
+
+
+class BranchOnValue(nn.Module):
+    """Branches on a value of its input: export refuses it on meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x) if x.sum() > 0 else x
+
+
+def _analyze(mode: str, *, fails: bool):
+    """The call, its model and inputs built first (building draws random numbers)."""
+    if fails:
+        model, args = BranchOnValue().to("meta"), (torch.randn(2, 8, device="meta"),)
+    else:
+        model, args = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), (torch.randn(2, 8),)
+    return lambda: exportflops.analyze(model, args, mode=mode)
+
+
+def _process_group(*, fails: bool):
+    def run():
+        with exportflops.fake_process_group(2):
+            if fails:
+                raise RuntimeError("the user's code failed inside the block")
+    return run
+
+
+@pytest.mark.parametrize("prepare, fails", [
+    (lambda: _analyze("forward", fails=False), False),
+    (lambda: _analyze("train", fails=False), False),
+    (lambda: _analyze("forward", fails=True), True),
+    (lambda: _analyze("train", fails=True), True),
+    (lambda: _process_group(fails=False), False),
+    (lambda: _process_group(fails=True), True),
+], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
+        "process-group-fails"])
+def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
+    torch.manual_seed(0)
+    call = prepare()
+    before = _state()
+    if fails:
+        with pytest.raises((ExportFlopsError, RuntimeError)):
+            call()
+    else:
+        call()
+    _same(before, _state())
