@@ -19,7 +19,7 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 
-from ..errors import ExportError
+from ..errors import DistributedError, ExportError
 from ..torch_internals import require
 from .fsdp import fsdp_graph, has_fsdp
 from .hints import first_lines
@@ -67,9 +67,35 @@ def _joint_graph(model: torch.nn.Module, args: tuple,
 
 
 def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
+    uneven = _uneven_shards(model)
+    if uneven:
+        return DistributedError(
+            f"{type(model).__name__} could not be captured: the plan splits "
+            f"{'; '.join(uneven)}, which the capture of a rank cannot do (its shards must be "
+            f"equal). Use a rank count that divides each size, or leave those modules "
+            f"unsplit.\ntorch said: {first_lines(error)}")
     return ExportError(type(model).__name__, first_lines(error),
                        "dynamo could not capture the parallelized model, or AOT autograd could "
                        "not trace its joint graph; see torch's message below.")
+
+
+def _uneven_shards(model: torch.nn.Module) -> list[str]:
+    """Each parameter sharded over ranks that do not divide its size: module, parameter,
+    dimension, size and rank count, as the error names them."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    uneven = []
+    for name, parameter in model.named_parameters():
+        if not isinstance(parameter, DTensor):
+            continue
+        for mesh_dim, placement in enumerate(parameter.placements):
+            ranks = parameter.device_mesh.size(mesh_dim)
+            if isinstance(placement, Shard) and parameter.shape[placement.dim] % ranks:
+                module, _, leaf = name.rpartition(".")
+                uneven.append(f"dimension {placement.dim} of {leaf} of module "
+                              f"{module or '<root>'!r} ({parameter.shape[placement.dim]}) over "
+                              f"{ranks} ranks")
+    return uneven
 
 
 #: How dynamo names a module: ``L['self'].layers[0]``, ``L['self']._modules['mlp']``, ...;

@@ -10,8 +10,9 @@ from ..errors import UsageError
 from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
-# torch holds a size, an element count and a storage's bytes as int64 (c10's
-# computeStorageNbytes refuses a larger one: "Storage size calculation overflowed").
+# torch holds a size, an element count and a storage's bytes as int64: a larger size fails to
+# unpack ("Overflow when unpacking long long"), larger bytes fail in ATen's computeStorageNbytes
+# (aten/src/ATen/EmptyTensor.cpp: "Storage size calculation overflowed"), even on meta.
 INT64_MAX = 2**63 - 1
 # The command prints less than flops_report's DEFAULT_VIEWS (which add top): its --help and
 # examples promise "summary and module tree", and on a terminal the top view repeats the

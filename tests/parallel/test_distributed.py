@@ -300,3 +300,26 @@ def test_an_op_counted_through_its_decomposition_on_one_device_is_counted_per_ra
     # scaled by alpha and beta (12 + 12 multiplies) before 12 adds = 48.
     assert flops["aten.mse_loss.default"] == 32 * 3 + 1
     assert flops["aten.addr.default"] == 12 * 4
+
+
+@pytest.mark.parametrize("width, tp", [(30, 4), (2, 4), (32, 3)], ids=["30-over-4", "2-over-4",
+                                                                       "32-over-3"])
+def test_a_split_the_ranks_do_not_divide_is_named_with_its_module_dimension_and_size(width, tp):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    with fake_process_group(tp):
+        mesh = init_device_mesh("cpu", (tp,))
+        with torch.device("meta"):
+            mlp = torch.nn.Sequential(torch.nn.Linear(8, width), torch.nn.ReLU(),
+                                      torch.nn.Linear(width, 8))
+            model = parallelize_module(mlp, mesh, {"0": ColwiseParallel(),
+                                                   "2": RowwiseParallel()})
+            x = torch.randn(2, 8, device="meta")
+        with pytest.raises(DistributedError) as caught:
+            exportflops.analyze(model, (x,), mode="train")
+    message = str(caught.value)
+    assert f"dimension 0 of weight of module '0' ({width}) over {tp} ranks" in message
+    assert f"dimension 1 of weight of module '2' ({width}) over {tp} ranks" in message
+    assert "torch.compile" not in message.split("torch said:")[0]
