@@ -47,7 +47,7 @@ def _signbit_meta_bool() -> Iterator[None]:
     (``PendingUnbackedSymbolNotFound``). Here the meta gives bool, as the op does. No int64
     result from before the mend is reused: a fake mode that propagates real values keeps no
     dispatch cache (``FakeTensorMode.cache_enabled``)."""
-    from torch import _prims
+    _prims = require("prims")
 
     signbit = torch.ops.prims.signbit.default
     meta = getattr(signbit, "prim_meta_impl", None)

@@ -94,7 +94,7 @@ def _kind(call: NodeCall):
 
 
 def collective(call: NodeCall, phase: str) -> Collective:
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    _resolve_process_group = require("resolve_process_group")
 
     kind = _kind(call)
     tensors = [*call.call.tensor_inputs()]
