@@ -18,15 +18,23 @@ def is_tested_torch(version: str) -> bool:
 
 
 def versions_text() -> str:
-    """What ``exportflops --version`` prints: this package's version, torch's and
-    transformers' as installed (read from their metadata, without importing them), and whether
-    the suite runs on this torch."""
-    torch_version = _installed("torch")
+    """What ``exportflops --version`` prints: this package's version, torch's (as torch itself
+    says it, with its build tag such as ``+cpu``) and transformers' (from its metadata, without
+    importing it), and whether the suite runs on this torch."""
+    torch_version = _torch_version()
     tested = ("one the test suite runs on" if torch_version and is_tested_torch(torch_version)
               else f"not one the test suite runs on ({', '.join(TESTED_TORCH)})")
     return (f"exportflops {__version__}\n"
             f"torch {torch_version or 'not installed'} ({tested})\n"
             f"transformers {_installed('transformers') or 'not installed'}")
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
 
 
 def _installed(package: str) -> str | None:
