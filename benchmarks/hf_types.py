@@ -1,4 +1,4 @@
-"""Every model type transformers registers, through the command's ``hf:`` builder: built on
+"""Every model type transformers registers, through the ``hf:`` builder (`exportflops.hf`): built on
 meta with at most ``--layers`` layers, then analyzed; counts of built / analyzed / failed-ours /
 failed-theirs, and the failing types grouped by error.
 
@@ -31,7 +31,8 @@ import torch
 import transformers
 
 from exportflops import analyze
-from exportflops.hf.models import analyze_deciding_on_cpu, blame, hf_model
+from exportflops import hf
+from exportflops.hf.models import analyze_deciding_on_cpu, blame
 
 
 def try_type(model_type: str, layers: int, mode: str, out) -> None:
@@ -40,12 +41,14 @@ def try_type(model_type: str, layers: int, mode: str, out) -> None:
     stage = "build"
     model, args, kwargs = None, (), {}
     try:
-        model, args, kwargs = hf_model(model_type, torch.device("meta"), None, layers=layers)
+        model, args, kwargs = hf.build(model_type, layers=layers)
         stage = "analyze"
-        # As the command does: on cpu where meta cannot decide a branch on values.
+        # As hf.analyze does: on cpu where meta cannot decide a branch on values; through the
+        # policy it is built on (`analyze_deciding_on_cpu`), so that transformers' failures
+        # reach `blame` unwrapped.
         report = analyze_deciding_on_cpu(
             functools.partial(analyze, mode=mode), model, args, kwargs,
-            lambda: hf_model(model_type, torch.device("cpu"), None, layers=layers))
+            functools.partial(hf.build, model_type, device="cpu", layers=layers))
         out.send(("analyzed", "", sorted(u.op for u in report.uncounted)))
     except Exception as error:
         who = ("ours" if type(error).__name__ == "UsageError"
@@ -75,7 +78,7 @@ def main() -> None:
     # Warm transformers' and torch.export's lazy imports once in the parent (about 9 s), so that
     # each forked child starts warm.
     warnings.simplefilter("ignore")
-    analyze(*hf_model("gpt2", torch.device("meta"), None, layers=1))
+    analyze(*hf.build("gpt2", layers=1))
     outcomes = {}
     groups = collections.defaultdict(list)
     started = time.perf_counter()

@@ -82,10 +82,11 @@ def analyze_built(built: Built, *, on_cpu: Callable[[], Built] | None = None,
                   **analyze_options) -> Report:
     """`exportflops.analyze` of a model `build` made, with the policies an hf model needs:
     where meta cannot decide a branch by values, ``on_cpu()``'s model and inputs (the same,
-    built on cpu) analyzed instead (`analyze_deciding_on_cpu`, capped at the memory it may
-    take; never with ``dynamic_shapes``, whose sizes the values would fix); where forward read
-    an input that was not made, a UsageError naming it; where transformers' own forward raised,
-    a BuildError saying where."""
+    built on cpu: a `Built` or any ``(model, args, kwargs)``) analyzed instead
+    (`analyze_deciding_on_cpu`, capped at the memory it may take; never with
+    ``dynamic_shapes``, whose sizes the values would fix); where forward read an input that was
+    not made, a UsageError naming it; where transformers' own forward raised, a BuildError
+    saying where."""
     from ..api import analyze as count
 
     model, args, kwargs = built

@@ -39,8 +39,9 @@ MODALITIES = {"text": "input_ids", "vision": "pixel_values", "audio": "input_fea
 def hf_inputs(model, device, *, batch: int = 1, seq: int | None = None, config=None
               ) -> tuple[tuple, dict[str, Any]]:
     """``(args, kwargs)`` for ``model.forward``: its main input positional when it is forward's
-    first parameter (so ``--dynamic seq`` finds it), the others by name. Every parameter that
-    forward requires (no default) is made too, or refused with a UsageError that names it.
+    first parameter (where the command's ``--dynamic seq`` finds it), the others by name. Every
+    parameter that forward requires (no default) is made too, or refused with a UsageError that
+    names it.
     ``config`` is the model's own unless given (a module of a sub-model config keeps none)."""
     config = config if config is not None else model.config
     signature = inspect.signature(model.forward).parameters

@@ -1,4 +1,4 @@
-"""``--layers N``: at most N blocks in each stack of a Hugging Face config, and the fields that
+"""``layers=N``: at most N blocks in each stack of a Hugging Face config, and the fields that
 point into a stack kept pointing inside it (a layer's index, a backbone's output stages), so
 that the capped model builds and runs as the full one does."""
 

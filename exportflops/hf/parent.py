@@ -14,11 +14,8 @@ import importlib
 import inspect
 from typing import Any, Callable
 
+from ..capture.first_call import first_call
 from ..errors import BuildError, UsageError
-
-
-class _Reached(Exception):
-    """Raised by the hook once the sub-model's call is read: the rest of the run is not needed."""
 
 
 def parent_configs(config) -> list[tuple[Any, str]]:
@@ -94,10 +91,10 @@ def parent_inputs(model, config, device, make: Callable[[Any], tuple[Any, tuple,
         name = type(parent_config).__name__
         try:
             parent, args, kwargs = make(parent_config)
-            call = _first_call(parent, args, kwargs, type(model))
+            call = first_call(parent, args, kwargs, type(model))
             prompted = _prompted(parent, args, kwargs)
             if call is None and prompted is not kwargs:  # it runs only when prompted
-                call = _first_call(parent, args, prompted, type(model))
+                call = first_call(parent, args, prompted, type(model))
             if call is not None:
                 return _examples(call[0], device), _examples(call[1], device)
         except Exception as error:  # noqa: BLE001 - told to the user in the error below
@@ -125,33 +122,6 @@ def _prompted(parent, args: tuple, kwargs: dict) -> dict:
             or "input_boxes" not in inspect.signature(parent.forward).parameters):
         return kwargs
     return kwargs | {"input_boxes": torch.zeros((first.shape[0], 1, 4), device=first.device)}
-
-
-def _first_call(parent, args: tuple, kwargs: dict, module_class: type):
-    """The ``(args, kwargs)`` of ``parent``'s first call of a module of ``module_class`` when
-    torch.export traces its forward; None when it makes none. The trace, not a plain run under
-    fake tensors: export's own tracing passes where such a run stops on a size read from a
-    tensor (SAM 3's DETR decoder, before its mask decoder, sizes a mask by its feature map's
-    ``spatial_shapes``)."""
-    import torch
-
-    modules = [m for m in parent.modules() if type(m) is module_class]
-    seen = []
-
-    def hook(_module, call_args, call_kwargs):
-        seen.append((call_args, call_kwargs))
-        raise _Reached
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in modules]
-    try:
-        torch.export.export(parent, args, kwargs, strict=False)
-    except Exception:  # the hook's _Reached, as export wraps it; else the composite's failure
-        if not seen:
-            raise
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen[0] if seen else None
 
 
 def _examples(value, device):

@@ -11,7 +11,7 @@ frame's whole computation. Nothing in transformers is patched. Module paths carr
 - `DetectedFrame` (SAM3-Video): a text prompt; the image and text encoders, the detector, and
   the tracker started on each object the detector finds. How many it finds is a value of the
   frame, not a size: the model's detection thresholds are set between the example's scores so
-  that it finds ``--batch`` objects (`detect_objects`), and torch.export decides each of the
+  that it finds ``batch`` objects (`detect_objects`), and torch.export decides each of the
   model's branches on them as the example does (`capture`).
 
 The frame analyzed is the first: it has no earlier frame in memory, so memory attention costs

@@ -357,6 +357,8 @@ def test_a_model_that_fails_only_on_meta_is_built_again_on_cpu(model_class):
     else:  # torch 2.15 exports ReadsMadeTensor on meta: its rows a size read from values
         (rows,) = sympy.sympify(str(counted_on_meta.total.macs)).free_symbols
         assert sympy.sympify(str(counted_on_meta.total.macs)) == rows * 16 * 8  # 16 in, 8 out
+        pytest.skip(f"torch {torch.__version__} exports {model_class.__name__} on meta: "
+                    f"nothing to build again")
     report = hf.analyze_deciding_on_cpu(analyze, on_meta, (x,), {}, lambda: (
         model_class(), (torch.randn(3, 16),), {}))
     assert report.total.macs == 3 * 16 * 8  # by hand: the Linear on 3 rows

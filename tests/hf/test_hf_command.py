@@ -121,7 +121,7 @@ def test_a_failure_is_blamed_on_the_package_whose_code_raised_it():
         assert raised_by(wrapped).startswith("transformers (")
     with pytest.raises(UsageError) as ours:
         hf_model("clip_text_model", META, None, seq=78)
-    assert raised_by(ours.value).startswith("exportflops (cli/hf_inputs.py:")
+    assert raised_by(ours.value).startswith("exportflops (hf/modalities.py:")
 
 
 def test_generate_keeps_the_cache_of_an_hf_model_on():

@@ -96,7 +96,7 @@ def test_a_required_input_it_cannot_make_is_named_in_a_usage_error(monkeypatch):
     from exportflops.hf import images as hf_image_inputs
 
     monkeypatch.setattr(hf_image_inputs, "patches_then_queries", lambda *a, **k: None)
-    with pytest.raises(UsageError, match="'num_patches'.*--kwargs"):
+    with pytest.raises(UsageError, match="'num_patches'.*kwargs="):
         hf_model("deepseek_ocr2_encoder", META, None, layers=1)
 
 

@@ -28,7 +28,8 @@ import torch
 
 from exportflops import analyze
 from exportflops.hf.models import hf_model
-from exportflops.hf.inputs import HF_DEFAULT_SAMPLES, HF_DEFAULT_SEQ_LEN
+from exportflops.hf.inputs import HF_DEFAULT_SEQ_LEN
+from exportflops.hf.modalities import HF_DEFAULT_SAMPLES
 from tests.cli_support import named_inputs
 
 pytest.importorskip("transformers")

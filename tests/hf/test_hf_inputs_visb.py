@@ -120,10 +120,10 @@ def test_videollama3s_merge_of_patches_is_its_image_processors_one():
 
 def test_a_seq_too_short_for_the_images_tokens_is_a_usage_error():
     # MiniMax-M3-VL's image: 2016 / 14 = 144 patches a side, merged 2 x 2: 72 x 72 = 5184
-    # tokens, more than --seq 128 holds.
+    # tokens, more than seq=128 holds.
     from exportflops.errors import UsageError
 
-    with pytest.raises(UsageError, match=r"--seq 128: .* 5184 tokens .* --seq 5184 or more"):
+    with pytest.raises(UsageError, match=r"seq=128: .* 5184 tokens .* seq=5184 or more"):
         hf_model("minimax_m3_vl", META, None, layers=1, seq=128)
 
 

@@ -91,14 +91,14 @@ def test_a_text_prompted_tracker_is_analyzed_on_a_frame_where_it_finds_batch_obj
 def test_more_objects_than_the_detector_proposes_is_refused_naming_the_most(detected_frame):
     # Sam3 DETR's decoder proposes num_queries = 200 objects a frame.
     frame, args, _ = detected_frame
-    with pytest.raises(UsageError, match=r"proposes 200 objects a frame; pass --batch from 1 "
+    with pytest.raises(UsageError, match=r"proposes 200 objects a frame; pass batch= from 1 "
                                          r"to 199"):
         detect_objects(frame.model, *args, 200)
 
 
 def test_a_text_prompted_tracker_on_meta_names_cpu_where_the_command_builds_it_again():
     frame, args, kwargs = hf_model("sam3_video", META, None, layers=1)
-    with pytest.raises(ExportError, match=r"data-dependent.*--device cpu") as error:
+    with pytest.raises(ExportError, match=r'data-dependent.*device="cpu"') as error:
         analyze(frame, args, kwargs)
     # What the command reads to build an hf: model again on cpu (`analyze_deciding_on_cpu`).
     assert meta_only(error.value.__cause__) == "it branches on its inputs' values"

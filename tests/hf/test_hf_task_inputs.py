@@ -1,4 +1,4 @@
-"""Inputs of one model family each (`exportflops.hf.tasks`), sized by the config field
+"""Inputs of one model family each (the rules of `exportflops.hf.tasks`), sized by the config field
 the model's own code reads for it; each model then analyzes with every op counted.
 
 Sizes from transformers 5.23's default configs, at batch 1 and the default length
@@ -107,7 +107,7 @@ def test_concatenated_frames_split_evenly_into_the_batch_or_say_so(frames, lengt
     config = tf.AutoConfig.for_model("qwen2_5_omni_audio_encoder")
     features = torch.zeros((128, frames))
     if lengths is None:
-        with pytest.raises(UsageError, match="--batch 2.*feature_lens"):
+        with pytest.raises(UsageError, match="batch=2.*feature_lens"):
             mask("feature_lens", features, config, config, batch=2)
     else:
         assert mask("feature_lens", features, config, config, batch=2).tolist() == lengths
@@ -137,7 +137,7 @@ def test_a_depth_decoder_takes_a_position_per_codebook(tmp_path):
     # Moshi's depth decoder runs across the num_codebooks codebooks of one frame; its config
     # keeps max_position_embeddings num_codebooks + 1 (9 of 8 by default), and its forward
     # adds the main decoder's last state, input_size wide, at each position.
-    from exportflops.hf.inputs import text_length
+    from exportflops.hf.modalities import text_length
     from exportflops.errors import UsageError
     from transformers.models.moshi.configuration_moshi import MoshiDepthConfig
 
@@ -146,7 +146,7 @@ def test_a_depth_decoder_takes_a_position_per_codebook(tmp_path):
                               num_key_value_heads=2, vocab_size=50, audio_vocab_size=40)
     assert config.max_position_embeddings == 9
     assert text_length(config, None) == 4
-    with pytest.raises(UsageError, match="pass --seq 4 or less"):
+    with pytest.raises(UsageError, match="pass seq=4 or less"):
         text_length(config, 5)
     config.save_pretrained(tmp_path)
     # On cpu its branch on each position's value is decided, and what it reads after it found.
