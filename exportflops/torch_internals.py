@@ -111,6 +111,17 @@ def require(name: str) -> Any:
     return found
 
 
+def sequence_nr(node: Any) -> int:
+    """The order an autograd node was created in (its private ``_sequence_nr()``), which the
+    per-rank capture under FSDP2 matches to the module calls that made it."""
+    try:
+        return node._sequence_nr()
+    except AttributeError as error:
+        raise TorchFeatureError("sequence_nr", "torch.autograd.graph.Node._sequence_nr",
+                                "per-rank capture under FSDP2", torch.__version__,
+                                TESTED_TORCH) from error
+
+
 def has(name: str) -> bool:
     """Whether this torch has feature ``name``."""
     try:

@@ -29,7 +29,7 @@ import torch.fx.traceback as fx_traceback
 
 from ..errors import DistributedError
 from .quiet import quiet_capture_log
-from ..torch_internals import get_sequence_nr, pytree
+from ..torch_internals import get_sequence_nr, pytree, sequence_nr
 
 
 def has_fsdp(model: torch.nn.Module) -> bool:
@@ -177,7 +177,7 @@ def _backward_stacks(outs: list, spans: list) -> None:
         if node in seen:
             continue
         seen.add(node)
-        number = node._sequence_nr()
+        number = sequence_nr(node)
         inside = [(first, frames) for first, end, frames in spans if first <= number < end]
         frames = max(inside, key=lambda span: span[0])[1] if inside else {}
         node.register_prehook(lambda grads, frames=frames: _set_stack(frames))
