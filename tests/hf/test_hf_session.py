@@ -59,8 +59,11 @@ def test_the_frame_is_encoded_once_and_each_object_adds_one_decoder_pass():
 @pytest.fixture(scope="module")
 def detected_frame():
     """SAM3-Video, one layer a stack, on cpu: the scores its thresholds are set by need the
-    weights' values."""
-    return hf_model("sam3_video", torch.device("cpu"), None, layers=1, batch=1)
+    weights' values, drawn from a fixed seed (unseeded, two objects' scores came out too close
+    to set a threshold between now and then)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return hf_model("sam3_video", torch.device("cpu"), None, layers=1, batch=1)
 
 
 def test_a_text_prompted_tracker_is_analyzed_on_a_frame_where_it_finds_batch_objects(
