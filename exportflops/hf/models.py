@@ -212,8 +212,10 @@ def build(config, device, transformers, *, whole: bool = False):
                 return model_class(config)
             return auto.from_config(config)
     except Exception as error:
+        # transformers' message of a missing optional package starts on a new line: its first
+        # line must still name the package.
         raise BuildError(f"transformers could not build {config.model_type} with {name} from "
-                         f"this config: {type(error).__name__}: {error}") from error
+                         f"this config: {type(error).__name__}: {str(error).strip()}") from error
 
 
 def _auto_class(config, transformers, *, whole: bool = False):

@@ -8,6 +8,7 @@ vocab_size 32000, 32 heads of 128 (as many key-value heads).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import torch
 
 import exportflops
 from exportflops import hf
-from exportflops.errors import ExportError, UsageError
+from exportflops.errors import BuildError, ExportError, UsageError
 from exportflops.hf import rules
 from tests.cli_support import ROOT, one_paragraph, run
 
@@ -151,3 +152,12 @@ def test_a_rule_registered_twice_for_a_name_is_refused(monkeypatch):
     made = rules.make(rules.Wanted("counts", None, "cpu", 2, None))
     assert made.tolist() == [1.0, 1.0]
     assert rules.make(rules.Wanted("other", None, "cpu", 2, None)) is None
+
+
+@pytest.mark.skipif(importlib.util.find_spec("natten") is not None,
+                    reason="natten is installed: DiNAT builds")
+def test_a_type_that_needs_a_package_transformers_lacks_names_the_package_on_its_first_line():
+    with pytest.raises(BuildError) as caught:
+        hf.build("dinat", layers=1)
+    first = str(caught.value).splitlines()[0]
+    assert "ImportError: DinatModel requires the natten library" in first
