@@ -32,14 +32,27 @@ def _module_name(path: Path, root: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+#: A record's display hooks: the methods a notebook calls on the value (Jupyter's
+#: ``_repr_html_``, ``to_pandas``), which load their renderer when called. They are the one way
+#: back from records up to render; every other lazy import counts as an edge.
+DISPLAY_HOOKS = {"_repr_html_", "to_pandas"}
+
+
 def _imports(path: Path, root: Path) -> set[str]:
     """Modules of the package ``root`` that importing ``path`` runs, lazy imports in functions
-    included. Importing ``a.b.c`` runs the package ``a.b`` first (its ``__init__``), unless the
-    importer is inside ``a.b`` (then that package is already being imported)."""
+    included (those of a display hook aside). Importing ``a.b.c`` runs the package ``a.b``
+    first (its ``__init__``), unless the importer is inside ``a.b`` (then that package is
+    already being imported)."""
     name = _module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    in_hooks = {id(inner) for hook in ast.walk(tree)
+                if isinstance(hook, ast.FunctionDef) and hook.name in DISPLAY_HOOKS
+                for inner in ast.walk(hook)}
+    for node in ast.walk(tree):
+        if id(node) in in_hooks:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")
             base = base[:len(base) - node.level + 1] if node.level else []
@@ -107,6 +120,10 @@ def test_the_cycle_check_finds_a_cycle_through_a_package(tmp_path):
     (root / "roofline.py").write_text("from .records import Report\nlines = 1\n")
     assert _cycle(_graph(root)) == ["pkg.records", "pkg.records.report", "pkg.roofline",
                                     "pkg.records"]
+    # A display hook's import is the one not counted; the roofline method's still is.
+    (root / "records" / "report.py").write_text(
+        "class Report:\n    def _repr_html_(self):\n        from ..roofline import lines\n")
+    assert _cycle(_graph(root)) is None
 
 
 def _attributes(path: Path) -> set[str]:

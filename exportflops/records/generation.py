@@ -4,7 +4,7 @@ context length, and the whole request. Imports no torch."""
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import sympy
 
@@ -109,6 +109,21 @@ class GenerationReport(Record):
         """The ``past`` of every decode step the request runs."""
         first = self.prompt_len if self.first_past is None else self.first_past
         return range(first, first + self.new_tokens - 1)
+
+    def to_pandas(self) -> Any:
+        """One row for the prefill and one per decode step, counts evaluated at the step's
+        ``past``, as a pandas DataFrame, the columns of `to_csv` (needs ``pip install
+        'exportflops[pandas]'``): the rows' counts sum to `total`."""
+        from ..render.tables import to_pandas
+
+        return to_pandas(self, "steps")
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the per-token table, and the prefill's and decode step's
+        reports, collapsible (plain HTML, no script)."""
+        from ..render.notebook import generation_html
+
+        return generation_html(self)
 
 
 def request_total(prefill: Cost, step: Cost, first: int, new_tokens: int, *,

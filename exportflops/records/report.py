@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .symbolic import Evaluator
 from .base import SCHEMA_VERSION, Cost, Record, TensorSpec
@@ -285,6 +285,21 @@ class Report(Record):
         called = [m.path for m in self.modules if m.calls]
         return {m.path for m in self.modules if m.calls == 0
                 and not any(_inside(m.path)(path) for path in called if path != m.path)}
+
+    def to_pandas(self, rows: Literal["modules", "operators", "nodes"] = "modules") -> Any:
+        """One row per module, op or node as a pandas DataFrame, the columns of `to_csv` (needs
+        ``pip install 'exportflops[pandas]'``; docs/reports.md lists the columns): counts in
+        base units, module path and depth as columns, ``backward_*`` in train mode."""
+        from ..render.tables import to_pandas
+
+        return to_pandas(self, rows)
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the summary and a collapsible module tree, as the text views
+        write the numbers (plain HTML, no script)."""
+        from ..render.notebook import report_html
+
+        return report_html(self)
 
 
 def _inside(path: str):

@@ -91,3 +91,10 @@ class Roofline(Record):
     """Nodes with no count (uncounted, or their formula failed): missing from every time."""
     measured_on: str = ""
     """The device the measured times come from (``report.runtime.device``), when measured."""
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: the roofs, the modules and slowest nodes, and a collapsible
+        module tree of predicted times (plain HTML, no script)."""
+        from ..render.notebook import roofline_html
+
+        return roofline_html(self)

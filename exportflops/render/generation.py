@@ -43,6 +43,24 @@ def generation_view(report: GenerationReport, style: Style = Style(),
     return style.titled(title, style.table(rows, _HEADERS, "lrrrrrrrr"))
 
 
+def generation_rows(report: GenerationReport) -> tuple[list[str], list[list]]:
+    """The header and rows of a generation's `to_csv` and `to_pandas`: the prefill, then every
+    decode step the request runs (``past`` = tokens already cached), each step's counts
+    evaluated at its ``past``; the rows' counts sum to ``report.total``. ``kv_cache_*`` is the
+    part of a decode step's bytes that is the KV cache (None for the prefill)."""
+    fields = list(Cost.model_fields)
+    header = (["phase", "past", "tokens", *fields, "kv_cache_bytes_read",
+               "kv_cache_bytes_written"])
+    start = report.first_past or 0  # an encoder-decoder's prefill also decodes a start token
+    rows = [["prefill", None, report.batch * (report.prompt_len + start),
+             *(getattr(report.prefill.total, f) for f in fields), None, None]]
+    for past in report.decode_positions:
+        step, kv = report.step_counts(past), report.kv_cache_at(past)
+        rows.append(["decode", past, report.batch, *(getattr(step, f) for f in fields),
+                     kv.bytes_read, kv.bytes_written])
+    return header, rows
+
+
 def _row(style: Style, phase: str, tokens: int, keys: int | None, cost: Cost,
          kv_read: int | None) -> list:
     moved = cost.bytes_moved

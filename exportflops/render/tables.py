@@ -1,5 +1,6 @@
 """The flat views: ``summary`` (model-wide numbers), ``operators`` (fvcore's ``by_operator``),
-``module_operators`` (fvcore's ``by_module_and_operator``), and `to_csv`.
+``module_operators`` (fvcore's ``by_module_and_operator``), and the raw rows of `to_csv` and
+`to_pandas` (one builder, `table_rows`).
 
 Each prints the report's own totals; none is summed here.
 """
@@ -10,11 +11,13 @@ import csv
 import io
 from collections import Counter
 from collections.abc import Callable, Collection
-from typing import Any, Literal
+from typing import Any
 
-from ..records import Cost, Report
+from ..errors import MissingExtraError
+from ..records import Cost, GenerationReport, Report
 from .collectives import collective_summary_rows
 from .format import Style, magnitude
+from .generation import generation_rows
 from .tree import ModuleTree, root_label
 
 #: The decisions on values the summary's note lists (an audio encoder's chunking makes a
@@ -211,37 +214,119 @@ def _by_cost(report: Report) -> Callable[[tuple[str, Any]], tuple]:
                          item[0])
 
 
-# --- CSV ---------------------------------------------------------------------------------------
+# --- CSV and DataFrames ------------------------------------------------------------------------
 
-def to_csv(report: Report, rows: Literal["modules", "operators"] = "modules") -> str:
-    """One row per module (``inclusive_*`` and ``exclusive_*`` counts; the exclusive columns sum
-    to the model total) or per op, raw integers, with a header row."""
-    require_report(report, "to_csv")
-    fields = list(Cost.model_fields)
+#: The row kinds of `to_csv` and `to_pandas` for a `Report`.
+ROW_KINDS = ("modules", "operators", "nodes")
+
+
+def table_rows(report: Report | GenerationReport, rows: str | None,
+               caller: str) -> tuple[list[str], list[list]]:
+    """The header and the rows of `to_csv` and `to_pandas` (one builder, so a CSV and a
+    DataFrame have the same columns): raw counts in base units (FLOPs, MACs, bytes, seconds),
+    a count of dynamic sizes as its expression, None where there is no value.
+
+    A `Report` has one row per module (``rows=None`` or ``"modules"``), per op or per node; in
+    train mode the modules and ops add the ``backward_*`` part of their counts. A
+    `GenerationReport` has one row per step (``"steps"``, see `generation_rows`)."""
+    if isinstance(report, GenerationReport):
+        if rows not in (None, "steps"):
+            raise ValueError(f"a GenerationReport has one row per step: rows='steps', got "
+                             f"{rows!r}")
+        return generation_rows(report)
+    require_report(report, caller)
+    builders = {"modules": _module_rows, "operators": _operator_rows, "nodes": _node_rows}
+    kind = "modules" if rows is None else rows
+    if kind not in builders:
+        raise ValueError(f"rows must be one of {', '.join(map(repr, ROW_KINDS))}, got {rows!r}")
+    return builders[kind](report)
+
+
+def _counts(cost: Cost) -> list:
+    return [getattr(cost, field) for field in _FIELDS]
+
+
+_FIELDS = list(Cost.model_fields)
+
+
+def _module_rows(report: Report) -> tuple[list[str], list[list]]:
+    timed = {t.path: t for t in report.runtime.modules} if report.runtime else None
+    train = report.mode == "train"
+    header = (["path", "type", "depth", "calls", "params", "own_params"]
+              + [f"inclusive_{f}" for f in _FIELDS] + [f"exclusive_{f}" for f in _FIELDS]
+              + ([f"backward_{f}" for f in _FIELDS] if train else [])
+              + (["inclusive_s", "exclusive_s"] if timed is not None else []))
+    body = []
+    for m in report.modules:
+        row = ([m.path, m.type, m.depth, m.calls, m.params, m.own_params]
+               + _counts(m.inclusive) + _counts(m.exclusive)
+               + (_counts(m.backward) if train else []))
+        if timed is not None:
+            t = timed.get(m.path)
+            row += [t.inclusive_s, t.exclusive_s] if t else [None, None]
+        body.append(row)
+    return header, body
+
+
+def _operator_rows(report: Report) -> tuple[list[str], list[list]]:
+    uncounted = {u.op: u.reason for u in report.uncounted}
+    train = report.mode == "train"
+    header = (["op", "calls"] + _FIELDS
+              + (["backward_calls"] + [f"backward_{f}" for f in _FIELDS] if train else [])
+              + ["uncounted"])
+    body = [[op, stats.calls] + _counts(stats.cost)
+            + ([stats.backward_calls] + _counts(stats.backward) if train else [])
+            + [uncounted.get(op, "")]
+            for op, stats in report.operators.items()]
+    return header, body
+
+
+def _node_rows(report: Report) -> tuple[list[str], list[list]]:
+    depth = {m.path: m.depth for m in report.modules}
+    timed = {t.name: t for t in report.runtime.nodes} if report.runtime else None
+    header = (["node", "op", "module", "depth", "status", "phase"] + _FIELDS + ["note"]
+              + (["median_s"] if timed is not None else []))
+    body = []
+    for n in report.nodes:
+        row = [n.name, n.op, n.module, depth.get(n.module), n.status, n.phase,
+               *_counts(n.cost), n.note]
+        if timed is not None:
+            t = timed.get(n.name)
+            row.append(t.latency.median_s if t else None)
+        body.append(row)
+    return header, body
+
+
+def to_csv(report: Report | GenerationReport, rows: str | None = None) -> str:
+    """One row per module (the default; ``inclusive_*`` and ``exclusive_*`` counts, the
+    exclusive columns sum to the model total), per op (``rows="operators"``) or per node
+    (``rows="nodes"``), raw integers, with a header row; a `GenerationReport` one row per step.
+    The columns are `to_pandas`'s (docs/reports.md lists them)."""
+    header, body = table_rows(report, rows, "to_csv")
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    if rows == "modules":
-        timed = {t.path: t for t in report.runtime.modules} if report.runtime else None
-        header = (["path", "type", "depth", "calls", "params", "own_params"]
-                  + [f"inclusive_{f}" for f in fields] + [f"exclusive_{f}" for f in fields])
-        writer.writerow(header + (["inclusive_s", "exclusive_s"] if timed is not None else []))
-        for m in report.modules:
-            row = ([m.path, m.type, m.depth, m.calls, m.params, m.own_params]
-                   + [getattr(m.inclusive, f) for f in fields]
-                   + [getattr(m.exclusive, f) for f in fields])
-            if timed is not None:
-                t = timed.get(m.path)
-                row += [t.inclusive_s, t.exclusive_s] if t else ["", ""]
-            writer.writerow(row)
-    elif rows == "operators":
-        uncounted = {u.op: u.reason for u in report.uncounted}
-        writer.writerow(["op", "calls"] + fields + ["uncounted"])
-        for op, stats in report.operators.items():
-            writer.writerow([op, stats.calls] + [getattr(stats.cost, f) for f in fields]
-                            + [uncounted.get(op, "")])
-    else:
-        raise ValueError(f"rows must be 'modules' or 'operators', got {rows!r}")
+    writer.writerow(header)
+    writer.writerows(body)  # None is written as an empty cell, an expression as its text
     return out.getvalue()
+
+
+def to_pandas(report: Report | GenerationReport, rows: str | None = None) -> Any:
+    """The rows of `to_csv` as a pandas DataFrame, same columns (needs ``pip install
+    'exportflops[pandas]'``). Counts are integers in base units; a count of dynamic sizes
+    stays its sympy expression (``report.evaluate(seq=...)`` first for numbers)."""
+    header, body = table_rows(report, rows, "to_pandas")
+    return pandas().DataFrame(body, columns=header)
+
+
+def pandas() -> Any:
+    """The pandas module, or a `MissingExtraError` saying how to install it."""
+    try:
+        import pandas as pd
+    except ImportError as error:
+        raise MissingExtraError(
+            f"to_pandas builds a pandas DataFrame, and pandas is not installed ({error}). "
+            f"Install the extra: pip install 'exportflops[pandas]'.") from None
+    return pd
 
 
 #: The model totals a sweep shows at each point: (heading, Cost field, unit).
