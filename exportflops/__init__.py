@@ -20,6 +20,7 @@ _HOMES = {
     "analyze_generation": "generation",
     "profile": "runtime",
     "fake_process_group": "parallel",
+    "flops_per_batch": "training",
     # DeepSpeed's and fvcore's names for the same analysis
     "get_model_profile": "compat",
     "FlopCountAnalysis": "compat",
@@ -39,6 +40,7 @@ _HOMES = {
     "NodeRecord": "records",
     "OperatorStats": "records",
     "UncountedOp": "records",
+    "StepFlops": "records",
     # writing a formula
     "register_formula": "formulas",
     "OpCall": "formulas",
@@ -60,7 +62,7 @@ __all__ = ["__version__", *sorted(_HOMES)]
 #: The packages a user reaches by attribute (``exportflops.roofline.roofline(report, device)``,
 #: ``exportflops.hf.build("llama")``), imported on first use like the names above.
 _PACKAGES = {"budgets", "examples", "formulas", "generation", "hf", "parallel", "records",
-             "render", "roofline", "runtime"}
+             "render", "roofline", "runtime", "training"}
 
 
 def __getattr__(name: str) -> Any:

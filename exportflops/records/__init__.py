@@ -11,9 +11,10 @@ from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report
                      SizeSymbolRecord, TiedParameter, UncountedOp)
 from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
+from .training import DocumentFlops, StepFlops
 
-__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Cost", "Count", "GenerationReport",
-           "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus", "NodeTiming",
-           "OperatorStats", "Record", "Report", "Roofline", "RooflineModule", "RooflineNode",
-           "RuntimeProfile", "SizeSymbolRecord", "TensorSpec", "TiedParameter", "Timing",
-           "UncountedOp"]
+__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Cost", "Count", "DocumentFlops",
+           "GenerationReport", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
+           "NodeTiming", "OperatorStats", "Record", "Report", "Roofline", "RooflineModule",
+           "RooflineNode", "RuntimeProfile", "SizeSymbolRecord", "StepFlops", "TensorSpec",
+           "TiedParameter", "Timing", "UncountedOp"]

@@ -1,0 +1,335 @@
+"""`flops_per_batch`: one analysis, then each step's FLOPs read off its batch's sizes.
+
+The analysis (`exportflops.analyze`, train mode by default) is made symbolic in the batch and
+sequence sizes, so its counts are polynomials in them (`exportflops.training.terms`). Calling
+the result on a batch reads the tensors' sizes (and, where the batch has them, its padding mask
+and packed documents: `exportflops.training.batches`) and evaluates the polynomials: nothing
+is exported, hooked or run in the step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Literal
+
+import sympy
+import torch
+from torch.export import Dim
+
+from ..api import analyze
+from ..capture.value_read_sizes import on_meta, value_read_sizes
+from ..count.backward import RECOMPUTED
+from ..errors import InputError
+from ..records import FLOPS_PER_MAC, Report
+from ..records.symbolic import parse_count, size_symbol
+from ..records.training import DocumentFlops, StepFlops
+from ..torch_internals import pytree
+from .batches import rows_of
+from .terms import step_count
+
+#: The dynamic sizes `flops_per_batch` makes, and the names it reads a step's sizes by.
+BATCH, SEQ = "batch", "seq"
+
+
+class FlopsPerBatch:
+    """The FLOPs of a step as a function of its batch: ``fpb(batch)`` is its ``model_flops``.
+
+    Call it with the arguments the model's forward takes (``fpb(ids)``, ``fpb(**inputs)``), or
+    with ``seqlens=[L1, L2, ...]`` for one row packing documents of these lengths."""
+
+    def __init__(self, report: Report, signature: inspect.Signature,
+                 dims: list[tuple[str, tuple, int, str]], *, batch: str, seq: str | None,
+                 routed: dict[str, Any]) -> None:
+        self.report = report
+        """The analysis, symbolic in the sizes: per module and operator detail lives here."""
+        self.batch, self.seq = batch, seq
+        self._signature = signature
+        self._dims = dims
+        recomputed = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
+        self._counts = {}
+        for field in ("flops", "macs"):
+            recompute = sum((parse_count(getattr(c, field)) for c in recomputed),
+                            sympy.Integer(0))
+            total = parse_count(getattr(report.total, field))
+            backward = parse_count(getattr(report.backward, field))
+            for part, expr in (("forward", total - backward),
+                               ("backward", backward - recompute),
+                               ("recompute", recompute), ("model", total - recompute)):
+                self._counts[field, part] = step_count(_routed(expr, routed), batch, seq)
+        self.complete = not report.uncounted
+        """False when the analysis left ops uncounted (``report.uncounted``)."""
+
+    def __call__(self, *args: Any, seqlens: list[int] | None = None, **kwargs: Any) -> int:
+        """The step's ``model_flops``: useful FLOPs without recompute."""
+        sizes, rows = self._read(args, kwargs, seqlens)
+        model = self._counts["flops", "model"]
+        if all(row == [sizes.get(self.seq)] for row in rows):
+            return model.at(sizes)  # every row whole: the useful count is the executed one
+        return model.useful(sizes, rows, self.batch, self.seq)
+
+    def step(self, *args: Any, seqlens: list[int] | None = None, **kwargs: Any) -> StepFlops:
+        """Every count of the step on this batch (`StepFlops`)."""
+        sizes, rows = self._read(args, kwargs, seqlens)
+        useful = {key: count.useful(sizes, rows, self.batch, self.seq)
+                  for key, count in self._counts.items()}
+        executed = {key: count.at(sizes) for key, count in self._counts.items()}
+        tokens = sum(map(sum, rows)) if self.seq else sizes[self.batch]
+        packed = seqlens is not None or any(len(row) > 1 for row in rows)
+        model = useful["flops", "model"]
+        return StepFlops(
+            model_flops=model, hardware_flops=model + useful["flops", "recompute"],
+            executed_flops=executed["flops", "model"] + executed["flops", "recompute"],
+            recompute_flops=executed["flops", "recompute"],
+            forward_flops=useful["flops", "forward"],
+            matmul_flops=FLOPS_PER_MAC * useful["macs", "model"], tokens=tokens,
+            padded_tokens=(sizes[self.batch] * sizes[self.seq] - tokens) if self.seq else 0,
+            sizes=sizes, complete=self.complete,
+            documents=[self._document(sizes, length) for row in rows for length in row]
+            if packed else [])
+
+    def _document(self, sizes: dict[str, int], length: int) -> DocumentFlops:
+        return DocumentFlops(length=length, flops=self._counts["flops", "model"].document(
+            sizes, length, self.batch, self.seq))
+
+    def _read(self, args: tuple, kwargs: dict, seqlens: list[int] | None):
+        """The batch's sizes, and each row's documents' lengths."""
+        if seqlens is not None:
+            return self._packed(seqlens, args, kwargs)
+        arguments = self._bound(args, kwargs)
+        sizes = self._sizes(arguments)
+        if self.seq is None:
+            return sizes, [[1]] * sizes[self.batch]
+        return sizes, rows_of(arguments, sizes[self.batch], sizes[self.seq])
+
+    def _packed(self, seqlens: list[int], args: tuple, kwargs: dict):
+        if args or kwargs:
+            raise InputError("fpb(seqlens=[...]) describes the batch by itself: call it "
+                             "without the batch's tensors, or with the tensors alone.")
+        if self.seq is None:
+            raise InputError("seqlens= needs a sequence size, but this analysis has none: "
+                             "pass seq_dim= naming the Dim of the sequence.")
+        lengths = list(seqlens)
+        if not lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1
+                              for n in lengths):
+            raise InputError(f"seqlens must be a non-empty list of positive ints, "
+                             f"got {seqlens!r}")
+        sizes = {self.batch: 1, self.seq: sum(lengths)}
+        missing = set(self._names()) - sizes.keys()
+        if missing:
+            raise InputError(f"seqlens= sets the batch and the sequence only; the counts also "
+                             f"depend on {sorted(missing)}: call fpb with the batch's tensors.")
+        return sizes, [lengths]
+
+    def _names(self) -> set[str]:
+        return {name for count in self._counts.values() for name in count.names}
+
+    def _bound(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        try:
+            return self._signature.bind_partial(*args, **kwargs).arguments
+        except TypeError as error:
+            raise InputError(f"the batch does not match {self.report.model}.forward"
+                             f"{self._signature}: {error}. Call fpb with the arguments the "
+                             f"forward takes (fpb(**batch) for a dict).") from None
+
+    def _sizes(self, arguments: dict[str, Any]) -> dict[str, int]:
+        sizes: dict[str, int] = {}
+        for name, path, dims in self._dims:
+            value = arguments.get(name)
+            for key in path:
+                value = None if value is None else key.get(value)
+            if not isinstance(value, torch.Tensor):
+                continue
+            if value.dim() != len(dims):
+                raise InputError(f"{_where(name, path)} of the batch has {value.dim()} dims "
+                                 f"where the example's had {len(dims)}.")
+            for dim, (size, symbol) in enumerate(dims):
+                actual = value.shape[dim]
+                if symbol is None:
+                    if actual != size:
+                        raise InputError(
+                            f"{_where(name, path)} of the batch has size {actual} in dim {dim} "
+                            f"where the analysis fixed it at the example's {size}: mark it "
+                            f"dynamic (dynamic_shapes=) when flops_per_batch analyzes.")
+                elif sizes.setdefault(symbol, actual) != actual:
+                    raise InputError(
+                        f"the batch gives {symbol} two values ({sizes[symbol]} and {actual} at "
+                        f"{_where(name, path)} dim {dim}): its tensors' sizes must agree as "
+                        f"in the example.")
+        missing = self._names() - sizes.keys()
+        if missing:
+            raise InputError(f"the batch sets no size for {sorted(missing)}: pass the "
+                             f"arguments the example had ({self._arguments()}).")
+        return sizes
+
+    def _arguments(self) -> str:
+        return ", ".join(sorted({name for name, *_ in self._dims}))
+
+
+def _where(name: str, path: tuple) -> str:
+    return name + "".join(str(key) for key in path)
+
+
+def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
+                    example_kwargs: dict | None = None, *,
+                    mode: Literal["forward", "train"] = "train", dynamic_shapes: Any = None,
+                    batch_dim: str = BATCH, seq_dim: str | None = SEQ,
+                    routed_per_token: int | None = None, formulas: Any = None,
+                    progress: bool = False) -> FlopsPerBatch:
+    """One analysis of ``model`` on an example batch, returned as a function of any batch.
+
+    The example's first tensor's dim 0 is the batch and the first 2-D integer tensor's dim 1
+    (token ids) the sequence: every input's dim 0 or 1 of those sizes becomes a dynamic size
+    named ``batch`` or ``seq`` (give the example distinct sizes). ``dynamic_shapes`` marks them
+    yourself instead, with ``batch_dim`` and ``seq_dim`` naming which Dims they are.
+    A model that routes tokens by value (a mixture of experts) has sizes read from values
+    (tokens per expert); dropless top-k routing sends each token to the same number of experts
+    whatever the routing, so their sum per token is a constant: measured on the example's run
+    (real tensors), or given as ``routed_per_token`` (top_k x the routed layers) on meta.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"flops_per_batch takes an nn.Module, got {type(model).__name__}: "
+                         f"a saved or exported program has no batch to read sizes from.")
+    args = example_args if isinstance(example_args, tuple) else (example_args,)
+    kwargs = dict(example_kwargs or {})
+    signature = inspect.signature(model.forward)
+    if dynamic_shapes is None:
+        args, kwargs, dynamic_shapes, has_seq = _marked(model, signature, args, kwargs)
+        batch_dim, seq_dim = BATCH, (SEQ if has_seq else None)
+    report = analyze(model, args, kwargs, dynamic_shapes=dynamic_shapes, mode=mode,
+                     formulas=formulas, progress=progress)
+    names = {s.name for s in report.symbols}
+    for role, name in (("batch_dim", batch_dim), ("seq_dim", seq_dim)):
+        if name is not None and name not in names:
+            raise InputError(f"{role}={name!r} is no dynamic size of the analysis of "
+                             f"{type(model).__name__} (its sizes: {sorted(names)}): name a Dim "
+                             f"of dynamic_shapes, or one export kept dynamic.")
+    arguments = signature.bind_partial(*args, **kwargs).arguments
+    dims = _dims(arguments, dynamic_shapes, names)
+    routed = _routing(report, model, args, kwargs, routed_per_token, batch_dim, seq_dim)
+    if report.uncounted:
+        warnings.warn(f"{len(report.uncounted)} ops of {type(model).__name__} are uncounted "
+                      f"(report.uncounted): flops_per_batch's counts are lower bounds "
+                      f"(StepFlops.complete is False).", stacklevel=2)
+    return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed)
+
+
+def _marked(model, signature, args: tuple, kwargs: dict):
+    """The example with ``batch`` and ``seq`` marked dynamic wherever its sizes appear, each
+    example size of 1 doubled (export fixes a size of 1)."""
+    leaves = [leaf for leaf in pytree.tree_leaves((args, kwargs))
+              if isinstance(leaf, torch.Tensor)]
+    if not leaves or leaves[0].dim() == 0:
+        raise InputError(f"flops_per_batch needs an example batch of tensors for "
+                         f"{type(model).__name__}.forward, its dim 0 the batch.")
+    tokens = next((leaf for leaf in leaves if leaf.dim() == 2 and not leaf.is_floating_point()
+                   and not leaf.is_complex()), None)
+    batch, seq = leaves[0].shape[0], (tokens.shape[1] if tokens is not None else None)
+    if seq is not None and batch == seq and batch > 1:
+        raise InputError(f"the example's batch and sequence sizes are both {batch}: give them "
+                         f"distinct sizes so each input's dims can be told apart.")
+    sizes = {0: (batch, BATCH), 1: (seq, SEQ)}
+
+    def grown(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        for dim, (size, _) in sizes.items():
+            if size == 1 and leaf.dim() > dim and leaf.shape[dim] == 1:
+                leaf = torch.cat([leaf, leaf], dim=dim)
+        return leaf
+
+    def spec(leaf):
+        if not isinstance(leaf, torch.Tensor):
+            return None
+        marks = {dim: Dim(name) for dim, (size, name) in sizes.items()
+                 if size is not None and leaf.dim() > dim and leaf.shape[dim] == size}
+        return marks or None
+
+    arguments = signature.bind_partial(*args, **kwargs).arguments
+    shapes = {name: pytree.tree_map(spec, value) for name, value in arguments.items()}
+    args, kwargs = pytree.tree_map(grown, (args, kwargs))
+    return args, kwargs, _shared_dims(shapes), seq is not None
+
+
+def _shared_dims(shapes: dict) -> dict:
+    """One ``Dim`` object per name: export ties dims that are the same object."""
+    made: dict[str, Dim] = {}
+
+    def one(value):
+        if isinstance(value, dict):
+            return {dim: made.setdefault(d.__name__, d) for dim, d in value.items()}
+        return value
+
+    return {name: pytree.tree_map(one, value, is_leaf=lambda v: isinstance(v, dict)
+                                  and all(isinstance(k, int) for k in v))
+            for name, value in shapes.items()}
+
+
+def _dims(arguments: dict, dynamic_shapes: Any, names: set[str]) -> list:
+    """For each tensor of the example: (argument, key path inside it, and per dim its example
+    size and the dynamic size's name, None where the analysis fixed it)."""
+    if not isinstance(dynamic_shapes, dict):
+        dynamic_shapes = dict(zip(arguments, dynamic_shapes))
+    is_spec = lambda v: v is None or isinstance(v, dict) and all(isinstance(k, int) for k in v)  # noqa: E731
+    found = []
+    for name, value in arguments.items():
+        specs = dict(pytree.tree_leaves_with_path(dynamic_shapes.get(name), is_leaf=is_spec))
+        for path, leaf in pytree.tree_leaves_with_path(value):
+            if isinstance(leaf, torch.Tensor):
+                spec = specs.get(path) or {}
+                named = {dim % leaf.dim(): getattr(d, "__name__", None) for dim, d in spec.items()}
+                found.append((name, tuple(path), [
+                    (size, named.get(dim) if named.get(dim) in names else None)
+                    for dim, size in enumerate(leaf.shape)]))
+    return found
+
+
+def _routing(report: Report, model, args: tuple, kwargs: dict, given: int | None,
+             batch: str, seq: str | None) -> dict[str, Any]:
+    """The per-token sum of the sizes read from values, as a substitution for them."""
+    read = [s.name for s in report.symbols if s.data_dependent]
+    if not read:
+        return {}
+    sizes = [name for name in (batch, seq) if name]
+    tokens_symbol = sympy.Mul(*(size_symbol(name) for name in sizes))
+    if given is None:
+        if on_meta((args, kwargs)):
+            raise InputError(
+                f"{type(model).__name__} reads {len(read)} sizes from its inputs' values "
+                f"({', '.join(read)}: tokens routed to each expert); on meta they have no "
+                f"value: pass routed_per_token= (top_k x the routed layers), or an example "
+                f"of real tensors.")
+        lengths = value_read_sizes(model, args, kwargs)
+        if len(lengths) != len(read):
+            raise InputError(
+                f"{type(model).__name__}'s run read {len(lengths)} sizes from values where its "
+                f"graph has {len(read)} ({', '.join(read)}): pass routed_per_token=.")
+        tokens = int(tokens_symbol.subs({size_symbol(name): _example(report, name)
+                                         for name in sizes}))
+        per_token = sympy.Rational(sum(lengths), tokens)
+    else:
+        per_token = sympy.Integer(given)
+    return {"symbols": [size_symbol(name) for name in read],
+            "sum": per_token * tokens_symbol}
+
+
+def _example(report: Report, name: str) -> int:
+    return next((s.example for s in report.symbols if s.name == name), 1)
+
+
+def _routed(expression: Any, routed: dict[str, Any]) -> Any:
+    """``expression`` with the sizes read from values replaced by their known sum: possible
+    where each enters with the same coefficient (every expert the same shape)."""
+    expr = sympy.expand(sympy.sympify(parse_count(expression)))
+    if not routed:
+        return expr
+    symbols = routed["symbols"]
+    coefficients = {expr.coeff(u) for u in symbols}
+    rest = expr.subs({u: 0 for u in symbols})
+    if len(coefficients) != 1 or sympy.expand(rest + sum(expr.coeff(u) * u for u in symbols)
+                                              - expr) != 0:
+        raise InputError(
+            f"the sizes read from values ({', '.join(map(str, symbols))}) enter the counts "
+            f"with different costs, so their sum alone does not give a step's FLOPs: evaluate "
+            f"the analysis at each size (report.evaluate) instead.")
+    return rest + coefficients.pop() * routed["sum"]
