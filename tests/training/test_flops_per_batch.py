@@ -1,0 +1,256 @@
+"""flops_per_batch: each step's FLOPs from one analysis, checked against published formulas
+derived here and against separate analyses at fixed sizes."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+from torch import nn
+from torch.export import Dim
+from torch.utils.checkpoint import checkpoint
+
+import exportflops
+from exportflops.errors import InputError
+
+transformers = pytest.importorskip("transformers")
+
+# A tiny Llama (dense, grouped-query attention).
+L, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, FFN, VOCAB = 2, 64, 4, 2, 16, 128, 128
+
+
+def _llama_config(**overrides):
+    return transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=L,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=512,
+        use_cache=False, **overrides)
+
+
+@functools.lru_cache(maxsize=None)
+def _llama_fpb():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_llama_config())
+    return exportflops.flops_per_batch(model, (torch.randint(0, VOCAB, (2, 16)),))
+
+
+# The 2-D (matmul) weights, embedding excluded: q, k, v, o, gate, up, down per layer and the
+# untied LM head. torchtitan's N also holds the norms' weights, which do no matmul work.
+MATMUL_PARAMS = (L * (HIDDEN * HEADS * HEAD_DIM + 2 * HIDDEN * KV_HEADS * HEAD_DIM
+                      + HEADS * HEAD_DIM * HIDDEN + 3 * HIDDEN * FFN)
+                 + HIDDEN * VOCAB)
+
+
+def torchtitan_flops_per_token(seq: int) -> int:
+    """torchtitan's ``get_num_flop_per_token``: 6N for the matmuls (forward 2, backward 4),
+    12 L H Q T for attention's two contractions (q.k and p.v, each 2 FLOPs per MAC, times 3
+    for the step), dense over the T x T scores.
+    https://github.com/pytorch/torchtitan/blob/main/torchtitan/models/utils.py"""
+    return 6 * MATMUL_PARAMS + 12 * L * HEADS * HEAD_DIM * seq
+
+
+@pytest.mark.parametrize("batch,seq", [(1, 7), (3, 40), (8, 128)], ids=["1x7", "3x40", "8x128"])
+def test_a_llama_steps_matmul_flops_equal_torchtitans_formula_at_any_size(batch, seq):
+    step = _llama_fpb().step(torch.zeros(batch, seq, dtype=torch.long))
+    assert step.matmul_flops == batch * seq * torchtitan_flops_per_token(seq)
+    assert step.tokens == batch * seq and step.padded_tokens == 0
+
+
+@pytest.mark.parametrize("lengths", [[5], [10, 20, 30], [1, 1, 64, 3]], ids=["one", "three", "four"])
+def test_a_packed_row_equals_verls_dense_formula_with_the_sum_of_squared_lengths(lengths):
+    """verl's ``estimate_flops`` (verl/utils/flops_counter.py): 6 N tokens + 12 x sum(L_i^2) x
+    head_dim x heads x layers, with N its dense parameters (here the matmul weights)."""
+    step = _llama_fpb().step(seqlens=lengths)
+    verl = (6 * MATMUL_PARAMS * sum(lengths)
+            + 12 * sum(n * n for n in lengths) * HEAD_DIM * HEADS * L)
+    assert step.matmul_flops == verl
+    assert [d.length for d in step.documents] == lengths
+
+
+def test_calling_it_returns_the_steps_model_flops_as_a_fresh_analysis_counts_them():
+    fpb = _llama_fpb()
+    ids = torch.zeros(3, 24, dtype=torch.long)
+    model = transformers.LlamaForCausalLM(_llama_config())
+    fresh = exportflops.analyze(model, (ids,), mode="train")
+    assert fpb(ids) == fresh.total.flops == fpb.step(ids).model_flops
+
+
+def test_position_ids_that_restart_mark_packed_documents_as_seqlens_does():
+    fpb = _llama_fpb()
+    positions = torch.cat([torch.arange(n) for n in (6, 10, 4)]).unsqueeze(0)
+    ids = torch.zeros(1, 20, dtype=torch.long)
+    by_positions = fpb.step(input_ids=ids, position_ids=positions)
+    assert by_positions.model_flops == fpb.step(seqlens=[6, 10, 4]).model_flops
+    assert [d.length for d in by_positions.documents] == [6, 10, 4]
+
+
+class Attention(nn.Module):
+    """Token embedding, a causal self-attention and a head: every term of its step scales with
+    the batch (no per-step constant), so a packed row is exactly its documents' sum."""
+
+    def __init__(self, vocab=32, width=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.embed = nn.Embedding(vocab, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, vocab)
+
+    def forward(self, ids, attention_mask=None):
+        b, t = ids.shape
+        q, k, v = self.qkv(self.embed(ids)).view(b, t, 3, self.heads, -1).unbind(2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                           v.transpose(1, 2), is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(b, t, -1))
+
+
+@functools.lru_cache(maxsize=None)
+def _separate(length: int, batch: int = 1) -> int:
+    """A separate analysis of a step at fixed sizes: no flops_per_batch involved."""
+    torch.manual_seed(0)
+    report = exportflops.analyze(Attention(), (torch.zeros(batch, length, dtype=torch.long),),
+                                 mode="train")
+    return report.total.flops
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_fpb():
+    torch.manual_seed(0)
+    return exportflops.flops_per_batch(Attention(), (torch.zeros(2, 9, dtype=torch.long),))
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.integers(min_value=2, max_value=12), min_size=1, max_size=4))
+def test_a_packed_row_counts_the_sum_of_its_documents_separate_analyses(lengths):
+    step = _attention_fpb().step(seqlens=lengths)
+    assert step.model_flops == sum(_separate(n) for n in lengths)
+    assert sum(d.flops for d in step.documents) == step.model_flops
+
+
+def test_a_padded_batch_counts_executed_with_the_padding_and_model_flops_without():
+    lengths = [9, 5, 2]
+    mask = torch.tensor([[1] * n + [0] * (9 - n) for n in lengths])
+    step = _attention_fpb().step(torch.zeros(3, 9, dtype=torch.long), attention_mask=mask)
+    assert step.executed_flops == _separate(9, batch=3)
+    assert step.model_flops == sum(_separate(n) for n in lengths)
+    assert step.tokens == 16 and step.padded_tokens == 27 - 16
+    assert _attention_fpb()(torch.zeros(3, 9, dtype=torch.long),
+                            attention_mask=mask) == step.model_flops
+
+
+class LoopedExperts(nn.Module):
+    """Top-k routing to experts picked with ``torch.where``: each expert's token count is
+    read from the routing's values (a data-dependent size)."""
+
+    def __init__(self, d=16, h=32, experts=4, k=2):
+        super().__init__()
+        self.k = k
+        self.router = nn.Linear(d, experts, bias=False)
+        self.w1 = nn.ModuleList(nn.Linear(d, h, bias=False) for _ in range(experts))
+        self.w2 = nn.ModuleList(nn.Linear(h, d, bias=False) for _ in range(experts))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        x = x.reshape(-1, d)
+        weights, chosen = torch.topk(self.router(x).softmax(-1), self.k, dim=-1)
+        out = torch.zeros_like(x)
+        for e in range(len(self.w1)):
+            token, slot = torch.where(chosen == e)
+            y = self.w2[e](torch.relu(self.w1[e](x[token]))) * weights[token, slot, None]
+            out = out.index_add(0, token, y)
+        return out.reshape(b, t, d)
+
+
+@pytest.mark.parametrize("seed", [0, 1], ids=["routing-a", "routing-b"])
+def test_routed_experts_count_top_k_experts_per_token_whatever_the_routing(seed):
+    torch.manual_seed(seed)
+    model = LoopedExperts()
+    fpb = exportflops.flops_per_batch(model, (torch.randn(2, 8, 16),), dynamic_shapes=(
+        {0: Dim("batch"), 1: Dim("seq")},))
+    # Per token: the router's weight gradient and forward (its input needs no gradient):
+    # 2 x (2 d e); per routed slot (k of them): w1 forward and weight gradient 2 x (2 d h),
+    # w2 forward, input and weight gradients 3 x (2 h d).
+    d, h, e, k = 16, 32, 4, 2
+    per_token = 2 * (2 * d * e) + k * (2 * (2 * d * h) + 3 * (2 * h * d))
+    torch.manual_seed(seed + 10)
+    assert fpb.step(torch.randn(3, 5, 16)).matmul_flops == 3 * 5 * per_token
+
+
+def test_a_mixtral_steps_matmul_flops_count_top_k_experts_for_two_routings():
+    config = transformers.MixtralConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=L,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=512, use_cache=False)
+    # Per token: attention's projections, the router (hidden x experts) and top_k experts of
+    # three hidden x ffn matrices per layer, the head; 6 per weight, plus attention's 12 L H Q T.
+    seq, experts, top_k, ffn = 20, 4, 2, 96
+    attention = HIDDEN * HEADS * HEAD_DIM * 2 + 2 * HIDDEN * KV_HEADS * HEAD_DIM
+    per_token = (6 * (L * (attention + HIDDEN * experts + top_k * 3 * HIDDEN * ffn)
+                      + HIDDEN * VOCAB) + 12 * L * HEADS * HEAD_DIM * seq)
+    counts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        fpb = exportflops.flops_per_batch(transformers.MixtralForCausalLM(config),
+                                          (torch.randint(0, VOCAB, (2, 16)),))
+        counts.append(fpb.step(torch.randint(0, VOCAB, (3, seq))).matmul_flops)
+    assert counts == [3 * seq * per_token] * 2
+
+
+def test_routed_sizes_on_meta_need_routed_per_token():
+    with torch.device("meta"):
+        model = LoopedExperts()
+    example = torch.randn(2, 8, 16, device="meta")
+    shapes = ({0: Dim("batch"), 1: Dim("seq")},)
+    with pytest.raises(InputError, match="routed_per_token"):
+        exportflops.flops_per_batch(model, (example,), dynamic_shapes=shapes)
+    fpb = exportflops.flops_per_batch(model, (example,), dynamic_shapes=shapes,
+                                      routed_per_token=2)
+    d, h, e, k = 16, 32, 4, 2
+    per_token = 2 * (2 * d * e) + k * (2 * (2 * d * h) + 3 * (2 * h * d))
+    assert fpb.step(torch.empty(4, 6, 16, device="meta")).matmul_flops == 24 * per_token
+
+
+class Checkpointed(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return self.b(checkpoint(lambda t: self.a(t).relu(), x, use_reentrant=True))
+
+
+def test_recompute_is_hardware_flops_not_model_flops():
+    x = torch.randn(4, 8, requires_grad=True)
+    fpb = exportflops.flops_per_batch(Checkpointed(), (x,))
+    step = fpb.step(torch.randn(6, 8, requires_grad=True))
+    # The checkpointed region (a: 2 x 8 x 8 per row plus its bias, then relu: 1 per element)
+    # runs again in the backward: 6 rows x (128 + 8 + 8). The model FLOPs: a and b forward
+    # (2 x 136 per row), relu (8), b's input and weight gradients (2 x 128) and bias (8), relu's
+    # gradient (8), a's input and weight gradients (2 x 128) and bias (8).
+    assert step.hardware_flops - step.model_flops == 6 * (2 * 8 * 8 + 8 + 8)
+    assert step.executed_flops == step.hardware_flops
+    assert step.model_flops == 6 * (2 * 136 + 8 + 2 * 128 + 8 + 8 + 2 * 128 + 8)
+
+
+def test_a_size_the_analysis_fixed_is_checked_on_every_batch():
+    fpb = _attention_fpb()
+    with pytest.raises(InputError, match="two values|dims"):
+        fpb(torch.zeros(3, 9, 2, dtype=torch.long))
+    fpb_float = exportflops.flops_per_batch(nn.Linear(8, 4), (torch.randn(3, 8),))
+    with pytest.raises(InputError, match="fixed it at the example's 8"):
+        fpb_float(torch.randn(3, 5))
+    assert fpb_float(torch.randn(10, 8)) == exportflops.analyze(
+        nn.Linear(8, 4), (torch.randn(10, 8),), mode="train").total.flops
+
+
+@pytest.mark.parametrize("seqlens", [[], [0, 3], [2.5], [True]], ids=["empty", "zero", "float",
+                                                                       "bool"])
+def test_bad_seqlens_are_refused(seqlens):
+    with pytest.raises(InputError, match="seqlens"):
+        _attention_fpb()(seqlens=seqlens)
+
+
+def test_equal_batch_and_sequence_sizes_are_refused_with_the_fix():
+    with pytest.raises(InputError, match="distinct sizes"):
+        exportflops.flops_per_batch(Attention(), (torch.zeros(4, 4, dtype=torch.long),))
