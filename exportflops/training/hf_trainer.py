@@ -1,0 +1,124 @@
+"""Hugging Face's ``Trainer`` with exact FLOPs: ``state.total_flos`` counted per batch, and
+``mfu`` and the achieved TFLOP/s logged at each logging step.
+
+How the Trainer counts (transformers 5.x, ``trainer.py``): after each micro-batch's
+``training_step`` it adds ``float(self.floating_point_ops(inputs))`` to ``current_flos``, which
+``store_flos`` moves into ``state.total_flos`` (summed over processes); the default estimate is
+``6 x input_ids.numel() x non-embedding parameters``. Its docstring asks a model that needs more
+to "subclass and override this method", which `ExactFlopsMixin` does: each micro-batch is
+counted by `FlopsPerBatch` from its tensors' sizes (no export, nothing run), so gradient
+accumulation is counted micro-batch by micro-batch as the Trainer calls it.
+
+The same mixin times each optimizer step with a callback (``on_step_begin`` at the first
+micro-batch, ``on_step_end`` after the optimizer; CUDA synchronized at both) and, in
+``Trainer.log``, adds to a training log the window since the previous one: ``window_flops``,
+``achieved_tflop_per_s`` and ``mfu``. It adds them in ``log`` rather than a callback's
+``on_log`` because ``log`` appends to ``state.log_history`` and hands the same dict to every
+reporting callback (TensorBoard, W&B); an ``on_log`` that edits it runs after them.
+
+Nothing is patched: no transformers class is changed and nothing is set on the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from .extras import trainer_library
+from .throughput import DensePeak, StepTimer, dense_peak
+
+transformers = trainer_library("transformers", "exportflops.training.hf_trainer")
+
+
+class StepClock(transformers.TrainerCallback):
+    """Seconds of each optimizer step (its micro-batches' forward and backward, the clipping
+    and the optimizer), summed over a logging window. Data loading before the step, logging,
+    evaluation and checkpoints between steps are not counted."""
+
+    def __init__(self) -> None:
+        self._timer = StepTimer()
+        self._open = False
+        self.seconds = 0.0
+        """Seconds of the steps timed since the window was last taken."""
+        self.steps = 0
+        """Steps timed since the window was last taken."""
+
+    def on_step_begin(self, args, state, control, **kwargs) -> None:
+        self._timer.start()
+        self._open = True
+
+    def on_step_end(self, args, state, control, **kwargs) -> None:
+        # An epoch's last, shorter accumulation may end without a begin of its own; its time is
+        # left out rather than charged from an earlier start.
+        if self._open:
+            self.seconds += self._timer.stop()
+            self.steps += 1
+            self._open = False
+
+    def take(self) -> tuple[int, float]:
+        """The window's steps and seconds, and a new empty window."""
+        window = self.steps, self.seconds
+        self.steps, self.seconds = 0, 0.0
+        return window
+
+
+class ExactFlopsMixin:
+    """Put before a ``Trainer`` class (``class MyTrainer(ExactFlopsMixin, SFTTrainer)``) to
+    count each micro-batch with ``flops_per_batch`` and log MFU; `ExactFlopsTrainer` is the
+    mixin on ``transformers.Trainer``.
+
+    ``flops_per_batch`` is a `FlopsPerBatch` (``exportflops.flops_per_batch(model, ...,
+    mode="train")``) or any callable taking a batch's tensors as the model's forward does,
+    ``flops_per_batch(**inputs) -> int``. Analyze it with the inputs the Trainer passes (with
+    ``labels`` when the model computes its loss) so that the loss is counted too.
+
+    The peak: ``peak_flop_per_s=`` (``False``: no ``mfu``), ``device=`` (a key of the device
+    table), or the CUDA device's row; ``dtype`` defaults to ``bfloat16`` with ``args.bf16``,
+    ``float16`` with ``args.fp16``, else the model's parameters' dtype.
+    """
+
+    def __init__(self, *args: Any, flops_per_batch: Callable[..., int],
+                 peak_flop_per_s: float | bool | None = None, device: str | None = None,
+                 dtype: str | torch.dtype | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.flops_per_batch = flops_per_batch
+        self.peak: DensePeak = dense_peak(peak_flop_per_s=peak_flop_per_s, device=device,
+                                          dtype=dtype or _training_dtype(self))
+        self.step_clock = StepClock()
+        self._window_flops = 0
+        self.add_callback(self.step_clock)
+
+    def floating_point_ops(self, inputs: Mapping[str, Any]) -> int:
+        """The micro-batch's model FLOPs, forward and backward, read off its tensors' sizes."""
+        flops = self.flops_per_batch(**inputs)
+        self._window_flops += flops
+        return flops
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        """The Trainer's log, with the window's FLOPs, achieved TFLOP/s and MFU added when
+        steps were timed since the previous log (evaluation logs have none)."""
+        steps, seconds = self.step_clock.take()
+        if steps and seconds > 0:
+            rate = self.peak.throughput(self._window_flops, seconds)
+            logs = {**logs, "window_flops": rate.flops,
+                    "achieved_tflop_per_s": rate.achieved_flop_per_s / 1e12}
+            if rate.mfu is not None:
+                logs["mfu"] = rate.mfu
+            self._window_flops = 0
+        super().log(logs, *args, **kwargs)
+
+
+class ExactFlopsTrainer(ExactFlopsMixin, transformers.Trainer):
+    """``transformers.Trainer`` whose ``total_flos`` is exact and whose logs hold ``mfu``:
+    ``ExactFlopsTrainer(model=..., args=..., train_dataset=..., flops_per_batch=fpb,
+    peak_flop_per_s=...)``. See `ExactFlopsMixin`."""
+
+
+def _training_dtype(trainer: Any) -> torch.dtype:
+    if trainer.args.bf16:
+        return torch.bfloat16
+    if trainer.args.fp16:
+        return torch.float16
+    return next(trainer.model.parameters()).dtype

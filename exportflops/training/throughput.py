@@ -1,0 +1,190 @@
+"""A training step's FLOPs and its measured time as achieved FLOP/s and MFU, for a plain loop.
+
+MFU (model FLOPs utilization, PaLM: Chowdhery et al. 2022, arXiv:2204.02311, appendix B) is
+``model FLOPs / seconds / peak``: the model FLOPs of the step (`FlopsPerBatch`'s count, no
+activation-checkpoint recompute) over the device's *dense* peak in the dtype the matmuls run in.
+
+The peak comes from the sourced table of `exportflops.roofline.devices`, never from a guess:
+
+1. ``peak_flop_per_s=`` given: that figure (``False``: no MFU, the achieved rate only);
+2. ``device=`` given: the table's row of that key (``h100-sxm``, ``a100-sxm-80gb``, ...);
+3. otherwise the CUDA device's name, matched whole against the table (`devices.lookup`). No
+   CUDA, or a name the table lacks, is an `UnknownDeviceError` naming ``peak_flop_per_s=`` and
+   ``device=``; never a fallback to a row that looks close (an A100's).
+
+Every table figure is dense: NVIDIA prints Hopper, Ada and Ampere tensor-core peaks with 2:4
+sparsity (H100 SXM bf16 "1,979 teraFLOPS*", https://www.nvidia.com/en-us/data-center/h100/),
+and an MFU against that figure reads half of what it is.
+
+Timing is the other half: `StepTimer` synchronizes CUDA at both ends of the timed block, since
+kernels run asynchronously and the host's clock would otherwise stop before the GPU does.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from time import perf_counter
+from types import TracebackType
+
+import torch
+
+from ..errors import UnknownDeviceError
+from ..records import Record
+from ..roofline import devices
+from ..runtime.measure import NOT_GIVEN, check_peak_argument
+
+#: The dtype whose peak MFU is taken against unless told: mixed-precision training runs its
+#: matmuls in bfloat16, and PaLM's and torchtitan's MFU are against that peak.
+DEFAULT_DTYPE = "bfloat16"
+
+
+class Throughput(Record):
+    """One measured span of training (a step, or the steps of a logging window): its FLOPs,
+    its time, the rate they make, and that rate over the device's dense peak."""
+
+    flops: int
+    """The model FLOPs of the span: what `FlopsPerBatch` counts for its batches (forward and
+    backward, padding excluded, no recompute)."""
+    seconds: float
+    """Wall-clock seconds of the span, CUDA synchronized at both ends (`StepTimer`)."""
+    achieved_flop_per_s: float
+    """``flops / seconds``."""
+    peak_flop_per_s: float | None
+    """The dense peak in FLOP/s the MFU is taken against; None when no MFU was asked for
+    (``peak_flop_per_s=False``)."""
+    mfu: float | None
+    """``achieved_flop_per_s / peak_flop_per_s``; None without a peak."""
+    device: str
+    """The device table's key the peak was read from (``h100-sxm``), or ``user`` for a peak
+    given as ``peak_flop_per_s=``, or ``none`` without a peak."""
+    dtype: str
+    """The table's dtype key of the peak (``bfloat16``, ``tf32``, ...)."""
+    peak_source: str
+    """Where the peak comes from: ``user``, or the table row with its datasheet."""
+
+
+@dataclass(frozen=True)
+class DensePeak:
+    """The dense peak a run's MFU is taken against, resolved once (`dense_peak`)."""
+
+    flop_per_s: float | None
+    """FLOP/s, or None for no MFU."""
+    source: str
+    device: str
+    dtype: str
+
+    def throughput(self, flops: int, seconds: float) -> Throughput:
+        """The `Throughput` of ``flops`` done in ``seconds`` against this peak."""
+        if isinstance(flops, bool) or not isinstance(flops, numbers.Integral) or flops < 0:
+            raise ValueError(f"flops is a count of FLOPs (an int >= 0), got {flops!r}")
+        if not (isinstance(seconds, numbers.Real) and math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"seconds is a measured time (> 0), got {seconds!r}")
+        achieved = int(flops) / seconds
+        return Throughput(
+            flops=int(flops), seconds=float(seconds), achieved_flop_per_s=achieved,
+            peak_flop_per_s=self.flop_per_s,
+            mfu=None if self.flop_per_s is None else achieved / self.flop_per_s,
+            device=self.device, dtype=self.dtype, peak_source=self.source)
+
+
+def dense_peak(*, peak_flop_per_s: float | bool | None = None, device: str | None = None,
+               dtype: str | torch.dtype = DEFAULT_DTYPE) -> DensePeak:
+    """The dense peak for MFU: ``peak_flop_per_s`` if given (``False``: none), else the row of
+    the device table ``device`` names, else the row of the CUDA device here.
+
+    ``dtype`` is the dtype the step's matmuls run in (``"bfloat16"``, ``torch.float16``, ...);
+    float32 reads the TF32 peak unless torch's float32 matmul precision is ``"highest"``, as
+    `exportflops.profile` does.
+    """
+    peak = check_peak_argument(peak_flop_per_s, NOT_GIVEN, "dense_peak()")
+    key = _dtype_key(dtype)
+    if peak is not None and device is not None:
+        raise TypeError(f"dense_peak() got both peak_flop_per_s={peak_flop_per_s!r} and "
+                        f"device={device!r}: pass the figure or the table's device, not both")
+    if peak is False:
+        return DensePeak(None, "none: peak_flop_per_s=False", "none", key)
+    if peak is not None:
+        return DensePeak(float(peak), "user", "user", key)
+    row = devices.device_row(device) if device is not None else _this_cuda_device()
+    if key not in row.dense_tflops:
+        raise UnknownDeviceError(
+            f"The device table has no dense {key} peak for {row.key} (it lists "
+            f"{', '.join(row.dense_tflops)}). Pass dtype= one of those, or "
+            f"peak_flop_per_s=<dense FLOP/s from the datasheet>.")
+    tflops = row.dense_tflops[key]
+    return DensePeak(tflops * devices.TERA, f"{row.key} {key} dense {tflops:g} TFLOP/s, "
+                                            f"{row.source} ({row.dated})", row.key, key)
+
+
+def throughput(flops: int, seconds: float, *, peak_flop_per_s: float | bool | None = None,
+               device: str | None = None,
+               dtype: str | torch.dtype = DEFAULT_DTYPE) -> Throughput:
+    """Achieved FLOP/s and MFU of ``flops`` done in ``seconds``; the peak as `dense_peak`
+    finds it. In a loop, resolve the peak once: ``peak = dense_peak(...)``, then
+    ``peak.throughput(flops, seconds)`` each step."""
+    return dense_peak(peak_flop_per_s=peak_flop_per_s, device=device,
+                      dtype=dtype).throughput(flops, seconds)
+
+
+def _dtype_key(dtype: str | torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    key = devices.matmul_dtype(name, tf32=tf32)
+    if key not in devices.DTYPES:
+        raise ValueError(f"dtype {dtype!r} has no peak in the device table; its dtypes are "
+                         f"{', '.join(devices.DTYPES)}")
+    return key
+
+
+def _this_cuda_device() -> devices.Device:
+    known = ", ".join(d.key for d in devices.DEVICES)
+    if not torch.cuda.is_available():
+        raise UnknownDeviceError(
+            f"No CUDA device here to read a dense peak for. Pass peak_flop_per_s=<dense FLOP/s "
+            f"from its datasheet> or device=<a row of the device table: {known}>, or "
+            f"peak_flop_per_s=False for the achieved FLOP/s without MFU.")
+    try:
+        return devices.lookup(torch.cuda.get_device_name())
+    except UnknownDeviceError as error:
+        raise UnknownDeviceError(f"{error} Or name a row of the table: device='h100-sxm'.") \
+            from None
+
+
+class StepTimer:
+    """Wall-clock seconds of the ``with`` block, CUDA synchronized when it starts and ends.
+
+    ``time.perf_counter`` is the clock (monotonic). The synchronization waits for the kernels
+    queued before the block (so they are not charged to it) and for the block's own (so they
+    are); it runs only when this process has initialized CUDA. Reusable: each ``with`` sets
+    ``seconds`` anew.
+    """
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        """The last block's seconds; None before the first block ends."""
+        self._start = 0.0
+
+    def start(self) -> None:
+        _synchronize()
+        self._start = perf_counter()
+
+    def stop(self) -> float:
+        """Ends the span begun by `start`; its seconds."""
+        _synchronize()
+        self.seconds = perf_counter() - self._start
+        return self.seconds
+
+    def __enter__(self) -> StepTimer:
+        self.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop()
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
