@@ -29,7 +29,7 @@ with warnings.catch_warnings():
     import torch  # noqa: F401
 
 from .. import hf  # noqa: E402
-from ..errors import BuildError, MissingExtraError, UsageError  # noqa: E402
+from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
 from .options import check, parser  # noqa: E402
@@ -147,7 +147,12 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                 raise ValueError(f"it takes its inputs by name ({', '.join(kwargs or {})})")
             return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
                                                cache=ns.cache, max_cache_len=ns.max_cache_len,
+                                               full_logits=ns.full_logits,
                                                strict=ns.strict), None)
+        except InputError as error:
+            # A request the model cannot run (--input's prompt or --generate's tokens past its
+            # positions, --max-cache-len too short): the message names the limit and the fix.
+            raise UsageError(str(error)) from error
         except ValueError as error:
             if type(error) is not ValueError:  # a typed error of ours says what it is itself
                 raise

@@ -140,6 +140,10 @@ def parser() -> argparse.ArgumentParser:
     generation.add_argument("--max-cache-len", type=int, default=None, metavar="N",
                             help="--generate --cache static: entries of the cache (default: prompt "
                                  "+ N)")
+    generation.add_argument("--full-logits", action="store_true",
+                            help="--generate: count the prefill's LM head on every prompt "
+                                 "position (default: the last only, as transformers' generate "
+                                 "runs it with logits_to_keep=1)")
 
     parallel = parser.add_argument_group("parallelism")
     parallel.add_argument("--tp", type=int, default=None, metavar="N",
@@ -284,6 +288,9 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.format == "html" and (ns.points or ns.budget):
         raise UsageError("--format html draws one report: not with --sweep or --budget.")
     _check_cache(ns)
+    if ns.full_logits and ns.generate is None:
+        raise UsageError("--full-logits counts the prefill of a generation: it needs "
+                         "--generate N.")
     if ns.generate is not None and (
             ns.generate < 1 or ns.dims or ns.points or ns.profile or ns.budget
             or ns.mode == "train" or ns.format not in ("table", "json") or ns.kwargs

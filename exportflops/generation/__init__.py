@@ -1,8 +1,9 @@
 """Generation: the prefill and one decode step, as polynomials of the context length.
 
 ``decoder`` holds `analyze_generation` for decoder-only models, ``seq2seq`` the encoder-decoder
-models, ``sliding`` the caches whose layers keep a window, ``cache_names`` the name transformers
-gives a model's cache, and ``forked`` work run in a forked process meanwhile.
+models, ``sliding`` the caches whose layers keep a window, ``limits`` the positions a request
+needs against those the model holds, ``cache_names`` the name transformers gives a model's
+cache, and ``forked`` work run in a forked process meanwhile.
 """
 
 from .decoder import analyze_generation

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -26,8 +28,9 @@ import torch
 from ..api import collector_paused, count_captured
 from .cache_names import cache_argument, returned_cache
 from ..capture.export import capture_forward
-from ..errors import GenerationError
+from ..errors import GenerationError, InputError
 from .forked import beside
+from .limits import check_request
 from .seq2seq import cache_zeros, kv_counts, seq2seq
 from .sliding import cache_windows, decode_step
 from ..graph.program_edits import name_input_sizes
@@ -43,7 +46,8 @@ _ANALYZE_OPTIONS = ("strict", "formulas")
 
 def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
                        cache: Literal["dynamic", "static"] = "dynamic",
-                       max_cache_len: int | None = None, **kwargs: Any) -> GenerationReport:
+                       max_cache_len: int | None = None, full_logits: bool = False,
+                       **kwargs: Any) -> GenerationReport:
     """The cost of generating ``new_tokens`` tokens after the prompts ``input_ids`` (batch x P).
 
     ``cache="dynamic"`` counts the useful work: a cache that grows by one entry per step, the
@@ -54,25 +58,36 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     (Whisper) takes them as ``input_ids``, (batch, mel bins, frames). ``kwargs`` are
     `analyze`'s ``strict`` and ``formulas``, applied to both analyses. Works on ``meta``:
     nothing is allocated.
+
+    The prefill is counted as transformers' ``generate`` runs it: where the model's forward
+    takes ``logits_to_keep``, ``generate`` passes 1 and the LM head runs on the last position
+    of each prompt only. ``full_logits=True`` counts the head on every prompt position (a
+    forward that returns all the prompt's logits, as scoring does);
+    `GenerationReport.prefill_logit_positions` says which was counted.
+
+    A request the model cannot run is an `InputError` naming the limit (`generation.limits`): a
+    prompt, or a prompt and new tokens, past a learned position table, a static cache too short.
     """
     with collector_paused():
-        return _analyze_generation(model, input_ids, new_tokens, cache, max_cache_len, kwargs)
+        return _analyze_generation(model, input_ids, new_tokens, cache, max_cache_len,
+                                   full_logits, kwargs)
 
 
 def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, cache: str,
-                        max_cache_len: int | None, kwargs: dict) -> GenerationReport:
+                        max_cache_len: int | None, full_logits: bool,
+                        kwargs: dict) -> GenerationReport:
     batch, prompt_len = _check(model, input_ids, new_tokens, cache, kwargs)
+    if cache == "dynamic" and max_cache_len is not None:
+        raise InputError("max_cache_len sizes a static cache: pass cache='static' with it.")
+    if cache == "static" and max_cache_len is None:
+        max_cache_len = prompt_len + new_tokens
+    check_request(model, prompt_len, new_tokens, max_cache_len)
+    logits = _prefill_logits(model, prompt_len, full_logits)
     if cache == "dynamic":
-        if max_cache_len is not None:
-            raise ValueError("max_cache_len sizes a static cache: pass cache='static' with it.")
-        prefill, decode, kv, dropped, windowed = _step(model)(model, input_ids, kwargs)
+        prefill, decode, kv, dropped, windowed = _dynamic_steps(model, input_ids, logits,
+                                                                kwargs)
     else:
-        max_cache_len = prompt_len + new_tokens if max_cache_len is None else max_cache_len
-        if max_cache_len < prompt_len + new_tokens - 1:
-            raise ValueError(f"max_cache_len={max_cache_len} cannot hold the request: the "
-                             f"prompt and the new tokens but the last need "
-                             f"{prompt_len + new_tokens - 1} entries.")
-        prefill, decode, kv = _static(model, input_ids, max_cache_len, kwargs)
+        prefill, decode, kv = _static(model, input_ids, max_cache_len, logits, kwargs)
         dropped, windowed = [], {}
     name = type(model).__name__
     first = 1 if getattr(getattr(model, "config", None), "is_encoder_decoder", False) else None
@@ -83,9 +98,47 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
         model=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens, cache=cache,
         first_past=first, max_cache_len=max_cache_len,
         work="useful" if cache == "dynamic" else "executed",
+        prefill_logit_positions=logits.positions,
         prefill=prefill.model_copy(update={"model": name}),
         decode=decode.model_copy(update={"model": name}), kv_cache=kv, dropped_nodes=dropped,
         total=total, **windowed)
+
+
+@dataclass(frozen=True)
+class _PrefillLogits:
+    """How the prefill computes its logits."""
+
+    positions: int
+    """Positions per sequence the LM head runs on (`GenerationReport.prefill_logit_positions`)."""
+    keep_last: bool
+    """Pass ``logits_to_keep=1`` to the model's forward, as ``generate`` does."""
+
+    @property
+    def keywords(self) -> dict[str, int]:
+        """The keywords of the prefill's call that say it."""
+        return {"logits_to_keep": 1} if self.keep_last else {}
+
+
+def _prefill_logits(model: Any, prompt_len: int, full_logits: bool) -> _PrefillLogits:
+    """The prefill's logits as ``generate`` computes them (or every position's, with
+    ``full_logits``). transformers' ``generate`` passes ``logits_to_keep=1`` to a model whose
+    forward takes that keyword (``GenerationMixin._supports_logits_to_keep``: the name in
+    ``inspect.signature(forward)``; its models slice the hidden states to the last position
+    before the head, ``modeling_utils.slice_logits_to_keep``) and computes every position's
+    logits otherwise."""
+    if _is_reference_llama(model):
+        last = model.config.logits_last_only
+        if full_logits and last:
+            raise GenerationError(
+                f"{type(model).__name__} was built with logits_last_only=True: its forward "
+                f"applies the output projection to the last position only, so it has no "
+                f"full-logits prefill. Build it with logits_last_only=False to count one, or "
+                f"drop full_logits.")
+        return _PrefillLogits(1 if last else prompt_len, keep_last=False)
+    if getattr(model.config, "is_encoder_decoder", False):
+        return _PrefillLogits(1, keep_last=False)  # the decoder reads its start token alone
+    keep = not full_logits and "logits_to_keep" in inspect.signature(model.forward).parameters
+    return _PrefillLogits(1 if keep else prompt_len, keep_last=keep)
 
 
 def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
@@ -195,7 +248,7 @@ def dynamic_cache_pytree() -> Iterator[None]:
         require("fx_pytree")._deregister_pytree_flatten_spec(DynamicCache)
 
 
-def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
+def _dynamic(model, input_ids: torch.Tensor, logits: _PrefillLogits, options: dict) -> tuple:
     """The prefill, the decode step, its KV cache bytes, the cache-rebuild nodes left out, and
     GenerationReport's sliding-window fields (`generation_sliding`; empty without windows)."""
     from transformers import DynamicCache
@@ -203,7 +256,7 @@ def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
     def prefill() -> Report:
         return count_captured(capture_forward(model, (), {
             "input_ids": input_ids, cache_argument(model): DynamicCache(config=model.config),
-            "use_cache": True}), **options)
+            "use_cache": True, **logits.keywords}), **options)
 
     with dynamic_cache_pytree(), beside(prefill, (model, input_ids)) as prefill_report:
         windows = cache_windows(model)
@@ -223,13 +276,16 @@ def _dynamic(model, input_ids: torch.Tensor, options: dict) -> tuple:
         return prefill_report(), decode, kv, dropped, windowed
 
 
-def _step(model: Any):
-    """The function that analyzes the prefill and the decode step of this kind of model."""
+def _dynamic_steps(model: Any, input_ids: torch.Tensor, logits: _PrefillLogits,
+                   options: dict) -> tuple:
+    """The prefill and the decode step with a growing cache, by the kind of model; the built-in
+    Llama and an encoder-decoder model compute the prefill's logits as `_prefill_logits` says
+    without being told."""
     if _is_reference_llama(model):
-        return _reference_llama
+        return _reference_llama(model, input_ids, options)
     if getattr(model.config, "is_encoder_decoder", False):
-        return seq2seq
-    return _dynamic
+        return seq2seq(model, input_ids, options)
+    return _dynamic(model, input_ids, logits, options)
 
 
 def _is_reference_llama(model: Any) -> bool:
@@ -310,7 +366,7 @@ def _exported_cache(model, inputs: dict):
     return returned_cache(pytree.tree_unflatten(values, program.call_spec.out_spec))
 
 
-def _static(model, input_ids: torch.Tensor, max_cache_len: int,
+def _static(model, input_ids: torch.Tensor, max_cache_len: int, logits: _PrefillLogits,
             options: dict) -> tuple[Report, Report, Cost]:
     from transformers.integrations.executorch import TorchExportableModuleWithStaticCache
 
@@ -320,9 +376,10 @@ def _static(model, input_ids: torch.Tensor, max_cache_len: int,
             device=input_ids.device)
     device = input_ids.device
     prompt_len = input_ids.shape[1]
-    prefill = count_captured(capture_forward(wrapper, (), {
-        "input_ids": input_ids, "cache_position": torch.arange(prompt_len, device=device)}),
-        **options)
+    with _called_with(model, logits.keywords):
+        prefill = count_captured(capture_forward(wrapper, (), {
+            "input_ids": input_ids, "cache_position": torch.arange(prompt_len, device=device)}),
+            **options)
     # The position is a value, not a shape: one graph serves every step.
     decode = count_captured(capture_forward(wrapper, (), {
         "input_ids": input_ids[:, :1].clone(),
@@ -330,6 +387,22 @@ def _static(model, input_ids: torch.Tensor, max_cache_len: int,
     tensors = [t for layer in wrapper.static_cache.layers for t in (layer.keys, layer.values)]
     read = sum(t.numel() * t.dtype.itemsize for t in tensors)  # every entry, padding included
     return prefill, decode, Cost(bytes_read=read, bytes_written=read // max_cache_len)
+
+
+@contextlib.contextmanager
+def _called_with(model: torch.nn.Module, keywords: dict) -> Iterator[None]:
+    """``model`` called with ``keywords`` added while this runs: transformers' static-cache
+    wrapper calls the model with a fixed set of keywords (``logits_to_keep`` not among them),
+    so a forward pre-hook adds them; it is removed afterwards, also on error."""
+    if not keywords:
+        yield
+        return
+    handle = model.register_forward_pre_hook(
+        lambda _, args, given: (args, {**given, **keywords}), with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 @contextlib.contextmanager

@@ -50,8 +50,17 @@ class GenerationReport(Record):
     """``useful`` (dynamic cache): attention over the keys that exist; ``executed`` (static
     cache): the work as it runs, attention over the whole padded cache, masked entries
     included."""
+    prefill_logit_positions: int
+    """Positions per sequence whose logits the prefill computes (the rows the LM head runs
+    on). 1 where transformers' ``generate`` keeps only the last position's: a model whose
+    forward takes ``logits_to_keep`` (``generate`` passes 1), the built-in Llama built with
+    ``logits_last_only``, an encoder-decoder model (its decoder reads one start token).
+    ``prompt_len`` for a model that computes every position's logits (its forward takes no
+    ``logits_to_keep``; the built-in Llama as Meta's reference runs it) or when analyzed with
+    ``full_logits=True``."""
     prefill: Report
-    """The forward over the prompts that fills the cache."""
+    """The forward over the prompts that fills the cache; its LM head runs on
+    ``prefill_logit_positions`` positions per sequence."""
     decode: Report
     """One decode step. For a dynamic cache its counts are polynomials in the size ``past``;
     for a static cache they are constants (the step is the same at every position). What a
