@@ -14,8 +14,8 @@ from .registry import (
 
 #: The formula files, one op family each; each registers its formulas into `FORMULAS` on import.
 BUILT_IN = ("attention", "collectives", "control_flow", "conv", "embedding", "gradients",
-            "interpolate", "linalg", "matmul", "norm", "pointwise", "pool", "prims", "reduce",
-            "rnn", "spectral", "zero")
+            "interpolate", "linalg", "losses", "matmul", "norm", "pointwise", "pool", "prims",
+            "reduce", "rnn", "spectral", "zero")
 
 
 def _load_built_in() -> None:

@@ -254,3 +254,24 @@ def test_bad_seqlens_are_refused(seqlens):
 def test_equal_batch_and_sequence_sizes_are_refused_with_the_fix():
     with pytest.raises(InputError, match="distinct sizes"):
         exportflops.flops_per_batch(Attention(), (torch.zeros(4, 4, dtype=torch.long),))
+
+
+def test_cross_entropys_gradient_is_counted_at_dynamic_sizes_per_target():
+    """nll_loss_backward: 2 FLOPs per target (scale, divide by the total weight); at dynamic
+    sizes torch's decomposition cannot run, so a formula must count it."""
+    model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
+
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, ids, labels):
+            logits = self.model(ids)
+            return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+    ids = torch.zeros(2, 5, dtype=torch.long)
+    fpb = exportflops.flops_per_batch(WithLoss(), (ids, ids))
+    assert fpb.complete and fpb.report.uncounted == []
+    gradient = [n for n in fpb.report.nodes if n.op == "aten.nll_loss_backward.default"]
+    assert [str(n.cost.flops) for n in gradient] == ["2*batch*seq"]
