@@ -92,6 +92,8 @@ class _Outcome:
     """The report evaluated at each --sweep point."""
     comparison: Any = None
     """The --budget comparison."""
+    step: Any = None
+    """The --seqlens step (`StepFlops`)."""
     roofline: Any = None
     """The --device-model roofline."""
 
@@ -161,6 +163,10 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                              f"of token ids (or from features: Whisper), and "
                              f"{type(model).__name__} does not take one: {error}. Analyze its "
                              f"forward without --generate.") from error
+    if ns.seqlens is not None:
+        from ..training import flops_per_batch
+        fpb = flops_per_batch(model, args, kwargs, mode=ns.mode)
+        return _Outcome(fpb.report, None, step=fpb.step(seqlens=ns.seqlens))
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
@@ -239,6 +245,12 @@ def _render(ns: argparse.Namespace, outcome: _Outcome) -> str:
     from ..render import RenderOptions, flops_report, sweep_view, to_csv, to_markdown
 
     report = outcome.report
+    if outcome.step is not None:
+        from ..render import MARKDOWN, Style
+        from ..render.training import step_view
+        if ns.format == "json":
+            return outcome.step.model_dump_json(indent=2) + "\n"
+        return step_view(outcome.step, report.model, MARKDOWN if ns.format == "md" else Style())
     if ns.format == "json":
         if outcome.roofline is not None:
             return json.dumps({"report": report.model_dump(mode="json"),

@@ -145,6 +145,12 @@ def parser() -> argparse.ArgumentParser:
                                  "position (default: the last only, as transformers' generate "
                                  "runs it with logits_to_keep=1)")
 
+    training = parser.add_argument_group("training steps")
+    training.add_argument("--seqlens", type=_parse_seqlens, default=None, metavar="L1,L2,...",
+                          help="one row packing documents of these lengths: the step's FLOPs "
+                               "per document and in total (exportflops.flops_per_batch; with "
+                               "--mode train, the training step's)")
+
     parallel = parser.add_argument_group("parallelism")
     parallel.add_argument("--tp", type=int, default=None, metavar="N",
                           help="split the model N ways by its own tensor-parallel plan (built-in "
@@ -317,6 +323,14 @@ def _check_analyses(ns: argparse.Namespace) -> None:
         raise UsageError("--rank picks a rank of --tp N or --fsdp N: pass one of them too.")
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
+    if ns.seqlens is not None and (
+            ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
+            or ns.device_model or ns.generate is not None or ns.tp is not None
+            or ns.fsdp is not None or ns.format not in ("table", "md", "json")):
+        raise UsageError("--seqlens counts a step of a model built here on one packed row, as a "
+                         "table, Markdown or JSON: not a saved .pt2, and not with --profile, "
+                         "--dynamic, --sweep, --budget, --device-model, --generate, --tp or "
+                         "--fsdp.")
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
         raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
                          "or JSON: not with --sweep, --mode train or --format csv.")
@@ -338,6 +352,17 @@ def _check_cache(ns: argparse.Namespace) -> None:
     if ns.max_cache_len is not None and ns.max_cache_len < 1:
         raise UsageError(f"--max-cache-len takes a count of cache entries >= 1, got "
                          f"{ns.max_cache_len}.")
+
+
+def _parse_seqlens(text: str) -> list[int]:
+    try:
+        lengths = [int(part) for part in text.split(",")]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise argparse.ArgumentTypeError(f"takes lengths >= 1 separated by commas (100,250,40), "
+                                         f"got {text!r}")
+    return lengths
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
