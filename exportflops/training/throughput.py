@@ -153,11 +153,12 @@ def _this_cuda_device() -> devices.Device:
 
 
 class StepTimer:
-    """Wall-clock seconds of the ``with`` block, CUDA synchronized when it starts and ends.
+    """Wall-clock seconds of a ``with`` block (or from `start` to `stop`), CUDA synchronized
+    when it starts and ends.
 
     ``time.perf_counter`` is the clock (monotonic). The synchronization waits for the kernels
     queued before the block (so they are not charged to it) and for the block's own (so they
-    are); it runs only when this process has initialized CUDA. Reusable: each ``with`` sets
+    are); it runs only when this process has initialized CUDA. Reusable: each block sets
     ``seconds`` anew.
     """
 
@@ -167,6 +168,7 @@ class StepTimer:
         self._start = 0.0
 
     def start(self) -> None:
+        """Begins a span."""
         _synchronize()
         self._start = perf_counter()
 
