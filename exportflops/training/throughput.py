@@ -118,9 +118,9 @@ def dense_peak(*, peak_flop_per_s: float | bool | None = None, device: str | Non
                                             f"{row.source} ({row.dated})", row.key, key)
 
 
-def throughput(flops: int, seconds: float, *, peak_flop_per_s: float | bool | None = None,
-               device: str | None = None,
-               dtype: str | torch.dtype = DEFAULT_DTYPE) -> Throughput:
+def throughput_of(flops: int, seconds: float, *, peak_flop_per_s: float | bool | None = None,
+                  device: str | None = None,
+                  dtype: str | torch.dtype = DEFAULT_DTYPE) -> Throughput:
     """Achieved FLOP/s and MFU of ``flops`` done in ``seconds``; the peak as `dense_peak`
     finds it. In a loop, resolve the peak once: ``peak = dense_peak(...)``, then
     ``peak.throughput(flops, seconds)`` each step."""

@@ -6,6 +6,7 @@ out by hand."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -15,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from exportflops.errors import MissingExtraError, UnknownDeviceError  # noqa: E402
-from exportflops.training import flops_per_batch, throughput  # noqa: E402
+from exportflops.training import flops_per_batch  # noqa: E402
 from exportflops.training.extras import trainer_library  # noqa: E402
 from exportflops.training.hf_trainer import ExactFlopsTrainer  # noqa: E402
 
@@ -93,7 +94,8 @@ def padded_run(model_and_count, tmp_path_factory):
                          gradient_accumulation_steps=2)
     ticks = iter(i * STEP_SECONDS for i in range(1000))
     with pytest.MonkeyPatch.context() as patch, SeenBatches(model) as seen:
-        patch.setattr(throughput, "perf_counter", lambda: next(ticks))
+        clock = importlib.import_module("exportflops.training.throughput")
+        patch.setattr(clock, "perf_counter", lambda: next(ticks))
         trainer = ExactFlopsTrainer(
             model=model, args=args, train_dataset=rows_of([5, 9, 7, 12, 6, 11, 8, 10]),
             data_collator=padded, flops_per_batch=fpb, peak_flop_per_s=PEAK)
