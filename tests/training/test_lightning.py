@@ -11,6 +11,7 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from lightning.pytorch.loggers import Logger  # noqa: E402
 
+from exportflops.errors import UnknownDeviceError  # noqa: E402
 from exportflops.training import flops_per_batch  # noqa: E402
 from exportflops.training.lightning import ExactThroughputMonitor  # noqa: E402
 
@@ -98,6 +99,17 @@ def test_the_mfu_is_the_rate_over_the_peak_given(trained):
 def test_nothing_is_left_on_the_users_module(trained):
     _, module, _ = trained
     assert not hasattr(module, "flops_per_batch")
+
+
+def test_no_cuda_and_no_peak_fails_when_training_starts(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monitor = ExactThroughputMonitor(lambda batch: 0, batch_size_fn=lambda batch: 1)
+    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, callbacks=[monitor],
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    batches = torch.utils.data.DataLoader([(torch.randn(2, IN),)], batch_size=None)
+    with pytest.raises(UnknownDeviceError, match=r"peak_flop_per_s=.*device="):
+        trainer.fit(Regression(), batches)
 
 
 def test_a_precision_that_names_no_dtype_asks_for_one():
