@@ -11,6 +11,10 @@ what autograd computes from them (replaying each op says which outputs it tracks
 ``detach``, comparisons, ``argmax``, ``zeros_like``). Gradients flow from every floating output
 the model returns, as ``loss.backward()`` of a loss computed from all of them.
 
+Flex attention's backward is the ``flex_attention_backward`` call its autograd makes, built
+from the forward call (a higher-order op's replay records nothing of its own), and its
+``score_mod``'s ops are differentiated op by op, per score, as the forward counts them.
+
 Run-once wrappers are gone through op by op: an autocast region's ops are replayed under its
 autocast (the backward runs in the dtypes the forward ran in), a ``no_grad`` region needs no
 gradient, and a checkpointed region is differentiated and also recomputed in the backward. The
@@ -33,6 +37,8 @@ import torch.fx
 from torch.export.graph_signature import OutputKind
 
 from .replay import Tracer
+from ..formulas.control_flow import GATHERS
+from ..graph.opcall import ACTIVATION, OpCall, TensorMeta
 from ..torch_internals import HigherOrderOperator, OpOverload, pytree
 from ..graph.walk import example_value, GraphRead, NodeCall, op_name, RUN_ONCE, subgraphs
 
@@ -46,6 +52,16 @@ CHECKPOINT_FUNCTIONS = frozenset({"torch.utils.checkpoint.CheckpointFunction"})
 RECOMPUTED = ("recomputed in the backward: activation checkpointing discarded this op's "
               "activations and reruns it before differentiating it")
 CONTROL_FLOW_REASON = "the backward of control flow (torch.cond, map, while_loop) is not traced"
+#: Flex attention's ``score_mod`` takes the score, then batch, head, query and key indices.
+SCORE_MOD_INDICES = 4
+SCORE_MOD_LAYOUT_REASON = (
+    "flex attention's score_mod takes inputs other than (score, b, h, q_idx, kv_idx, "
+    "*score_mod_other_buffers), so which of them need a gradient is not known")
+
+
+def flat_apply_reason(function: str) -> str:
+    return (f"flat_apply calls {function}, a Python function export did not trace into: its "
+            f"backward is not in the graph")
 
 
 def custom_function_reason(function: str) -> str:
@@ -155,6 +171,9 @@ class _Flow:
         kind = self._kind(node)
         if kind == "no_grad":
             return frozenset()
+        if kind == "flex":
+            self._score_mod_forward(node, autocast)
+            return _floating_outputs(example_value(node))
         if kind not in ("through", "checkpoint"):
             return _floating_outputs(example_value(node))
         (subgraph, operands, placeholders) = self.bodies[node]
@@ -170,13 +189,19 @@ class _Flow:
     def _kind(self, node: torch.fx.Node) -> str:
         """How the backward treats a higher-order op: ``through`` its subgraph op by op (and a
         ``checkpoint`` recomputes it too), ``no_grad`` (no gradient), ``function`` (the inlined
-        forward of a custom autograd.Function) or ``opaque`` (control flow)."""
+        forward of a custom autograd.Function), ``flex`` (flex attention: its backward kernel,
+        and its ``score_mod`` op by op), ``gather`` (the index in a ``score_mod``) or
+        ``opaque`` (control flow)."""
         if node not in self.kinds:
             self.kinds[node] = self._classify(node)
         return self.kinds[node]
 
     def _classify(self, node: torch.fx.Node) -> str:
         name = node.target.name()
+        if name == "flex_attention":
+            return "flex"
+        if name == "flat_apply" and _applied_function(node) in GATHERS:
+            return "gather"
         bodies = list(subgraphs(node))
         if name not in RUN_ONCE or len(bodies) != 1:
             return "opaque"
@@ -194,6 +219,23 @@ class _Flow:
             return "no_grad"
         self.bodies[node] = (subgraph, operands, placeholders)
         return "checkpoint" if name in CHECKPOINT_OPS or function else "through"
+
+    def _score_mod_forward(self, node: torch.fx.Node, autocast: tuple | None) -> None:
+        """Which ops of flex attention's ``score_mod`` need a gradient: it takes the score
+        (computed from the query and key), four indices, then ``score_mod_other_buffers``
+        (a learned bias); its output is the score the softmax reads."""
+        score_mod = next(subgraphs(node))[1]
+        placeholders = [n for n in score_mod.nodes if n.op == "placeholder"]
+        buffers = list(_input_nodes_of(node.args[7]))
+        if len(placeholders) != SCORE_MOD_INDICES + 1 + len(buffers):
+            return  # a layout this reading does not know: its ops' backward says so
+        if any(arg in self.needs for arg in node.args[:2]):
+            self.needs[placeholders[0]] = frozenset({0})
+        for placeholder, buffer in zip(placeholders[SCORE_MOD_INDICES + 1:], buffers):
+            if buffer in self.needs:
+                self.needs[placeholder] = frozenset({0})
+        self.bodies[node] = (score_mod, buffers, placeholders[SCORE_MOD_INDICES + 1:])
+        self._forward_pass(score_mod, autocast)
 
     def _checkpoint_tracks(self, operands: list) -> bool:
         """Reentrant checkpointing tracks its outputs only when one of the tensors passed to
@@ -229,6 +271,8 @@ class _Flow:
                 continue
             if node.target is operator.getitem:
                 self._receive(node.args[0], node.args[1])
+            elif self.kinds.get(node) == "flex":
+                self._score_mod_backward(node)
             elif node in self.bodies:
                 subgraph, operands, placeholders = self.bodies[node]
                 outputs = _output_values(subgraph)
@@ -241,6 +285,19 @@ class _Flow:
             else:
                 for arg in _input_nodes(node):
                     self._receive(arg, 0)
+
+    def _score_mod_backward(self, node: torch.fx.Node) -> None:
+        """The kernel's gradient reaches the query, key, value and buffers; the score's, the
+        ``score_mod``'s output, and from it the ops that need one."""
+        for arg in _input_nodes(node):
+            self._receive(arg, 0)
+        if node in self.bodies:
+            score_mod, buffers, placeholders = self.bodies[node]
+            self._receive(_output_values(score_mod)[0], 0)
+            self._backward_pass(score_mod)
+            for placeholder, buffer in zip(placeholders, buffers):
+                if placeholder in self.receives:
+                    self._receive(buffer, 0)
 
     def _receive(self, node: Any, index: int) -> None:
         if node in self.needs:
@@ -267,18 +324,24 @@ class _Flow:
                                           self.autocast.get(node))
         except Exception as error:  # any op may refuse a fake replay; the report says which
             return [BackwardOps(call, [], f"{type(error).__name__}: {error}")]
-        return [BackwardOps(call, [
-            # An op under vmap was replayed on one sample's shapes: its backward runs as often.
-            NodeCall(f"{call.name}.backward.{i}", op.op, op_name(op.op), op, call.stack,
-                     *((call.region, call.repeat) if call.repeat != 1 else ()))
-            for i, op in enumerate(ops)
-        ])]
+        return [BackwardOps(call, [_backward_call(call, i, op) for i, op in enumerate(ops)])]
 
     def _wrapper_backward(self, call: NodeCall) -> list[BackwardOps]:
         kind = self._kind(call.node)
+        if kind == "flex":
+            kernel = BackwardOps(call, [_flex_backward(call, self.receives[call.node])])
+            if call.node in self.bodies:
+                return [kernel]
+            prefix = f"{call.name}.{next(subgraphs(call.node))[0]}."
+            return [kernel, *(BackwardOps(inner, [], SCORE_MOD_LAYOUT_REASON)
+                              for inner in self.forward if inner.name.startswith(prefix))]
+        if kind == "gather":
+            return [BackwardOps(call, [_gather_backward(call)])]
         if kind == "function":
             function = self._function_in(next(subgraphs(call.node))[1])
             return [BackwardOps(call, [], custom_function_reason(function))]
+        if kind == "opaque" and call.node.target.name() == "flat_apply":
+            return [BackwardOps(call, [], flat_apply_reason(_applied_function(call.node)))]
         if kind == "opaque":
             return [BackwardOps(call, [], CONTROL_FLOW_REASON)]
         if kind == "checkpoint":
@@ -287,6 +350,53 @@ class _Flow:
                                 note=RECOMPUTED)
                     for inner in self.forward if inner.name.startswith(prefix)]
         return []
+
+
+def _flex_backward(call: NodeCall, outputs: set[int]) -> NodeCall:
+    """The call autograd makes for a flex attention call: ``FlexAttentionAutogradOp.backward``
+    runs ``flex_attention_backward(query, key, value, out, logsumexp, grad_out,
+    grad_logsumexp, fw_graph, joint_graph, block_mask, scale, kernel_options,
+    score_mod_other_buffers, mask_mod_other_buffers)`` (torch/_higher_order_ops/
+    flex_attention.py), returning the query's, key's and value's gradients. Built from the
+    forward call: a higher-order op's replay records no ops of its own. The gradients of
+    ``out`` and ``logsumexp`` are there when those outputs receive one (``outputs``)."""
+    forward = call.call
+    query, key, value, _, block_mask, scale, options, score_buffers, mask_buffers = (
+        forward[f"arg{i}"] for i in range(9))
+    out, logsumexp = forward.outputs[:2]
+    arguments = (query, key, value, out, logsumexp, out if 0 in outputs else None,
+                 logsumexp if 1 in outputs else None, None, None, block_mask, scale, options,
+                 score_buffers, mask_buffers)
+    op = torch.ops.higher_order.flex_attention_backward
+    opcall = OpCall(op, {**{f"arg{i}": a for i, a in enumerate(arguments)},
+                         "skipped_pairs": forward.get("skipped_pairs")},
+                    tuple(replace(t, kind=ACTIVATION) for t in (query, key, value)))
+    return _backward_call(call, 0, opcall)
+
+
+def _gather_backward(call: NodeCall) -> NodeCall:
+    """The call autograd makes for ``flat_apply(ModIndex, x, *indices)``, the index inside a
+    flex attention ``score_mod`` (``bias[h]``): ``ModIndex.backward`` runs
+    ``flex_lib.zeros_and_scatter(x.shape, indices, grad)`` (torch/_dynamo/
+    _trace_wrapped_higher_order_op.py), returning x's gradient."""
+    tensors = [a for a in call.call.args.values() if isinstance(a, TensorMeta)]
+    source, indices = tensors[0], tensors[1:]
+    op = torch.ops.flex_lib.zeros_and_scatter.default
+    opcall = OpCall(op, {"shape": source.shape, "indices": indices, "vals": call.call.out},
+                    (replace(source, kind=ACTIVATION),))
+    return _backward_call(call, 0, opcall)
+
+
+def _backward_call(forward: NodeCall, index: int, op: OpCall) -> NodeCall:
+    """The ``index``-th op of ``forward``'s backward, charged to its module. An op under vmap
+    or in a subgraph run per score was replayed once: its backward runs as often."""
+    return NodeCall(f"{forward.name}.backward.{index}", op.op, op_name(op.op), op, forward.stack,
+                    *((forward.region, forward.repeat) if forward.repeat != 1 else ()))
+
+
+def _applied_function(node: torch.fx.Node) -> str:
+    """The qualified name of the function a ``flat_apply`` calls, as the graph names it."""
+    return next((a for a in node.args if isinstance(a, str)), "a function")
 
 
 def _grad_off(node: torch.fx.Node) -> bool:
@@ -313,7 +423,11 @@ def _floating_outputs(val: Any) -> frozenset[int]:
 
 
 def _input_nodes(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
-    return (a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, torch.fx.Node))
+    return _input_nodes_of((node.args, node.kwargs))
+
+
+def _input_nodes_of(args: Any) -> Iterator[torch.fx.Node]:
+    return (a for a in pytree.tree_leaves(args) if isinstance(a, torch.fx.Node))
 
 
 def _floating(val: Any) -> bool:

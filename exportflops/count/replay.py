@@ -150,7 +150,7 @@ class Tracer:
         and the flat arguments it ran on."""
         op = node.target
         flat, spec = pytree.tree_flatten((node.args, node.kwargs))
-        device = _device(flat)
+        device = _device(flat, op)
         values = [_at(_fresh(a, device), measured) for a in flat]
         leaves = [values[i].requires_grad_() for i in sorted(grad_positions)]
         if op._schema.is_mutable:  # an in-place op on a leaf is refused by autograd
@@ -181,12 +181,23 @@ def _autocast(arguments: tuple | None) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type, dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
 
 
-def _device(flat: list) -> torch.device | None:
+#: Composite ops that choose their kernel by the device: for meta tensors SDPA chooses its
+#: math fallback (``_fused_sdp_choice`` on meta), whose backward is plain ``bmm``s with the causal
+#: mask a tensor, where cpu chooses the fused kernel whose backward carries ``is_causal``. A model
+#: built on meta is counted as on cpu, so these are replayed on cpu fake tensors.
+_KERNEL_BY_DEVICE = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
+
+
+def _device(flat: list, op: Any = None) -> torch.device | None:
     """meta for an op on meta weights and cpu tensors (indices a model built on meta makes
     with ``torch.arange`` on cpu: LongT5's relative positions), which its backward would
-    refuse to mix; None otherwise (each tensor where it is)."""
+    refuse to mix; cpu for an op of `_KERNEL_BY_DEVICE` on meta; None otherwise (each tensor
+    where it is)."""
+    meta = torch.device("meta")
     devices = {v.device for v in map(_value, flat) if isinstance(v, torch.Tensor)}
-    return torch.device("meta") if len(devices) > 1 and torch.device("meta") in devices else None
+    if meta in devices and op in _KERNEL_BY_DEVICE:
+        return torch.device("cpu")
+    return meta if len(devices) > 1 and meta in devices else None
 
 
 def _at(value: Any, measured: dict | None) -> Any:

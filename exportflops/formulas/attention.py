@@ -4,7 +4,8 @@ Counted dense, over every (query, key) pair: two contractions per pair (``q . k`
 head dim, ``p . v`` over the value dim), plus per score the scale (1), the mask add when there is
 a mask (1), the softmax (5, as `reduce.softmax`) and in training dropout (2). With a causal flag
 the part on masked pairs is also reported as ``masked_flops``/``masked_macs``. Causal masks are
-top-left aligned, as ``torch.nn.functional.scaled_dot_product_attention`` documents.
+top-left aligned, as ``torch.nn.functional.scaled_dot_product_attention`` documents. Flex
+attention's masked part is the scores in the blocks its block mask skips.
 """
 
 from __future__ import annotations
@@ -21,23 +22,29 @@ from .registry import FLOPS_PER_MAC, Cost, OpCall, TensorMeta, register_formula,
 
 
 def attention_work(heads, q_len, kv_len, qk_dim, v_dim, *, masked: bool, causal: bool,
-                   dropout) -> Cost:
+                   dropout, skipped_scores=0) -> Cost:
     """Arithmetic of softmax(q k^T * scale + mask) v over ``heads`` independent slices.
 
-    A slice is one (batch, head) pair.
+    A slice is one (batch, head) pair. The masked work is that of the pairs a causal mask
+    discards, or the ``skipped_scores`` a block-sparse kernel never visits (flex attention).
 
     Bytes are left at zero: the caller knows which tensors the kernel reads.
     """
     per_score_flops = (FLOPS_PER_MAC * (qk_dim + v_dim) + 1 + SOFTMAX_FLOPS_PER_ELEMENT
                        + (1 if masked or causal else 0) + (2 if _nonzero(dropout) else 0))
     scores = heads * q_len * kv_len
-    masked_scores = heads * (q_len * kv_len - causal_pairs(q_len, kv_len)) if causal else 0
+    masked_scores = causal_masked_scores(heads, q_len, kv_len) if causal else skipped_scores
     return Cost(
         flops=scores * per_score_flops,
         macs=scores * (qk_dim + v_dim),
         masked_flops=masked_scores * per_score_flops,
         masked_macs=masked_scores * (qk_dim + v_dim),
     )
+
+
+def causal_masked_scores(heads, q_len, kv_len):
+    """Scores a top-left causal mask discards over ``heads`` slices."""
+    return heads * (q_len * kv_len - causal_pairs(q_len, kv_len))
 
 
 def causal_pairs(q_len, kv_len):
@@ -162,12 +169,20 @@ def transformer_encoder_layer(call: OpCall) -> Cost:
     return attention + ffn + call.cost()
 
 
+def flex_dims(call: OpCall) -> tuple:
+    """(slices, q_len, kv_len, qk_dim, v_dim) of a flex attention call, forward or backward:
+    both take query, key and value first. Slices count the query heads (GQA too)."""
+    q, k, v = call["arg0"], call["arg1"], call["arg2"]
+    return math.prod(q.shape[:-2]), q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1]
+
+
 @register_formula(torch.ops.higher_order.flex_attention)
 def flex_attention(call: OpCall) -> Cost:
-    """torch.nn.attention.flex_attention, counted dense like SDPA: a block mask's skipped blocks
-    are data (the mask's tensors), not shapes. The ``score_mod`` subgraph's ops are counted as
-    their own nodes, once per score (see walk._iterations)."""
-    q, k, v = call["arg0"], call["arg1"], call["arg2"]
-    heads = math.prod(q.shape[:-2])
-    return attention_work(heads, q.shape[-2], k.shape[-2], q.shape[-1], v.shape[-1],
-                          masked=False, causal=False, dropout=0) + call.cost()
+    """torch.nn.attention.flex_attention, counted dense like SDPA (what torch's FlopCounterMode
+    counts), with the work in the blocks its block mask skips also reported as ``masked_*``
+    (``skipped_pairs``, which `graph.flex_blocks` reads from the mask's ``mask_mod``; None, and
+    nothing masked, when it cannot): the causal-effective count is the block-sparse kernel's.
+    The ``score_mod`` subgraph's ops are counted as their own nodes, once per score (see
+    walk._iterations)."""
+    return attention_work(*flex_dims(call), masked=False, causal=False, dropout=0,
+                          skipped_scores=call.get("skipped_pairs") or 0) + call.cost()

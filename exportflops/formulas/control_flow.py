@@ -20,7 +20,7 @@ FORMULAS.register_zero(
 
 #: Functions ``flat_apply`` may call that only gather elements (flex attention's and
 #: transformers' mask functions index with ``ModIndex``, an ``aten.index`` with a backward).
-_GATHERS = ("torch._dynamo._trace_wrapped_higher_order_op.ModIndex",)
+GATHERS = ("torch._dynamo._trace_wrapped_higher_order_op.ModIndex",)
 
 
 @register_formula(torch.ops.higher_order.flat_apply)
@@ -29,7 +29,7 @@ def flat_apply(call: OpCall) -> Cost:
     graph names it by its qualified name. An index moves data only; any other function is not
     seen, and its cost is reported uncounted with its name."""
     names = [value for value in call.args.values() if isinstance(value, str)]
-    if any(name in _GATHERS for name in names):
+    if any(name in GATHERS for name in names):
         return call.cost()
     raise ValueError(f"flat_apply calls {names[0] if names else 'a function'} that the graph "
                      f"does not show; register a formula for flat_apply to count it")

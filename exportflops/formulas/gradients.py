@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import math
 
+import torch
 
-from .attention import _nonzero, attention_dims, causal_pairs, kernel_is_causal
+from .attention import (
+    _nonzero, attention_dims, causal_masked_scores, flex_dims, kernel_is_causal,
+)
 from .embedding import MAX, MEAN
 from .interpolate import NEIGHBOURS, antialiased_weights
 from .matmul import contraction
@@ -240,11 +243,13 @@ def convolution_backward(call: OpCall) -> Cost:
                        bias_elements=grad.numel if bias_grad else 0)
 
 
-def _attention_backward(heads, q_len, kv_len, qk_dim, v_dim, *, causal: bool, dropout) -> Cost:
+def _attention_backward(heads, q_len, kv_len, qk_dim, v_dim, *, causal: bool, dropout,
+                        skipped_scores=0) -> Cost:
     """Per (query, key) pair: the four gradient contractions, the softmax gradient, the scale
-    and, with dropout, the mask; pairs a causal mask discards are also ``masked_*``."""
+    and, with dropout, the mask; pairs a causal mask discards, or the ``skipped_scores`` of a
+    block-sparse kernel, are also ``masked_*``."""
     scores = heads * q_len * kv_len
-    masked_scores = heads * (q_len * kv_len - causal_pairs(q_len, kv_len)) if causal else 0
+    masked_scores = causal_masked_scores(heads, q_len, kv_len) if causal else skipped_scores
     macs_per_score = 2 * (qk_dim + v_dim)
     flops_per_score = (FLOPS_PER_MAC * macs_per_score + SOFTMAX_BACKWARD_FLOPS + 1
                        + (2 if _nonzero(dropout) else 0))
@@ -273,6 +278,25 @@ def attention_kernel_backward(call: OpCall) -> Cost:
     return _attention_backward(*attention_dims(call, heads_first=False),
                                causal=kernel_is_causal(call),
                                dropout=call.get("dropout_p")) + call.cost()
+
+
+@register_formula(torch.ops.higher_order.flex_attention_backward)
+def flex_attention_backward(call: OpCall) -> Cost:
+    """FlexAttention's backward kernel (``flex_attention_backward``, which autograd runs for
+    ``flex_attention``; its arguments in that order: query, key, value, out, logsumexp,
+    grad_out, ...), counted as SDPA's, four contractions per score (torch's FlopCounterMode
+    counts five: ``sdpa_backward_flop_count`` adds the recomputed q.k), with the blocks its
+    block mask skips also ``masked_*`` (``skipped_pairs``, carried over from the forward call).
+    The ``score_mod``'s gradient ops are traced on their own, per score."""
+    return _attention_backward(*flex_dims(call), causal=False, dropout=0,
+                               skipped_scores=call.get("skipped_pairs") or 0) + call.cost()
+
+
+@register_formula("flex_lib::zeros_and_scatter")
+def zeros_and_scatter(call: OpCall) -> Cost:
+    """The gradient of an index inside a flex attention ``score_mod`` (``ModIndex``'s backward):
+    each value added into the element it was read from, 1 FLOP per value."""
+    return call.cost(flops=call["vals"].numel)
 
 
 @register_formula(

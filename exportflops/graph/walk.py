@@ -17,6 +17,7 @@ import sympy
 import torch
 import torch.fx
 
+from .flex_blocks import with_skipped_pairs
 from .kinds import subgraph_kinds, tensor_kinds
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
 from .stacks import Stack, invoked_stacks, module_stack
@@ -122,8 +123,9 @@ def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope:
         region = scope.region if batch == 1 else ", ".join(filter(None, (scope.region, "vmap")))
         runs = None if scope.repeat is None else scope.repeat * batch
         yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target),
-                       op_call(node.target, node.args, node.kwargs, node.meta.get("val"),
-                               renames, read, kinds, kinds.get(node, ACTIVATION)),
+                       with_skipped_pairs(node, op_call(
+                           node.target, node.args, node.kwargs, node.meta.get("val"), renames,
+                           read, kinds, kinds.get(node, ACTIVATION))),
                        stack, region, runs,
                        _autograd_function(node.meta.get("stack_trace"), forwards), node)
         times = _iterations(node, renames)
