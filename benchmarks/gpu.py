@@ -1,10 +1,11 @@
 """GPU truth, prepared: everything a CUDA machine should check, in one run of a few minutes.
 
 1. the tests that need CUDA (those whose skip reason says so), through pytest;
-2. GPT-2 124M and a Llama-shaped model profiled with `exportflops.profile`: per-module
-   latency, achieved FLOP/s and MFU (bfloat16, no grad);
-3. a small Llama trained a few steps with the plain-loop helper (`StepTimer`, `dense_peak`):
-   its MFU from the exact per-batch count beside the MFU of torchtitan's formula;
+2. GPT-2 124M (bfloat16) and a Llama-shaped model (float32, TF32 matmuls) profiled with
+   `exportflops.profile`, no grad: per-module latency, achieved FLOP/s and MFU;
+3. a small Llama trained a few steps under bfloat16 autocast with the plain-loop helper
+   (`StepTimer`, `dense_peak`): its MFU from the exact per-batch count (and its matmul part)
+   beside the MFU of torchtitan's formula;
 4. the roofline's predicted time (`exportflops.roofline`) against the measured one, per op,
    with the error.
 
@@ -19,11 +20,13 @@ exports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,12 +51,18 @@ TORCHTITAN_SOURCE = ("https://github.com/pytorch/torchtitan/blob/main/torchtitan
                      "(get_num_flop_per_token)")
 
 
+#: GPT-2 is profiled with bfloat16 weights. The example Llama computes its rotary angles in
+#: float32 (``examples/llama.py``), so with bfloat16 weights its queries and keys come out float32
+#: and SDPA refuses the mixed dtypes: it is profiled in float32 with TF32 matmuls (and its MFU
+#: taken against the TF32 peak), and trained under bfloat16 autocast, as mixed precision trains.
+GPT_DTYPE, LLAMA_PROFILE_PRECISION, TRAIN_AUTOCAST = torch.bfloat16, "high", torch.bfloat16
+
+
 @dataclass(frozen=True)
 class Plan:
     """The sizes of one run: the GPU's, or the dry run's tiny ones."""
 
     device: str
-    dtype: torch.dtype
     gpt: GPTConfig
     llama: LlamaConfig
     profile_batch: int
@@ -66,7 +75,7 @@ class Plan:
 
 
 GPU_PLAN = Plan(
-    device="cuda", dtype=torch.bfloat16, gpt=GPTConfig(),
+    device="cuda", gpt=GPTConfig(),
     # Llama-shaped at 1B scale: 16 layers of width 2048, 32 heads of 64, 8 key/value heads.
     llama=LlamaConfig(vocab_size=32000, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8,
                       head_dim=64, ffn_dim=5632, max_seq_len=4096),
@@ -76,7 +85,7 @@ GPU_PLAN = Plan(
     train_batch=4, train_seq=2048, warmup=5, repeat=20)
 
 CPU_PLAN = Plan(
-    device="cpu", dtype=torch.float32,
+    device="cpu",
     gpt=GPTConfig(block_size=64, vocab_size=96, n_layer=2, n_head=2, n_embd=32),
     llama=LlamaConfig(vocab_size=96, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
                       ffn_dim=64, max_seq_len=64),
@@ -120,14 +129,15 @@ def run_cuda_tests(collect_only: bool) -> int:
 
 def profile_model(name: str, model: torch.nn.Module, tokens: torch.Tensor, plan: Plan,
                   peak: DensePeak) -> Report:
-    model = model.to(plan.dtype).eval()
     with torch.no_grad():
         # The table's row is looked up by `profile` itself (None); False where it has none.
-        report = exportflops.profile(model, (tokens,), device=plan.device, warmup=plan.warmup,
-                                     repeat=plan.repeat,
+        report = exportflops.profile(model.eval(), (tokens,), device=plan.device,
+                                     warmup=plan.warmup, repeat=plan.repeat,
                                      peak_flop_per_s=None if peak.flop_per_s else False)
     runtime = report.runtime
-    print(f"\n## {name}: batch {tuple(tokens.shape)}, {plan.dtype}, {runtime.device}")
+    weights = next(model.parameters()).dtype
+    print(f"\n## {name}: batch {tuple(tokens.shape)}, {weights} weights, float32 matmul "
+          f"precision {torch.get_float32_matmul_precision()!r}, {runtime.device}")
     print(flops_report(report, view=("tree",), depth=2))
     mfu = "n/a" if runtime.mfu is None else f"{runtime.mfu:.1%}"
     print(f"plain forward {runtime.plain_total.median_s * 1e3:.2f} ms (median of "
@@ -136,16 +146,32 @@ def profile_model(name: str, model: torch.nn.Module, tokens: torch.Tensor, plan:
     return report
 
 
-def profiles(plan: Plan, peak: DensePeak) -> list[tuple[str, Report]]:
+@contextlib.contextmanager
+def float32_matmul_precision(precision: str) -> Iterator[None]:
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def profiles(plan: Plan, peak: DensePeak) -> list[tuple[str, Report, bool]]:
+    """Each model's name, its profiled report, and whether its float32 matmuls ran as TF32."""
     torch.manual_seed(0)
     with torch.device(plan.device):
-        models = {"GPT-2 124M" if plan.gpt == GPTConfig() else "GPT-2 (tiny)":
-                  (GPT(plan.gpt), plan.gpt.vocab_size),
-                  "Llama-shaped": (Llama(plan.llama), plan.llama.vocab_size)}
-        batches = {name: torch.randint(0, vocab, (plan.profile_batch, plan.profile_seq))
-                   for name, (_, vocab) in models.items()}
-    return [(name, profile_model(name, model, batches[name], plan, peak))
-            for name, (model, _) in models.items()]
+        gpt = GPT(plan.gpt).to(GPT_DTYPE)
+        llama = Llama(plan.llama)
+        gpt_tokens = torch.randint(0, plan.gpt.vocab_size, (plan.profile_batch, plan.profile_seq))
+        llama_tokens = torch.randint(0, plan.llama.vocab_size,
+                                     (plan.profile_batch, plan.profile_seq))
+    gpt_name = "GPT-2 124M" if plan.gpt == GPTConfig() else "GPT-2 (tiny)"
+    reports = [(gpt_name, profile_model(gpt_name, gpt, gpt_tokens, plan, peak), False)]
+    tf32 = plan.device == "cuda" and LLAMA_PROFILE_PRECISION != "highest"  # the CPU has none
+    with float32_matmul_precision(LLAMA_PROFILE_PRECISION):
+        reports.append(("Llama-shaped", profile_model("Llama-shaped", llama, llama_tokens, plan,
+                                                      peak), tf32))
+    return reports
 
 
 # --- 3. a few training steps, MFU beside torchtitan's -------------------------------------------
@@ -169,7 +195,7 @@ def torchtitan_flops_per_token(model: Llama, config: LlamaConfig, seq: int) -> i
 def train_steps(plan: Plan, peak: DensePeak) -> dict[str, float]:
     torch.manual_seed(0)
     with torch.device(plan.device):
-        model = Llama(plan.train).to(plan.dtype).train()
+        model = Llama(plan.train).train()
         tokens = torch.randint(0, plan.train.vocab_size, (plan.train_batch, plan.train_seq + 1))
     # Copies, not views: a view of a wider tensor has strides the export would specialize on.
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
@@ -178,7 +204,8 @@ def train_steps(plan: Plan, peak: DensePeak) -> dict[str, float]:
     timer, seconds = StepTimer(), []
     for step in range(plan.warmup + plan.repeat):
         with timer:
-            logits = model(inputs)  # (B, T, vocab)
+            with torch.autocast(plan.device, dtype=TRAIN_AUTOCAST):
+                logits = model(inputs)  # (B, T, vocab)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
             loss.backward()
             optimizer.step()
@@ -191,7 +218,8 @@ def train_steps(plan: Plan, peak: DensePeak) -> dict[str, float]:
     rates = {"exportflops (exact, per batch)": peak.throughput(step.model_flops, median),
              "  of which matmuls": peak.throughput(step.matmul_flops, median),
              "torchtitan 6N + 12LHQT": peak.throughput(titan_flops, median)}
-    print(f"\n## training {plan.train_batch} x {plan.train_seq} tokens, {plan.dtype}, "
+    print(f"\n## training {plan.train_batch} x {plan.train_seq} tokens, {TRAIN_AUTOCAST} "
+          f"autocast, "
           f"{plan.repeat} steps after {plan.warmup} warm-up: median {median * 1e3:.2f} ms/step "
           f"(the loss, outside the model, is not counted)")
     print(f"{'count':<34} {'FLOPs/step':>16} {'TFLOP/s':>10} {'MFU':>8}")
@@ -207,19 +235,20 @@ def train_steps(plan: Plan, peak: DensePeak) -> dict[str, float]:
 
 # --- 4. the roofline's prediction against the measurement ---------------------------------------
 
-def predicted_against_measured(report: Report, device_key: str) -> dict[str, tuple[float, float]]:
+def predicted_against_measured(report: Report, device_key: str,
+                               tf32: bool) -> dict[str, tuple[float, float]]:
     """Per op: (predicted seconds, measured seconds), summed over the nodes measured."""
     by_op: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for node in roofline(report, device_key).nodes:
+    for node in roofline(report, device_key, tf32=tf32).nodes:
         if node.measured_s is not None:
             by_op[node.op][0] += node.predicted_s
             by_op[node.op][1] += node.measured_s
     return {op: (predicted, measured) for op, (predicted, measured) in by_op.items()}
 
 
-def print_roofline(name: str, report: Report, device_key: str) -> None:
-    rows = predicted_against_measured(report, device_key)
-    print(f"\n## roofline on {device_key} vs measured: {name}")
+def print_roofline(name: str, report: Report, device_key: str, tf32: bool) -> None:
+    rows = predicted_against_measured(report, device_key, tf32)
+    print(f"\n## roofline on {device_key}{' (TF32)' if tf32 else ''} vs measured: {name}")
     print(f"{'op':<52} {'predicted ms':>13} {'measured ms':>12} {'error':>9}")
     for op, (predicted, measured) in sorted(rows.items(), key=lambda kv: -kv[1][1]):
         error = f"{predicted / measured - 1:+.0%}" if measured > 0 else "n/a"
@@ -236,7 +265,7 @@ def the_peak(plan: Plan) -> DensePeak:
     the CPU's estimate, labelled as one."""
     try:
         if plan.device == "cuda":
-            return dense_peak(dtype=plan.dtype)
+            return dense_peak(dtype=TRAIN_AUTOCAST)
         ghz, ghz_source = devices.cpu_clock_ghz()
         peak = devices.cpu_peak("float32", threads=torch.get_num_threads(),
                                 capability=torch.backends.cpu.get_cpu_capability(), ghz=ghz,
@@ -272,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[{time.perf_counter() - start:.0f} s] training done")
     device_key = "cpu" if plan.device == "cpu" else peak.device
     if device_key in {d.key for d in devices.DEVICES} | {"cpu"}:
-        for name, report in reports:
-            print_roofline(name, report, device_key)
+        for name, report, tf32 in reports:
+            print_roofline(name, report, device_key, tf32)
     else:
         print("No row of the device table for this GPU: no roofline to predict with.")
     print(f"[{time.perf_counter() - start:.0f} s] done")
