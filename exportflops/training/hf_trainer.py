@@ -39,23 +39,19 @@ class StepClock(transformers.TrainerCallback):
 
     def __init__(self) -> None:
         self._timer = StepTimer()
-        self._open = False
         self.seconds = 0.0
         """Seconds of the steps timed since the window was last taken."""
         self.steps = 0
         """Steps timed since the window was last taken."""
 
     def on_step_begin(self, args, state, control, **kwargs) -> None:
+        # The Trainer calls it at each accumulation's first micro-batch, after the batches
+        # were fetched (``get_batch_samples``), and ``on_step_end`` after the optimizer.
         self._timer.start()
-        self._open = True
 
     def on_step_end(self, args, state, control, **kwargs) -> None:
-        # An epoch's last, shorter accumulation may end without a begin of its own; its time is
-        # left out rather than charged from an earlier start.
-        if self._open:
-            self.seconds += self._timer.stop()
-            self.steps += 1
-            self._open = False
+        self.seconds += self._timer.stop()
+        self.steps += 1
 
     def take(self) -> tuple[int, float]:
         """The window's steps and seconds, and a new empty window."""
@@ -100,7 +96,7 @@ class ExactFlopsMixin:
         """The Trainer's log, with the window's FLOPs, achieved TFLOP/s and MFU added when
         steps were timed since the previous log (evaluation logs have none)."""
         steps, seconds = self.step_clock.take()
-        if steps and seconds > 0:
+        if steps:
             rate = self.peak.throughput(self._window_flops, seconds)
             logs = {**logs, "window_flops": rate.flops,
                     "achieved_tflop_per_s": rate.achieved_flop_per_s / 1e12}

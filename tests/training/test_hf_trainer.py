@@ -124,6 +124,29 @@ def test_each_step_logs_its_flops_rate_and_mfu(padded_run):
         assert entry["mfu"] == pytest.approx(flops / STEP_SECONDS / PEAK, rel=1e-12)
 
 
+def test_an_epochs_shorter_last_accumulation_is_a_step_of_its_own(model_and_count, tmp_path):
+    """3 micro-batches per epoch and 2 per step: the epoch's last step has 1, and is counted
+    and timed as one step (the clock advances STEP_SECONDS per step)."""
+    model, fpb = model_and_count
+    ticks = iter(i * STEP_SECONDS for i in range(1000))
+    with pytest.MonkeyPatch.context() as patch, SeenBatches(model) as seen:
+        clock = importlib.import_module("exportflops.training.throughput")
+        patch.setattr(clock, "perf_counter", lambda: next(ticks))
+        trainer = ExactFlopsTrainer(
+            model=model, args=training_args(tmp_path, max_steps=3, gradient_accumulation_steps=2),
+            train_dataset=rows_of([4, 6, 5, 9, 3, 7]), data_collator=padded,
+            flops_per_batch=fpb, peak_flop_per_s=PEAK)
+        trainer.train()
+    counts = [fpb(**batch) for batch in seen]
+    assert len(counts) == 2 + 1 + 2  # epoch 1: a step of 2, a step of 1; epoch 2: a step of 2
+    steps = [counts[0] + counts[1], counts[2], counts[3] + counts[4]]
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["window_flops"] for entry in logs] == steps
+    assert [entry["mfu"] for entry in logs] == pytest.approx(
+        [flops / STEP_SECONDS / PEAK for flops in steps], rel=1e-12)
+    assert trainer.state.total_flos == sum(counts)
+
+
 def test_the_closing_summary_has_no_window_to_rate(padded_run):
     trainer, _, _ = padded_run
     summary = trainer.state.log_history[-1]
