@@ -21,6 +21,10 @@ module of theirs has hooks or an instance ``forward``, and no input or output le
 object (a cache) that the call could change. Blocks inside wrapped regions (``no_grad``,
 autocast, checkpointing, custom autograd Functions, control flow) are found after export and
 traced in full. Anything else is traced in full too.
+
+The pass runs the model's ``forward`` Python, which the export then runs again: a model in
+which no two modules are alike (`_alike_modules`) has nothing to repeat, and is not passed over
+at all. What a ``forward`` assigns to its modules in the pass is put back after it.
 """
 
 from __future__ import annotations
@@ -80,6 +84,10 @@ class _Unique(Exception):
 def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     """The repeats of one call ``model(*args, **kwargs)``; an empty plan when the cheap pass
     fails or finds none (the full export then runs and reports any error itself)."""
+    if not _alike_modules(model):
+        # No call can repeat another: the cheap pass would find nothing, and skipping it runs
+        # the forward's Python once (in the export), as an eager count does.
+        return Plan()
     try:
         # The model may change its inputs' Python objects (a cache appends its entries): the
         # export that follows must see them as the user gave them.
@@ -93,7 +101,7 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
     failed = True
     try:
-        with quiet_fake_tensor_log(), cheap, trace.hooks(model), \
+        with quiet_fake_tensor_log(), cheap, trace.hooks(model), _attributes_kept(model), \
                 torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
@@ -110,6 +118,48 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     if ops.higher_order:
         return Plan()
     return _choose(model, owners, trace)
+
+
+def _alike_modules(model: torch.nn.Module) -> bool:
+    """Whether two modules, neither inside the other, have equal trees (`_tree_key`, the first
+    thing a repeat and its model share). Only modules of a class that occurs twice are keyed."""
+    named = list(model.named_modules())
+    classes = Counter(type(module) for _, module in named)
+    seen: dict[tuple, list[str]] = defaultdict(list)
+    for path, module in named:
+        if classes[type(module)] < 2:
+            continue
+        try:
+            key = _tree_key(module)
+        except Exception:  # a lazy module's parameter has no shape yet: let the pass decide
+            return True
+        if any(not _nested(other, path) for other in seen[key]):
+            return True
+        seen[key].append(path)
+    return False
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
+    """Each module's attributes as they were before the block: one its forward sets (a call
+    counter, a tensor cached on the first call) is put back, one it adds removed. The cheap
+    pass's tensors are meta or fake and must not stay on the user's modules; torch.export puts
+    back what its own run assigns too (``_detect_attribute_assignment``), so the fast path
+    leaves the model as the full export does."""
+    kept = [(module, dict(module.__dict__)) for module in model.modules()]
+    try:
+        yield
+    finally:
+        for module, attributes in kept:
+            for name in module.__dict__.keys() - attributes.keys():
+                del module.__dict__[name]
+            for name, value in attributes.items():
+                if module.__dict__.get(name, _ABSENT) is not value:
+                    module.__dict__[name] = value
+
+
+#: An attribute a module does not have (None is a value).
+_ABSENT = object()
 
 
 def _unique_paths(model: torch.nn.Module, owners: dict[int, set[str]]) -> dict[int, str | None]:

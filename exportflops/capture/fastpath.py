@@ -8,7 +8,9 @@ modules are never modified; parameters are shared, so their names and ties are t
 
 The stub's own nodes are then replaced by copies of the model call's nodes, moved to the
 repeat's module paths; in train mode the backward records of the model's nodes are copied the
-same way. Counts, module tree and operators are then built as for a full export.
+same way. The sizes only the stubs read (an ``aten.sym_size.int`` of an input with a dynamic
+size) are dropped, as no full export has them. Counts, module tree and operators are then
+built as for a full export.
 """
 
 from __future__ import annotations
@@ -138,11 +140,13 @@ class Expansion:
                 if frame.path in models:
                     of_model[frame.path].append(node)
         self.within = {path: list(of_model[path]) for path in models}
+        for_stubs = _stub_sizes(nodes, repeats)
         expanded, done = [], set()
         for node in nodes:
             index = next((i for i, f in enumerate(node.stack) if f.path in repeats), None)
             if index is None:
-                expanded.append(node)
+                if node.node not in for_stubs:
+                    expanded.append(node)
                 continue
             repeat = repeats[node.stack[index].path]
             self.within.setdefault(repeat.path, []).append(node)
@@ -187,6 +191,24 @@ class Expansion:
                 "module": _rebased(record.module, repeat),
                 "differentiates": node.name}) for record in by_forward.get(original.name, [])]
         return expanded
+
+
+def _stub_sizes(nodes: list[NodeCall], repeats: dict[str, Repeat]) -> set[torch.fx.Node]:
+    """The graph's size reads and size arithmetic (``aten.sym_size.int``, a product of sizes)
+    that only the stubs' zeros use: a stub takes its model's symbolic output sizes from the
+    graph's inputs, where the block itself may never read a size. The full export has no such
+    node, so the expanded graph drops them (a size the rest of the graph reads is kept)."""
+    in_stubs = {node.node for node in nodes
+                if node.node is not None and any(f.path in repeats for f in node.stack)}
+    feeding: set[torch.fx.Node] = set()
+    for node in reversed(nodes):  # users first
+        read = node.node
+        if read is None or read in in_stubs or any(isinstance(leaf, torch.Tensor) for leaf
+                                                   in pytree.tree_leaves(read.meta.get("val"))):
+            continue
+        if read.users and all(user in in_stubs or user in feeding for user in read.users):
+            feeding.add(read)
+    return feeding
 
 
 def _rebased(path: str, repeat: Repeat) -> str:

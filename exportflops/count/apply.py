@@ -9,7 +9,7 @@ import torch
 
 from .decompose import Decomposer
 from ..errors import CountError, InvalidFormulaError, UncountedOpError
-from ..formulas.registry import FormulaTable
+from ..formulas.registry import FormulaTable, built_in
 from ..graph.opcall import OpCall, TensorMeta
 from ..records import Cost, NodeRecord, TensorSpec
 from ..graph.walk import NodeCall
@@ -19,12 +19,17 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
                differentiates: str = "", decomposer: Decomposer | None = None,
                sizes: Mapping | None = None) -> NodeRecord:
     """Count one node; ``strict`` turns an uncounted node into `UncountedOpError`. A node with
-    no formula is counted through its decomposition when ``decomposer`` finds one. ``sizes``:
-    each data-dependent size's value on the example, where the capture measured them (the
-    report is then counted at those values)."""
+    no formula is counted through its decomposition when ``decomposer`` finds one; so is a
+    composite with a built-in formula whose decomposition runs an op the user gave a formula
+    for (`Decomposer.through_given`). ``sizes``: each data-dependent size's value on the
+    example, where the capture measured them (the report is then counted at those values)."""
     entry = table.lookup(node.op)
     status, cost, note = "counted", Cost(), ""
-    decomposed = None if entry is not None or decomposer is None else decomposer.count(node, table)
+    decomposed = None
+    if decomposer is not None and entry is None:
+        decomposed = decomposer.count(node, table)
+    elif decomposer is not None and built_in(entry.formula):
+        decomposed = decomposer.through_given(node, table)
     if decomposed is not None:
         status, cost, note = decomposed.status, decomposed.cost, decomposed.note
     elif entry is None:
@@ -41,7 +46,9 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
             cost = _checked(cost, entry.formula, node)
             if entry.zero_reason is not None:
                 status, note = "zero", entry.zero_reason
-    if (status == "counted" and (decomposed is not None or _built_in(entry.formula))
+    # A user's formula may read `TensorMeta.layout` and count a sparse tensor's nonzeros its
+    # own way; the built-in ones count dense tensors.
+    if (status == "counted" and (decomposed is not None or built_in(entry.formula))
             and (sparse := sparse_operand(node.call, cost))):
         status, cost, note = "uncounted", Cost(), sparse
     if node.region:
@@ -73,12 +80,6 @@ def _applied(formula, call: OpCall, sizes: Mapping | None) -> Cost:
         if not (sizes and symbols and symbols <= sizes.keys()):
             raise
     return formula(call.at_sizes(sizes))
-
-
-def _built_in(formula) -> bool:
-    """A formula of exportflops' table, which counts dense tensors; a user's formula may read
-    `TensorMeta.layout` and count a sparse tensor's nonzeros its own way."""
-    return getattr(formula, "__module__", "").startswith("exportflops.")
 
 
 def sparse_operand(call: OpCall, cost: Cost) -> str:

@@ -10,12 +10,18 @@ decomposed the same way; one with neither stays uncounted, and so does the node.
 The cost is the sum of what the decomposition runs, its intermediates' traffic included. A
 decomposition that branches on a dynamic size (a new guard in the shape env) would fix its count
 at the example size: such a node is reported uncounted with that reason.
+
+A composite that has a built-in formula (``matmul``, ``linear``) is counted through its
+decomposition too where that runs an op the user gave a formula for: export's graph keeps
+``aten.matmul`` where the dispatcher, and so a dispatch-level counter, sees ``aten.mm``, and a
+formula given for ``aten.mm`` is meant for every matrix product that runs one.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -36,12 +42,18 @@ def decomposition(op: Any) -> Any:
     else its ``torch._decomp`` entry."""
     if not isinstance(op, OpOverload):
         return None
-    # TorchScript's prim ops (prim::device) are not in the dispatcher: no kernel to ask about.
-    if (dispatch_has_kernel(op.name())
-            and dispatch_has_kernel_for_dispatch_key(op.name(),
-                                                               "CompositeImplicitAutograd")):
+    if composite(op):
         return op.decompose
     return decomposition_table.get(op)
+
+
+@functools.cache
+def composite(op: Any) -> bool:
+    """Whether ``op`` has a CompositeImplicitAutograd kernel: eager runs it as the ops it
+    calls, which is all a dispatch-level counter (``FlopCounterMode``) sees of it."""
+    # TorchScript's prim ops (prim::device) are not in the dispatcher: no kernel to ask about.
+    return (isinstance(op, OpOverload) and dispatch_has_kernel(op.name())
+            and dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"))
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,8 @@ class Outcome:
     status: str
     cost: Cost
     note: str
+    runs: frozenset = frozenset()
+    """The ops the decomposition ran (each counted by its own formula)."""
 
 
 class Decomposer:
@@ -60,6 +74,26 @@ class Decomposer:
         self.shape_env = shape_env
         self.renames = renames
         self.cache: dict[tuple, Outcome] = {}
+        self.gives: tuple[FormulaTable, bool] | None = None
+        """The last table asked about, and whether it holds a user's formula."""
+
+    def through_given(self, node: NodeCall, table: FormulaTable) -> Outcome | None:
+        """The node counted through its decomposition where that runs an op whose formula in
+        ``table`` is the user's (``formulas={aten.mm.default: ...}`` for a node of
+        ``aten.matmul``); None otherwise, and the node's own formula counts it."""
+        if self.gives is None or self.gives[0] is not table:
+            self.gives = (table, table.any_given())
+        # Only what eager decomposes before dispatch: a dispatch-level formula never sees a
+        # composite's call, while an op with a kernel (gelu) is one call there as here.
+        if not self.gives[1] or not composite(node.op):
+            return None
+        outcome = self.count(node, table)
+        given = sorted(op_name(op) for op in outcome.runs if table.given(op)) \
+            if outcome is not None else []
+        if not given:
+            return None
+        return replace(outcome, note=f"{outcome.note} (the formula given for "
+                                     f"{', '.join(given)})")
 
     def count(self, node: NodeCall, table: FormulaTable) -> Outcome | None:
         """The node counted through its decomposition; None when ``op`` has none."""
@@ -110,7 +144,8 @@ def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
             cost = cost + entry.formula(call)
         except Exception as error:  # a user's formula may raise anything; the note says which
             return Outcome("error", Cost(), f"counted through its decomposition into {into}: "
-                           f"{op_name(call.op)}: {type(error).__name__}: {error}")
+                           f"{op_name(call.op)}: {type(error).__name__}: {error}",
+                           frozenset(call.op for call in calls))
         zero = zero and entry.zero_reason is not None
     if missing:
         reasons = "".join(sorted({f"; {reason}" for reason in missing.values() if reason}))
@@ -119,7 +154,8 @@ def _summed(calls: list[OpCall], table: FormulaTable) -> Outcome:
     if not calls:
         return Outcome("zero", cost, "counted through its decomposition, which runs no op here")
     return Outcome("zero" if zero else "counted", cost,
-                   f"counted through its decomposition into {into}")
+                   f"counted through its decomposition into {into}",
+                   frozenset(call.op for call in calls))
 
 
 def _listed(calls: list[OpCall]) -> str:

@@ -133,6 +133,16 @@ class FormulaTable:
         reason = self.value_dependence(op)
         return NO_FORMULA if reason is None else f"{NO_FORMULA}: {reason}"
 
+    def given(self, op: OpKey) -> bool:
+        """Whether ``op``'s formula here is one a user gave (``formulas=``, `register_formula`
+        outside exportflops), not the built-in one."""
+        entry = self.lookup(op)
+        return entry is not None and not built_in(entry.formula)
+
+    def any_given(self) -> bool:
+        """Whether some formula of this table is a user's."""
+        return any(not built_in(entry.formula) for entry in self.entries.values())
+
     def remove(self, op: OpKey) -> None:
         """Forget the formula registered for exactly ``op``."""
         if self.entries.pop(op, None) is None:
@@ -181,6 +191,12 @@ class FormulaTable:
                 f"that formula for every call of {op}: pass replace=True if that is meant."
             )
         self.entries[op] = entry
+
+
+def built_in(formula: Formula) -> bool:
+    """A formula of exportflops' own table (its formula files, a zero declared with a reason),
+    not one a user gave."""
+    return getattr(formula, "__module__", "").startswith("exportflops.")
 
 
 def _check(op: OpKey, formula: Any, *, where: str) -> None:

@@ -215,3 +215,39 @@ def test_blocks_alike_only_at_the_example_sizes_are_traced_in_full(monkeypatch):
     # Linear(16, 16) on seq rows: 16 x 16 MACs per row; on y's 16 rows: 16 x 16 x 16.
     seq = size_symbol("seq")
     assert report.total.macs - (256 * seq + 4096) == 0
+
+
+class Residual(nn.Module):
+    """x + linear(x); with ``reads_size`` it also reshapes by its input's sizes, as attention
+    splits heads."""
+
+    def __init__(self, reads_size: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+        self.reads_size = reads_size
+
+    def forward(self, x):
+        y = self.linear(x)
+        if self.reads_size:
+            batch, seq, width = x.shape
+            y = y.reshape(batch * seq, width).reshape(batch, seq, width)
+        return x + y
+
+
+@pytest.mark.parametrize("mode", ["forward", "train"])
+@pytest.mark.parametrize("reads_size", [False, True], ids=["reads_no_size", "reads_its_size"])
+def test_a_dynamic_size_gives_the_fast_path_the_full_exports_operators(reads_size, mode,
+                                                                       monkeypatch):
+    model = nn.Sequential(*(Residual(reads_size) for _ in range(3)))
+    x = torch.randn(1, 8, 16)
+    targets = _exports(monkeypatch)
+    fast = analyze(model, (x,), mode=mode, dynamic_shapes=({1: SEQ},))
+    assert len(targets) == 1 and targets[0] is not model  # the stubbed copy, exported alone
+    full = analyze(model, (x,), mode=mode, dynamic_shapes=({1: SEQ},), fast=False)
+    # Before: the stubs' zeros read seq from the input, a sym_size row the full export lacks.
+    assert fast.by_operator() == full.by_operator()
+    assert_same_report(fast, full)
+    if mode == "forward" and not reads_size:
+        # Three blocks, each one linear and one residual add; no size is read.
+        assert {op: row.calls for op, row in fast.by_operator().items()} == \
+            {"aten.linear.default": 3, "aten.add.Tensor": 3}
