@@ -28,6 +28,8 @@ _CSS = """
 .exportflops { font-family: system-ui, sans-serif; font-size: 0.9em; }
 .exportflops table { border-collapse: collapse; margin: 0.3em 0 0.8em 0; }
 .exportflops th, .exportflops td { border: 1px solid #ddd; padding: 1px 6px; }
+/* a number stays on one line; tabulate right-aligns the number columns */
+.exportflops td[style*=right], .exportflops th[style*=right] { white-space: nowrap; }
 .exportflops details { margin-left: 1.2em; }
 .exportflops details > summary { cursor: pointer; }
 .exportflops .leaf { margin-left: 2.4em; }
