@@ -11,10 +11,10 @@ from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report
                      SizeSymbolRecord, TiedParameter, UncountedOp)
 from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
-from .training import DocumentFlops, StepFlops
+from .training import DocumentFlops, StepFlops, Throughput
 
 __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Cost", "Count", "DocumentFlops",
            "GenerationReport", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
            "NodeTiming", "OperatorStats", "Record", "Report", "Roofline", "RooflineModule",
            "RooflineNode", "RuntimeProfile", "SizeSymbolRecord", "StepFlops", "TensorSpec",
-           "TiedParameter", "Timing", "UncountedOp"]
+           "Throughput", "TiedParameter", "Timing", "UncountedOp"]

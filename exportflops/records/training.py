@@ -48,3 +48,28 @@ class StepFlops(Record):
     ids that restart, cumulative sequence lengths); empty otherwise."""
     complete: bool = True
     """False when the analysis left ops uncounted: the counts are then lower bounds."""
+
+
+class Throughput(Record):
+    """One measured span of training (a step, or the steps of a logging window): its FLOPs,
+    its time, the rate they make, and that rate over the device's dense peak."""
+
+    flops: int
+    """The model FLOPs of the span: what `FlopsPerBatch` counts for its batches (forward and
+    backward, padding excluded, no recompute)."""
+    seconds: float
+    """Wall-clock seconds of the span, CUDA synchronized at both ends (`StepTimer`)."""
+    achieved_flop_per_s: float
+    """``flops / seconds``."""
+    peak_flop_per_s: float | None
+    """The dense peak in FLOP/s the MFU is taken against; None when no MFU was asked for
+    (``peak_flop_per_s=False``)."""
+    mfu: float | None
+    """``achieved_flop_per_s / peak_flop_per_s``; None without a peak."""
+    device: str
+    """The device table's key the peak was read from (``h100-sxm``), or ``user`` for a peak
+    given as ``peak_flop_per_s=``, or ``none`` without a peak."""
+    dtype: str
+    """The table's dtype key of the peak (``bfloat16``, ``tf32``, ...)."""
+    peak_source: str
+    """Where the peak comes from: ``user``, or the table row with its datasheet."""
