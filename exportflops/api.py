@@ -13,9 +13,10 @@ import torch
 from .aggregate import build_report
 from .attribution import module_tree, program_parameters
 from .capture.dtensor import rank_graph
-from .capture.export import as_args, capture
+from .capture.eager import eager_calls
+from .capture.export import as_args, capture, counted_eagerly, without_cache
 from .parallel.ranks import check_process_group, is_parallelized, local_parameters, rank_fields
-from .errors import InputError
+from .errors import ExportError, InputError
 from .count.backward import trace_backward
 from .count.apply import count_node, untraced_backward
 from .count.decompose import Decomposer
@@ -60,6 +61,11 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             return _parallel(model, args, kwargs, table, strict=strict, mode=mode,
                              dynamic_shapes=dynamic_shapes)
 
+        notes = []
+        if isinstance(model, torch.nn.Module):
+            kwargs, note = without_cache(model, args, kwargs)
+            notes += [note] if note else []
+
         def full_export():
             return capture(model, args, kwargs, dynamic_shapes=dynamic_shapes,
                            forward_only=mode != "train")
@@ -69,11 +75,54 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             captured, expansion = fast_capture(model, args, kwargs, mode == "train",
                                                dynamic_shapes)
         if captured is None:
-            captured = full_export()
+            try:
+                captured = full_export()
+            except ExportError as refusal:
+                if not counted_eagerly(model, dynamic_shapes):
+                    raise
+                return _with_notes(_eager(model, args, kwargs, table, strict=strict,
+                                          mode=mode, refusal=refusal), notes)
         try:
-            return _count(captured, table, strict=strict, mode=mode, expansion=expansion)
+            report = _count(captured, table, strict=strict, mode=mode, expansion=expansion)
         except NotRepeated:  # a repeat's backward is not its model's: trace it in full
-            return _count(full_export(), table, strict=strict, mode=mode)
+            report = _count(full_export(), table, strict=strict, mode=mode)
+        return _with_notes(report, notes)
+
+
+def _eager(model: torch.nn.Module, args: Any, kwargs: dict | None, table: FormulaTable, *,
+           strict: bool, mode: str, refusal: ExportError) -> Report:
+    """The report of a model torch.export refused (``refusal``), counted from one eager run
+    recorded at the dispatch level (`capture.eager`) by the same formula table, and marked
+    ``capture="eager"``. Where the model does not run either, the refusal is what the user
+    acts on: it is raised (a user error, such as inputs forward does not take, fails both)."""
+    stage("eager")
+    args, kwargs = as_args(args, model), dict(kwargs or {})
+    try:
+        calls = eager_calls(model, args, kwargs, train=mode == "train")
+    except Exception:  # noqa: BLE001 - the model does not run: export's error says why
+        raise refusal from refusal.__cause__
+    count = functools.partial(count_node, table=table, strict=strict, sizes={},
+                              decomposer=Decomposer(None, {}))
+    nodes = [count(call.node, phase=call.phase, differentiates=call.differentiates)
+             for call in calls]
+    forward = [call.node for call in calls if call.phase == "forward"]
+    tree, tied = module_tree(forward, model.named_parameters(remove_duplicate=False), model,
+                             qualified_name(type(model)))
+    report = _report(nodes, tree, tied, name=type(model).__name__,
+                     inputs=_input_specs(args, kwargs), mode=mode)
+    # torch's first sentence names the refusal; the rest is its advice for export.
+    refused = refusal.torch_message.strip().split(". ")[0][:200]
+    return report.model_copy(update={"capture": "eager", "capture_notes": [
+        f"torch.export refused {type(model).__name__} ({refused}); counted from one eager "
+        f"run at the dispatch level: sizes are the example's (no symbolic sizes), branches "
+        f"those the run took, ops the ATen ops eager dispatches"]})
+
+
+def _with_notes(report: Report, notes: list[str]) -> Report:
+    """``report`` with the notes on how its call differs from the call as given first."""
+    if not notes:
+        return report
+    return report.model_copy(update={"capture_notes": [*notes, *report.capture_notes]})
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,

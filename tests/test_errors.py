@@ -70,17 +70,6 @@ def test_a_tensor_made_on_cpu_inside_a_meta_model_hints_at_cpu_not_at_the_signat
     assert "signature" not in error.value.hint
 
 
-def test_a_cache_output_is_an_export_error_with_the_use_cache_hint():
-    tf = pytest.importorskip("transformers")
-    config = tf.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                            num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
-                            attn_implementation="sdpa")  # use_cache defaults to True
-    with pytest.raises(ExportError, match="could not capture LlamaForCausalLM") as error:
-        analyze(tf.LlamaForCausalLM(config).eval(), (torch.zeros(1, 8, dtype=torch.long),))
-    assert "DynamicCache" in error.value.torch_message
-    assert "use_cache=False" in error.value.hint
-
-
 def test_a_directory_is_not_a_saved_program(tmp_path):
     with pytest.raises(FileNotFoundError, match="is a directory: pass the path of a file "
                                                 "written by torch.export.save"):

@@ -99,6 +99,49 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     return _sized_by_the_example(captured, shaped) if shaped else captured
 
 
+def without_cache(model: torch.nn.Module, args: Any,
+                  kwargs: dict | None) -> tuple[dict | None, str]:
+    """``kwargs`` with ``use_cache=False`` added for a transformers model called as it comes,
+    and the note that says so; else ``kwargs`` as given and no note. Such a model builds a
+    ``DynamicCache`` by default (its config's ``use_cache``) and returns it, which torch.export
+    cannot flatten; the cache serves generation (`exportflops.analyze_generation` counts a
+    prefill and a decode step with it), and with it the forward also runs other code (the
+    cache's concatenations, a mask built for a cache), so the forward counted is the one
+    without it. Left as given: a model that is no transformers model or whose forward takes
+    no ``use_cache``, a call that names ``use_cache`` or passes a cache, and a config whose
+    ``use_cache`` is off already."""
+    # Only a model of an imported transformers can be one (importing it costs seconds).
+    pretrained = getattr(sys.modules.get("transformers"), "PreTrainedModel", None)
+    if pretrained is None or not isinstance(model, pretrained):
+        return kwargs, ""
+    try:
+        bound = inspect.signature(model.forward).bind_partial(
+            *as_args(args, model), **(kwargs or {})).arguments
+    except TypeError:
+        return kwargs, ""  # export names the mismatch
+    parameters = inspect.signature(model.forward).parameters
+    caches = [name for name in ("cache", "past_key_values") if bound.get(name) is not None]
+    config = model.config
+    on = any(getattr(c, "use_cache", False) for c in (config, config.get_text_config()))
+    if "use_cache" not in parameters or "use_cache" in bound or caches or not on:
+        return kwargs, ""
+    return ({**(kwargs or {}), "use_cache": False},
+            f"use_cache=False passed to {type(model).__name__}: by default it returns a KV "
+            f"cache, which serves generation (exportflops.analyze_generation counts it) and "
+            f"which torch.export cannot return; counted as the forward without it")
+
+
+def counted_eagerly(model: Any, dynamic_shapes: Any) -> bool:
+    """Whether a model torch.export refused may be counted from one eager run instead
+    (`capture.eager`; it must also run): a module called without dynamic sizes (those need
+    export's symbols), holding no eager-mode quantized module (its packed weights go to
+    ``quantized::`` kernels no formula counts; the refusal's hint says to analyze the float
+    model, whose matmuls are the same MACs)."""
+    return (isinstance(model, torch.nn.Module) and dynamic_shapes is None
+            and not any(type(m).__module__.startswith("torch.ao.nn.quantized")
+                        for m in model.modules()))
+
+
 def by_example(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any) -> bool:
     """Whether the example's values may decide ``model``'s program (its branches, its sizes
     read from values): its tensors are real and its sizes static (values would fix dynamic

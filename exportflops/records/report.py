@@ -195,6 +195,18 @@ class Report(Record):
     with a size read from the values that no branch asks about (``nonzero``), that size at its
     value in a run on the example (``Eq(u0, 3)``). Empty when every branch and size depends on
     shapes alone."""
+    capture: Literal["export", "eager"] = "export"
+    """Where the counted ops come from: ``export``, the graph torch.export captured;
+    ``eager``, one eager run of a model torch.export refused (a tensor its ``forward`` stores
+    on itself, LeViT's attention biases), every ATen op recorded with its module as it was
+    dispatched (`exportflops.capture.eager`). An eager count has no symbolic sizes (the
+    example's), its branches are those the run took, and its ops are the ones eager
+    dispatches below autograd (``aten.addmm`` where export keeps ``aten.linear``), counted by
+    the same formulas. `capture_notes` says why."""
+    capture_notes: list[str] = []
+    """How the counted call differs from the call as given, one line each: torch.export's
+    refusal behind an eager count; ``use_cache=False`` passed to a transformers model called
+    without it (its KV cache serves generation, and export cannot return it)."""
 
     @property
     def forward(self) -> Cost:

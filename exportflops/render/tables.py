@@ -62,6 +62,7 @@ def summary_view(report: Report, style: Style = Style()) -> str:
         ["coverage", s.percent(report.coverage, 1), _coverage_note(report)],
         ["uncounted ops", sum(u.calls for u in report.uncounted), _uncounted_note(report)],
         *_value_guard_rows(report),
+        *_capture_rows(report),
         *collective_summary_rows(report, style),
     ]
     if report.runtime is not None:
@@ -117,6 +118,15 @@ def _value_guard_rows(report: Report) -> list[list]:
     return [["decided by values", len(report.value_guards),
              "branches and sizes the example's values decided, counted as it takes them: "
              + "; ".join(shown) + more]]
+
+
+def _capture_rows(report: Report) -> list[list]:
+    """How the call was captured, where it is not the plain export of the call as given: an
+    eager run of a model export refused, a ``use_cache=False`` the call was given."""
+    if report.capture == "export" and not report.capture_notes:
+        return []
+    how = "eager run" if report.capture == "eager" else "torch.export"
+    return [["captured by", how, "; ".join(report.capture_notes)]]
 
 
 def _tied_note(report: Report) -> str:

@@ -119,12 +119,3 @@ def test_matmul_family_macs_equal_the_hand_derivation(analyzed):
 def test_no_op_that_does_compute_is_left_uncounted(analyzed):
     report, _ = analyzed
     assert report.uncounted == []
-
-
-def test_a_cache_output_is_an_export_error_with_the_use_cache_hint():
-    from exportflops import ExportError
-
-    model = tf.LlamaForCausalLM(tf.LlamaConfig(**SMALL, num_key_value_heads=2)).eval()
-    with pytest.raises(ExportError, match="LlamaForCausalLM") as error:
-        analyze(model, (IDS,))
-    assert "use_cache=False" in str(error.value) and "DynamicCache" in str(error.value)
