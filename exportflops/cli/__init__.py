@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import io
 import json
 import logging
@@ -92,8 +93,9 @@ class _Outcome:
     """The report evaluated at each --sweep point."""
     comparison: Any = None
     """The --budget comparison."""
-    step: Any = None
-    """The --seqlens step (`StepFlops`)."""
+    view: Any = None
+    """An analysis with a record and a view of its own (--seqlens, --pp, --ep, --cp): (the
+    record, a function of the record and a `render.Style` returning its text)."""
     roofline: Any = None
     """The --device-model roofline."""
 
@@ -136,6 +138,12 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                              f"by torch.export.save(program, path).")
         outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode), None)
         return _with_roofline(ns, _with_sweep(ns, outcome))
+    for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
+        if getattr(ns, flag) is not None:
+            # Each returns (a representative rank's report, (its record, the record's view)).
+            split = importlib.import_module(f".{module}", __package__).analyze_split
+            report, view = split(ns)
+            return _Outcome(report, None, view=view)
     if ns.tp is not None or ns.fsdp is not None:
         from .parallel import analyze_parallelized
         return _Outcome(*analyze_parallelized(ns))
@@ -165,8 +173,10 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                              f"forward without --generate.") from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
+        from ..render.training import step_view
         fpb = flops_per_batch(model, args, kwargs, mode=ns.mode)
-        return _Outcome(fpb.report, None, step=fpb.step(seqlens=ns.seqlens))
+        return _Outcome(fpb.report, None, view=(fpb.step(seqlens=ns.seqlens),
+                                                partial(step_view, model=fpb.report.model)))
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
@@ -245,12 +255,12 @@ def _render(ns: argparse.Namespace, outcome: _Outcome) -> str:
     from ..render import RenderOptions, flops_report, sweep_view, to_csv, to_markdown
 
     report = outcome.report
-    if outcome.step is not None:
+    if outcome.view is not None:
         from ..render import MARKDOWN, Style
-        from ..render.training import step_view
+        record, view = outcome.view
         if ns.format == "json":
-            return outcome.step.model_dump_json(indent=2) + "\n"
-        return step_view(outcome.step, report.model, MARKDOWN if ns.format == "md" else Style())
+            return record.model_dump_json(indent=2) + "\n"
+        return view(record, style=MARKDOWN if ns.format == "md" else Style())
     if ns.format == "json":
         if outcome.roofline is not None:
             return json.dumps({"report": report.model_dump(mode="json"),

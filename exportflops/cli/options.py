@@ -163,9 +163,27 @@ def parser() -> argparse.ArgumentParser:
                                "ModuleList), then the root, in a fake process group on fake "
                                "tensors; analyze one rank (view collectives). With --tp M: a 2-D "
                                "mesh (N, M), the plan on the inner dimension, as torchtitan does")
+    parallel.add_argument("--pp", type=int, default=None, metavar="N",
+                          help="pipeline parallelism: the model split by layer into N stages, "
+                               "each stage's work, sends and receives, and the schedule's "
+                               "timeline and bubble (docs/pipeline.md)")
+    parallel.add_argument("--schedule", default=None, metavar="NAME",
+                          help="--pp: the pipeline schedule (torch.distributed.pipelining's; "
+                               "docs/pipeline.md lists them)")
+    parallel.add_argument("--microbatches", type=int, default=None, metavar="M",
+                          help="--pp: microbatches per step")
+    parallel.add_argument("--ep", type=int, default=None, metavar="N",
+                          help="expert parallelism: a mixture of experts' experts sharded over "
+                               "N ranks, each rank's expert work and its all-to-alls "
+                               "(docs/expert-parallel.md)")
+    parallel.add_argument("--cp", type=int, default=None, metavar="N",
+                          help="context parallelism: the sequence split over N ranks, ring "
+                               "attention's work per rank and its key/value traffic "
+                               "(docs/context-parallel.md)")
     parallel.add_argument("--rank", type=int, default=0,
-                          help="--tp/--fsdp: the rank analyzed (default 0); with both, rank r "
-                               "is FSDP index r // M, tensor-parallel index r %% M")
+                          help="--tp/--fsdp/--pp/--ep/--cp: the rank analyzed (default 0); "
+                               "with --fsdp N and --tp M, rank r is FSDP index r // M, "
+                               "tensor-parallel index r %% M")
     parallel.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
                           help="the collectives view adds each one's time at this bus bandwidth "
                                "between ranks, in GB/s (1e9 bytes/s)")
@@ -319,8 +337,9 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                              "fake tensors: not a saved .pt2, and not with --profile, "
                              "--dynamic, --sweep, --budget, --device-model, --generate or "
                              "--device cpu/cuda.")
-    elif ns.rank:
-        raise UsageError("--rank picks a rank of --tp N or --fsdp N: pass one of them too.")
+    elif ns.rank and ns.pp is None and ns.ep is None and ns.cp is None:
+        raise UsageError("--rank picks a rank of --tp, --fsdp, --pp, --ep or --cp N: pass one "
+                         "of them too.")
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
     if ns.seqlens is not None and (

@@ -6,7 +6,7 @@ from ..records.training import StepFlops
 from .format import Style
 
 
-def step_view(step: StepFlops, model: str, style: Style = Style()) -> str:
+def step_view(step: StepFlops, *, model: str, style: Style = Style()) -> str:
     """Each document's own FLOPs (when the row packs documents), then the step's counts: what
     MFU divides (model), with the recompute (hardware), and as the graph runs it (executed)."""
     sizes = ", ".join(f"{name}={value}" for name, value in step.sizes.items())

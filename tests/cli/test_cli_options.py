@@ -68,8 +68,10 @@ GROUPS = {
     "model and inputs": ["--input", "--kwargs", "--layers", "--batch", "--seq", "--device"],
     "analysis": ["--mode", "--strict", "--full-export", "--dynamic", "--sweep", "--budget"],
     "runtime and roofline": ["--profile", "--warmup", "--repeat", "--trace", "--device-model"],
-    "generation": ["--generate", "--cache", "--max-cache-len"],
-    "parallelism": ["--tp", "--fsdp", "--rank", "--link-gbps"],
+    "generation": ["--generate", "--cache", "--max-cache-len", "--full-logits"],
+    "training steps": ["--seqlens"],
+    "parallelism": ["--tp", "--fsdp", "--pp", "--schedule", "--microbatches", "--ep", "--cp",
+                    "--rank", "--link-gbps"],
     "output": ["--view", "--depth", "--top", "--group-by", "--format", "--output"],
     "general": ["-h", "--help", "--debug", "--version"],
 }
