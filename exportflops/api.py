@@ -63,7 +63,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
 
         notes = []
         if isinstance(model, torch.nn.Module):
-            kwargs, note = without_cache(model, args, kwargs)
+            kwargs, dynamic_shapes, note = without_cache(model, args, kwargs, dynamic_shapes)
             notes += [note] if note else []
 
         def full_export():

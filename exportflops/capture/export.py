@@ -99,10 +99,11 @@ def capture(target: Any, args: Any = (), kwargs: dict | None = None, *,
     return _sized_by_the_example(captured, shaped) if shaped else captured
 
 
-def without_cache(model: torch.nn.Module, args: Any,
-                  kwargs: dict | None) -> tuple[dict | None, str]:
+def without_cache(model: torch.nn.Module, args: Any, kwargs: dict | None,
+                  dynamic_shapes: Any = None) -> tuple[dict | None, Any, str]:
     """``kwargs`` with ``use_cache=False`` added for a transformers model called as it comes,
-    and the note that says so; else ``kwargs`` as given and no note. Such a model builds a
+    ``dynamic_shapes`` with that input's entry (none: a bool), and the note that says so; else
+    all as given and no note. Such a model builds a
     ``DynamicCache`` by default (its config's ``use_cache``) and returns it, which torch.export
     cannot flatten; the cache serves generation (`exportflops.analyze_generation` counts a
     prefill and a decode step with it), and with it the forward also runs other code (the
@@ -111,21 +112,27 @@ def without_cache(model: torch.nn.Module, args: Any,
     no ``use_cache``, a call that names ``use_cache`` or passes a cache, and a config whose
     ``use_cache`` is off already."""
     # Only a model of an imported transformers can be one (importing it costs seconds).
+    as_given = kwargs, dynamic_shapes, ""
     pretrained = getattr(sys.modules.get("transformers"), "PreTrainedModel", None)
     if pretrained is None or not isinstance(model, pretrained):
-        return kwargs, ""
+        return as_given
     try:
         bound = inspect.signature(model.forward).bind_partial(
             *as_args(args, model), **(kwargs or {})).arguments
     except TypeError:
-        return kwargs, ""  # export names the mismatch
+        return as_given  # export names the mismatch
     parameters = inspect.signature(model.forward).parameters
     caches = [name for name in ("cache", "past_key_values") if bound.get(name) is not None]
     config = model.config
     on = any(getattr(c, "use_cache", False) for c in (config, config.get_text_config()))
     if "use_cache" not in parameters or "use_cache" in bound or caches or not on:
-        return kwargs, ""
-    return ({**(kwargs or {}), "use_cache": False},
+        return as_given
+    # torch.export matches dynamic_shapes to the inputs by name, or in order (kwargs last).
+    if isinstance(dynamic_shapes, dict):
+        dynamic_shapes = {**dynamic_shapes, "use_cache": None}
+    elif isinstance(dynamic_shapes, (tuple, list)):
+        dynamic_shapes = type(dynamic_shapes)([*dynamic_shapes, None])
+    return ({**(kwargs or {}), "use_cache": False}, dynamic_shapes,
             f"use_cache=False passed to {type(model).__name__}: by default it returns a KV "
             f"cache, which serves generation (exportflops.analyze_generation counts it) and "
             f"which torch.export cannot return; counted as the forward without it")

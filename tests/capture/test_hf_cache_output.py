@@ -62,3 +62,23 @@ def test_a_call_that_asks_for_the_cache_is_left_as_given():
     cats = report.operators["aten.cat.default"].calls - without.operators["aten.cat.default"].calls
     assert cats == 2 * 2
     assert report.total.macs == without.total.macs
+
+
+@pytest.mark.parametrize("by", ["name", "position"])
+def test_dynamic_shapes_given_for_the_call_as_it_comes_still_fit_it(by):
+    """The ``use_cache`` added is an input torch.export matches ``dynamic_shapes`` against: it
+    gets its entry (none), by name or in order, and the counts stay expressions of ``seq``."""
+    torch.manual_seed(0)
+    model = _MODELS["llama"]().eval()
+    ids = torch.randint(0, 128, (1, 8))
+    seq = torch.export.Dim("seq", min=2, max=64)
+    shapes = {"input_ids": {1: seq}} if by == "name" else ({1: seq},)
+    given = {"input_ids": {1: seq}, "use_cache": None} if by == "name" else ({1: seq}, None)
+
+    as_it_comes = exportflops.analyze(model, (ids,), dynamic_shapes=shapes)
+    without = exportflops.analyze(model, (ids,), {"use_cache": False}, dynamic_shapes=given)
+
+    assert [s.name for s in as_it_comes.symbols] == ["seq"]
+    assert as_it_comes.symbols == without.symbols
+    assert not isinstance(as_it_comes.total.flops, int)  # an expression of seq
+    assert as_it_comes.total == without.total
