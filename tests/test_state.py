@@ -62,6 +62,34 @@ def _process_group(*, fails: bool):
     return run
 
 
+def _flops_per_batch(*, fails: bool):
+    """A mixture of experts picked by value: flops_per_batch runs it once on the example."""
+    from tests.training.test_flops_per_batch import LoopedExperts
+
+    model = LoopedExperts()
+    if fails:
+        model, x = BranchOnValue().to("meta"), torch.randn(2, 8, device="meta")
+        return lambda: exportflops.flops_per_batch(model, (x,))
+    x = torch.randn(2, 8, 16)
+    shapes = ({0: torch.export.Dim("batch"), 1: torch.export.Dim("seq")},)
+    return lambda: exportflops.flops_per_batch(model, (x,), dynamic_shapes=shapes)
+
+
+def _profile(*, fails: bool):
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+    args = (torch.randn(2, 8, device="meta"),) if fails else (torch.randn(2, 8),)
+    return lambda: exportflops.profile(model, args, warmup=1, repeat=2)
+
+
+def _generation(*, fails: bool):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_positions=16, n_embd=32, n_layer=1, n_head=2,
+                                     vocab_size=64)
+    model = transformers.GPT2LMHeadModel(config)
+    prompt = torch.zeros(1, 20 if fails else 4, dtype=torch.long)
+    return lambda: exportflops.analyze_generation(model, prompt, new_tokens=2)
+
+
 @pytest.mark.parametrize("prepare, fails", [
     (lambda: _analyze("forward", fails=False), False),
     (lambda: _analyze("train", fails=False), False),
@@ -69,8 +97,15 @@ def _process_group(*, fails: bool):
     (lambda: _analyze("train", fails=True), True),
     (lambda: _process_group(fails=False), False),
     (lambda: _process_group(fails=True), True),
+    (lambda: _flops_per_batch(fails=False), False),
+    (lambda: _flops_per_batch(fails=True), True),
+    (lambda: _profile(fails=False), False),
+    (lambda: _profile(fails=True), True),
+    (lambda: _generation(fails=False), False),
+    (lambda: _generation(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
-        "process-group-fails"])
+        "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
+        "profile-fails", "generation", "generation-fails"])
 def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
     torch.manual_seed(0)
     call = prepare()
