@@ -139,6 +139,10 @@ def _alike_modules(model: torch.nn.Module) -> bool:
     return False
 
 
+#: The attributes every nn.Module has (parameters, buffers, children, hooks).
+_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
+
+
 @contextlib.contextmanager
 def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
     """Each module's attributes as they were before the block: one its forward sets (a call
@@ -147,6 +151,11 @@ def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
     back what its own run assigns too (``_detect_attribute_assignment``), so the fast path
     leaves the model as the full export does."""
     kept = [(module, dict(module.__dict__)) for module in model.modules()]
+    # A container the forward fills in place (LeViT's attention-bias cache, a dict) keeps its
+    # identity: its contents are put back too. nn.Module's own dicts are the model's structure.
+    contents = [(value, copy.copy(value)) for _, attributes in kept
+                for name, value in attributes.items()
+                if name not in _MODULE_INTERNALS and type(value) in (dict, list, set)]
     try:
         yield
     finally:
@@ -156,6 +165,9 @@ def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
             for name, value in attributes.items():
                 if module.__dict__.get(name, _ABSENT) is not value:
                     module.__dict__[name] = value
+        for container, before in contents:
+            container.clear()
+            (container.extend if isinstance(container, list) else container.update)(before)
 
 
 #: An attribute a module does not have (None is a value).

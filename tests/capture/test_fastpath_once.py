@@ -129,3 +129,26 @@ def test_attributes_a_forward_sets_are_as_they_were_after_the_analysis(fast):
     assert [(block.cached, block.calls) for block in model] == [(None, 0), (None, 0)]
     out = model(X)
     assert type(out) is torch.Tensor and [block.calls for block in model] == [1, 1]
+
+
+class FillsItsDict(nn.Module):
+    """A cache filled in place in a dict the module already holds, as LeViT's attention keeps
+    its bias per device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.bias_cache = {}
+
+    def forward(self, x):
+        if str(x.device) not in self.bias_cache:
+            self.bias_cache[str(x.device)] = torch.ones(4)
+        return self.linear(x) + self.bias_cache[str(x.device)]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
+def test_a_container_a_forward_fills_in_place_is_emptied_again(fast):
+    model = nn.Sequential(FillsItsDict(), FillsItsDict())
+    analyze(model, (X,), fast=fast)
+    assert [block.bias_cache for block in model] == [{}, {}]
+    assert type(model(X)) is torch.Tensor
