@@ -37,7 +37,7 @@ import torch.fx
 from ..roofline import devices
 from . import measured, timing
 from ..api import analyze, count_captured
-from ..capture.export import capture
+from ..capture.export import capture, without_cache
 from ..errors import ProfileError
 from ..progress import Progress, showing, stage
 from ..capture.placement import (
@@ -174,10 +174,15 @@ def _resolve(target: Any, args: Any, kwargs: dict | None, program: Any,
         # Checked before exporting: a meta model or split devices fail here, not deep in export.
         check_runnable(target, name, args, kwargs, wanted)
         stage("export")
+        # A transformers model called as it comes is timed and counted as analyze counts it:
+        # without the cache its output would hold (`capture.export.without_cache`).
+        kwargs, _, note = without_cache(target, args, kwargs)
         captured = capture(target, args, kwargs)
         # The graph just exported counted (no second export), named after the model and at
         # the sizes its example's values decided, as analyze(model) counts it.
         report = count_captured(captured)
+        if note:
+            report = report.model_copy(update={"capture_notes": [*report.capture_notes, note]})
         return _Call(report, captured.program, target, captured.args, captured.kwargs)
     if isinstance(target, Report):
         report, program = target, _program_of(target, program)

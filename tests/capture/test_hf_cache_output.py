@@ -82,3 +82,15 @@ def test_dynamic_shapes_given_for_the_call_as_it_comes_still_fit_it(by):
     assert as_it_comes.symbols == without.symbols
     assert not isinstance(as_it_comes.total.flops, int)  # an expression of seq
     assert as_it_comes.total == without.total
+
+
+def test_profile_times_a_transformers_model_as_it_comes_as_analyze_counts_it():
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    ids = torch.zeros(1, 6, dtype=torch.long)
+    timed = exportflops.profile(model, (ids,), warmup=1, repeat=2)
+    counted = exportflops.analyze(model, (ids,))
+    assert timed.total == counted.total and timed.capture_notes == counted.capture_notes
+    assert timed.runtime is not None and config.use_cache
