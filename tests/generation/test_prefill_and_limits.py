@@ -19,6 +19,8 @@ from exportflops.errors import GenerationError, InputError  # noqa: E402
 from exportflops.examples.llama import LlamaConfig, llama  # noqa: E402
 from exportflops.generation.cache_names import cache_argument  # noqa: E402
 from exportflops.generation.decoder import dynamic_cache_pytree  # noqa: E402
+# The same tiny Llama and prompt as the generation tests.
+from tests.generation.test_generation import _llama as _hf_llama  # noqa: E402
 
 # A tiny Llama: 2 layers, width 32, 4 query heads and 2 key/value heads of dim 8 (GQA), SwiGLU
 # of width 48, a 64-token vocabulary, untied head; 2 prompts of 5 tokens.
@@ -35,14 +37,6 @@ LAYERS_MACS = BATCH * LAYERS * (PROMPT * LAYER_PER_TOKEN + ATTENTION)  # 2 * 2 *
 HEAD_ONCE = BATCH * WIDTH * VOCAB  # the LM head on one position per sequence: 4096
 # The head on the other PROMPT - 1 positions of each prompt, what full logits add.
 HEAD_REST = BATCH * (PROMPT - 1) * WIDTH * VOCAB  # 2 * 4 * 32 * 64 = 16384
-
-
-def _hf_llama():
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN, num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, tie_word_embeddings=False)
-    with torch.device("meta"):
-        return transformers.LlamaForCausalLM(config).eval()
 
 
 @pytest.fixture(scope="module")
