@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 
 class ExportFlopsError(Exception):
     """Base class of every error raised by exportflops."""
@@ -101,6 +104,17 @@ class NotMeasuredError(ExportFlopsError, ValueError):
 class MissingExtraError(ExportFlopsError, ImportError):
     """An optional dependency is not installed (plotly for the HTML report); the message names
     the ``pip install 'exportflops[...]'`` that brings it."""
+
+
+def optional_module(module: str, *, needed_by: str, extra: str) -> ModuleType:
+    """The module ``module`` of an optional dependency, or a `MissingExtraError` naming what
+    needs it and the extra that installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise MissingExtraError(
+            f"{needed_by} needs {module.split('.')[0]}, which is not installed ({error}). "
+            f"Install the extra: pip install 'exportflops[{extra}]'.") from None
 
 
 class BuildError(ExportFlopsError):

@@ -18,12 +18,11 @@ drawn, and its absence is a `MissingExtraError` naming that step.
 
 from __future__ import annotations
 
-import importlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from ..errors import MissingExtraError
+from ..errors import optional_module
 from ..records.names import parent, short_name
 from ..records import Cost, NodeRecord, Report
 from .format import Style, magnitude
@@ -48,12 +47,7 @@ class RooflineLike(Protocol):
 
 def plotly(module: str = "plotly.graph_objects") -> Any:
     """A module of plotly, or a `MissingExtraError` saying how to install it."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise MissingExtraError(
-            f"The HTML report draws its pictures with plotly, which is not installed "
-            f"({error}). Install the extra: pip install 'exportflops[html]'.") from None
+    return optional_module(module, needed_by="The HTML report's pictures", extra="html")
 
 
 def module_icicle(report: Report, *, by: str = "flops") -> Any:

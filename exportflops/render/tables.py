@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from typing import Any
 
-from ..errors import MissingExtraError
+from ..errors import optional_module
 from ..records import Cost, GenerationReport, Report
 from .collectives import collective_summary_rows
 from .format import Style, magnitude
@@ -325,18 +325,8 @@ def to_pandas(report: Report | GenerationReport, rows: str | None = None) -> Any
     'exportflops[pandas]'``). Counts are integers in base units; a count of dynamic sizes
     stays its sympy expression (``report.evaluate(seq=...)`` first for numbers)."""
     header, body = table_rows(report, rows, "to_pandas")
-    return pandas().DataFrame(body, columns=header)
-
-
-def pandas() -> Any:
-    """The pandas module, or a `MissingExtraError` saying how to install it."""
-    try:
-        import pandas as pd
-    except ImportError as error:
-        raise MissingExtraError(
-            f"to_pandas builds a pandas DataFrame, and pandas is not installed ({error}). "
-            f"Install the extra: pip install 'exportflops[pandas]'.") from None
-    return pd
+    return optional_module("pandas", needed_by="to_pandas", extra="pandas").DataFrame(
+        body, columns=header)
 
 
 #: The model totals a sweep shows at each point: (heading, Cost field, unit).

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from .extras import trainer_library
+from ..errors import optional_module
 from .throughput import DensePeak, StepTimer, dense_peak
 
-transformers = trainer_library("transformers", "exportflops.training.hf_trainer")
+transformers = optional_module("transformers", needed_by=__name__, extra="trainers")
 
 
 class StepClock(transformers.TrainerCallback):

@@ -28,11 +28,11 @@ from typing import Any
 
 import torch
 
-from .extras import trainer_library
+from ..errors import optional_module
 from .throughput import DensePeak, dense_peak
 
-pl = trainer_library("lightning.pytorch", "exportflops.training.lightning")
-_monitor = trainer_library("lightning.pytorch.callbacks", "exportflops.training.lightning")
+pl = optional_module("lightning.pytorch", needed_by=__name__, extra="trainers")
+_monitor = optional_module("lightning.pytorch.callbacks", needed_by=__name__, extra="trainers")
 
 #: Lightning's precision names (``Trainer(precision=...)``) by their leading part, and the dtype
 #: their matmuls run in: ``bf16-mixed``, ``bf16-true``, ``16-mixed``, ``32-true``, ``64-true``.

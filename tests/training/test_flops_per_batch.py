@@ -58,7 +58,8 @@ def test_a_llama_steps_matmul_flops_equal_torchtitans_formula_at_any_size(batch,
     assert step.tokens == batch * seq and step.padded_tokens == 0
 
 
-@pytest.mark.parametrize("lengths", [[5], [10, 20, 30], [1, 1, 64, 3]], ids=["one", "three", "four"])
+@pytest.mark.parametrize("lengths", [[5], [10, 20, 30], [1, 1, 64, 3]],
+                         ids=["one", "three", "four"])
 def test_a_packed_row_equals_verls_dense_formula_with_the_sum_of_squared_lengths(lengths):
     """verl's ``estimate_flops`` (verl/utils/flops_counter.py): 6 N tokens + 12 x sum(L_i^2) x
     head_dim x heads x layers, with N its dense parameters (here the matmul weights)."""

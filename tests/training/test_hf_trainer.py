@@ -15,9 +15,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exportflops.errors import MissingExtraError, UnknownDeviceError  # noqa: E402
+from exportflops.errors import (  # noqa: E402
+    MissingExtraError, UnknownDeviceError, optional_module)
 from exportflops.training import flops_per_batch  # noqa: E402
-from exportflops.training.extras import trainer_library  # noqa: E402
 from exportflops.training.hf_trainer import ExactFlopsTrainer  # noqa: E402
 
 # A tiny Llama: 2 layers, width 16, 2 query heads of 8 and 1 key/value head, SwiGLU width 32.
@@ -201,7 +201,8 @@ def test_no_cuda_and_no_peak_fails_when_the_trainer_is_made(model_and_count, tmp
 def test_a_missing_trainer_library_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "lightning.pytorch", None)  # what an absent package reads as
     with pytest.raises(MissingExtraError, match=r"pip install 'exportflops\[trainers\]'"):
-        trainer_library("lightning.pytorch", "exportflops.training.lightning")
+        optional_module("lightning.pytorch", needed_by="exportflops.training.lightning",
+                        extra="trainers")
 
 
 def test_the_core_imports_no_trainer_library():
