@@ -180,6 +180,9 @@ def parser() -> argparse.ArgumentParser:
                           help="context parallelism: the sequence split over N ranks, ring "
                                "attention's work per rank and its key/value traffic "
                                "(docs/context-parallel.md)")
+    parallel.add_argument("--no-load-balance", action="store_true",
+                          help="--cp: contiguous blocks of the sequence instead of torch's "
+                               "round-robin in 2 x N chunks")
     parallel.add_argument("--rank", type=int, default=0,
                           help="--tp/--fsdp/--pp/--ep/--cp: the rank analyzed (default 0); "
                                "with --fsdp N and --tp M, rank r is FSDP index r // M, "
@@ -350,9 +353,29 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "table, Markdown or JSON: not a saved .pt2, and not with --profile, "
                          "--dynamic, --sweep, --budget, --device-model, --generate, --tp or "
                          "--fsdp.")
+    _check_context(ns)
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
         raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
                          "or JSON: not with --sweep, --mode train or --format csv.")
+
+
+def _check_context(ns: argparse.Namespace) -> None:
+    """--cp N with --rank in 0..N-1; refused with what it does not combine with."""
+    if ns.cp is None:
+        if ns.no_load_balance:
+            raise UsageError("--no-load-balance splits the sequence of --cp N: pass --cp.")
+        return
+    if ns.cp < 2 or not 0 <= ns.rank < ns.cp:
+        raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(ns.cp - 1, 0)}, "
+                         f"got --cp {ns.cp} --rank {ns.rank}.")
+    if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.ep is not None
+            or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
+            or ns.device_model or ns.generate is not None or ns.seqlens is not None
+            or ns.format not in ("table", "md", "json")):
+        raise UsageError("--cp splits the sequence of a model built here, as a table, Markdown "
+                         "or JSON: not a saved .pt2, and not with --tp, --fsdp, --pp, --ep, "
+                         "--profile, --dynamic, --sweep, --budget, --device-model, --generate "
+                         "or --seqlens.")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

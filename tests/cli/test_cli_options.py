@@ -71,7 +71,7 @@ GROUPS = {
     "generation": ["--generate", "--cache", "--max-cache-len", "--full-logits"],
     "training steps": ["--seqlens"],
     "parallelism": ["--tp", "--fsdp", "--pp", "--schedule", "--microbatches", "--ep", "--cp",
-                    "--rank", "--link-gbps"],
+                    "--no-load-balance", "--rank", "--link-gbps"],
     "output": ["--view", "--depth", "--top", "--group-by", "--format", "--output"],
     "general": ["-h", "--help", "--debug", "--version"],
 }
