@@ -176,6 +176,9 @@ def parser() -> argparse.ArgumentParser:
                           help="expert parallelism: a mixture of experts' experts sharded over "
                                "N ranks, each rank's expert work and its all-to-alls "
                                "(docs/expert-parallel.md)")
+    parallel.add_argument("--routing", default=None, metavar="N1,N2,...",
+                          help="--ep: token copies per expert over all ranks' batches, to see "
+                               "skew (default: balanced routing)")
     parallel.add_argument("--cp", type=int, default=None, metavar="N",
                           help="context parallelism: the sequence split over N ranks, ring "
                                "attention's work per rank and its key/value traffic "
@@ -353,10 +356,39 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "table, Markdown or JSON: not a saved .pt2, and not with --profile, "
                          "--dynamic, --sweep, --budget, --device-model, --generate, --tp or "
                          "--fsdp.")
+    _check_experts(ns)
     _check_context(ns)
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
         raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
                          "or JSON: not with --sweep, --mode train or --format csv.")
+
+
+def _check_experts(ns: argparse.Namespace) -> None:
+    """--ep N with --rank in 0..N-1 and --routing parsed (counts per expert); refused with what
+    it does not combine with."""
+    if ns.ep is None:
+        if ns.routing is not None:
+            raise UsageError("--routing gives the token copies per expert of --ep N: pass --ep.")
+        return
+    if ns.ep < 1 or not 0 <= ns.rank < ns.ep:
+        raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(ns.ep - 1, 0)}, "
+                         f"got --ep {ns.ep} --rank {ns.rank}.")
+    if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.cp is not None
+            or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
+            or ns.device_model or ns.generate is not None or ns.seqlens is not None
+            or ns.format not in ("table", "md", "json")):
+        raise UsageError("--ep analyzes the experts of a model built here, as a table, Markdown "
+                         "or JSON: not a saved .pt2, and not with --tp, --fsdp, --pp, --cp, "
+                         "--profile, --dynamic, --sweep, --budget, --device-model, --generate "
+                         "or --seqlens.")
+    if ns.routing is not None:
+        try:
+            ns.routing = [int(part) for part in ns.routing.split(",")]
+        except ValueError:
+            ns.routing = [-1]
+        if min(ns.routing) < 0:
+            raise UsageError("--routing takes token copies per expert, counts >= 0 separated "
+                             "by commas (10,30,20,4).")
 
 
 def _check_context(ns: argparse.Namespace) -> None:

@@ -70,8 +70,8 @@ GROUPS = {
     "runtime and roofline": ["--profile", "--warmup", "--repeat", "--trace", "--device-model"],
     "generation": ["--generate", "--cache", "--max-cache-len", "--full-logits"],
     "training steps": ["--seqlens"],
-    "parallelism": ["--tp", "--fsdp", "--pp", "--schedule", "--microbatches", "--ep", "--cp",
-                    "--no-load-balance", "--rank", "--link-gbps"],
+    "parallelism": ["--tp", "--fsdp", "--pp", "--schedule", "--microbatches", "--ep", "--routing",
+                    "--cp", "--no-load-balance", "--rank", "--link-gbps"],
     "output": ["--view", "--depth", "--top", "--group-by", "--format", "--output"],
     "general": ["-h", "--help", "--debug", "--version"],
 }

@@ -1,0 +1,79 @@
+"""Expert parallelism per rank: each rank's expert work, the rest of its work, and the
+all-to-alls that move its tokens to the experts and back (`exportflops.parallel.experts`)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .base import SCHEMA_VERSION, Cost, Record
+from .collectives import Collective
+
+
+class ExpertRank(Record):
+    """One rank of the expert-parallel group: its experts, the token copies routed to them, its
+    work split into the experts' and the rest, and the all-to-alls it issues."""
+
+    rank: int
+    """The rank's index in the expert-parallel group (0 .. ep - 1)."""
+    first_expert: int
+    """The first expert this rank holds: experts ``first_expert .. last_expert`` are its own,
+    ``rank x E / ep`` to ``(rank + 1) x E / ep - 1`` as torchtitan shards them (dim 0)."""
+    last_expert: int
+    """The last expert this rank holds (inclusive)."""
+    routed_tokens: int
+    """Token copies its experts compute in each MoE layer: the routing histogram summed over
+    its experts, gathered from every rank's batch."""
+    expert: Cost
+    """Its experts' work over every MoE layer: the single batch's expert work per routed token
+    times ``routed_tokens`` (forward and, in train mode, backward)."""
+    rest: Cost
+    """The work outside the experts on its own batch (attention, router, norms, shared
+    experts, head): one batch's analysis less its experts', the same on every rank."""
+    all_to_alls: list[Collective]
+    """The dispatch and combine all-to-alls it issues, per MoE layer and phase, in execution
+    order (the backward's in reverse)."""
+
+    @property
+    def total(self) -> Cost:
+        """Everything the rank computes: ``expert + rest``."""
+        return self.expert + self.rest
+
+
+class ExpertParallelReport(Record):
+    """A mixture of experts with its experts sharded over ``ep`` ranks, each rank running its
+    own batch (expert parallelism inside data parallelism, torchtitan's layout): every rank's
+    work and all-to-alls, and the busiest rank."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record layout."""
+    model: str
+    """The analyzed model's class."""
+    mode: Literal["forward", "train"]
+    """``train`` when the backward (and its two all-to-alls per MoE layer) is counted too."""
+    ep: int
+    """Ranks the experts are sharded over."""
+    num_experts: int
+    """Experts per MoE layer (E)."""
+    top_k: int
+    """Experts each token is routed to."""
+    tokens: int
+    """Tokens in each rank's batch (the example's), each routed to ``top_k`` experts."""
+    hidden: int
+    """Hidden size of a routed token: the all-to-alls carry ``hidden`` values per token copy."""
+    dtype: str
+    """dtype of the tokens the all-to-alls carry (the experts' parameters'), e.g. ``float32``."""
+    layers: list[str]
+    """Path of each MoE layer's experts module, in the model's order."""
+    routing: list[int]
+    """Token copies per expert, summed over every rank's batch (sums to
+    ``ep x tokens x top_k``): the one given, or the balanced one."""
+    balanced: bool
+    """True when no histogram was given: each expert gets ``ep x tokens x top_k / E``."""
+    single_device: Cost
+    """One batch on one device: the analysis of the example, every expert included."""
+    ranks: list[ExpertRank]
+    """Each rank of the group, in rank order."""
+    busiest_rank: int
+    """The rank with the most FLOPs (the lowest such rank on a tie): its time sets the step."""
+    complete: bool = True
+    """False when the analysis left ops uncounted: the counts are then lower bounds."""
