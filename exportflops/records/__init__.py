@@ -6,6 +6,8 @@ saved report renders and queries without the model.
 
 from .base import FLOPS_PER_MAC, SCHEMA_VERSION, Count, Cost, Record, TensorSpec
 from .collectives import Collective
+from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
+from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
@@ -13,8 +15,9 @@ from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 from .training import DocumentFlops, StepFlops, Throughput
 
-__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "Cost", "Count", "DocumentFlops",
+__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
+           "ContextRank", "Cost", "Count", "DocumentFlops", "ExpertParallelReport", "ExpertRank",
            "GenerationReport", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
-           "NodeTiming", "OperatorStats", "Record", "Report", "Roofline", "RooflineModule",
-           "RooflineNode", "RuntimeProfile", "SizeSymbolRecord", "StepFlops", "TensorSpec",
-           "Throughput", "TiedParameter", "Timing", "UncountedOp"]
+           "NodeTiming", "OperatorStats", "Record", "Report", "RingSend", "Roofline",
+           "RooflineModule", "RooflineNode", "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord",
+           "StepFlops", "TensorSpec", "Throughput", "TiedParameter", "Timing", "UncountedOp"]
