@@ -346,6 +346,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     elif ns.rank and ns.pp is None and ns.ep is None and ns.cp is None:
         raise UsageError("--rank picks a rank of --tp, --fsdp, --pp, --ep or --cp N: pass one "
                          "of them too.")
+    _check_pipeline(ns)
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
     if ns.seqlens is not None and (
@@ -408,6 +409,26 @@ def _check_context(ns: argparse.Namespace) -> None:
                          "or JSON: not a saved .pt2, and not with --tp, --fsdp, --pp, --ep, "
                          "--profile, --dynamic, --sweep, --budget, --device-model, --generate "
                          "or --seqlens.")
+
+
+def _check_pipeline(ns: argparse.Namespace) -> None:
+    """--pp N analyzes a model built here, on meta, alone: --schedule and --microbatches need it."""
+    if ns.pp is None:
+        if ns.schedule is not None or ns.microbatches is not None:
+            raise UsageError("--schedule and --microbatches lay out a pipeline: add --pp N.")
+        return
+    if ns.pp < 1 or (ns.microbatches is not None and ns.microbatches < 1) or ns.rank >= ns.pp \
+            or ns.rank < 0:
+        raise UsageError(f"--pp takes N >= 1 ranks, --microbatches M >= 1 and --rank one of "
+                         f"0..{max(ns.pp - 1, 0)}.")
+    if ns.tp is not None or ns.fsdp is not None or ns.model.endswith(".pt2") or ns.profile \
+            or ns.dims or ns.points or ns.budget or ns.generate is not None \
+            or ns.seqlens is not None or ns.device not in (None, "meta") \
+            or ns.format in ("csv", "html"):
+        raise UsageError("--pp splits a model built here on meta into stages and prints a "
+                         "table, Markdown or JSON: not a saved .pt2, and not with --tp or --fsdp "
+                         "(not composed yet), --profile, --dynamic, --sweep, --budget, "
+                         "--generate, --seqlens, --device cpu/cuda or --format csv/html.")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

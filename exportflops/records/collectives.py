@@ -14,11 +14,16 @@ class Collective(Record):
     tensor, the gathered output, the reduce-scattered input, the all-to-all input, the broadcast
     tensor. ``bandwidth_factor`` is nccl-tests' bus-bandwidth factor for a ring over the group,
     so ``bytes * bandwidth_factor / link_bytes_per_s`` estimates its time (`seconds`).
+
+    A pipeline stage's point-to-point transfer (`exportflops.parallel.pipeline`) is the same
+    record with ``op`` ``send`` or ``recv``: ``bytes`` the tensor's, ``bandwidth_factor`` 1 (the
+    tensor crosses the link once), ``group_size`` 2 (the pair), ``mesh_dim`` ``pp``, ``peer`` the
+    rank at the other end, ``node`` the stage output it carries (``stage 0 output 1``).
     """
 
     op: str
     """The collective: ``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``,
-    ``broadcast``."""
+    ``broadcast``; or a pipeline's point-to-point ``send`` or ``recv``."""
     bytes: int
     """Message size in bytes as nccl-tests counts it (see the class docstring)."""
     dtype: str
@@ -41,7 +46,10 @@ class Collective(Record):
     """The traced op, e.g. ``_c10d_functional.all_reduce.default``."""
     bandwidth_factor: float
     """nccl-tests' bus-bandwidth factor: ring all-reduce 2(n-1)/n; all-gather, reduce-scatter
-    and all-to-all (n-1)/n; broadcast 1; n the group size."""
+    and all-to-all (n-1)/n; broadcast 1; n the group size. A ``send`` or ``recv``: 1."""
+    peer: int | None = None
+    """For a ``send`` or ``recv``: the rank at the other end (the one sent to, or received
+    from); None for a collective."""
 
     def seconds(self, link_bytes_per_s: float) -> float:
         """Time at a bus bandwidth of ``link_bytes_per_s`` (nccl-tests' busbw)."""

@@ -25,19 +25,23 @@ def collectives_view(report: Report, style: Style = Style(), *,
     title = (f"Collectives of rank {report.rank} of {report.world_size} "
              f"({len(report.collectives)}; bytes as nccl-tests sizes a message)")
     timed = link_bytes_per_s is not None
-    headers = [*_HEADERS, *(["time"] if timed else [])]
+    # A pipeline stage's sends and receives name the rank at the other end.
+    peers = any(c.peer is not None for c in report.collectives)
+    headers = [*_HEADERS, *(["peer"] if peers else []), *(["time"] if timed else [])]
     rows = []
     for c in report.collectives:
         row = [c.op, c.phase, c.module or "<root>", c.mesh_dim or "-", c.group_size, c.dtype,
                style.count(c.bytes, "B"), f"{c.bandwidth_factor:.3f}"]
+        row += ["-" if c.peer is None else c.peer] if peers else []
         rows.append(row + ([style.seconds(c.seconds(link_bytes_per_s))] if timed else []))
     for phase in _phases(report):
         listed = [c for c in report.collectives if c.phase == phase]
         row = [f"total {phase}", "", "", "", "", "",
-               style.count(sum(c.bytes for c in listed), "B"), ""]
+               style.count(sum(c.bytes for c in listed), "B"), "", *([""] if peers else [])]
         seconds = sum(c.seconds(link_bytes_per_s) for c in listed) if timed else None
         rows.append(row + ([style.seconds(seconds)] if timed else []))
-    return style.titled(title, style.table(rows, headers, "llllrlrr" + ("r" if timed else "")))
+    align = "llllrlrr" + ("r" if peers else "") + ("r" if timed else "")
+    return style.titled(title, style.table(rows, headers, align))
 
 
 def collective_summary_rows(report: Report, style: Style) -> list[list]:

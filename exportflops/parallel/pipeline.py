@@ -1,0 +1,230 @@
+"""Pipeline parallelism: a model split into stages as torch.distributed.pipelining splits it,
+each stage counted on one microbatch, its sends and receives, and one step's timeline under a
+schedule of torch's (`exportflops.parallel.schedules`).
+
+How a stage is counted: its module (a ``GraphModule`` torch's ``pipeline()`` cut at the split
+points, or one the caller built) goes through `exportflops.analyze` on the tensors it receives,
+made by running the stages before it on the caller's inputs (on meta, nothing is computed). In
+``mode="train"`` a received tensor needs a gradient where the stage before's output does (the
+hidden state does, the rotary tables do not), so a stage's backward holds the gradients it
+sends back, and the stages' counts add up to the whole model's. Gradients flow from the last
+stage's outputs as from the whole model's (`exportflops.count.backward`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from ..errors import InputError
+from ..records import Collective, Report, TensorSpec
+from ..records.pipeline import PipelineReport, PipelineStage
+from .schedules import SCHEDULES, pipeline_order, timeline
+
+#: Predicted times with this device when none is named (the roofline's table key).
+DEFAULT_DEVICE = "h100-sxm"
+
+
+class PipelineAnalysis(NamedTuple):
+    """`analyze_pipeline`'s result: the step's record, and each stage's full report."""
+
+    record: PipelineReport
+    stage_reports: list[Report]
+    """Stage s's report, with ``world_size`` the pipeline ranks, ``rank`` its rank and
+    ``collectives`` its sends and receives (the collectives view lists them)."""
+
+
+def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
+                     *, stages: int | Sequence[str] | Sequence[torch.nn.Module],
+                     schedule: str = "1f1b", microbatches: int | None = None,
+                     stages_per_rank: int | None = None,
+                     mode: Literal["forward", "train"] = "train",
+                     device: str | None = DEFAULT_DEVICE,
+                     link_bytes_per_s: float | None = None, strict: bool = False,
+                     ) -> PipelineAnalysis:
+    """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
+    **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
+    ``schedule`` (a key of `SCHEDULES`).
+
+    ``stages``: a count (the model's layers split evenly, `layer_split_points`), the module
+    paths to split before (torch's ``SplitPoint.BEGINNING``), or the stage modules themselves
+    (``model`` None; each takes what the one before returns). ``stages_per_rank``: ``v`` for
+    the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
+    roofline's device for each action's time, or None for one unit per action.
+    """
+    modules, depth = _stage_modules(model, args, kwargs, stages)
+    looped = _looped(schedule)
+    v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)
+    if len(modules) % v:
+        raise InputError(f"{len(modules)} stages do not go {v} to a rank: give a multiple of "
+                         f"stages_per_rank={v}")
+    pp = len(modules) // v
+    m = pp if microbatches is None else microbatches
+    if m < 1:
+        raise InputError(f"microbatches={m}: a step runs at least one")
+    order = pipeline_order(schedule, pp, m, v)
+    if mode == "forward":  # the schedule's forwards, in its order
+        order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
+    rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
+
+    reports, inputs = _stage_reports(modules, args, kwargs, mode=mode, strict=strict)
+    times = [_times(report, device) for report in reports]
+    sends, receives = _transfers(inputs, rank_of, mode)
+    records = [PipelineStage(
+        index=s, rank=rank_of[s], modules=_held(module, depth), params=report.params,
+        inputs=[TensorSpec.of(t.shape, t.dtype) for t in inputs[s]],
+        forward=report.total - report.backward, backward=report.backward,
+        forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s])
+        for s, (module, report) in enumerate(zip(modules, reports))]
+
+    def transfer_s(src: int, dst: int, kind: str) -> float:
+        sender = src if kind == "F" else dst + 1
+        return sum(c.seconds(link_bytes_per_s) for c in sends[sender]
+                   if c.peer == rank_of[dst] and c.phase == _PHASE[kind])
+
+    actions, ranks, step, bubble, slowest = timeline(
+        order, lambda s, kind: times[s][0 if kind == "F" else 1],
+        transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0))
+    record = PipelineReport(
+        model=type(model).__name__ if model is not None else "stages", mode=mode,
+        schedule=schedule, torch_schedule=SCHEDULES[schedule].torch_class, microbatches=m,
+        pp=pp, stages_per_rank=v, device=device or "unit", link_bytes_per_s=link_bytes_per_s,
+        stages=records, timeline=actions, ranks=ranks, step_time_s=step,
+        bubble_fraction=bubble, slowest_rank=slowest)
+    stage_reports = [report.model_copy(update={
+        "world_size": pp, "rank": rank_of[s], "collectives": [*sends[s], *receives[s]]})
+        for s, report in enumerate(reports)]
+    return PipelineAnalysis(record, stage_reports)
+
+
+_PHASE = {"F": "forward", "B": "backward"}
+
+
+def _looped(schedule: str) -> bool:
+    if schedule not in SCHEDULES:
+        raise InputError(f"no pipeline schedule {schedule!r}; the schedules: "
+                         f"{', '.join(SCHEDULES)} (docs/pipeline.md)")
+    return SCHEDULES[schedule].looped
+
+
+def layer_split_points(model: torch.nn.Module, stages: int) -> list[str]:
+    """The paths to split ``model`` before for ``stages`` stages of whole layers: stage k
+    starts at layer ``k * n // stages`` of its n layers, so stage 0 holds the embedding and the
+    first layers, the last stage the last layers, the final norm and the head. The layers are
+    a Hugging Face model's decoder layers (``_no_split_modules``), else the entries of its
+    outermost ``ModuleList``."""
+    layers = _layers(model)
+    if not 1 <= stages <= len(layers):
+        raise InputError(f"{type(model).__name__} has {len(layers)} layers: it splits into 1 "
+                         f"to {len(layers)} stages of whole layers, not {stages}")
+    return [layers[k * len(layers) // stages] for k in range(1, stages)]
+
+
+def _layers(model: torch.nn.Module) -> list[str]:
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if names:
+        found = [path for path, m in model.named_modules() if type(m).__name__ in names]
+        if found:
+            return found
+    for path, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList):  # the first found is the outermost
+            return [f"{path}.{name}" if path else name for name, _ in module.named_children()]
+    raise InputError(f"{type(model).__name__} has no list of layers to split by (no "
+                     f"ModuleList): give the split points' module paths as stages=[...]")
+
+
+def _stage_modules(model, args, kwargs, stages) -> tuple[list[torch.nn.Module], int | None]:
+    """The stage modules, and the depth to cut each one's module paths at (None: its
+    children's)."""
+    if isinstance(stages, int) and not isinstance(stages, bool):
+        if model is None:
+            raise InputError("stages=<count> splits a model: pass it")
+        stages = layer_split_points(model, stages) if stages > 1 else []
+    stages = list(stages)
+    if stages and all(isinstance(s, torch.nn.Module) for s in stages):
+        return stages, None
+    if model is None or not all(isinstance(s, str) for s in stages):
+        raise InputError("stages takes a count, module paths of the model to split before, "
+                         "or the stage modules (with model=None)")
+    if not stages:
+        return [model], 1
+    from ..capture.pipeline_split import split_stages
+
+    depth = max(len(path.split(".")) for path in stages)
+    return split_stages(model, tuple(args), kwargs, stages), depth
+
+
+def _stage_reports(modules, args, kwargs, *, mode: str, strict: bool):
+    """Each stage's report on the tensors it receives, and those tensors (stage 0: the
+    caller's positional inputs)."""
+    from ..api import analyze
+
+    reports, inputs = [], []
+    received, received_kwargs = tuple(args), kwargs
+    for module in modules:
+        reports.append(analyze(module, received, received_kwargs, mode=mode, strict=strict))
+        inputs.append([t for t in received if isinstance(t, torch.Tensor)])
+        with torch.enable_grad() if mode == "train" else torch.no_grad():
+            out = module(*received, **(received_kwargs or {}))
+        outputs = out if isinstance(out, (tuple, list)) else (out,)
+        received = tuple(_received(t, mode) for t in outputs)
+        received_kwargs = None
+    return reports, inputs
+
+
+def _received(value: Any, mode: str) -> Any:
+    """A tensor as the next stage receives it: a leaf, needing a gradient in train mode where
+    the sender's output has one."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    needs = mode == "train" and value.requires_grad and value.is_floating_point()
+    return value.detach().requires_grad_(needs)
+
+
+def _transfers(inputs: list[list[torch.Tensor]], rank_of: dict[int, int], mode: str):
+    """Per stage: its sends and its receives, one per tensor crossing a stage boundary."""
+    sends: list[list[Collective]] = [[] for _ in inputs]
+    receives: list[list[Collective]] = [[] for _ in inputs]
+    for dst in range(1, len(inputs)):
+        src = dst - 1
+        for i, tensor in enumerate(inputs[dst]):
+            carried = f"stage {src} output {i}"
+            sends[src].append(_p2p("send", tensor, "forward", rank_of[dst], carried))
+            receives[dst].append(_p2p("recv", tensor, "forward", rank_of[src], carried))
+            if mode == "train" and tensor.requires_grad:
+                carried = f"gradient of stage {src} output {i}"
+                sends[dst].append(_p2p("send", tensor, "backward", rank_of[src], carried))
+                receives[src].append(_p2p("recv", tensor, "backward", rank_of[dst], carried))
+    return sends, receives
+
+
+def _p2p(op: str, tensor: torch.Tensor, phase: str, peer: int, carried: str) -> Collective:
+    return Collective(op=op, bytes=tensor.numel() * tensor.element_size(),
+                      dtype=str(tensor.dtype).removeprefix("torch."), phase=phase, group_size=2,
+                      group="pp", mesh_dim="pp", module="", node=carried,
+                      torch_op=f"torch.distributed.i{op}", bandwidth_factor=1.0, peer=peer)
+
+
+def _times(report: Report, device: str | None) -> tuple[float, float]:
+    """(forward, backward) seconds of a stage on one microbatch: the roofline's sums of its
+    nodes per phase on ``device``, or one unit each (None)."""
+    if device is None:
+        return 1.0, (1.0 if report.mode == "train" else 0.0)
+    from ..roofline import roofline
+
+    phase = {node.name: node.phase for node in report.nodes}
+    nodes = roofline(report, device).nodes
+    return (sum(n.predicted_s for n in nodes if phase[n.name] == "forward"),
+            sum(n.predicted_s for n in nodes if phase[n.name] == "backward"))
+
+
+def _held(module: torch.nn.Module, depth: int | None) -> list[str]:
+    """The module paths a stage holds: each parameter's module, cut at ``depth`` parts (None:
+    the stage module's children), in order, once each."""
+    paths: dict[str, None] = {}
+    for name, _ in module.named_parameters():
+        parts = name.split(".")[:-1]
+        paths[".".join(parts[:depth if depth is not None else 1]) or "<root>"] = None
+    return list(paths)

@@ -1,0 +1,160 @@
+"""Pipeline schedules: each rank's order of actions from torch.distributed.pipelining's own
+schedule classes, and the step's timeline when each action takes its stage's time.
+
+The order is torch's: a schedule class built on stand-in stages (an autospec of
+``PipelineStage``, as torch's ``_schedule_visualizer.get_schedule_ops`` builds it) fills its
+``pipeline_order`` {rank: [action or None]}. Only the timing is ours: a rank runs its actions
+one after another in that order, each as soon as its input is there (a forward after the stage
+before's forward of the same microbatch, a backward after the stage after's backward), which
+is what the schedule's blocking receives do. With every action taking one unit this is torch's
+``_simulate_comms_compute``; with the roofline's times per stage it is the step's prediction.
+
+Schedules with a backward split into input and weight gradients (torch's zero-bubble ones:
+``I`` and ``W`` actions) are not in the table: the counts do not separate the two halves of a
+stage's backward, and a timeline with a guessed split would be a guess.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..errors import InputError
+from ..records.pipeline import PipelineAction, PipelineRank
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule of the table: the torch class and how many stages a rank runs."""
+
+    torch_class: str
+    """The class's name in ``torch.distributed.pipelining``."""
+    looped: bool
+    """Whether a rank runs several stages (``stages_per_rank`` >= 2), stage s on rank s % p."""
+    note: str
+    """What it is, for the docs and the refusal that lists the table."""
+
+
+SCHEDULES: dict[str, Schedule] = {
+    "gpipe": Schedule("ScheduleGPipe", False,
+                      "every microbatch's forward, then every backward (Huang et al. 2019)"),
+    # torch 2.13's Schedule1F1B.pipeline_order numbers the last rank's forwards from 1 (its
+    # step() does not read it, so training is right; the order is not): the same schedule is
+    # ScheduleInterleaved1F1B's generator with one stage per rank.
+    "1f1b": Schedule("ScheduleInterleaved1F1B", False,
+                     "one forward, one backward in the steady state (PipeDream-Flush, Narayanan "
+                     "et al. 2021), from torch's interleaved generator with one stage per rank"),
+    "interleaved1f1b": Schedule("ScheduleInterleaved1F1B", True,
+                                "1F1B over v stages per rank, depth first (Narayanan et al. "
+                                "2021, section 2.2)"),
+    "loopedbfs": Schedule("ScheduleLoopedBFS", True,
+                          "v stages per rank, each stage's microbatches breadth first"),
+}
+
+
+def pipeline_order(name: str, pp: int, microbatches: int,
+                   stages_per_rank: int) -> dict[int, list[tuple[int, str, int]]]:
+    """{rank: [(stage, ``F`` or ``B``, microbatch), ...]} in torch's order for schedule
+    ``name``, idle slots and gradient reductions dropped."""
+    import torch.distributed.pipelining as pipelining
+    from unittest import mock
+
+    schedule = _schedule(name, stages_per_rank)
+    stand_in = mock.create_autospec(pipelining.PipelineStage, instance=True)
+    stand_in.group_rank, stand_in.group_size, stand_in.submod = 0, pp, None
+    stand_in.num_stages = pp * stages_per_rank
+    cls = getattr(pipelining, schedule.torch_class)
+    stages = stand_in if cls.__name__ == "ScheduleGPipe" else [stand_in] * stages_per_rank
+    try:
+        built = cls(stages, microbatches)
+    except (ValueError, AssertionError) as error:  # torch's own condition on p, v and m
+        raise InputError(f"schedule {name!r} with {pp} ranks, {stages_per_rank} stages per "
+                         f"rank and {microbatches} microbatches: torch's "
+                         f"{schedule.torch_class} refuses it: {error}") from error
+    order = {rank: [(a.stage_index, a.computation_type.value, a.microbatch_index)
+                    for a in actions if a is not None and a.computation_type.value in "FB"]
+             for rank, actions in built.pipeline_order.items()}
+    _check_complete(name, order, pp * stages_per_rank, microbatches)
+    return order
+
+
+def _schedule(name: str, stages_per_rank: int) -> Schedule:
+    if name not in SCHEDULES:
+        raise InputError(f"no pipeline schedule {name!r}; the schedules: "
+                         f"{', '.join(SCHEDULES)} (docs/pipeline.md)")
+    schedule = SCHEDULES[name]
+    if schedule.looped != (stages_per_rank > 1) or stages_per_rank < 1:
+        wants = "2 or more" if schedule.looped else "1"
+        raise InputError(f"schedule {name!r} runs {wants} stages per rank, got "
+                         f"{stages_per_rank}")
+    return schedule
+
+
+def _check_complete(name: str, order: dict, stages: int, microbatches: int) -> None:
+    """Each stage's forward and backward of each microbatch exactly once (what torch's
+    ``_validate_schedule`` checks)."""
+    listed = sorted(action for actions in order.values() for action in actions)
+    wanted = sorted((s, kind, m) for s in range(stages) for kind in "FB"
+                    for m in range(microbatches))
+    if listed != wanted:
+        raise InputError(f"torch's order for schedule {name!r} does not run each stage's "
+                         f"forward and backward of each microbatch once; pick another schedule")
+
+
+def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[int, str], float],
+             transfer_s: Callable[[int, int, str], float] = lambda src, dst, kind: 0.0,
+             ) -> tuple[list[PipelineAction], list[PipelineRank], float, float, int]:
+    """(actions, ranks, step time, bubble fraction, slowest rank) when rank r runs
+    ``order[r]`` in order, a stage's action taking ``seconds(stage, "F" or "B")`` and an input
+    crossing from stage ``src`` to ``dst`` taking ``transfer_s(src, dst, kind)`` when the
+    two stages are on different ranks."""
+    rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
+    last = max(rank_of)
+    done: dict[tuple[int, str, int], float] = {}
+    clock = dict.fromkeys(order, 0.0)
+    position = dict.fromkeys(order, 0)
+    actions: dict[int, list[PipelineAction]] = {rank: [] for rank in order}
+    while any(position[r] < len(order[r]) for r in order):
+        moved = False
+        for rank in order:
+            while position[rank] < len(order[rank]):
+                stage, kind, mb = order[rank][position[rank]]
+                ready = _ready(stage, kind, mb, last, done, rank_of, transfer_s)
+                if ready is None:
+                    break
+                start = max(clock[rank], ready)
+                end = start + seconds(stage, kind)
+                done[(stage, kind, mb)] = clock[rank] = end
+                actions[rank].append(PipelineAction(
+                    rank=rank, stage=stage, microbatch=mb, start_s=start, end_s=end,
+                    kind="forward" if kind == "F" else "backward"))
+                position[rank] += 1
+                moved = True
+        if not moved:
+            raise InputError("the schedule's order waits on itself (a deadlock): each rank's "
+                             "next action needs one that comes later")
+    step = max(clock.values())
+    busy = {rank: sum(a.end_s - a.start_s for a in actions[rank]) for rank in order}
+    ranks = [PipelineRank(rank=rank, stages=sorted({s for s, _, _ in order[rank]}),
+                          busy_s=busy[rank], end_s=clock[rank],
+                          bubble_fraction=(step - busy[rank]) / step if step else 0.0)
+             for rank in sorted(order)]
+    bubble = 1 - sum(busy.values()) / (len(order) * step) if step else 0.0
+    slowest = min(rank for rank in order if clock[rank] == step)
+    return ([a for rank in sorted(order) for a in actions[rank]], ranks, step, bubble, slowest)
+
+
+def _ready(stage: int, kind: str, mb: int, last: int, done: dict, rank_of: dict,
+           transfer_s: Callable[[int, int, str], float]) -> float | None:
+    """When the action's inputs are there, or None while one is not done yet."""
+    needs = []  # (action, the stage it comes from, kind)
+    if kind == "F" and stage > 0:
+        needs.append(((stage - 1, "F", mb), stage - 1))
+    if kind == "B":
+        needs.append(((stage, "F", mb), stage))
+        if stage < last:
+            needs.append(((stage + 1, "B", mb), stage + 1))
+    if any(action not in done for action, _ in needs):
+        return None
+    return max([done[action] + (transfer_s(src, stage, kind) if rank_of[src] != rank_of[stage]
+                                else 0.0) for action, src in needs], default=0.0)

@@ -1,0 +1,124 @@
+"""A model split into pipeline stages: each stage's work per microbatch, its sends and
+receives, and one training step's timeline under a schedule (`exportflops.parallel.pipeline`).
+
+Plain fields only, so the timeline can be drawn from the JSON. Times are seconds predicted by
+the roofline on ``device``, or with ``device="unit"`` one second per action (every forward and
+every backward of a stage on a microbatch: torch's dry-run simulator's step).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .base import SCHEMA_VERSION, Cost, Record, TensorSpec
+from .collectives import Collective
+
+
+class PipelineStage(Record):
+    """One stage: the modules it holds and its work on one microbatch."""
+
+    index: int
+    """Stage index, 0 for the one that takes the model's inputs."""
+    rank: int
+    """The pipeline rank that runs it (the schedule's placement: stage ``s`` on rank ``s % p``
+    for the looped schedules)."""
+    modules: list[str]
+    """Paths of the modules it holds, in the original model's names, cut at the split points'
+    depth: the embedding, each layer, the final norm, the head."""
+    params: int
+    """Parameters it holds."""
+    inputs: list[TensorSpec]
+    """The tensors it takes per microbatch: the model's inputs for stage 0, else what the stage
+    before sends."""
+    forward: Cost
+    """Work of its forward on one microbatch."""
+    backward: Cost
+    """Work of its backward on one microbatch (zero in ``mode="forward"``): the gradients of
+    its parameters and of the inputs it received that need one."""
+    forward_s: float
+    """Time of its forward on one microbatch: the roofline's prediction on the report's
+    ``device``, or 1 with ``device="unit"``."""
+    backward_s: float
+    """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``)."""
+    sends: list[Collective]
+    """What it sends per microbatch: its outputs to the next stage (``forward``), the gradients
+    of its inputs to the stage before (``backward``); ``op`` ``send``."""
+    receives: list[Collective]
+    """What it receives per microbatch, mirroring the peers' sends; ``op`` ``recv``."""
+
+
+class PipelineAction(Record):
+    """One action of the step's timeline: a stage's forward or backward on a microbatch."""
+
+    rank: int
+    """The rank that runs it."""
+    stage: int
+    """The stage it runs."""
+    microbatch: int
+    """The microbatch, 0 to ``microbatches - 1``."""
+    kind: Literal["forward", "backward"]
+    """``forward``, or ``backward`` (torch's full backward, ``B``)."""
+    start_s: float
+    """When it starts: once its rank finished the action before it (torch's order) and its
+    input arrived (the stage before's forward, the stage after's backward, plus the transfer
+    at ``link_bytes_per_s`` when given)."""
+    end_s: float
+    """``start_s`` plus the stage's ``forward_s`` or ``backward_s``."""
+
+
+class PipelineRank(Record):
+    """One rank's share of the step."""
+
+    rank: int
+    """Pipeline rank."""
+    stages: list[int]
+    """The stages it runs (more than one for the interleaved and looped schedules)."""
+    busy_s: float
+    """Sum of its actions' times."""
+    end_s: float
+    """When its last action ends."""
+    bubble_fraction: float
+    """Its idle share of the step: ``(step_time_s - busy_s) / step_time_s``."""
+
+
+class PipelineReport(Record):
+    """One step of a pipelined model: stages, sends, the schedule's timeline and its bubble."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record layout."""
+    model: str
+    """The model's class, or ``stages`` for stage modules given by the caller."""
+    mode: Literal["forward", "train"]
+    """``train``: forward and backward actions; ``forward``: the schedule's forward actions
+    only, in its order."""
+    schedule: str
+    """The schedule's name as `exportflops.parallel.schedules.SCHEDULES` keys it (``1f1b``)."""
+    torch_schedule: str
+    """The torch.distributed.pipelining class whose action order the timeline follows."""
+    microbatches: int
+    """Microbatches per step; each stage's counts are for one."""
+    pp: int
+    """Pipeline ranks."""
+    stages_per_rank: int
+    """Stages each rank runs (``v``): 1, or more for the interleaved and looped schedules."""
+    device: str
+    """The roofline's device key the times come from, or ``unit`` (one second per action)."""
+    link_bytes_per_s: float | None = None
+    """Bandwidth of the link between ranks, when the timeline delays each received tensor by
+    ``bytes / link_bytes_per_s``; None: transfers take no time."""
+    stages: list[PipelineStage]
+    """Every stage, in order."""
+    timeline: list[PipelineAction]
+    """Every action of the step, by rank and in each rank's order."""
+    ranks: list[PipelineRank]
+    """Every rank's busy time, end and bubble."""
+    step_time_s: float
+    """When the last action of the step ends."""
+    bubble_fraction: float
+    """Idle share of all ranks' time in the step: ``1 - sum(busy_s) / (pp * step_time_s)``."""
+    slowest_rank: int
+    """The rank whose last action ends the step (the lowest such rank)."""
+
+    def sends(self) -> list[Collective]:
+        """Every stage's sends, stage by stage."""
+        return [send for stage in self.stages for send in stage.sends]

@@ -1,0 +1,80 @@
+"""The pipeline view (`PipelineReport`): each stage's work and sends per microbatch, then each
+rank's share of the step under the schedule, its bubble, and the rank that sets the step.
+
+Pure: reads the record only; every number shown is a field of it or a sum of fields.
+"""
+
+from __future__ import annotations
+
+from ..records.pipeline import PipelineReport
+from .format import Style
+
+
+def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int | None = None,
+                  ) -> str:
+    """The stage table, the rank table and the step's line; ``rank`` marks that rank's rows."""
+    unit = "unit times (1 s per action)" if record.device == "unit" else \
+        f"roofline on {record.device}"
+    stage_rows = []
+    for s in record.stages:
+        sent = {phase: sum(c.bytes for c in s.sends if c.phase == phase)
+                for phase in ("forward", "backward")}
+        stage_rows.append([
+            s.index, _marked(s.rank, rank), _modules(s.modules), style.count(s.params),
+            style.count(s.forward.flops), style.count(s.backward.flops),
+            _time(s.forward_s, record, style),
+            _time(s.backward_s, record, style) if record.mode == "train" else "-",
+            style.count(sent["forward"], "B"), style.count(sent["backward"], "B")])
+    stages = style.titled(
+        f"{record.model}: {len(record.stages)} pipeline stages on {record.pp} ranks, per "
+        f"microbatch ({record.mode}; times: {unit})",
+        style.table(stage_rows, ["stage", "rank", "holds", "params", "forward FLOPs",
+                                 "backward FLOPs", "forward time", "backward time",
+                                 "sends forward", "sends backward"], "rrlrrrrrrr"))
+    rank_rows = [[_marked(r.rank, rank), ", ".join(map(str, r.stages)), _time(r.busy_s, record,
+                  style), _time(r.end_s, record, style),
+                  style.percent(r.bubble_fraction, 1)] for r in record.ranks]
+    ranks = style.titled(
+        f"Schedule {record.schedule} (torch's {record.torch_schedule}), {record.microbatches} "
+        f"microbatches, {record.stages_per_rank} stage(s) per rank",
+        style.table(rank_rows, ["rank", "stages", "busy", "last action ends", "bubble"],
+                    "rlrrr"))
+    step = (f"Step: {_time(record.step_time_s, record, style)}, set by rank "
+            f"{record.slowest_rank}; bubble {style.percent(record.bubble_fraction, 1)} of all "
+            f"ranks' time.")
+    return f"{stages}\n\n{ranks}\n\n{step}\n"
+
+
+def _time(value: float, record: PipelineReport, style: Style):
+    return f"{value:g} units" if record.device == "unit" else style.seconds(value)
+
+
+def _marked(value: int, rank: int | None) -> str:
+    return f"{value} *" if value == rank else str(value)
+
+
+def _modules(paths: list[str]) -> str:
+    """``tok_embeddings, layers.0-1``: consecutive numbered siblings as one range."""
+    parts: list[str] = []
+    run: tuple[str, int, int] | None = None
+    for path in paths:
+        stem, _, last = path.rpartition(".")
+        if last.isdigit() and run and run[0] == stem and run[2] + 1 == int(last):
+            run = (stem, run[1], int(last))
+            continue
+        if run:
+            parts.append(_run(run))
+            run = None
+        if last.isdigit():
+            run = (stem, int(last), int(last))
+        else:
+            parts.append(path)
+    if run:
+        parts.append(_run(run))
+    return ", ".join(parts)
+
+
+def _run(run: tuple[str, int, int]) -> str:
+    stem, first, last = run
+    prefix = f"{stem}." if stem else ""
+    return f"{prefix}{first}" if first == last else f"{prefix}{first}-{last}"

@@ -1,0 +1,241 @@
+"""Pipeline parallelism: stages split as torch.distributed.pipelining splits them, their counts
+against the single-device count, their sends, and the bubble of torch's schedules.
+
+The bubble figures are Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on
+GPU Clusters Using Megatron-LM", section 2.2): with p stages of equal time, m microbatches and
+t_f + t_b per microbatch and stage, GPipe and 1F1B take (m + p - 1)(t_f + t_b) for m(t_f + t_b)
+of work per rank, a bubble of (p - 1)/(m + p - 1) of the step ((p - 1)/m of the ideal time);
+the interleaved schedule with v stages per rank, each 1/v of the work, shrinks the bubble time
+to (p - 1)(t_f + t_b)/v: (p - 1)/(v m + p - 1) of the step, (p - 1)/(v m) of the ideal.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import exportflops
+from exportflops.cli import main
+from exportflops.errors import InputError
+from exportflops.examples.llama import LlamaConfig, llama
+from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
+from exportflops.parallel.schedules import pipeline_order, timeline
+from exportflops.records.pipeline import PipelineReport
+from exportflops.render.pipeline import pipeline_view
+
+F32 = 4  # bytes per float32 element
+SMALL = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
+                    ffn_dim=128, max_seq_len=64)
+BATCH, SEQ = 2, 16
+TOKENS = BATCH * SEQ
+
+
+@pytest.fixture(scope="module")
+def small_llama():
+    model, args = llama("meta", SMALL, seq_len=SEQ, batch=BATCH)
+    return model, args
+
+
+@pytest.fixture(scope="module")
+def llama_split(small_llama):
+    model, args = small_llama
+    return analyze_pipeline(model, args, stages=2, schedule="1f1b", microbatches=4)
+
+
+def test_stages_of_the_llama_add_up_to_the_single_device_count(small_llama, llama_split):
+    model, args = small_llama
+    whole = exportflops.analyze(model, args, mode="train")
+    stages = llama_split.record.stages
+    assert sum((s.forward + s.backward for s in stages), exportflops.Cost()) == whole.total
+    assert sum((s.backward for s in stages), exportflops.Cost()) == whole.backward
+    assert sum(s.params for s in stages) == whole.params
+
+
+def test_the_first_stage_holds_the_embedding_and_the_last_the_head(llama_split):
+    first, last = llama_split.record.stages
+    # 4 layers in 2 stages: layer 4 * 1 // 2 = 2 starts the second.
+    assert first.modules == ["tok_embeddings", "layers.0", "layers.1"]
+    assert last.modules == ["layers.2", "layers.3", "norm", "output"]
+    # Parameters: a layer is wq, wo (dim x heads*hd = 64 x 64 each), wk, wv (64 x 32 each),
+    # w1, w2, w3 (64 x 128 each) and two norms of 64.
+    layer = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+    assert first.params == 256 * 64 + 2 * layer  # the embedding, vocab x dim
+    assert last.params == 2 * layer + 64 + 64 * 256  # the final norm, the head dim x vocab
+    head = llama_split.stage_reports[1].module("output")
+    assert head.inclusive.macs - head.backward.macs == TOKENS * SMALL.dim * SMALL.vocab_size
+    # Its backward: the input's gradient and the weight's, each tokens x dim x vocab.
+    assert head.backward.macs == 2 * TOKENS * SMALL.dim * SMALL.vocab_size
+    embedding = llama_split.stage_reports[0].module("tok_embeddings")
+    assert embedding.inclusive.macs == 0  # a gather: no multiply-accumulate
+
+
+def test_sends_are_the_hidden_state_and_the_rotary_tables_and_one_gradient(llama_split):
+    first, last = llama_split.record.stages
+    hidden, table = BATCH * SEQ * SMALL.dim * F32, SEQ * SMALL.head_dim * F32
+    assert [(c.op, c.phase, c.bytes, c.peer) for c in first.sends] == [
+        ("send", "forward", hidden, 1), ("send", "forward", table, 1),
+        ("send", "forward", table, 1)]
+    # The rotary tables need no gradient: only the hidden state's goes back.
+    assert [(c.op, c.phase, c.bytes, c.peer) for c in last.sends] == [
+        ("send", "backward", hidden, 0)]
+    assert [(c.op, c.phase, c.bytes, c.peer) for c in last.receives] == [
+        ("recv", "forward", hidden, 0), ("recv", "forward", table, 0),
+        ("recv", "forward", table, 0)]
+    assert [(c.op, c.bytes) for c in first.receives] == [("recv", hidden)]
+    rank1 = llama_split.stage_reports[1]
+    assert (rank1.world_size, rank1.rank) == (2, 1)
+    assert rank1.collectives == [*last.sends, *last.receives]
+
+
+def test_splitting_leaves_the_users_model_as_it_was(small_llama, llama_split):
+    model, _ = small_llama
+    # torch's pipeline() wraps each split module's forward in place; we put it back.
+    assert "forward" not in vars(model.layers[2])
+    assert "_orig_forward" not in vars(model.layers[2])
+
+
+def test_a_hugging_face_decoder_splits_by_layer_and_adds_up(tmp_path):
+    pytest.importorskip("transformers")
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "vocab_size": 256, "max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model, args, kwargs = exportflops.hf.build(tmp_path, seq=SEQ)
+    assert layer_split_points(model, 2) == ["model.layers.2"]
+    analysis = analyze_pipeline(model, args, kwargs, stages=2, schedule="gpipe", device=None)
+    whole = exportflops.analyze(model, args, kwargs, mode="train")
+    stages = analysis.record.stages
+    assert sum((s.forward + s.backward for s in stages), exportflops.Cost()) == whole.total
+    assert stages[0].modules[0] == "model.embed_tokens"
+    assert stages[-1].modules[-2:] == ["model.norm", "lm_head"]
+    head = analysis.stage_reports[-1].module("lm_head")
+    # Tokens (batch 1 x SEQ) x hidden x vocab.
+    assert head.inclusive.macs - head.backward.macs == SEQ * 64 * 256
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p, m", [(2, 4), (3, 5), (4, 4), (4, 8), (2, 1)],
+                         ids=lambda v: str(v))
+def test_gpipe_and_1f1b_bubble_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m):
+    forward, backward = 1.0, 2.0  # any equal-stage times: the fraction does not depend on them
+    order = pipeline_order(schedule, p, m, 1)
+    _, ranks, step, bubble, _ = timeline(order, lambda s, kind: forward if kind == "F"
+                                         else backward)
+    assert step == pytest.approx((m + p - 1) * (forward + backward))
+    assert bubble == pytest.approx((p - 1) / (m + p - 1))
+    assert all(r.busy_s == pytest.approx(m * (forward + backward)) for r in ranks)
+
+
+@pytest.mark.parametrize("p, m, v", [(2, 4, 2), (4, 8, 2), (4, 8, 3), (3, 6, 2), (4, 4, 4)],
+                         ids=lambda v: str(v))
+def test_interleaved_1f1b_bubble_is_smaller_by_v(p, m, v):
+    # Each of a rank's v stages does 1/v of its work per microbatch.
+    forward, backward = 1.0 / v, 2.0 / v
+    order = pipeline_order("interleaved1f1b", p, m, v)
+    _, ranks, step, bubble, _ = timeline(order, lambda s, kind: forward if kind == "F"
+                                         else backward)
+    ideal = m * 3.0  # m microbatches x (t_f + t_b) of the whole rank
+    assert (step - ideal) / ideal == pytest.approx((p - 1) / (v * m))  # v times (p-1)/m
+    assert bubble == pytest.approx((p - 1) / (v * m + p - 1))
+    assert [r.stages for r in ranks] == [[r + k * p for k in range(v)] for r in range(p)]
+
+
+def test_torchs_interleaved_schedule_needs_microbatches_a_multiple_of_its_rounds():
+    # torch: rounds = max(1, m // p), m % rounds == 0; p = 4, m = 9: 2 rounds, 9 % 2 = 1.
+    with pytest.raises(InputError, match="ScheduleInterleaved1F1B refuses"):
+        pipeline_order("interleaved1f1b", 4, 9, 2)
+    assert pipeline_order("interleaved1f1b", 4, 6, 2)  # 1 round: any m
+
+
+def test_a_schedule_with_a_split_backward_is_refused_by_name():
+    with pytest.raises(InputError, match="no pipeline schedule 'zbvzerobubble'"):
+        pipeline_order("zbvzerobubble", 2, 4, 2)
+
+
+class Stack(torch.nn.Module):
+    """Four equal linears: equal stages when split in two."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_equal_stages_on_the_roofline_give_the_gpipe_bubble():
+    x = torch.randn(8, 32, device="meta", requires_grad=True)  # stage 0 sends a gradient too
+    with torch.device("meta"):
+        model = Stack()
+    p, m = 2, 6
+    record = analyze_pipeline(model, (x,), stages=p, schedule="gpipe", microbatches=m).record
+    first, last = record.stages
+    assert (first.forward_s, first.backward_s) == (last.forward_s, last.backward_s)
+    assert record.bubble_fraction == pytest.approx((p - 1) / (m + p - 1))
+    assert record.step_time_s == pytest.approx(
+        (m + p - 1) * (first.forward_s + first.backward_s))
+    # GPipe: rank 0 runs the last backward.
+    assert record.slowest_rank == 0
+    assert PipelineReport.model_validate_json(record.model_dump_json()) == record
+
+
+def test_stage_modules_the_user_built_are_chained():
+    x = torch.randn(8, 32, device="meta")
+    with torch.device("meta"):
+        stages = [torch.nn.Linear(32, 16), torch.nn.Linear(16, 4)]
+    record = analyze_pipeline(None, (x,), stages=stages, schedule="1f1b",
+                              microbatches=2, device=None).record
+    first, last = record.stages
+    assert first.forward.macs == 8 * 32 * 16 and last.forward.macs == 8 * 16 * 4
+    assert [c.bytes for c in first.sends] == [8 * 16 * F32]  # the (8, 16) activation
+    # Stage 0's input needs no gradient: its backward is the weight's only; stage 1's has both.
+    assert first.backward.macs == 8 * 32 * 16 and last.backward.macs == 2 * 8 * 16 * 4
+
+
+def test_forward_mode_runs_the_schedules_forwards_only(small_llama):
+    model, args = small_llama
+    record = analyze_pipeline(model, args, stages=2, schedule="gpipe", microbatches=3,
+                              mode="forward", device=None).record
+    assert {a.kind for a in record.timeline} == {"forward"}
+    # Unit forwards: m + p - 1 = 4 slots, each rank busy 3.
+    assert record.step_time_s == 4 and record.bubble_fraction == pytest.approx(1 / 4)
+    assert all(not s.backward.flops for s in record.stages)
+    assert {c.phase for s in record.stages for c in [*s.sends, *s.receives]} == {"forward"}
+
+
+def test_the_view_marks_the_rank_and_names_the_one_that_sets_the_step(llama_split):
+    text = pipeline_view(llama_split.record, rank=1)
+    assert "tok_embeddings, layers.0-1" in text and "layers.2-3, norm, output" in text
+    assert f"set by rank {llama_split.record.slowest_rank}" in text
+    assert "   1 *" in text
+
+
+def test_the_command_prints_the_pipeline_of_a_rank(capsys):
+    code = main(["llama", "--pp", "2", "--microbatches", "4", "--schedule", "1f1b",
+                 "--rank", "1", "--format", "json"])
+    assert code == 0
+    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+    assert (record.pp, record.microbatches, record.schedule) == (2, 4, "1f1b")
+    first, last = record.stages
+    assert first.modules[:2] == ["tok_embeddings", "layers.0"]
+    assert last.modules[-2:] == ["norm", "output"]
+    # Llama 3 8B on its 8192-token example: the hidden state (1, 8192, 4096) and two rotary
+    # tables (8192, 128), float32.
+    assert sum(c.bytes for c in first.sends) == (8192 * 4096 + 2 * 8192 * 128) * F32
+    assert 0 < record.bubble_fraction < 1
+
+
+@pytest.mark.parametrize("argv", [
+    ["llama", "--pp", "2", "--tp", "2"],
+    ["llama", "--schedule", "1f1b"],
+    ["llama", "--pp", "2", "--rank", "2"],
+    ["llama", "--pp", "2", "--schedule", "zbvzerobubble"],
+    ["llama", "--pp", "2", "--format", "csv"],
+], ids=["with-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule", "csv"])
+def test_the_command_refuses_what_it_cannot_lay_out(argv, capsys):
+    assert main(argv) == 2
+    assert "exportflops: error:" in capsys.readouterr().err
