@@ -18,6 +18,8 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
+from ..api import analyze
+from ..capture.pipeline_split import Stage, split_stages
 from ..errors import InputError
 from ..records import Collective, Report, TensorSpec
 from ..records.pipeline import PipelineReport, PipelineStage
@@ -54,13 +56,13 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
     """
-    modules, depth = _stage_modules(model, args, kwargs, stages)
+    split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
     v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)
-    if len(modules) % v:
-        raise InputError(f"{len(modules)} stages do not go {v} to a rank: give a multiple of "
+    if len(split) % v:
+        raise InputError(f"{len(split)} stages do not go {v} to a rank: give a multiple of "
                          f"stages_per_rank={v}")
-    pp = len(modules) // v
+    pp = len(split) // v
     m = pp if microbatches is None else microbatches
     if m < 1:
         raise InputError(f"microbatches={m}: a step runs at least one")
@@ -69,20 +71,26 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
-    reports, inputs = _stage_reports(modules, args, kwargs, mode=mode, strict=strict)
+    reports = [analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
+               for stage in split]
     times = [_times(report, device) for report in reports]
-    sends, receives = _transfers(inputs, rank_of, mode)
+    sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
-        index=s, rank=rank_of[s], modules=_held(module, depth), params=report.params,
-        inputs=[TensorSpec.of(t.shape, t.dtype) for t in inputs[s]],
+        index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
+        inputs=[TensorSpec.of(t.shape, t.dtype) for t in stage.args
+                if isinstance(t, torch.Tensor)],
         forward=report.total - report.backward, backward=report.backward,
         forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s])
-        for s, (module, report) in enumerate(zip(modules, reports))]
+        for s, (stage, report) in enumerate(zip(split, reports))]
 
     def transfer_s(src: int, dst: int, kind: str) -> float:
-        sender = src if kind == "F" else dst + 1
-        return sum(c.seconds(link_bytes_per_s) for c in sends[sender]
-                   if c.peer == rank_of[dst] and c.phase == _PHASE[kind])
+        """What stage ``src`` sends stage ``dst`` for the action, over the link: the
+        activations ``dst`` takes from ``src`` (F), or the gradients of those ``src`` took from
+        ``dst`` (B)."""
+        taker, giver = (split[dst], src) if kind == "F" else (split[src], dst)
+        crossing = [t for t, source in zip(taker.args, taker.sources) if source == giver
+                    and isinstance(t, torch.Tensor) and (kind == "F" or t.requires_grad)]
+        return sum(t.numel() * t.element_size() for t in crossing) / link_bytes_per_s
 
     actions, ranks, step, bubble, slowest = timeline(
         order, lambda s, kind: times[s][0 if kind == "F" else 1],
@@ -97,9 +105,6 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         "world_size": pp, "rank": rank_of[s], "collectives": [*sends[s], *receives[s]]})
         for s, report in enumerate(reports)]
     return PipelineAnalysis(record, stage_reports)
-
-
-_PHASE = {"F": "forward", "B": "backward"}
 
 
 def _looped(schedule: str) -> bool:
@@ -135,66 +140,64 @@ def _layers(model: torch.nn.Module) -> list[str]:
                      f"ModuleList): give the split points' module paths as stages=[...]")
 
 
-def _stage_modules(model, args, kwargs, stages) -> tuple[list[torch.nn.Module], int | None]:
-    """The stage modules, and the depth to cut each one's module paths at (None: its
-    children's)."""
+def _stages(model, args, kwargs, stages, mode: str) -> tuple[list[Stage], int | None]:
+    """The stages with what each receives, and the depth to cut each one's module paths at
+    (None: its children's)."""
+    grad = mode == "train"
     if isinstance(stages, int) and not isinstance(stages, bool):
         if model is None:
             raise InputError("stages=<count> splits a model: pass it")
         stages = layer_split_points(model, stages) if stages > 1 else []
     stages = list(stages)
     if stages and all(isinstance(s, torch.nn.Module) for s in stages):
-        return stages, None
+        return _chained(stages, tuple(args), kwargs, grad), None
     if model is None or not all(isinstance(s, str) for s in stages):
         raise InputError("stages takes a count, module paths of the model to split before, "
                          "or the stage modules (with model=None)")
     if not stages:
-        return [model], 1
-    from ..capture.pipeline_split import split_stages
-
+        return [Stage(model, tuple(args), kwargs, [None] * len(args))], 1
     depth = max(len(path.split(".")) for path in stages)
-    return split_stages(model, tuple(args), kwargs, stages), depth
+    return split_stages(model, tuple(args), kwargs, stages, grad=grad), depth
 
 
-def _stage_reports(modules, args, kwargs, *, mode: str, strict: bool):
-    """Each stage's report on the tensors it receives, and those tensors (stage 0: the
-    caller's positional inputs)."""
-    from ..api import analyze
-
-    reports, inputs = [], []
-    received, received_kwargs = tuple(args), kwargs
-    for module in modules:
-        reports.append(analyze(module, received, received_kwargs, mode=mode, strict=strict))
-        inputs.append([t for t in received if isinstance(t, torch.Tensor)])
-        with torch.enable_grad() if mode == "train" else torch.no_grad():
-            out = module(*received, **(received_kwargs or {}))
+def _chained(modules: list[torch.nn.Module], args: tuple, kwargs: dict | None,
+             grad: bool) -> list[Stage]:
+    """Stage modules the caller built, each taking what the one before returns."""
+    stages, sources = [], [None] * len(args)
+    for index, module in enumerate(modules):
+        stages.append(Stage(module, args, kwargs, sources))
+        with torch.enable_grad() if grad else torch.no_grad():
+            out = module(*args, **(kwargs or {}))
         outputs = out if isinstance(out, (tuple, list)) else (out,)
-        received = tuple(_received(t, mode) for t in outputs)
-        received_kwargs = None
-    return reports, inputs
+        args, kwargs = tuple(_leaf(t, grad) for t in outputs), None
+        sources = [index] * len(args)
+    return stages
 
 
-def _received(value: Any, mode: str) -> Any:
-    """A tensor as the next stage receives it: a leaf, needing a gradient in train mode where
+def _leaf(value: Any, grad: bool) -> Any:
+    """A tensor as the next stage receives it: a leaf, needing a gradient (``grad``) where
     the sender's output has one."""
     if not isinstance(value, torch.Tensor):
         return value
-    needs = mode == "train" and value.requires_grad and value.is_floating_point()
+    needs = grad and value.requires_grad and value.is_floating_point()
     return value.detach().requires_grad_(needs)
 
 
-def _transfers(inputs: list[list[torch.Tensor]], rank_of: dict[int, int], mode: str):
-    """Per stage: its sends and its receives, one per tensor crossing a stage boundary."""
-    sends: list[list[Collective]] = [[] for _ in inputs]
-    receives: list[list[Collective]] = [[] for _ in inputs]
-    for dst in range(1, len(inputs)):
-        src = dst - 1
-        for i, tensor in enumerate(inputs[dst]):
-            carried = f"stage {src} output {i}"
+def _transfers(stages: list[Stage], rank_of: dict[int, int], mode: str):
+    """Per stage: its sends and its receives, one per tensor a stage takes from a stage on
+    another rank (between two stages of one rank nothing crosses a link)."""
+    sends: list[list[Collective]] = [[] for _ in stages]
+    receives: list[list[Collective]] = [[] for _ in stages]
+    for dst, stage in enumerate(stages):
+        for tensor, src in zip(stage.args, stage.sources):
+            if src is None or not isinstance(tensor, torch.Tensor) \
+                    or rank_of[src] == rank_of[dst]:
+                continue
+            carried = f"stage {src} to stage {dst}"
             sends[src].append(_p2p("send", tensor, "forward", rank_of[dst], carried))
             receives[dst].append(_p2p("recv", tensor, "forward", rank_of[src], carried))
             if mode == "train" and tensor.requires_grad:
-                carried = f"gradient of stage {src} output {i}"
+                carried = f"gradient, stage {dst} to stage {src}"
                 sends[dst].append(_p2p("send", tensor, "backward", rank_of[src], carried))
                 receives[src].append(_p2p("recv", tensor, "backward", rank_of[dst], carried))
     return sends, receives

@@ -18,7 +18,7 @@ class Collective(Record):
     A pipeline stage's point-to-point transfer (`exportflops.parallel.pipeline`) is the same
     record with ``op`` ``send`` or ``recv``: ``bytes`` the tensor's, ``bandwidth_factor`` 1 (the
     tensor crosses the link once), ``group_size`` 2 (the pair), ``mesh_dim`` ``pp``, ``peer`` the
-    rank at the other end, ``node`` the stage output it carries (``stage 0 output 1``).
+    rank at the other end, ``node`` the stages it goes between (``stage 0 to stage 1``).
     """
 
     op: str

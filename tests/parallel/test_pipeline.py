@@ -239,3 +239,43 @@ def test_the_command_prints_the_pipeline_of_a_rank(capsys):
 def test_the_command_refuses_what_it_cannot_lay_out(argv, capsys):
     assert main(argv) == 2
     assert "exportflops: error:" in capsys.readouterr().err
+
+
+def test_a_link_delays_each_received_tensor_by_its_bytes_over_the_bandwidth():
+    x = torch.randn(8, 32, device="meta", requires_grad=True)
+    with torch.device("meta"):
+        stages = [torch.nn.Linear(32, 32), torch.nn.Linear(32, 32)]
+    # The (8, 32) float32 activation and its gradient: 8 * 32 * 4 = 1024 bytes, 1 s at 1024 B/s.
+    record = analyze_pipeline(None, (x,), stages=stages, schedule="gpipe", microbatches=2,
+                              device=None, link_bytes_per_s=1024.0).record
+    # Unit actions. Rank 0: F0 0-1, F1 1-2. Rank 1: F0 from 1 + 1 = 2 to 3, F1 3-4, B0 4-5,
+    # B1 5-6. Rank 0: B0 waits for stage 1's B0 (5) + 1 s: 6-7, B1 7-8.
+    assert [(a.rank, a.kind[0], a.microbatch, a.start_s, a.end_s) for a in record.timeline] == [
+        (0, "f", 0, 0, 1), (0, "f", 1, 1, 2), (0, "b", 0, 6, 7), (0, "b", 1, 7, 8),
+        (1, "f", 0, 2, 3), (1, "f", 1, 3, 4), (1, "b", 0, 4, 5), (1, "b", 1, 5, 6)]
+    assert (record.step_time_s, record.slowest_rank) == (8, 0)
+    # Each rank busy 4 of 8.
+    assert record.bubble_fraction == pytest.approx(1 / 2)
+
+
+def test_interleaved_stages_go_round_the_ranks_and_send_back_to_rank_0(small_llama):
+    model, args = small_llama
+    record = analyze_pipeline(model, args, stages=4, schedule="interleaved1f1b",
+                              microbatches=4, stages_per_rank=2, device=None).record
+    assert (record.pp, record.stages_per_rank) == (2, 2)
+    assert [s.rank for s in record.stages] == [0, 1, 0, 1]  # stage s on rank s % 2
+    assert [r.stages for r in record.ranks] == [[0, 2], [1, 3]]
+    # Stage 1 (rank 1) sends its output forward to stage 2 on rank 0.
+    assert {c.peer for c in record.stages[1].sends if c.phase == "forward"} == {0}
+    # Stage 0 sends the rotary tables straight to each later stage that uses them, as torch's
+    # split graph passes them; stage 2 shares its rank, so nothing crosses to it.
+    hidden, table = BATCH * SEQ * SMALL.dim * F32, SEQ * SMALL.head_dim * F32
+    assert [(c.node, c.bytes, c.peer) for c in record.stages[0].sends] == [
+        ("stage 0 to stage 1", hidden, 1), ("stage 0 to stage 1", table, 1),
+        ("stage 0 to stage 1", table, 1), ("stage 0 to stage 3", table, 1),
+        ("stage 0 to stage 3", table, 1)]
+    # Unit actions, p = 2, v = 2, m = 4: each rank busy v x m x (F + B) = 2 x 4 x 2 = 16;
+    # the bubble is (p - 1) of one stage's F + B: (2 - 1) x 2 = 2.
+    assert [r.busy_s for r in record.ranks] == [16, 16]
+    assert record.step_time_s == 16 + 2
+    assert record.bubble_fraction == pytest.approx((2 - 1) / (2 * 4 + 2 - 1))
