@@ -260,6 +260,9 @@ def _render(ns: argparse.Namespace, outcome: _Outcome) -> str:
         record, view = outcome.view
         if ns.format == "json":
             return record.model_dump_json(indent=2) + "\n"
+        if ns.format == "html":  # --pp, --ep, --cp: a bar per rank (and the timeline)
+            from ..render.html import parallel_page
+            return parallel_page(record, view=view)
         return view(record, style=MARKDOWN if ns.format == "md" else Style())
     if ns.format == "json":
         if outcome.roofline is not None:

@@ -377,11 +377,11 @@ def _check_experts(ns: argparse.Namespace) -> None:
     if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.cp is not None
             or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
             or ns.device_model or ns.generate is not None or ns.seqlens is not None
-            or ns.format not in ("table", "md", "json")):
+            or ns.format not in ("table", "md", "json", "html")):
         raise UsageError("--ep analyzes the experts of a model built here, as a table, Markdown "
-                         "or JSON: not a saved .pt2, and not with --tp, --fsdp, --pp, --cp, "
-                         "--profile, --dynamic, --sweep, --budget, --device-model, --generate "
-                         "or --seqlens.")
+                         "or JSON, or an HTML page: not a saved .pt2, and not with --tp, "
+                         "--fsdp, --pp, --cp, --profile, --dynamic, --sweep, --budget, "
+                         "--device-model, --generate or --seqlens.")
     if ns.routing is not None:
         try:
             ns.routing = [int(part) for part in ns.routing.split(",")]
@@ -404,11 +404,11 @@ def _check_context(ns: argparse.Namespace) -> None:
     if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.ep is not None
             or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
             or ns.device_model or ns.generate is not None or ns.seqlens is not None
-            or ns.format not in ("table", "md", "json")):
+            or ns.format not in ("table", "md", "json", "html")):
         raise UsageError("--cp splits the sequence of a model built here, as a table, Markdown "
-                         "or JSON: not a saved .pt2, and not with --tp, --fsdp, --pp, --ep, "
-                         "--profile, --dynamic, --sweep, --budget, --device-model, --generate "
-                         "or --seqlens.")
+                         "or JSON, or an HTML page: not a saved .pt2, and not with --tp, "
+                         "--fsdp, --pp, --ep, --profile, --dynamic, --sweep, --budget, "
+                         "--device-model, --generate or --seqlens.")
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:
@@ -424,11 +424,11 @@ def _check_pipeline(ns: argparse.Namespace) -> None:
     if ns.tp is not None or ns.fsdp is not None or ns.model.endswith(".pt2") or ns.profile \
             or ns.dims or ns.points or ns.budget or ns.generate is not None \
             or ns.seqlens is not None or ns.device not in (None, "meta") \
-            or ns.format in ("csv", "html"):
+            or ns.format == "csv":
         raise UsageError("--pp splits a model built here on meta into stages and prints a "
-                         "table, Markdown or JSON: not a saved .pt2, and not with --tp or --fsdp "
-                         "(not composed yet), --profile, --dynamic, --sweep, --budget, "
-                         "--generate, --seqlens, --device cpu/cuda or --format csv/html.")
+                         "table, Markdown or JSON, or an HTML page: not a saved .pt2, and not "
+                         "with --tp or --fsdp (not composed yet), --profile, --dynamic, --sweep, "
+                         "--budget, --generate, --seqlens, --device cpu/cuda or --format csv.")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

@@ -147,3 +147,10 @@ class ContextParallelReport(Record):
     def collectives(self, rank: int) -> list[Collective]:
         """Rank ``rank``'s ring messages as point-to-point `Collective` records."""
         return [c for send in self.ranks[rank].sends for c in send.collectives(self.cp)]
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: every rank's positions and work, the busiest rank, and rank 0's
+        ring traffic, as the text view's tables (plain HTML, no script)."""
+        from ..render.notebook import parallel_html
+
+        return parallel_html(self)

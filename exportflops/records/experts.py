@@ -77,3 +77,10 @@ class ExpertParallelReport(Record):
     """The rank with the most FLOPs (the lowest such rank on a tie): its time sets the step."""
     complete: bool = True
     """False when the analysis left ops uncounted: the counts are then lower bounds."""
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: every rank's routed tokens and work, the busiest rank, and rank
+        0's all-to-alls, as the text view's tables (plain HTML, no script)."""
+        from ..render.notebook import parallel_html
+
+        return parallel_html(self)

@@ -122,3 +122,10 @@ class PipelineReport(Record):
     def sends(self) -> list[Collective]:
         """Every stage's sends, stage by stage."""
         return [send for stage in self.stages for send in stage.sends]
+
+    def _repr_html_(self) -> str:
+        """What Jupyter shows: its stages, its ranks' busy time and bubble, and the step's
+        line, as the text view's tables (plain HTML, no script)."""
+        from ..render.notebook import parallel_html
+
+        return parallel_html(self)

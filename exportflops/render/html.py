@@ -6,17 +6,27 @@ The page opens offline: plotly's JavaScript is written into it (``include_plotly
 about 5 MB), and a Content-Security-Policy forbids every request (``default-src 'none'``), so
 nothing is fetched when it is opened. Like every renderer this is a pure function of the report
 (and of the optional roofline and roofs); `write_html` writes the file.
+
+`parallel_page` is the same kind of page for a per-rank record (`PipelineReport`,
+`ExpertParallelReport`, `ContextParallelReport`): a bar per rank, the pipeline's timeline, and
+the record's tables.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from typing import Any
 
 from ..records.names import short_name
 from ..records import Report
+from ..records.context import ContextParallelReport
+from ..records.experts import ExpertParallelReport
+from ..records.pipeline import PipelineReport
 from .format import Style, magnitude
-from .plots import RooflineLike, intensity, module_icicle, plotly, roofline_scatter
+from .notebook import parallel_html
+from .plots import (RooflineLike, intensity, module_icicle, pipeline_timeline, plotly,
+                    rank_flops_bars, roofline_scatter)
 from .tables import require_report, summary_view
 
 #: No request may leave the page: scripts and styles are inline, images data: URLs.
@@ -71,31 +81,55 @@ def html_report(report: Report, *, roofline: RooflineLike | None = None,
     if not peaks and runtime is not None and runtime.peak_flop_per_s:
         peaks = {f"peak {_STYLE.count(runtime.peak_flop_per_s)}FLOP/s "
                  f"({runtime.peak_source[:60]})": runtime.peak_flop_per_s}
-    pio = plotly("plotly.io")
     figures = [("icicle-flops", module_icicle(report))]
     if runtime is not None:
         figures.append(("icicle-time", module_icicle(report, by="time")))
     figures.append(("roofline", roofline_scatter(report, roofline=roofline, peaks=peaks,
                                                  bandwidth_byte_per_s=bandwidth_byte_per_s)))
-    config = {"displaylogo": False, "responsive": True}
-    plots = "\n".join(pio.to_html(figure, full_html=False, include_plotlyjs=False,
-                                  div_id=div_id, config=config)
-                      for div_id, figure in figures)
-    plotly_js = plotly("plotly.offline").get_plotlyjs()
-    title = html.escape(f"exportflops report: {report.model}")
-    sections = [
-        f"<h1>{title}</h1>",
+    title = f"exportflops report: {report.model}"
+    return _page(title, [
         f"<pre id='summary'>{html.escape(summary_view(report, _STYLE))}</pre>",
-        plots,
+        _plots(figures),
         "<h2>Modules</h2>", _modules_table(report),
         "<h2>Nodes</h2>", _nodes_table(report, roofline),
         "<h2>Operators</h2>", _operators_table(report),
-    ]
+    ])
+
+
+def parallel_page(record: PipelineReport | ExpertParallelReport | ContextParallelReport, *,
+                  rank: int | None = None, view: Callable[..., str] | None = None) -> str:
+    """A per-rank record's page: one bar per rank as high as its FLOPs over the step, the rank
+    that sets the step hatched (``#rank-flops``); for a pipeline the step's timeline, one row
+    per rank and one bar per action (``#timeline``); then the record's tables. ``rank`` is the
+    rank the tables mark or whose traffic they list; ``view`` a text view called as
+    ``view(record, style=...)`` instead (the command passes its own)."""
+    figures = [("rank-flops", rank_flops_bars(record))]
+    if isinstance(record, PipelineReport):
+        figures.append(("timeline", pipeline_timeline(record)))
+    return _page(f"exportflops: {record.model} per rank", [
+        _plots(figures),
+        parallel_html(record, rank=rank, view=view),
+    ])
+
+
+def _plots(figures: list[tuple[str, Any]]) -> str:
+    """Each figure as a ``<div>`` of that id, drawn by the page's one copy of plotly.js."""
+    pio = plotly("plotly.io")
+    config = {"displaylogo": False, "responsive": True}
+    return "\n".join(pio.to_html(figure, full_html=False, include_plotlyjs=False,
+                                 div_id=div_id, config=config)
+                     for div_id, figure in figures)
+
+
+def _page(title: str, sections: list[str]) -> str:
+    """The page around ``sections``: the policy, plotly.js inline, the sorting script."""
+    plotly_js = plotly("plotly.offline").get_plotlyjs()
+    title = html.escape(title)
     return (f"<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>\n"
             f"<meta http-equiv='Content-Security-Policy' content=\"{CONTENT_SECURITY_POLICY}\">\n"
             f"<title>{title}</title>\n<style>{_CSS}</style>\n"
-            f"<script>{plotly_js}</script>\n</head><body>\n" + "\n".join(sections)
-            + f"\n<script>{_SORT_SCRIPT}</script>\n</body></html>\n")
+            f"<script>{plotly_js}</script>\n</head><body>\n<h1>{title}</h1>\n"
+            + "\n".join(sections) + f"\n<script>{_SORT_SCRIPT}</script>\n</body></html>\n")
 
 
 # --- the tables ---------------------------------------------------------------------------------

@@ -3,7 +3,8 @@ tables and the module tree as nested ``<details>``, collapsible by a click.
 
 Pure functions of one record, like every renderer, with the text views' numbers: each table is
 a text view (`summary_view`, `generation_view`, `roofline_view`, `collectives_view`,
-`operators_view`) drawn by tabulate as HTML, so a count is written as the text prints it
+`operators_view`, and the per-rank views `pipeline_view`, `experts_view`, `context_view`) drawn
+by tabulate as HTML, so a count is written as the text prints it
 (``8.24 G``, ``4.09 GMACs``, a count of dynamic sizes as its expression). No script, no
 stylesheet or font from the network, no optional package: the HTML works wherever a notebook
 renders HTML (Jupyter, VS Code, GitHub's viewer, which drops scripts).
@@ -13,12 +14,19 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable
+from typing import Any
 
 from ..records.names import parent, short_name
 from ..records import GenerationReport, Report, Roofline
+from ..records.context import ContextParallelReport
+from ..records.experts import ExpertParallelReport
+from ..records.pipeline import PipelineReport
 from .collectives import collectives_view
+from .context import context_view
+from .experts import experts_view
 from .format import Style
 from .generation import generation_view
+from .pipeline import pipeline_view
 from .roofline import roofline_view
 from .tables import operators_view, summary_view
 from .tree import ModuleTree, root_label
@@ -90,6 +98,37 @@ def roofline_html(roofline: Roofline) -> str:
                     + "<h4>Module tree: predicted time of each module's nodes</h4>\n" + tree)
 
 
+#: Each per-rank record's text view, as a function of (record, style, rank): ``rank`` marks
+#: that rank's rows (pipeline) or lists its traffic (experts, context: rank 0 when None).
+PARALLEL_VIEWS: dict[type, Callable[[Any, Style, int | None], str]] = {
+    PipelineReport: lambda record, style, rank: pipeline_view(record, style, rank=rank),
+    ExpertParallelReport: lambda record, style, rank: experts_view(record, rank=rank or 0,
+                                                                    style=style),
+    ContextParallelReport: lambda record, style, rank: context_view(record, style=style,
+                                                                     rank=rank or 0),
+}
+
+
+def parallel_html(record: PipelineReport | ExpertParallelReport | ContextParallelReport, *,
+                  rank: int | None = None, view: Callable[..., str] | None = None) -> str:
+    """A `PipelineReport`, `ExpertParallelReport` or `ContextParallelReport`: its ranks side by
+    side and the rank that sets the step, its text view's tables as HTML and its sentences as
+    paragraphs. ``view``: a view called as ``view(record, style=...)`` (the command's, with its
+    flags) instead of the record kind's with ``rank``."""
+    if view is None:
+        drawn = PARALLEL_VIEWS.get(type(record))
+        if drawn is None:
+            raise TypeError(f"no per-rank view for a {type(record).__name__}: the per-rank "
+                            f"records are {', '.join(t.__name__ for t in PARALLEL_VIEWS)}")
+        text = drawn(record, HTML, rank)
+    else:
+        text = view(record, style=HTML)
+    # The views join tables (every line of tabulate's HTML starts with a tag) and plain
+    # sentences: each sentence becomes an escaped paragraph.
+    return _wrapped("\n".join(line if line.startswith("<") else f"<p>{html.escape(line)}</p>"
+                              for line in text.splitlines() if line.strip()))
+
+
 # --- the pieces ---------------------------------------------------------------------------------
 
 def _wrapped(body: str) -> str:
@@ -157,4 +196,4 @@ def _tree(path: str, children: dict[str, list[str]], label: Callable[[str], str]
     return f"<details{opened}><summary>{label(path)}</summary>\n{inner}\n</details>"
 
 
-__all__ = ["HTML", "generation_html", "report_html", "roofline_html"]
+__all__ = ["HTML", "generation_html", "parallel_html", "report_html", "roofline_html"]

@@ -14,18 +14,27 @@ drawn, and its absence is a `MissingExtraError` naming that step.
   was measured, the rate of its predicted time when a roofline is given, else its FLOPs. The
   device's roofs, when known: the compute peak (a horizontal line) and the memory roof
   (bandwidth x intensity), meeting at the ridge point.
+- `rank_flops_bars`: one bar per rank of a pipeline, expert- or context-parallel split, as high
+  as the rank's FLOPs over the step; the rank whose time sets the step hatched and named.
+- `pipeline_timeline`: one row per pipeline rank, one bar per action of the step from its start
+  to its end (forward and backward in their colors, the microbatch written on it); idle time is
+  the row's background between bars; the bubble fraction in the title.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from ..errors import optional_module
 from ..records.names import parent, short_name
 from ..records import Cost, NodeRecord, Report
+from ..records.context import ContextParallelReport
+from ..records.experts import ExpertParallelReport
+from ..records.pipeline import PipelineReport
 from .format import Style, magnitude
+from .palette import COLORS
 
 _STYLE = Style()
 
@@ -134,6 +143,120 @@ def roofline_scatter(report: Report, *, roofline: RooflineLike | None = None,
         xaxis={"type": "log", "title": "arithmetic intensity (FLOPs per byte read and written)"},
         yaxis={"type": "log", "title": y_title},
         height=520, margin={"t": 40, "l": 10, "r": 10, "b": 10}, legend={"title": "op"})
+    return figure
+
+
+class RankFlops(NamedTuple):
+    """What the per-rank bar chart draws of a record: every rank's FLOPs over the step and the
+    rank whose time sets it."""
+
+    flops: list[int]
+    """FLOPs of rank 0, 1, ...: over the whole step (every microbatch of a pipeline)."""
+    step_rank: int
+    """The rank that sets the step: the pipeline's slowest, the busiest otherwise."""
+    title: str
+    """What the chart shows, with the record's layout."""
+
+
+def _pipeline_flops(record: PipelineReport) -> RankFlops:
+    per_microbatch = [0] * record.pp
+    for stage in record.stages:
+        per_microbatch[stage.rank] += stage.forward.flops + stage.backward.flops
+    return RankFlops(
+        [record.microbatches * f for f in per_microbatch], record.slowest_rank,
+        f"{record.model}: FLOPs per pipeline rank over a step of {record.microbatches} "
+        f"microbatches ({record.mode}); rank {record.slowest_rank} ends the step")
+
+
+def _expert_flops(record: ExpertParallelReport) -> RankFlops:
+    return RankFlops(
+        [r.total.flops for r in record.ranks], record.busiest_rank,
+        f"{record.model}: FLOPs per expert-parallel rank ({record.mode}, "
+        f"{'balanced routing' if record.balanced else 'the given routing'}); "
+        f"rank {record.busiest_rank} is the busiest")
+
+
+def _context_flops(record: ContextParallelReport) -> RankFlops:
+    split = "round-robin" if record.load_balanced else "contiguous blocks"
+    return RankFlops(
+        [r.flops for r in record.ranks], record.busiest.rank,
+        f"{record.model}: FLOPs per context-parallel rank ({record.mode}, {split}); "
+        f"rank {record.busiest.rank} is the busiest")
+
+
+#: Each per-rank record and how its ranks' FLOPs are read.
+RANK_FLOPS: dict[type, Callable[[Any], RankFlops]] = {
+    PipelineReport: _pipeline_flops,
+    ExpertParallelReport: _expert_flops,
+    ContextParallelReport: _context_flops,
+}
+
+
+def rank_flops(record: PipelineReport | ExpertParallelReport | ContextParallelReport,
+               ) -> RankFlops:
+    """Every rank's FLOPs over the step and the rank that sets it."""
+    reader = RANK_FLOPS.get(type(record))
+    if reader is None:
+        raise TypeError(f"no per-rank FLOPs for a {type(record).__name__}: the per-rank "
+                        f"records are {', '.join(t.__name__ for t in RANK_FLOPS)}")
+    return reader(record)
+
+
+def rank_flops_bars(record: PipelineReport | ExpertParallelReport | ContextParallelReport,
+                    ) -> Any:
+    """One bar per rank, as high as its FLOPs over the step; the rank that sets the step hatched
+    and labelled (the color stays the FLOPs color: it means the same everywhere)."""
+    go = plotly()
+    drawn = rank_flops(record)
+    ranks = [f"rank {r}" for r in range(len(drawn.flops))]
+    step_rank = [r == drawn.step_rank for r in range(len(drawn.flops))]
+    figure = go.Figure(go.Bar(
+        x=ranks, y=drawn.flops, name="FLOPs",
+        marker={"color": COLORS["flops"],
+                "pattern": {"shape": ["/" if s else "" for s in step_rank]},
+                "line": {"color": "#222222", "width": [2 if s else 0 for s in step_rank]}},
+        text=["sets the step" if s else "" for s in step_rank], textposition="outside",
+        customdata=[str(_STYLE.count(f, "FLOPs")) for f in drawn.flops],
+        hovertemplate="%{x}: %{customdata}<extra></extra>"))
+    figure.update_layout(title={"text": drawn.title, "font": {"size": 13}},
+                         yaxis={"title": "FLOPs"}, height=380, showlegend=False,
+                         margin={"t": 50, "l": 10, "r": 10, "b": 10})
+    return figure
+
+
+def pipeline_timeline(record: PipelineReport) -> Any:
+    """The step's actions per rank (rank 0 on top): a bar from each action's start to its end,
+    forward and backward in their colors, the microbatch on the bar; the gaps are the ranks'
+    idle time."""
+    go = plotly()
+    unit = "units" if record.device == "unit" else "s"
+    figure = go.Figure()
+    for kind in ("forward", "backward"):
+        actions = [a for a in record.timeline if a.kind == kind]
+        if not actions:
+            continue
+        figure.add_trace(go.Bar(
+            y=[f"rank {a.rank}" for a in actions], base=[a.start_s for a in actions],
+            x=[a.end_s - a.start_s for a in actions], orientation="h", name=kind,
+            marker={"color": COLORS[kind], "line": {"color": "white", "width": 1}},
+            text=[str(a.microbatch) for a in actions], textposition="inside",
+            insidetextanchor="middle",
+            customdata=[[a.stage, a.microbatch, a.start_s, a.end_s] for a in actions],
+            hovertemplate=(f"{kind} of stage %{{customdata[0]}} on microbatch "
+                           f"%{{customdata[1]}}<br>%{{customdata[2]:.4g}} to "
+                           f"%{{customdata[3]:.4g}} {unit}<extra>%{{y}}</extra>")))
+    bubble = _STYLE.percent(record.bubble_fraction, 1)
+    figure.update_layout(
+        title={"text": f"{record.model}: schedule {record.schedule}, {record.pp} ranks x "
+                       f"{record.microbatches} microbatches: bubble {bubble} of all ranks' time",
+               "font": {"size": 13}},
+        barmode="overlay", bargap=0.25,
+        xaxis={"title": f"time ({'unit times, 1 per action' if unit == 'units' else 's'})",
+               "range": [0, record.step_time_s]},
+        yaxis={"categoryorder": "array", "autorange": "reversed",
+               "categoryarray": [f"rank {r.rank}" for r in record.ranks]},
+        height=120 + 40 * record.pp, margin={"t": 50, "l": 10, "r": 10, "b": 10},
+        legend={"orientation": "h", "y": -0.25})
     return figure
 
 
