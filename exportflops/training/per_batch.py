@@ -46,6 +46,7 @@ class FlopsPerBatch:
         self.batch, self.seq = batch, seq
         self._signature = signature
         self._dims = dims
+        self._tensor_arguments = {name for name, *_ in dims}
         recomputed = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
         self._counts = {}
         for field in ("flops", "macs"):
@@ -133,6 +134,17 @@ class FlopsPerBatch:
                              f"forward takes (fpb(**batch) for a dict).") from None
 
     def _sizes(self, arguments: dict[str, Any]) -> dict[str, int]:
+        given = {name for name, value in arguments.items()
+                 if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))}
+        if given != self._tensor_arguments:
+            missing, extra = self._tensor_arguments - given, given - self._tensor_arguments
+            raise InputError(
+                f"the batch's tensors are not the example's: "
+                f"{'missing ' + ', '.join(sorted(missing)) if missing else ''}"
+                f"{'; ' if missing and extra else ''}"
+                f"{'not in the example ' + ', '.join(sorted(extra)) if extra else ''}. The "
+                f"forward runs other code with other inputs (labels add the loss): analyze "
+                f"with an example of the batches you train on.")
         sizes: dict[str, int] = {}
         for name, path, dims in self._dims:
             value = arguments.get(name)

@@ -79,7 +79,11 @@ def test_calling_it_returns_the_steps_model_flops_as_a_fresh_analysis_counts_the
 
 
 def test_position_ids_that_restart_mark_packed_documents_as_seqlens_does():
-    fpb = _llama_fpb()
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_llama_config())
+    fpb = exportflops.flops_per_batch(model, (), {
+        "input_ids": torch.zeros(2, 16, dtype=torch.long),
+        "position_ids": torch.arange(16).repeat(2, 1)})
     positions = torch.cat([torch.arange(n) for n in (6, 10, 4)]).unsqueeze(0)
     ids = torch.zeros(1, 20, dtype=torch.long)
     by_positions = fpb.step(input_ids=ids, position_ids=positions)
@@ -118,7 +122,9 @@ def _separate(length: int, batch: int = 1) -> int:
 @functools.lru_cache(maxsize=None)
 def _attention_fpb():
     torch.manual_seed(0)
-    return exportflops.flops_per_batch(Attention(), (torch.zeros(2, 9, dtype=torch.long),))
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    return exportflops.flops_per_batch(Attention(), (ids,),
+                                       {"attention_mask": torch.ones_like(ids)})
 
 
 @settings(max_examples=6, deadline=None)
@@ -237,7 +243,7 @@ def test_recompute_is_hardware_flops_not_model_flops():
 def test_a_size_the_analysis_fixed_is_checked_on_every_batch():
     fpb = _attention_fpb()
     with pytest.raises(InputError, match="two values|dims"):
-        fpb(torch.zeros(3, 9, 2, dtype=torch.long))
+        fpb(torch.zeros(3, 9, 2, dtype=torch.long), attention_mask=torch.ones(3, 9))
     fpb_float = exportflops.flops_per_batch(nn.Linear(8, 4), (torch.randn(3, 8),))
     with pytest.raises(InputError, match="fixed it at the example's 8"):
         fpb_float(torch.randn(3, 5))
@@ -276,3 +282,16 @@ def test_cross_entropys_gradient_is_counted_at_dynamic_sizes_per_target():
     assert fpb.complete and fpb.report.uncounted == []
     gradient = [n for n in fpb.report.nodes if n.op == "aten.nll_loss_backward.default"]
     assert [str(n.cost.flops) for n in gradient] == ["2*batch*seq"]
+
+
+def test_a_batch_without_the_examples_labels_or_with_other_tensors_is_refused():
+    """Labels add the loss and its gradient: a batch without them runs another forward."""
+    fpb = _attention_fpb()
+    ids = torch.zeros(2, 9, dtype=torch.long)
+    with pytest.raises(InputError, match="missing attention_mask"):
+        fpb(ids)
+    with pytest.raises(InputError, match="missing ids"):
+        fpb(attention_mask=torch.ones(2, 9, dtype=torch.long))
+    fpb_ids = _llama_fpb()
+    with pytest.raises(InputError, match="not in the example labels"):
+        fpb_ids(ids, labels=ids)
