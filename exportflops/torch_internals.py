@@ -56,6 +56,8 @@ _feature("compare_tensor_meta", "torch._prims_common:compare_tensor_meta",
          "deciding branches by values")
 _feature("TorchDispatchMode", "torch.utils._python_dispatch:TorchDispatchMode",
          "the fast path and runtime replay")
+_feature("top_saved_tensors_hooks", "torch._C._autograd:_top_saved_tensors_default_hooks",
+         "flops_per_batch's recompute under non-reentrant activation checkpointing")
 _feature("enable_python_dispatcher", "torch._dispatch.python:enable_python_dispatcher",
          "runtime replay")
 _feature("free_unbacked_symbols", "torch.fx.experimental.symbolic_shapes:free_unbacked_symbols",

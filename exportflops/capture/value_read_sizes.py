@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..torch_internals import TorchDispatchMode, pytree
 from .export import run_kept
 
 #: The ops whose output length is read from their input's values, each with how to read it.
@@ -47,4 +47,4 @@ def value_read_sizes(model: torch.nn.Module, args: tuple, kwargs: dict) -> list[
 def on_meta(tree: Any) -> bool:
     """Whether any tensor of ``tree`` (a model's inputs) is on the meta device: no values."""
     return any(isinstance(leaf, torch.Tensor) and leaf.is_meta
-               for leaf in torch.utils._pytree.tree_leaves(tree))
+               for leaf in pytree.tree_leaves(tree))

@@ -18,6 +18,7 @@ import torch
 from torch.export import Dim
 
 from ..api import analyze
+from ..capture.checkpointed import checkpointed_modules
 from ..capture.value_read_sizes import on_meta, value_read_sizes
 from ..count.backward import RECOMPUTED
 from ..errors import InputError
@@ -40,23 +41,27 @@ class FlopsPerBatch:
 
     def __init__(self, report: Report, signature: inspect.Signature,
                  dims: list[tuple[str, tuple, int, str]], *, batch: str, seq: str | None,
-                 routed: dict[str, Any]) -> None:
+                 routed: dict[str, Any], checkpointed: frozenset[str] = frozenset()) -> None:
         self.report = report
         """The analysis, symbolic in the sizes: per module and operator detail lives here."""
         self.batch, self.seq = batch, seq
         self._signature = signature
         self._dims = dims
         self._tensor_arguments = {name for name, *_ in dims}
-        recomputed = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
+        # Recompute the graph records (reentrant checkpointing, the checkpoint higher-order
+        # ops), and the forward of regions a non-reentrant checkpoint reruns, which it does not.
+        recorded = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
+        rerun = [n.cost for n in report.nodes if n.phase == "forward"
+                 and any(_inside(n.module, path) for path in checkpointed)]
         self._counts = {}
         for field in ("flops", "macs"):
-            recompute = sum((parse_count(getattr(c, field)) for c in recomputed),
-                            sympy.Integer(0))
+            in_graph = _summed(recorded, field)
+            recompute = in_graph + _summed(rerun, field)
             total = parse_count(getattr(report.total, field))
             backward = parse_count(getattr(report.backward, field))
             for part, expr in (("forward", total - backward),
-                               ("backward", backward - recompute),
-                               ("recompute", recompute), ("model", total - recompute)):
+                               ("backward", backward - in_graph),
+                               ("recompute", recompute), ("model", total - in_graph)):
                 self._counts[field, part] = step_count(_routed(expr, routed), batch, seq)
         self.complete = not report.uncounted
         """False when the analysis left ops uncounted (``report.uncounted``)."""
@@ -178,6 +183,14 @@ class FlopsPerBatch:
         return ", ".join(sorted({name for name, *_ in self._dims}))
 
 
+def _summed(costs: list, field: str) -> sympy.Expr:
+    return sum((parse_count(getattr(cost, field)) for cost in costs), sympy.Integer(0))
+
+
+def _inside(module: str, path: str) -> bool:
+    return module == path or module.startswith(f"{path}.") or path == ""
+
+
 def _where(name: str, path: tuple) -> str:
     return name + "".join(str(key) for key in path)
 
@@ -219,11 +232,14 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
     arguments = signature.bind_partial(*args, **kwargs).arguments
     dims = _dims(arguments, dynamic_shapes, names)
     routed = _routing(report, model, args, kwargs, routed_per_token, batch_dim, seq_dim)
+    checkpointed = (checkpointed_modules(model, args, kwargs) if mode == "train"
+                    else frozenset())
     if report.uncounted:
         warnings.warn(f"{len(report.uncounted)} ops of {type(model).__name__} are uncounted "
                       f"(report.uncounted): flops_per_batch's counts are lower bounds "
                       f"(StepFlops.complete is False).", stacklevel=2)
-    return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed)
+    return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed,
+                         checkpointed=checkpointed)
 
 
 def _marked(model, signature, args: tuple, kwargs: dict):

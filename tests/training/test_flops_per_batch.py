@@ -219,21 +219,34 @@ def test_routed_sizes_on_meta_need_routed_per_token():
 
 
 class Checkpointed(nn.Module):
-    def __init__(self, width=8):
+    """a and its relu under activation checkpointing, then b."""
+
+    def __init__(self, reentrant: bool, width=8):
         super().__init__()
-        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+        self.reentrant = reentrant
+        self.a, self.b = nn.Linear(width, width), Relu()
+        self.c = nn.Linear(width, width)
 
     def forward(self, x):
-        return self.b(checkpoint(lambda t: self.a(t).relu(), x, use_reentrant=True))
+        region = nn.Sequential(self.a, self.b)
+        return self.c(checkpoint(region, x, use_reentrant=self.reentrant))
 
 
-def test_recompute_is_hardware_flops_not_model_flops():
+class Relu(nn.Module):
+    def forward(self, x):
+        return x.relu()
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+def test_recompute_is_hardware_flops_not_model_flops(reentrant):
+    """torch.export records reentrant checkpointing; a non-reentrant one leaves no mark in the
+    graph and is found by the saved-tensor hook it holds while its region runs."""
     x = torch.randn(4, 8, requires_grad=True)
-    fpb = exportflops.flops_per_batch(Checkpointed(), (x,))
+    fpb = exportflops.flops_per_batch(Checkpointed(reentrant), (x,))
     step = fpb.step(torch.randn(6, 8, requires_grad=True))
     # The checkpointed region (a: 2 x 8 x 8 per row plus its bias, then relu: 1 per element)
-    # runs again in the backward: 6 rows x (128 + 8 + 8). The model FLOPs: a and b forward
-    # (2 x 136 per row), relu (8), b's input and weight gradients (2 x 128) and bias (8), relu's
+    # runs again in the backward: 6 rows x (128 + 8 + 8). The model FLOPs: a and c forward
+    # (2 x 136 per row), relu (8), c's input and weight gradients (2 x 128) and bias (8), relu's
     # gradient (8), a's input and weight gradients (2 x 128) and bias (8).
     assert step.hardware_flops - step.model_flops == 6 * (2 * 8 * 8 + 8 + 8)
     assert step.executed_flops == step.hardware_flops
