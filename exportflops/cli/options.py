@@ -329,7 +329,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          ".pt2), its prompt from --input; it prints a table or --format json, "
                          "and does not combine with --dynamic, --sweep, --profile, --budget, "
                          "--mode train or --kwargs.")
-    if ns.tp is not None or ns.fsdp is not None:
+    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None:  # with --pp: its own check
         degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
         world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
         if min(degrees) < 1 or not 0 <= ns.rank < world:
@@ -412,23 +412,29 @@ def _check_context(ns: argparse.Namespace) -> None:
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:
-    """--pp N analyzes a model built here, on meta, alone: --schedule and --microbatches need it."""
+    """--pp N analyzes a model built here, on meta, alone or on a mesh with --tp/--fsdp (--rank
+    a global rank of pp x fsdp x tp): --schedule and --microbatches need it."""
     if ns.pp is None:
         if ns.schedule is not None or ns.microbatches is not None:
             raise UsageError("--schedule and --microbatches lay out a pipeline: add --pp N.")
         return
-    if ns.pp < 1 or (ns.microbatches is not None and ns.microbatches < 1) or ns.rank >= ns.pp \
-            or ns.rank < 0:
-        raise UsageError(f"--pp takes N >= 1 ranks, --microbatches M >= 1 and --rank one of "
-                         f"0..{max(ns.pp - 1, 0)}.")
-    if ns.tp is not None or ns.fsdp is not None or ns.model.endswith(".pt2") or ns.profile \
+    world = ns.pp * (ns.tp or 1) * (ns.fsdp or 1)
+    if ns.pp < 1 or (ns.microbatches is not None and ns.microbatches < 1) or ns.rank >= world \
+            or ns.rank < 0 or (ns.tp or 1) < 1 or (ns.fsdp or 1) < 1:
+        raise UsageError(f"--pp takes N >= 1 ranks, --microbatches M >= 1, --tp and --fsdp "
+                         f"degrees >= 1 and --rank one of the {max(world, 1)} ranks of pp x "
+                         f"fsdp x tp, 0..{max(world - 1, 0)}.")
+    if ns.ep is not None or ns.cp is not None:
+        raise UsageError("--pp composes with --tp and --fsdp (the built-in llama), not with "
+                         "--ep or --cp yet: analyze those alone.")
+    if ns.model.endswith(".pt2") or ns.profile \
             or ns.dims or ns.points or ns.budget or ns.generate is not None \
             or ns.seqlens is not None or ns.device not in (None, "meta") \
             or ns.format == "csv":
         raise UsageError("--pp splits a model built here on meta into stages and prints a "
                          "table, Markdown or JSON, or an HTML page: not a saved .pt2, and not "
-                         "with --tp or --fsdp (not composed yet), --profile, --dynamic, --sweep, "
-                         "--budget, --generate, --seqlens, --device cpu/cuda or --format csv.")
+                         "with --profile, --dynamic, --sweep, --budget, --generate, --seqlens, "
+                         "--device cpu/cuda or --format csv.")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

@@ -5,20 +5,36 @@ inputs), and one step's timeline under the schedule (`exportflops.parallel.pipel
 Times are the roofline's on ``--device-model`` (default h100-sxm); ``--link-gbps`` delays each
 received tensor by its transfer. The schedule defaults to 1f1b, the microbatches to N. N is the
 pipeline ranks: the looped schedules (interleaved1f1b, loopedbfs) run two stages on each.
+
+With ``--tp T`` and/or ``--fsdp F`` (the built-in llama) the ranks are the mesh (pp, fsdp, tp),
+tp innermost as torchtitan lays it out: each stage is counted once, as the rank of its (fsdp,
+tp) group with index 0, built under `exportflops.fake_process_group` of the group's ranks (a
+stage's own collectives stay in its group) with the llama's tensor-parallel plan and FSDP2 on
+the stage's blocks, then the stage (`exportflops.cli.parallel`'s recipe, per stage as
+torchtitan applies it to each model chunk); the others of the group do the same work.
+``--rank R`` is a global rank of that mesh (docs/pipeline.md, Composition).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from functools import partial
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, UsageError
 from .targets import build_target, device_named, hf_options
 
+if TYPE_CHECKING:
+    from ..records import Report
+
+#: The models whose stages compose with --tp/--fsdp: a stage built from the model's own modules.
+COMPOSED = ("llama",)
+
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``'s first stage, (the `PipelineReport`, its view))."""
-    from ..parallel.pipeline import DEFAULT_DEVICE, analyze_pipeline
+    from ..parallel.pipeline import DEFAULT_DEVICE, analyze_pipeline, on_mesh, rank_report
     from ..parallel.schedules import SCHEDULES
     from ..render.pipeline import pipeline_view
 
@@ -30,18 +46,96 @@ def analyze_split(ns: argparse.Namespace):
                          f"(docs/pipeline.md).")
     # --pp N is the ranks; a looped schedule runs two stages on each.
     per_rank = 2 if SCHEDULES[schedule].looped else 1
+    composed = ns.tp is not None or ns.fsdp is not None
     try:
         analysis = analyze_pipeline(
             model, args, kwargs, stages=ns.pp * per_rank, schedule=schedule,
             stages_per_rank=per_rank,
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
-            link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9)
+            link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9,
+            count_stage=_composed_counter(ns, model, ns.pp * per_rank) if composed else None)
     except InputError as error:  # a split or schedule the flags ask for that cannot be
         raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
+    analysis = on_mesh(analysis, ns.fsdp or 1, ns.tp or 1)
     record = analysis.record
-    if ns.rank >= record.pp:
-        raise UsageError(f"--rank {ns.rank}: --pp {ns.pp} with schedule {schedule} has "
-                         f"{record.pp} ranks, 0..{record.pp - 1}.")
-    report = analysis.stage_reports[record.ranks[ns.rank].stages[0]]
-    return report, (record, partial(pipeline_view, rank=ns.rank))
+    if ns.rank >= record.world_size():
+        raise UsageError(f"--rank {ns.rank}: --pp {ns.pp} x --fsdp {record.fsdp} x --tp "
+                         f"{record.tp} with schedule {schedule} has {record.world_size()} "
+                         f"ranks, 0..{record.world_size() - 1}.")
+    pipeline_rank = ns.rank // (record.fsdp * record.tp)
+    return rank_report(analysis, ns.rank), (record, partial(pipeline_view, rank=pipeline_rank))
+
+
+def _composed_counter(ns: argparse.Namespace, model, stages: int):
+    if ns.model not in COMPOSED:
+        raise UsageError(f"--pp with --tp/--fsdp builds each stage from the model's own "
+                         f"modules, which the built-in {', '.join(COMPOSED)} supports; "
+                         f"{ns.model} is not one: analyze it with --pp alone, or with --tp/"
+                         f"--fsdp alone.")
+
+    def build(device):
+        built, args, _ = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
+                                      hf_options=hf_options(ns))
+        return built, args
+
+    return stage_rank_counter(build, ns.model, len(model.layers), stages, tp=ns.tp,
+                              fsdp=ns.fsdp, mode=ns.mode, strict=ns.strict)
+
+
+def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
+                       tp: int | None, fsdp: int | None, mode: str = "forward",
+                       strict: bool = False):
+    """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
+    ``spec`` (a key of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
+    as the rank of its (fsdp, tp) group with index 0, the model built again by ``build(device)
+    -> (model, args)`` under a fake process group of that group, split by its tensor-parallel
+    plan (``tp``) and FSDP2 (``fsdp``, on the stage's blocks, then the stage)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from ..api import analyze
+    from ..parallel.pipeline import LlamaStage, stage_layers
+    from ..parallel.ranks import fake_process_group
+    from .parallel import _fake_tensors, _fully_shard, _parallelize
+
+    held = stage_layers(layers, stages)
+    degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
+
+    def count(index: int, rank: int, stage) -> Report:
+        # The stage's own collectives run in its (fsdp, tp) group: the group's rank 0 stands
+        # for the stage, under a process group of that group's ranks. One group for every
+        # stage also keeps torch's caches right: DeviceMesh compares equal by layout alone,
+        # so a mesh of other process groups would hit the groups cached for the one before.
+        with fake_process_group((fsdp or 1) * (tp or 1), rank=0):
+            mesh = init_device_mesh("cpu", tuple(degrees.values()),
+                                    mesh_dim_names=tuple(degrees))
+            with _fake_tensors(fsdp) as device:
+                built, args = build(device)
+                inputs = args if index == 0 else _received(built, args[0], mode)
+            if tp is not None:
+                _parallelize(spec, built, mesh["tp"])
+            part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
+            if fsdp is not None:
+                _fully_shard(spec, part, mesh["fsdp"])
+            report = analyze(part, inputs, None, mode=mode, strict=strict)
+        if len(degrees) > 1:
+            return report
+        # A mesh of one dimension is the default group, which names no dimension: it is this.
+        (name,) = degrees
+        return report.model_copy(update={"collectives": [
+            c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in report.collectives]})
+
+    return count
+
+
+def _received(model, tokens, mode: str) -> tuple:
+    """What a Llama stage after the first takes per microbatch, made where ``tokens`` are: the
+    hidden state (B, T, dim), needing a gradient in training, and the rotary tables (T, hd)."""
+    import torch
+
+    config, (batch, seq) = model.config, tokens.shape
+    dtype = next(model.parameters()).dtype
+    hidden = torch.zeros(batch, seq, config.dim, dtype=dtype, device=tokens.device,
+                         requires_grad=mode == "train")
+    cos, sin = (torch.zeros(seq, config.head_dim, device=tokens.device) for _ in range(2))
+    return hidden, cos, sin

@@ -13,7 +13,7 @@ stage's outputs as from the whole model's (`exportflops.count.backward`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import torch
@@ -45,6 +45,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      mode: Literal["forward", "train"] = "train",
                      device: str | None = DEFAULT_DEVICE,
                      link_bytes_per_s: float | None = None, strict: bool = False,
+                     count_stage: Callable[[int, int, Stage], Report] | None = None,
                      ) -> PipelineAnalysis:
     """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
     **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
@@ -55,6 +56,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     (``model`` None; each takes what the one before returns). ``stages_per_rank``: ``v`` for
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
+    ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
+    another way than ``analyze(stage.module, ...)`` (`exportflops.cli.pipeline.stage_rank_counter`
+    counts one tensor-parallel/FSDP rank of it); its collectives stay in the stage's report.
     """
     split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
@@ -71,8 +75,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
-    reports = [analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
-               for stage in split]
+    reports = [count_stage(s, rank_of[s], stage) if count_stage is not None
+               else analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
+               for s, stage in enumerate(split)]
     times = [_times(report, device) for report in reports]
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
@@ -80,7 +85,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         inputs=[TensorSpec.of(t.shape, t.dtype) for t in stage.args
                 if isinstance(t, torch.Tensor)],
         forward=report.total - report.backward, backward=report.backward,
-        forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s])
+        forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s],
+        collectives=report.collectives, stands_for=[rank_of[s]])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
     def transfer_s(src: int, dst: int, kind: str) -> float:
@@ -102,7 +108,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         stages=records, timeline=actions, ranks=ranks, step_time_s=step,
         bubble_fraction=bubble, slowest_rank=slowest)
     stage_reports = [report.model_copy(update={
-        "world_size": pp, "rank": rank_of[s], "collectives": [*sends[s], *receives[s]]})
+        "world_size": pp, "rank": rank_of[s],
+        "collectives": [*report.collectives, *sends[s], *receives[s]]})
         for s, report in enumerate(reports)]
     return PipelineAnalysis(record, stage_reports)
 
@@ -124,7 +131,13 @@ def layer_split_points(model: torch.nn.Module, stages: int) -> list[str]:
     if not 1 <= stages <= len(layers):
         raise InputError(f"{type(model).__name__} has {len(layers)} layers: it splits into 1 "
                          f"to {len(layers)} stages of whole layers, not {stages}")
-    return [layers[k * len(layers) // stages] for k in range(1, stages)]
+    return [layers[held.start] for held in stage_layers(len(layers), stages)[1:]]
+
+
+def stage_layers(layers: int, stages: int) -> list[range]:
+    """The layer indices each of ``stages`` stages holds when ``layers`` layers are split
+    evenly: stage k from layer ``k * layers // stages`` (`layer_split_points`)."""
+    return [range(k * layers // stages, (k + 1) * layers // stages) for k in range(stages)]
 
 
 def _layers(model: torch.nn.Module) -> list[str]:
@@ -231,3 +244,84 @@ def _held(module: torch.nn.Module, depth: int | None) -> list[str]:
         parts = name.split(".")[:-1]
         paths[".".join(parts[:depth if depth is not None else 1]) or "<root>"] = None
     return list(paths)
+
+
+def mesh_coordinates(rank: int, fsdp: int, tp: int) -> tuple[int, int, int]:
+    """(pp, fsdp, tp) index of global ``rank`` on the mesh (pp, fsdp, tp), tp innermost as
+    torchtitan lays it out: ``rank = (pp_index * fsdp + fsdp_index) * tp + tp_index``."""
+    return rank // (fsdp * tp), rank // tp % fsdp, rank % tp
+
+
+def on_mesh(analysis: PipelineAnalysis, fsdp: int, tp: int) -> PipelineAnalysis:
+    """``analysis``, each stage counted as one rank of its (fsdp, tp) group (fsdp and tp index
+    0), placed on the mesh (pp, fsdp, tp): the record names the ranks each stage stands for,
+    each stage's report is its representative's, with the world and the peers in global
+    ranks."""
+    width = fsdp * tp
+    record = analysis.record
+    stages = [stage.model_copy(update={"stands_for": list(range(stage.rank * width,
+                                                                (stage.rank + 1) * width))})
+              for stage in record.stages]
+    record = record.model_copy(update={"tp": tp, "fsdp": fsdp, "stages": stages})
+    # A stage's report names its peers by pipeline rank: on the mesh, the representatives'.
+    reports = [_as_rank(report, record, stage.stands_for[0], lambda peer: peer * width)
+               for stage, report in zip(stages, analysis.stage_reports)]
+    return PipelineAnalysis(record, reports)
+
+
+def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
+    """The report of global ``rank`` of `on_mesh`'s ``analysis``: its pipeline rank's first
+    stage, as its representative counted it (the same work), its sends and receives going to
+    the ranks of its own fsdp and tp index on the other stages."""
+    record = analysis.record
+    if not 0 <= rank < record.world_size():
+        raise InputError(f"rank {rank}: the mesh pp {record.pp} x fsdp {record.fsdp} x tp "
+                         f"{record.tp} has ranks 0..{record.world_size() - 1}")
+    width = record.fsdp * record.tp
+    stage = record.ranks[mesh_coordinates(rank, record.fsdp, record.tp)[0]].stages[0]
+    return _as_rank(analysis.stage_reports[stage], record, rank,
+                    lambda peer: peer // width * width + rank % width)
+
+
+def _as_rank(report: Report, record: PipelineReport, rank: int,
+             peer_of: Callable[[int], int]) -> Report:
+    """``report`` as global ``rank``'s: the world is the mesh, each send's and receive's peer
+    is ``peer_of(its peer)``."""
+    collectives = [c.model_copy(update={"peer": peer_of(c.peer)}) if c.mesh_dim == "pp" else c
+                   for c in report.collectives]
+    return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
+                                     "collectives": collectives})
+
+
+class LlamaStage(torch.nn.Module):
+    """One pipeline stage of the built-in Llama (`exportflops.examples.llama.Llama`) made of
+    the model's own modules, so a tensor-parallel plan or FSDP2 applied to the model holds in
+    the stage (torch's ``pipeline()`` traces fixed head counts into its stage graphs). It takes
+    what the stage of torch's split takes: the tokens (stage 0), else the hidden state and the
+    rotary tables, and returns what it sends on (stage 0 the rotary tables too)."""
+
+    #: The blocks FSDP2 shards one by one before the stage (`exportflops.cli.parallel`'s rule).
+    _no_split_modules = ["TransformerBlock"]
+
+    def __init__(self, model: torch.nn.Module, held: range, first: bool, last: bool) -> None:
+        super().__init__()
+        self.first, self.last = first, last
+        self.logits_last_only = model.config.logits_last_only
+        if first:
+            self.rope, self.tok_embeddings = model.rope, model.tok_embeddings
+        # Keyed by the model's own indices: the report's paths are the model's (layers.2).
+        self.layers = torch.nn.ModuleDict({str(i): model.layers[i] for i in held})
+        if last:
+            self.norm, self.output = model.norm, model.output
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
+                sin: torch.Tensor | None = None) -> Any:
+        if self.first:
+            cos, sin = self.rope(x.shape[1], x.device)  # (T, hd) each
+            x = self.tok_embeddings(x)  # (B, T, dim)
+        for layer in self.layers.values():
+            x, _ = layer(x, cos, sin)
+        if self.last:
+            x = self.norm(x)
+            return self.output(x[:, [-1], :] if self.logits_last_only else x)
+        return (x, cos, sin) if self.first else x

@@ -45,6 +45,14 @@ class PipelineStage(Record):
     of its inputs to the stage before (``backward``); ``op`` ``send``."""
     receives: list[Collective]
     """What it receives per microbatch, mirroring the peers' sends; ``op`` ``recv``."""
+    collectives: list[Collective] = []
+    """The tensor-parallel and FSDP collectives one rank of the stage issues per microbatch
+    (``tp`` or ``fsdp`` > 1), as the analyzed rank's report lists them; empty otherwise."""
+    stands_for: list[int] = []
+    """The global ranks that run this stage, on the mesh (pp, fsdp, tp) with tp innermost:
+    they differ by their fsdp and tp index only, so they do the same work on the same shapes,
+    and the first (fsdp and tp index 0) is the one analyzed, standing for all. The pipeline
+    rank alone when ``tp`` and ``fsdp`` are 1; empty in records written before composition."""
 
 
 class PipelineAction(Record):
@@ -103,6 +111,10 @@ class PipelineReport(Record):
     """Stages each rank runs (``v``): 1, or more for the interleaved and looped schedules."""
     device: str
     """The roofline's device key the times come from, or ``unit`` (one second per action)."""
+    tp: int = 1
+    """Tensor-parallel degree inside each stage (the innermost mesh dimension); 1: none."""
+    fsdp: int = 1
+    """FSDP degree inside each stage (the mesh dimension between pp and tp); 1: none."""
     link_bytes_per_s: float | None = None
     """Bandwidth of the link between ranks, when the timeline delays each received tensor by
     ``bytes / link_bytes_per_s``; None: transfers take no time."""
@@ -118,6 +130,10 @@ class PipelineReport(Record):
     """Idle share of all ranks' time in the step: ``1 - sum(busy_s) / (pp * step_time_s)``."""
     slowest_rank: int
     """The rank whose last action ends the step (the lowest such rank)."""
+
+    def world_size(self) -> int:
+        """Ranks in all: ``pp * fsdp * tp``."""
+        return self.pp * self.fsdp * self.tp
 
     def sends(self) -> list[Collective]:
         """Every stage's sends, stage by stage."""

@@ -15,6 +15,7 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
     """The stage table, the rank table and the step's line; ``rank`` marks that rank's rows."""
     unit = "unit times (1 s per action)" if record.device == "unit" else \
         f"roofline on {record.device}"
+    mesh = record.tp * record.fsdp > 1
     stage_rows = []
     for s in record.stages:
         sent = {phase: sum(c.bytes for c in s.sends if c.phase == phase)
@@ -24,13 +25,19 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
             style.count(s.forward.flops), style.count(s.backward.flops),
             _time(s.forward_s, record, style),
             _time(s.backward_s, record, style) if record.mode == "train" else "-",
-            style.count(sent["forward"], "B"), style.count(sent["backward"], "B")])
-    stages = style.titled(
-        f"{record.model}: {len(record.stages)} pipeline stages on {record.pp} ranks, per "
-        f"microbatch ({record.mode}; times: {unit})",
-        style.table(stage_rows, ["stage", "rank", "holds", "params", "forward FLOPs",
-                                 "backward FLOPs", "forward time", "backward time",
-                                 "sends forward", "sends backward"], "rrlrrrrrrr"))
+            style.count(sent["forward"], "B"), style.count(sent["backward"], "B"),
+            *([_ranks(s.stands_for), style.count(sum(c.bytes for c in s.collectives), "B")]
+              if mesh else [])])
+    headers = ["stage", "rank", "holds", "params", "forward FLOPs", "backward FLOPs",
+               "forward time", "backward time", "sends forward", "sends backward"]
+    title = (f"{record.model}: {len(record.stages)} pipeline stages on {record.pp} ranks, per "
+             f"microbatch ({record.mode}; times: {unit})")
+    if mesh:  # each stage's row is one rank of its (fsdp, tp) group, standing for all of it
+        headers += ["global ranks", "tp/fsdp collectives"]
+        title += (f"; each stage on fsdp {record.fsdp} x tp {record.tp} ranks, one analyzed "
+                  f"for all ({len(record.stages)} analyses for {record.world_size()} ranks), "
+                  f"params and work per rank")
+    stages = style.titled(title, style.table(stage_rows, headers, "rrlrrrrrrr" + "lr" * mesh))
     rank_rows = [[_marked(r.rank, rank), ", ".join(map(str, r.stages)), _time(r.busy_s, record,
                   style), _time(r.end_s, record, style),
                   style.percent(r.bubble_fraction, 1)] for r in record.ranks]
@@ -39,14 +46,21 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
         f"microbatches, {record.stages_per_rank} stage(s) per rank",
         style.table(rank_rows, ["rank", "stages", "busy", "last action ends", "bubble"],
                     "rlrrr"))
+    slowest = record.ranks[record.slowest_rank].stages[0]
+    setters = f" (global ranks {_ranks(record.stages[slowest].stands_for)})" if mesh else ""
     step = (f"Step: {_time(record.step_time_s, record, style)}, set by rank "
-            f"{record.slowest_rank}; bubble {style.percent(record.bubble_fraction, 1)} of all "
-            f"ranks' time.")
+            f"{record.slowest_rank}{setters}; bubble "
+            f"{style.percent(record.bubble_fraction, 1)} of all ranks' time.")
     return f"{stages}\n\n{ranks}\n\n{step}\n"
 
 
 def _time(value: float, record: PipelineReport, style: Style):
     return f"{value:g} units" if record.device == "unit" else style.seconds(value)
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``4-7``: a stage's global ranks, consecutive on the mesh (tp innermost)."""
+    return f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else ", ".join(map(str, ranks))
 
 
 def _marked(value: int, rank: int | None) -> str:

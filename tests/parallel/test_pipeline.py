@@ -230,12 +230,12 @@ def test_the_command_prints_the_pipeline_of_a_rank(capsys):
 
 
 @pytest.mark.parametrize("argv", [
-    ["llama", "--pp", "2", "--tp", "2"],
+    ["llama", "--pp", "2", "--tp", "2", "--rank", "4"],
     ["llama", "--schedule", "1f1b"],
     ["llama", "--pp", "2", "--rank", "2"],
     ["llama", "--pp", "2", "--schedule", "zbvzerobubble"],
     ["llama", "--pp", "2", "--format", "csv"],
-], ids=["with-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule", "csv"])
+], ids=["past-pp-by-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule", "csv"])
 def test_the_command_refuses_what_it_cannot_lay_out(argv, capsys):
     assert main(argv) == 2
     assert "exportflops: error:" in capsys.readouterr().err
