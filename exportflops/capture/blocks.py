@@ -139,8 +139,16 @@ def _alike_modules(model: torch.nn.Module) -> bool:
     return False
 
 
-#: The attributes every nn.Module has (parameters, buffers, children, hooks).
-_MODULE_INTERNALS = frozenset(torch.nn.Module().__dict__)
+#: A module's parameters, buffers and children: the model's structure, which a forward does not
+#: change (a lazy module's first call does, and keeps it).
+_STRUCTURE = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
+#: A module's hook dicts: every other attribute an nn.Module is made with.
+_HOOKS = frozenset(torch.nn.Module().__dict__) - _STRUCTURE - {"training"}
+
+
+def _holds_tensors(container: dict | list | set) -> bool:
+    values = container.values() if isinstance(container, dict) else container
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(list(values)))
 
 
 @contextlib.contextmanager
@@ -151,11 +159,13 @@ def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
     back what its own run assigns too (``_detect_attribute_assignment``), so the fast path
     leaves the model as the full export does."""
     kept = [(module, dict(module.__dict__)) for module in model.modules()]
-    # A container the forward fills in place (LeViT's attention-bias cache, a dict) keeps its
-    # identity: its contents are put back too. nn.Module's own dicts are the model's structure.
-    contents = [(value, copy.copy(value)) for _, attributes in kept
+    # A container the forward fills in place keeps its identity, so its contents are put back
+    # where the pass left its tensors in it (LeViT's attention-bias cache, a dict), and a
+    # module's hooks always: transformers installs hooks on a first call and sets a flag that
+    # says so, and the flag removed without the hooks installs them twice.
+    contents = [(value, copy.copy(value), name in _HOOKS) for _, attributes in kept
                 for name, value in attributes.items()
-                if name not in _MODULE_INTERNALS and type(value) in (dict, list, set)]
+                if name not in _STRUCTURE and isinstance(value, (dict, list, set))]
     try:
         yield
     finally:
@@ -165,9 +175,10 @@ def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
             for name, value in attributes.items():
                 if module.__dict__.get(name, _ABSENT) is not value:
                     module.__dict__[name] = value
-        for container, before in contents:
-            container.clear()
-            (container.extend if isinstance(container, list) else container.update)(before)
+        for container, before, hooks in contents:
+            if hooks or _holds_tensors(container):
+                container.clear()
+                (container.extend if isinstance(container, list) else container.update)(before)
 
 
 #: An attribute a module does not have (None is a value).

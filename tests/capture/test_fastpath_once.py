@@ -152,3 +152,29 @@ def test_a_container_a_forward_fills_in_place_is_emptied_again(fast):
     analyze(model, (X,), fast=fast)
     assert [block.bias_cache for block in model] == [{}, {}]
     assert type(model(X)) is torch.Tensor
+
+
+class HooksOnFirstCall(nn.Module):
+    """Installs a hook on its first call and sets a flag saying so, as transformers installs
+    its output-capturing hooks (``_output_capturing_hooks_installed``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.seen = []
+
+    def forward(self, x):
+        if not getattr(self, "_hooked", False):
+            self.linear.register_forward_hook(lambda module, args, out: self.seen.append(1))
+            self._hooked = True
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "full"])
+def test_hooks_a_first_call_installs_are_put_back_with_their_flag(fast):
+    model = nn.Sequential(HooksOnFirstCall(), HooksOnFirstCall())
+    analyze(model, (X,), fast=fast)
+    for block in model:
+        block.seen.clear()
+    model(X)
+    assert [block.seen for block in model] == [[1], [1]]  # one hook each, not two
