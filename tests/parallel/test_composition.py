@@ -191,3 +191,18 @@ def test_the_command_refuses_what_it_does_not_compose(argv, capsys):
     err = capsys.readouterr().err
     assert "exportflops: error:" in err
     assert "--tp" in err
+
+
+def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products():
+    model, args = _build("meta")
+    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=TP, fsdp=None,
+                               mode="train", strict=True)
+    split = on_mesh(analyze_pipeline(model, args, stages=2, mode="train", device=None,
+                                     strict=True, count_stage=count), fsdp=1, tp=TP)
+    # wq on stage 1 (its input, the received hidden state, needs a gradient): the forward,
+    # the input's gradient and the weight's gradient, each 2 * tokens * 64 * 64 / tp FLOPs.
+    wq = 2 * TOKENS * 64 * (4 * 16) // TP
+    assert _module_flops(split.stage_reports[1], "layers.2.attention.wq") == 3 * wq
+    # the hidden state's gradient goes back to stage 0, whole (the blocks start replicated)
+    backward = [c for c in split.record.stages[1].sends if c.phase == "backward"]
+    assert [c.bytes for c in backward] == [BATCH * SEQ * 64 * F32]
