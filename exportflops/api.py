@@ -135,13 +135,16 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
                          f"fixed sizes, one call per size.")
     check_process_group(model)
     args, kwargs = as_args(args, model), dict(kwargs or {})
+    # Read before the capture runs the model: FSDP2 leaves the root's parameters unsharded
+    # after a forward (the root does not reshard, its backward gathers them next).
+    parameters = local_parameters(model)
     with rank_graph(model, args, kwargs, train=mode == "train") as graph:
         read = read_graph(graph)
         phases = {call.name: phase(call.node) for call in read.nodes}
         calls = [call for call in read.nodes if mode == "train" or phases[call.name] == "forward"]
         count = _node_counter(read, table, strict=strict, sizes={})
         nodes = [count(call, phase=phases[call.name]) for call in calls]
-        tree, tied = module_tree(calls, local_parameters(model), model,
+        tree, tied = module_tree(calls, parameters, model,
                                  qualified_name(type(model)))
         fields = rank_fields(calls, phases)
     report = _report(nodes, tree, tied, name=type(model).__name__,

@@ -45,6 +45,21 @@ class TwoBlocks(nn.Module):
         return x
 
 
+class BlocksAndHead(TwoBlocks):
+    """`TwoBlocks` and a head of the root's own: parameters FSDP2 shards in the root's unit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(HIDDEN, FFN, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(super().forward(x))
+
+
+def blocks_and_head() -> tuple[BlocksAndHead, tuple[torch.Tensor]]:
+    return BlocksAndHead(), (torch.randn(BATCH, SEQ, HIDDEN),)
+
+
 def two_blocks() -> tuple[TwoBlocks, tuple[torch.Tensor]]:
     """`TwoBlocks` and its input, for the command's ``--fsdp``."""
     return TwoBlocks(), (torch.randn(BATCH, SEQ, HIDDEN),)

@@ -77,6 +77,18 @@ def test_the_command_shards_each_block_then_the_root_and_reports_the_rank_asked(
     assert [c.bytes * c.bandwidth_factor for c in report.collectives[:2]] == [4160.0] * 2
 
 
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_the_roots_own_parameters_are_counted_at_their_shard(mode):
+    """FSDP2 leaves the root's parameters unsharded after a forward (the root does not
+    reshard): a rank holds 1/world of the head all the same."""
+    world = 2
+    report = report_of(run("tests.parallel_models:blocks_and_head", "--fsdp", str(world),
+                           "--mode", mode, "--format", "json", cwd=ROOT))
+    head = HIDDEN * FFN  # 16 x 64, no bias
+    assert report.module("head").params == head // world
+    assert report.params == (BLOCK * 2 + head) // world
+
+
 def test_the_command_shards_the_tensor_parallel_shards_on_a_two_dimensional_mesh():
     fsdp, tp = 2, 2
     report = report_of(run("tests.parallel_models:planned", "--fsdp", str(fsdp), "--tp",
