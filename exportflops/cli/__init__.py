@@ -29,12 +29,11 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
-from .. import hf  # noqa: E402
 from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
 from .options import check, parser  # noqa: E402
-from .targets import build_target, device_named, hf_options, in_flags  # noqa: E402
+from .targets import analyzed, build_target, device_named, hf_options  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,18 +188,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         from .workflows import dynamic_shapes
         maxima = {name: max(values) for name, values in ns.points.items()}
         dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
-    options = {"strict": ns.strict, "mode": ns.mode, "dynamic_shapes": dynamic,
-               "fast": not ns.full_export}
-    if ns.model.startswith("hf:"):
-        # Built on meta by default, an hf: model has no values to decide its branches by: the
-        # library's policy builds it again on cpu (with --input's shapes, as on meta).
-        on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
-                          kwargs=ns.kwargs, hf_options=hf_options(ns))
-                  if ns.device is None else None)
-        with in_flags():
-            report = hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
-    else:
-        report = analyze(model, args, kwargs, **options)
+    report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
+                      dynamic_shapes=dynamic, fast=not ns.full_export)
     outcome = _Outcome(report, reprs)
     if ns.budget:
         from ..budgets import compare

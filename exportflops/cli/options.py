@@ -364,6 +364,19 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "or JSON: not with --sweep, --mode train or --format csv.")
 
 
+def _alone(ns: argparse.Namespace, flag: str, what: str) -> None:
+    """``flag`` (--ep, --cp) refused with any other split or analysis of its own."""
+    splits = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp")
+              if name != flag and getattr(ns, name[2:]) is not None]
+    if (splits or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
+            or ns.device_model or ns.generate is not None or ns.seqlens is not None
+            or ns.format not in ("table", "md", "json", "html")):
+        others = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp") if name != flag]
+        raise UsageError(f"{flag} {what}, as a table, Markdown or JSON, or an HTML page: not a "
+                         f"saved .pt2, and not with {', '.join(others)}, --profile, --dynamic, "
+                         f"--sweep, --budget, --device-model, --generate or --seqlens.")
+
+
 def _check_experts(ns: argparse.Namespace) -> None:
     """--ep N with --rank in 0..N-1 and --routing parsed (counts per expert); refused with what
     it does not combine with."""
@@ -374,14 +387,7 @@ def _check_experts(ns: argparse.Namespace) -> None:
     if ns.ep < 1 or not 0 <= ns.rank < ns.ep:
         raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(ns.ep - 1, 0)}, "
                          f"got --ep {ns.ep} --rank {ns.rank}.")
-    if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.cp is not None
-            or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
-            or ns.device_model or ns.generate is not None or ns.seqlens is not None
-            or ns.format not in ("table", "md", "json", "html")):
-        raise UsageError("--ep analyzes the experts of a model built here, as a table, Markdown "
-                         "or JSON, or an HTML page: not a saved .pt2, and not with --tp, "
-                         "--fsdp, --pp, --cp, --profile, --dynamic, --sweep, --budget, "
-                         "--device-model, --generate or --seqlens.")
+    _alone(ns, "--ep", "analyzes the experts of a model built here")
     if ns.routing is not None:
         try:
             ns.routing = [int(part) for part in ns.routing.split(",")]
@@ -401,14 +407,7 @@ def _check_context(ns: argparse.Namespace) -> None:
     if ns.cp < 2 or not 0 <= ns.rank < ns.cp:
         raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(ns.cp - 1, 0)}, "
                          f"got --cp {ns.cp} --rank {ns.rank}.")
-    if (ns.tp is not None or ns.fsdp is not None or ns.pp is not None or ns.ep is not None
-            or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
-            or ns.device_model or ns.generate is not None or ns.seqlens is not None
-            or ns.format not in ("table", "md", "json", "html")):
-        raise UsageError("--cp splits the sequence of a model built here, as a table, Markdown "
-                         "or JSON, or an HTML page: not a saved .pt2, and not with --tp, "
-                         "--fsdp, --pp, --ep, --profile, --dynamic, --sweep, --budget, "
-                         "--device-model, --generate or --seqlens.")
+    _alone(ns, "--cp", "splits the sequence of a model built here")
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:

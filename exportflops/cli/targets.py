@@ -10,6 +10,7 @@ import inspect
 import os
 import re
 import sys
+from functools import partial
 from typing import Any
 
 from .. import hf
@@ -24,6 +25,21 @@ FLAGS = {"seq": "--seq", "batch": "--batch", "layers": "--layers", "device": "--
 #: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``, or bare
 #: (``kwargs=``).
 _ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|\d+|N)?")
+
+
+def analyzed(ns, model, args, kwargs, **options):
+    """`analyze` of MODEL as built here. Built on meta by default, an hf: model has no values to
+    decide its branches by: the library's policy builds it again on cpu (with --input's shapes,
+    as on meta)."""
+    from ..api import analyze
+
+    if not ns.model.startswith("hf:"):
+        return analyze(model, args, kwargs, **options)
+    on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
+                      kwargs=ns.kwargs, hf_options=hf_options(ns))
+              if ns.device is None else None)
+    with in_flags():
+        return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
 
 
 def device_named(name: str):
