@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from ..records.names import ancestors
+from .cheap_run import attributes_kept, cheap_mode
 from .quiet import quiet_fake_tensor_log
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
@@ -97,11 +98,11 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     owners = _owners(model)
     paths = _unique_paths(model, owners)
     trace = _Trace(paths)
-    cheap = _cheap_mode(model, args, kwargs)
+    cheap = cheap_mode(model, args, kwargs)
     ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
     failed = True
     try:
-        with quiet_fake_tensor_log(), cheap, trace.hooks(model), _attributes_kept(model), \
+        with quiet_fake_tensor_log(), cheap, trace.hooks(model), attributes_kept(model), \
                 torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
@@ -139,68 +140,11 @@ def _alike_modules(model: torch.nn.Module) -> bool:
     return False
 
 
-#: A module's parameters, buffers and children: the model's structure, which a forward does not
-#: change (a lazy module's first call does, and keeps it).
-_STRUCTURE = frozenset({"_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"})
-#: A module's hook dicts: every other attribute an nn.Module is made with.
-_HOOKS = frozenset(torch.nn.Module().__dict__) - _STRUCTURE - {"training"}
-
-
-def _holds_tensors(container: dict | list | set) -> bool:
-    values = container.values() if isinstance(container, dict) else container
-    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(list(values)))
-
-
-@contextlib.contextmanager
-def _attributes_kept(model: torch.nn.Module) -> Iterator[None]:
-    """Each module's attributes as they were before the block: one its forward sets (a call
-    counter, a tensor cached on the first call) is put back, one it adds removed. The cheap
-    pass's tensors are meta or fake and must not stay on the user's modules; torch.export puts
-    back what its own run assigns too (``_detect_attribute_assignment``), so the fast path
-    leaves the model as the full export does."""
-    kept = [(module, dict(module.__dict__)) for module in model.modules()]
-    # A container the forward fills in place keeps its identity, so its contents are put back
-    # where the pass left its tensors in it (LeViT's attention-bias cache, a dict), and a
-    # module's hooks always: transformers installs hooks on a first call and sets a flag that
-    # says so, and the flag removed without the hooks installs them twice.
-    contents = [(value, copy.copy(value), name in _HOOKS) for _, attributes in kept
-                for name, value in attributes.items()
-                if name not in _STRUCTURE and isinstance(value, (dict, list, set))]
-    try:
-        yield
-    finally:
-        for module, attributes in kept:
-            for name in module.__dict__.keys() - attributes.keys():
-                del module.__dict__[name]
-            for name, value in attributes.items():
-                if module.__dict__.get(name, _ABSENT) is not value:
-                    module.__dict__[name] = value
-        for container, before, hooks in contents:
-            if hooks or _holds_tensors(container):
-                container.clear()
-                (container.extend if isinstance(container, list) else container.update)(before)
-
-
-#: An attribute a module does not have (None is a value).
-_ABSENT = object()
-
-
 def _unique_paths(model: torch.nn.Module, owners: dict[int, set[str]]) -> dict[int, str | None]:
     """id(module) -> its path, for modules reachable by one path only (a shared module maps to
     None: it cannot be part of a repeat)."""
     return {id(module): path if len(owners[id(module)]) == 1 else None
             for path, module in model.named_modules()}
-
-
-def _cheap_mode(model: torch.nn.Module, args: tuple, kwargs: dict):
-    """Plain eager on meta when every tensor is on meta; otherwise fake tensors, so nothing is
-    computed and no state changes."""
-    tensors = [*model.parameters(), *model.buffers(),
-               *(t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor))]
-    if all(t.device.type == "meta" for t in tensors):
-        return contextlib.nullcontext()
-    from ..torch_internals import FakeTensorMode
-    return FakeTensorMode(allow_non_fake_inputs=True)
 
 
 @dataclass

@@ -13,7 +13,7 @@ import torch
 
 from ..records.names import ancestors
 from ..torch_internals import require
-from .blocks import _attributes_kept, _cheap_mode
+from .cheap_run import attributes_kept, cheap_mode
 from .quiet import quiet_fake_tensor_log
 
 #: The qualified name torch gives the pack hook of a non-reentrant checkpoint
@@ -35,8 +35,8 @@ def checkpointed_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> f
 
     handles = [module.register_forward_pre_hook(inside) for module in model.modules()]
     try:
-        with quiet_fake_tensor_log(), _cheap_mode(model, args, kwargs), \
-                _attributes_kept(model), torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with quiet_fake_tensor_log(), cheap_mode(model, args, kwargs), \
+                attributes_kept(model), torch.random.fork_rng(devices=[]), torch.enable_grad():
             model(*args, **kwargs)
     except Exception:
         return frozenset()

@@ -23,6 +23,7 @@ from ..capture.value_read_sizes import on_meta, value_read_sizes
 from ..count.backward import RECOMPUTED
 from ..errors import InputError
 from ..records import FLOPS_PER_MAC, Report
+from ..records.names import ancestors
 from ..records.symbolic import parse_count, size_symbol
 from ..records.training import DocumentFlops, StepFlops
 from ..torch_internals import pytree
@@ -52,7 +53,7 @@ class FlopsPerBatch:
         # ops), and the forward of regions a non-reentrant checkpoint reruns, which it does not.
         recorded = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
         rerun = [n.cost for n in report.nodes if n.phase == "forward"
-                 and any(_inside(n.module, path) for path in checkpointed)]
+                 and not checkpointed.isdisjoint(ancestors(n.module))]
         self._counts = {}
         for field in ("flops", "macs"):
             in_graph = _summed(recorded, field)
@@ -63,6 +64,7 @@ class FlopsPerBatch:
                                ("backward", backward - in_graph),
                                ("recompute", recompute), ("model", total - in_graph)):
                 self._counts[field, part] = step_count(_routed(expr, routed), batch, seq)
+        self._size_names = {name for count in self._counts.values() for name in count.names}
         self.complete = not report.uncounted
         """False when the analysis left ops uncounted (``report.uncounted``)."""
 
@@ -121,14 +123,11 @@ class FlopsPerBatch:
             raise InputError(f"seqlens must be a non-empty list of positive ints, "
                              f"got {seqlens!r}")
         sizes = {self.batch: 1, self.seq: sum(lengths)}
-        missing = set(self._names()) - sizes.keys()
+        missing = self._size_names - sizes.keys()
         if missing:
             raise InputError(f"seqlens= sets the batch and the sequence only; the counts also "
                              f"depend on {sorted(missing)}: call fpb with the batch's tensors.")
         return sizes, [lengths]
-
-    def _names(self) -> set[str]:
-        return {name for count in self._counts.values() for name in count.names}
 
     def _bound(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         try:
@@ -173,22 +172,16 @@ class FlopsPerBatch:
                         f"the batch gives {symbol} two values ({sizes[symbol]} and {actual} at "
                         f"{_where(name, path)} dim {dim}): its tensors' sizes must agree as "
                         f"in the example.")
-        missing = self._names() - sizes.keys()
+        missing = self._size_names - sizes.keys()
         if missing:
             raise InputError(f"the batch sets no size for {sorted(missing)}: pass the "
-                             f"arguments the example had ({self._arguments()}).")
+                             f"arguments the example had: {sorted(self._tensor_arguments)}.")
         return sizes
 
-    def _arguments(self) -> str:
-        return ", ".join(sorted({name for name, *_ in self._dims}))
 
 
 def _summed(costs: list, field: str) -> sympy.Expr:
     return sum((parse_count(getattr(cost, field)) for cost in costs), sympy.Integer(0))
-
-
-def _inside(module: str, path: str) -> bool:
-    return module == path or module.startswith(f"{path}.") or path == ""
 
 
 def _where(name: str, path: tuple) -> str:
