@@ -1,0 +1,105 @@
+"""The checks of the flags that split a model over ranks: --tp, --fsdp, --pp, --ep, --cp and
+--rank (`options.check` calls `check_splits`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+
+
+def check_splits(ns: argparse.Namespace) -> None:
+    """--tp, --fsdp, --pp, --ep, --cp and --rank: degrees and ranks in range, and refused with
+    what each does not combine with."""
+    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None:  # with --pp: its own check
+        degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
+        world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
+        if min(degrees) < 1 or not 0 <= ns.rank < world:
+            raise UsageError(f"--tp and --fsdp take a degree >= 1 and --rank one of "
+                             f"0..{max(world - 1, 0)}, got --tp {ns.tp} --fsdp {ns.fsdp} "
+                             f"--rank {ns.rank}.")
+        if ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget \
+                or ns.device_model or ns.generate is not None \
+                or ns.device not in (None, "meta"):
+            raise UsageError("--tp and --fsdp analyze one rank of a model they split on meta or "
+                             "fake tensors: not a saved .pt2, and not with --profile, "
+                             "--dynamic, --sweep, --budget, --device-model, --generate or "
+                             "--device cpu/cuda.")
+    elif ns.rank and ns.pp is None and ns.ep is None and ns.cp is None:
+        raise UsageError("--rank picks a rank of --tp, --fsdp, --pp, --ep or --cp N: pass one "
+                         "of them too.")
+    _check_pipeline(ns)
+    _check_experts(ns)
+    _check_context(ns)
+
+
+def _alone(ns: argparse.Namespace, flag: str, what: str) -> None:
+    """``flag`` (--ep, --cp) refused with any other split or analysis of its own."""
+    splits = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp")
+              if name != flag and getattr(ns, name[2:]) is not None]
+    if (splits or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
+            or ns.device_model or ns.generate is not None or ns.seqlens is not None
+            or ns.format not in ("table", "md", "json", "html")):
+        others = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp") if name != flag]
+        raise UsageError(f"{flag} {what}, as a table, Markdown or JSON, or an HTML page: not a "
+                         f"saved .pt2, and not with {', '.join(others)}, --profile, --dynamic, "
+                         f"--sweep, --budget, --device-model, --generate or --seqlens.")
+
+
+def _check_experts(ns: argparse.Namespace) -> None:
+    """--ep N with --rank in 0..N-1 and --routing parsed (counts per expert); refused with what
+    it does not combine with."""
+    if ns.ep is None:
+        if ns.routing is not None:
+            raise UsageError("--routing gives the token copies per expert of --ep N: pass --ep.")
+        return
+    if ns.ep < 1 or not 0 <= ns.rank < ns.ep:
+        raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(ns.ep - 1, 0)}, "
+                         f"got --ep {ns.ep} --rank {ns.rank}.")
+    _alone(ns, "--ep", "analyzes the experts of a model built here")
+    if ns.routing is not None:
+        try:
+            ns.routing = [int(part) for part in ns.routing.split(",")]
+        except ValueError:
+            ns.routing = [-1]
+        if min(ns.routing) < 0:
+            raise UsageError("--routing takes token copies per expert, counts >= 0 separated "
+                             "by commas (10,30,20,4).")
+
+
+def _check_context(ns: argparse.Namespace) -> None:
+    """--cp N with --rank in 0..N-1; refused with what it does not combine with."""
+    if ns.cp is None:
+        if ns.no_load_balance:
+            raise UsageError("--no-load-balance splits the sequence of --cp N: pass --cp.")
+        return
+    if ns.cp < 2 or not 0 <= ns.rank < ns.cp:
+        raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(ns.cp - 1, 0)}, "
+                         f"got --cp {ns.cp} --rank {ns.rank}.")
+    _alone(ns, "--cp", "splits the sequence of a model built here")
+
+
+def _check_pipeline(ns: argparse.Namespace) -> None:
+    """--pp N analyzes a model built here, on meta, alone or on a mesh with --tp/--fsdp (--rank
+    a global rank of pp x fsdp x tp): --schedule and --microbatches need it."""
+    if ns.pp is None:
+        if ns.schedule is not None or ns.microbatches is not None:
+            raise UsageError("--schedule and --microbatches lay out a pipeline: add --pp N.")
+        return
+    world = ns.pp * (ns.tp or 1) * (ns.fsdp or 1)
+    if ns.pp < 1 or (ns.microbatches is not None and ns.microbatches < 1) or ns.rank >= world \
+            or ns.rank < 0 or (ns.tp or 1) < 1 or (ns.fsdp or 1) < 1:
+        raise UsageError(f"--pp takes N >= 1 ranks, --microbatches M >= 1, --tp and --fsdp "
+                         f"degrees >= 1 and --rank one of the {max(world, 1)} ranks of pp x "
+                         f"fsdp x tp, 0..{max(world - 1, 0)}.")
+    if ns.ep is not None or ns.cp is not None:
+        raise UsageError("--pp composes with --tp and --fsdp (the built-in llama), not with "
+                         "--ep or --cp yet: analyze those alone.")
+    if ns.model.endswith(".pt2") or ns.profile \
+            or ns.dims or ns.points or ns.budget or ns.generate is not None \
+            or ns.seqlens is not None or ns.device not in (None, "meta") \
+            or ns.format == "csv":
+        raise UsageError("--pp splits a model built here on meta into stages and prints a "
+                         "table, Markdown or JSON, or an HTML page: not a saved .pt2, and not "
+                         "with --profile, --dynamic, --sweep, --budget, --generate, --seqlens, "
+                         "--device cpu/cuda or --format csv.")
