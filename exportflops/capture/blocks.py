@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from ..records.names import ancestors
+from ..records.names import ancestors, qualified_name
 from .cheap_run import attributes_kept, cheap_mode
 from .quiet import quiet_fake_tensor_log
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
@@ -89,14 +89,23 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
         # No call can repeat another: the cheap pass would find nothing, and skipping it runs
         # the forward's Python once (in the export), as an eager count does.
         return Plan()
+    owners = _owners(model)
+    trace = _traced(model, args, kwargs, _unique_paths(model, owners))
+    if trace is None:
+        return Plan()
+    return _choose(model, owners, trace)
+
+
+def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,
+            paths: dict[int, str | None]) -> _Trace | None:
+    """The cheap pass: one eager call on meta or fake tensors, its module calls and ops in
+    order; None when it fails or runs a higher-order op (whose branches are not compared)."""
     try:
         # The model may change its inputs' Python objects (a cache appends its entries): the
         # export that follows must see them as the user gave them.
         args, kwargs = copy.deepcopy((args, kwargs))
     except Exception:  # an input that cannot be copied: trace in full
-        return Plan()
-    owners = _owners(model)
-    paths = _unique_paths(model, owners)
+        return None
     trace = _Trace(paths)
     cheap = cheap_mode(model, args, kwargs)
     ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
@@ -107,7 +116,7 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
             model(*args, **kwargs)
         failed = False
     except Exception:  # the full export reports the model's own errors with their hints
-        return Plan()
+        return None
     finally:
         if ops.higher_order or failed:
             # An eager torch.cond (while_loop, map) compiles its branches with dynamo, and
@@ -116,9 +125,30 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
             # caches restores it. Such a model is traced in full, as is one the pass fails on
             # (while_loop fails inside dynamo, before this mode sees it).
             require("dynamo_reset")()
-    if ops.higher_order:
-        return Plan()
-    return _choose(model, owners, trace)
+    return None if ops.higher_order else trace
+
+
+def call_key(module: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple | None:
+    """What one call ``module(*args, **kwargs)`` is, its module names left out: the class and
+    training flag of each module and the shape, dtype and kind of each parameter and buffer,
+    in ``named_modules()`` order; the inputs and outputs; every ATen op with its arguments'
+    shapes, dtypes and scalar values, and every module call by its place in that order (as
+    `plan_blocks` compares a repeat with its model). Two calls with equal keys count the same,
+    module for module at equal places. None when the cheap pass cannot key the call (it fails,
+    runs a higher-order op, or takes or returns an object)."""
+    named = list(module.named_modules())
+    place = {path: index for index, (path, _) in enumerate(named)}
+    trace = _traced(module, args, kwargs or {}, {id(m): path for path, m in named})
+    if trace is None or not trace.calls or trace.calls[0].path is None:
+        return None
+    root = trace.calls[0]
+    # By name: an fx GraphModule's class is made anew for each instance.
+    tree = tuple((qualified_name(type(m)), m.training) for _, m in named)
+    tensors = tuple((_leaf(t), isinstance(t, torch.nn.Parameter))
+                    for t in [*module.parameters(), *module.buffers()])
+    events = tuple((event[0], place[event[1]]) if event[0] in ("enter", "exit") else event
+                   for event in trace.events)
+    return tree, tensors, root.inputs, root.out_key, events
 
 
 def _alike_modules(model: torch.nn.Module) -> bool:

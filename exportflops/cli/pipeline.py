@@ -34,7 +34,8 @@ COMPOSED = ("llama",)
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``'s first stage, (the `PipelineReport`, its view))."""
-    from ..parallel.pipeline import DEFAULT_DEVICE, analyze_pipeline, on_mesh, rank_report
+    from ..parallel.pipeline import (DEFAULT_DEVICE, analyze_pipeline, llama_stages, on_mesh,
+                                     rank_report)
     from ..parallel.schedules import SCHEDULES
     from ..render.pipeline import pipeline_view
 
@@ -47,14 +48,18 @@ def analyze_split(ns: argparse.Namespace):
     # --pp N is the ranks; a looped schedule runs two stages on each.
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
+    stages = ns.pp * per_rank
     try:
+        count_stage = _composed_counter(ns, model, stages) if composed else None
         analysis = analyze_pipeline(
-            model, args, kwargs, stages=ns.pp * per_rank, schedule=schedule,
+            model, args, kwargs, schedule=schedule,
+            # The stages counted (the model's own modules) are the stages timed.
+            stages=llama_stages(model, args[0], stages, ns.mode) if composed else stages,
             stages_per_rank=per_rank,
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
             link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9,
-            count_stage=_composed_counter(ns, model, ns.pp * per_rank) if composed else None)
+            count_stage=count_stage)
     except InputError as error:  # a split or schedule the flags ask for that cannot be
         raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
     analysis = on_mesh(analysis, ns.fsdp or 1, ns.tp or 1)

@@ -19,6 +19,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from ..api import analyze
+from ..capture.blocks import call_key
 from ..capture.pipeline_split import Stage, split_stages
 from ..errors import InputError
 from ..records import Collective, Report, TensorSpec
@@ -52,8 +53,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     ``schedule`` (a key of `SCHEDULES`).
 
     ``stages``: a count (the model's layers split evenly, `layer_split_points`), the module
-    paths to split before (torch's ``SplitPoint.BEGINNING``), or the stage modules themselves
-    (``model`` None; each takes what the one before returns). ``stages_per_rank``: ``v`` for
+    paths to split before (torch's ``SplitPoint.BEGINNING``), the stage modules themselves
+    (``model`` None; each takes what the one before returns), or `Stage`s with what each
+    receives (`llama_stages`). A stage whose call is alike an earlier one's is counted once
+    (`PipelineStage.counted_as`). ``stages_per_rank``: ``v`` for
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
@@ -75,9 +78,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
-    reports = [count_stage(s, rank_of[s], stage) if count_stage is not None
-               else analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
-               for s, stage in enumerate(split)]
+    if count_stage is None:
+        def count_stage(s: int, rank: int, stage: Stage) -> Report:
+            return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
+    reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train")
     times = [_times(report, device) for report in reports]
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
@@ -86,7 +90,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                 if isinstance(t, torch.Tensor)],
         forward=report.total - report.backward, backward=report.backward,
         forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s],
-        collectives=report.collectives, stands_for=[rank_of[s]])
+        collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
     def transfer_s(src: int, dst: int, kind: str) -> float:
@@ -114,6 +118,30 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     return PipelineAnalysis(record, stage_reports)
 
 
+def _counted(split: list[Stage], rank_of: dict[int, int],
+             count_stage: Callable[[int, int, Stage], Report], grad: bool,
+             ) -> tuple[list[Report], list[int]]:
+    """Each stage's report, and the stage whose analysis it is: a stage whose call is alike an
+    earlier stage's (`call_key`: the same ops on the same shapes, module for module; the middle
+    stages of a stack of identical layers) is not counted again, but takes that stage's report
+    with its module paths, its own at the same places."""
+    with torch.enable_grad() if grad else torch.no_grad():
+        keys = [call_key(stage.module, stage.args, stage.kwargs) for stage in split]
+    reports: list[Report] = []
+    counted_as: list[int] = []
+    first: dict[tuple, int] = {}
+    for s, (stage, key) in enumerate(zip(split, keys)):
+        alike = s if key is None else first.setdefault(key, s)
+        counted_as.append(alike)
+        if alike == s:
+            reports.append(count_stage(s, rank_of[s], stage))
+            continue
+        paths = dict(zip((p for p, _ in split[alike].module.named_modules()),
+                         (p for p, _ in stage.module.named_modules())))
+        reports.append(reports[alike].with_paths(paths))
+    return reports, counted_as
+
+
 def _looped(schedule: str) -> bool:
     if schedule not in SCHEDULES:
         raise InputError(f"no pipeline schedule {schedule!r}; the schedules: "
@@ -128,15 +156,18 @@ def layer_split_points(model: torch.nn.Module, stages: int) -> list[str]:
     a Hugging Face model's decoder layers (``_no_split_modules``), else the entries of its
     outermost ``ModuleList``."""
     layers = _layers(model)
-    if not 1 <= stages <= len(layers):
-        raise InputError(f"{type(model).__name__} has {len(layers)} layers: it splits into 1 "
-                         f"to {len(layers)} stages of whole layers, not {stages}")
-    return [layers[held.start] for held in stage_layers(len(layers), stages)[1:]]
+    return [layers[held.start] for held in stage_layers(len(layers), stages, model)[1:]]
 
 
-def stage_layers(layers: int, stages: int) -> list[range]:
-    """The layer indices each of ``stages`` stages holds when ``layers`` layers are split
-    evenly: stage k from layer ``k * layers // stages`` (`layer_split_points`)."""
+def stage_layers(layers: int, stages: int, model: torch.nn.Module | None = None,
+                 ) -> list[range]:
+    """The layer indices each of ``stages`` stages holds when ``layers`` layers (of ``model``,
+    named in the error) are split evenly: stage k from layer ``k * layers // stages``
+    (`layer_split_points`)."""
+    if not 1 <= stages <= layers:
+        raise InputError(f"{type(model).__name__ if model is not None else 'the model'} has "
+                         f"{layers} layers: it splits into 1 to {layers} stages of whole "
+                         f"layers, not {stages}")
     return [range(k * layers // stages, (k + 1) * layers // stages) for k in range(stages)]
 
 
@@ -162,6 +193,8 @@ def _stages(model, args, kwargs, stages, mode: str) -> tuple[list[Stage], int | 
             raise InputError("stages=<count> splits a model: pass it")
         stages = layer_split_points(model, stages) if stages > 1 else []
     stages = list(stages)
+    if stages and all(isinstance(s, Stage) for s in stages):
+        return stages, None
     if stages and all(isinstance(s, torch.nn.Module) for s in stages):
         return _chained(stages, tuple(args), kwargs, grad), None
     if model is None or not all(isinstance(s, str) for s in stages):
@@ -238,11 +271,15 @@ def _times(report: Report, device: str | None) -> tuple[float, float]:
 
 def _held(module: torch.nn.Module, depth: int | None) -> list[str]:
     """The module paths a stage holds: each parameter's module, cut at ``depth`` parts (None:
-    the stage module's children), in order, once each."""
+    the stage module's children, the entries of a child that is a list or dict of modules),
+    in order, once each."""
     paths: dict[str, None] = {}
     for name, _ in module.named_parameters():
         parts = name.split(".")[:-1]
-        paths[".".join(parts[:depth if depth is not None else 1]) or "<root>"] = None
+        if depth is None:
+            child = module.get_submodule(parts[0]) if parts else None
+            cut = 2 if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)) else 1
+        paths[".".join(parts[:depth if depth is not None else cut]) or "<root>"] = None
     return list(paths)
 
 
@@ -291,6 +328,27 @@ def _as_rank(report: Report, record: PipelineReport, rank: int,
                    for c in report.collectives]
     return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
                                      "collectives": collectives})
+
+
+def llama_stages(model: torch.nn.Module, tokens: torch.Tensor, stages: int,
+                 mode: str = "train") -> list[Stage]:
+    """The built-in Llama split into ``stages`` `LlamaStage`s of whole layers, with what each
+    receives on one microbatch of ``tokens`` as torch's split passes it (`split_stages`): the
+    hidden state from the stage before, the rotary tables from stage 0 (their gradients in
+    ``mode="train"``: the hidden state's)."""
+    held = stage_layers(len(model.layers), stages, model)
+    modules = [LlamaStage(model, layers, first=s == 0, last=s == stages - 1)
+               for s, layers in enumerate(held)]
+    split = [Stage(modules[0], (tokens,), None, [None])]
+    grad = mode == "train"
+    with torch.enable_grad() if grad else torch.no_grad():
+        hidden, cos, sin = (_leaf(t, grad) for t in modules[0](tokens)) if stages > 1 \
+            else (None, None, None)
+        for s, module in enumerate(modules[1:], start=1):
+            split.append(Stage(module, (hidden, cos, sin), None, [s - 1, 0, 0]))
+            if s < stages - 1:
+                hidden = _leaf(module(hidden, cos, sin), grad)
+    return split
 
 
 class LlamaStage(torch.nn.Module):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import SCHEMA_VERSION, Cost, Record, TensorSpec
+from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record, TensorSpec
 from .collectives import Collective
 
 
@@ -53,6 +53,11 @@ class PipelineStage(Record):
     they differ by their fsdp and tp index only, so they do the same work on the same shapes,
     and the first (fsdp and tp index 0) is the one analyzed, standing for all. The pipeline
     rank alone when ``tp`` and ``fsdp`` are 1; empty in records written before composition."""
+    counted_as: int | None = None
+    """The stage whose analysis is this one's: itself, or an earlier stage whose call runs the
+    same ATen ops on the same shapes, module for module (a middle stage of identical layers),
+    whose report this stage takes under its own module paths (its node names are that stage's
+    graph's). None in records written before stages were shared."""
 
 
 class PipelineAction(Record):
@@ -89,7 +94,7 @@ class PipelineRank(Record):
     """Its idle share of the step: ``(step_time_s - busy_s) / step_time_s``."""
 
 
-class PipelineReport(Record):
+class PipelineReport(NotebookRecord):
     """One step of a pipelined model: stages, sends, the schedule's timeline and its bubble."""
 
     schema_version: int = SCHEMA_VERSION

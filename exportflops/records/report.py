@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from .names import join
 from .symbolic import Evaluator
-from .base import SCHEMA_VERSION, Cost, Record, TensorSpec
+from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record, TensorSpec
 from .collectives import Collective
 from .timing import RuntimeProfile
 
@@ -145,7 +146,7 @@ class SizeSymbolRecord(Record):
     """Largest value export allows, when bounded."""
 
 
-class Report(Record):
+class Report(NotebookRecord):
     """The analysis of one model call: per node, per module, per op, and in total."""
 
     schema_version: int = SCHEMA_VERSION
@@ -250,6 +251,40 @@ class Report(Record):
             raise ValueError(f"sweep() lists must be equally long, got lengths "
                              f"{ {k: len(v) for k, v in sizes.items()} }")
         return [self.evaluate(**dict(zip(sizes, point))) for point in zip(*sizes.values())]
+
+    def with_paths(self, paths: dict[str, str]) -> Report:
+        """This report with each module path ``p`` of ``paths`` written ``paths[p]`` wherever
+        it names a module: the module tree, the nodes (and the names of those copied into a
+        repeated block), the uncounted ops, the collectives and the tied parameters (a
+        parameter's module part). The report of a call alike another's
+        (a pipeline stage of the same layers as an earlier one) under its own names."""
+        def moved(path: str) -> str:
+            return paths.get(path, path)
+
+        def parameter(name: str) -> str:
+            owner, _, leaf = name.rpartition(".")
+            return join(moved(owner), leaf)
+
+        def node(name: str) -> str:
+            # A node copied into a repeated block is named "<its path>:<name>".
+            owner, colon, rest = name.rpartition(":")
+            return f"{moved(owner)}{colon}{rest}"
+
+        return self.model_copy(update={
+            "modules": [m.model_copy(update={"path": moved(m.path)}) for m in self.modules],
+            "nodes": [n.model_copy(update={
+                "name": node(n.name), "module": moved(n.module),
+                "differentiates": node(n.differentiates)}) for n in self.nodes],
+            "uncounted": [u.model_copy(update={"modules": [moved(p) for p in u.modules],
+                                               "nodes": [node(n) for n in u.nodes]})
+                          for u in self.uncounted],
+            "collectives": [c.model_copy(update={"module": moved(c.module),
+                                                 "node": node(c.node)})
+                            for c in self.collectives],
+            "tied_parameters": [t.model_copy(update={"name": parameter(t.name),
+                                                     "counted_as": parameter(t.counted_as)})
+                                for t in self.tied_parameters],
+        })
 
     @property
     def coverage(self) -> float:

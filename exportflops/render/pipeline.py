@@ -32,11 +32,15 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
                "forward time", "backward time", "sends forward", "sends backward"]
     title = (f"{record.model}: {len(record.stages)} pipeline stages on {record.pp} ranks, per "
              f"microbatch ({record.mode}; times: {unit})")
+    shared = [s for s in record.stages if s.counted_as not in (None, s.index)]
+    if shared:
+        title += "; " + ", ".join(f"stage {s.index} does stage {s.counted_as}'s work"
+                                  for s in shared) + " (alike calls, counted once)"
     if mesh:  # each stage's row is one rank of its (fsdp, tp) group, standing for all of it
         headers += ["global ranks", "tp/fsdp collectives"]
         title += (f"; each stage on fsdp {record.fsdp} x tp {record.tp} ranks, one analyzed "
-                  f"for all ({len(record.stages)} analyses for {record.world_size()} ranks), "
-                  f"params and work per rank")
+                  f"for all ({len(record.stages) - len(shared)} analyses for "
+                  f"{record.world_size()} ranks), params and work per rank")
     stages = style.titled(title, style.table(stage_rows, headers, "rrlrrrrrrr" + "lr" * mesh))
     rank_rows = [[_marked(r.rank, rank), ", ".join(map(str, r.stages)), _time(r.busy_s, record,
                   style), _time(r.end_s, record, style),
