@@ -33,9 +33,10 @@ def _module_name(path: Path, root: Path) -> str:
 
 
 #: A record's display hooks: the methods a notebook calls on the value (Jupyter's
-#: ``_repr_html_``, ``to_pandas``), which load their renderer when called. They are the one way
-#: back from records up to render; every other lazy import counts as an edge.
-DISPLAY_HOOKS = {"_repr_html_", "to_pandas"}
+#: ``_repr_html_``, IPython's ``_ipython_display_``, ``to_pandas``), which load their renderer
+#: when called. They are the one way back from records up to render; every other lazy import
+#: counts as an edge.
+DISPLAY_HOOKS = {"_repr_html_", "_ipython_display_", "to_pandas"}
 
 
 def _imports(path: Path, root: Path) -> set[str]:

@@ -24,6 +24,19 @@ class Record(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+class NotebookRecord(Record):
+    """A record a notebook cell shows (`Report`, `GenerationReport`, `Roofline`, the per-rank
+    records): its ``_repr_html_``, then its plotly pictures when plotly is installed."""
+
+    def _ipython_display_(self) -> None:
+        """What IPython calls instead of its formatters: the HTML as one output, then each
+        picture as plotly's own MIME bundle, one output each (`exportflops.render.
+        notebook_figures`; no plotly.js in the output, no request)."""
+        from ..render.notebook_figures import show
+
+        show(self)
+
+
 def _dump_count(value: int | sympy.Expr) -> int | str:
     return value if isinstance(value, int) else str(value)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import SCHEMA_VERSION, Record
+from .base import SCHEMA_VERSION, NotebookRecord, Record
 from .collectives import Collective
 
 
@@ -96,7 +96,7 @@ class ContextRank(Record):
         return sum(s.total_bytes for s in self.sends)
 
 
-class ContextParallelReport(Record):
+class ContextParallelReport(NotebookRecord):
     """A causal sequence split over ``cp`` ranks that run ring attention: every rank's work and
     its key/value traffic (docs/context-parallel.md)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import SCHEMA_VERSION, Cost, Record
+from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record
 from .collectives import Collective
 
 
@@ -39,7 +39,7 @@ class ExpertRank(Record):
         return self.expert + self.rest
 
 
-class ExpertParallelReport(Record):
+class ExpertParallelReport(NotebookRecord):
     """A mixture of experts with its experts sharded over ``ep`` ranks, each rank running its
     own batch (expert parallelism inside data parallelism, torchtitan's layout): every rank's
     work and all-to-alls, and the busiest rank."""

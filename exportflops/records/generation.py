@@ -9,14 +9,14 @@ from typing import Any, Literal
 import sympy
 
 from .symbolic import Evaluator, size_symbol
-from .base import SCHEMA_VERSION, Cost, Record
+from .base import SCHEMA_VERSION, Cost, NotebookRecord
 from .report import Report
 
 #: The dynamic size of a decode step: tokens already in the KV cache.
 PAST = "past"
 
 
-class GenerationReport(Record):
+class GenerationReport(NotebookRecord):
     """One generation request: ``batch`` prompts of ``prompt_len`` tokens, ``new_tokens`` tokens
     generated per prompt with a KV cache.
 

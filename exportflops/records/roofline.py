@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from .base import SCHEMA_VERSION, Record
+from .base import SCHEMA_VERSION, NotebookRecord, Record
 
 Bound = Literal["compute", "memory"]
 
@@ -63,7 +63,7 @@ class RooflineModule(_Predicted):
     """Module path as ``named_modules()`` names it; ``""`` is the model."""
 
 
-class Roofline(Record):
+class Roofline(NotebookRecord):
     """The roofline of one report on one device (`Report.roofline`)."""
 
     schema_version: int = SCHEMA_VERSION

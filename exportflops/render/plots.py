@@ -14,6 +14,9 @@ drawn, and its absence is a `MissingExtraError` naming that step.
   was measured, the rate of its predicted time when a roofline is given, else its FLOPs. The
   device's roofs, when known: the compute peak (a horizontal line) and the memory roof
   (bandwidth x intensity), meeting at the ridge point.
+- `roofline_record_scatter`: the same picture from a `Roofline` record alone: each node at its
+  predicted FLOP/s (on the roof, by construction) marked by its bound, its achieved FLOP/s when
+  measured, under the roofs of the dtypes its nodes run at.
 - `rank_flops_bars`: one bar per rank of a pipeline, expert- or context-parallel split, as high
   as the rank's FLOPs over the step; the rank whose time sets the step hatched and named.
 - `pipeline_timeline`: one row per pipeline rank, one bar per action of the step from its start
@@ -29,7 +32,7 @@ from typing import Any, NamedTuple, Protocol
 
 from ..errors import optional_module
 from ..records.names import parent, short_name
-from ..records import Cost, NodeRecord, Report
+from ..records import Cost, NodeRecord, Report, Roofline
 from ..records.context import ContextParallelReport
 from ..records.experts import ExpertParallelReport
 from ..records.pipeline import PipelineReport
@@ -59,22 +62,27 @@ def plotly(module: str = "plotly.graph_objects") -> Any:
     return optional_module(module, needed_by="The HTML report's pictures", extra="html")
 
 
-def module_icicle(report: Report, *, by: str = "flops") -> Any:
-    """The module tree sized by FLOPs (``by="flops"``) or by measured latency (``"time"``)."""
+def module_icicle(report: Report, *, by: str = "flops", max_depth: int | None = None) -> Any:
+    """The module tree sized by FLOPs (``by="flops"``) or by measured latency (``"time"``).
+    ``max_depth``: the modules deeper are left out, and a box at that depth is its whole
+    inclusive count (its children's work in it, undivided)."""
     go = plotly()
     value_of = magnitude(report)
+    shown_modules = [m for m in report.modules if max_depth is None or m.depth <= max_depth]
+    cut = {m.path for m in shown_modules if m.depth == max_depth}
     if by == "time":
         if report.runtime is None:
             raise ValueError("an icicle by time needs a measured report (exportflops.profile)")
         timed = {m.path: m for m in report.runtime.modules}
-        modules = [m for m in report.modules if m.path in timed]
-        own = [timed[m.path].exclusive_s for m in modules]
+        modules = [m for m in shown_modules if m.path in timed]
+        own = [timed[m.path].inclusive_s if m.path in cut else timed[m.path].exclusive_s
+               for m in modules]
         shown = [_STYLE.seconds(timed[m.path].inclusive_s) for m in modules]
         share = [_STYLE.percent(timed[m.path].inclusive_s, timed[""].inclusive_s)
                  for m in modules]
     else:
-        modules = report.modules
-        own = [value_of(m.exclusive.flops) for m in modules]
+        modules = shown_modules
+        own = [value_of((m.inclusive if m.path in cut else m.exclusive).flops) for m in modules]
         shown = [f"{_STYLE.count(m.inclusive.flops)}FLOPs" for m in modules]
         share = [_STYLE.percent(m.inclusive.flops, report.total.flops) for m in modules]
     ids = [_box_id(m.path) for m in modules]
@@ -143,6 +151,38 @@ def roofline_scatter(report: Report, *, roofline: RooflineLike | None = None,
         xaxis={"type": "log", "title": "arithmetic intensity (FLOPs per byte read and written)"},
         yaxis={"type": "log", "title": y_title},
         height=520, margin={"t": 40, "l": 10, "r": 10, "b": 10}, legend={"title": "op"})
+    return figure
+
+
+def roofline_record_scatter(roofline: Roofline, *, top: int | None = None) -> Any:
+    """A `Roofline` alone (no report needed): each node with FLOPs and bytes at its intensity
+    and its predicted FLOP/s (FLOPs / predicted time, which sits on the roof by construction),
+    marked by its bound, and its achieved FLOP/s when measured; the roofs of the dtypes the
+    nodes run at and the memory roof. ``top``: only the nodes with the longest predicted time
+    (the rest left out, and the title says how many)."""
+    go = plotly()
+    nodes = [n for n in roofline.nodes if n.intensity and n.predicted_s > 0]
+    if top is not None and len(nodes) > top:
+        kept = {n.name for n in sorted(nodes, key=lambda n: -n.predicted_s)[:top]}
+        left_out = f", the {top} slowest of {len(nodes)} nodes"
+        nodes = [n for n in nodes if n.name in kept]
+    else:
+        left_out = ""
+    figure = go.Figure()
+    for bound, color in (("compute", COLORS["flops"]), ("memory", COLORS["bytes"])):
+        _add_roofline_nodes(figure, go, [n for n in nodes if n.bound == bound],
+                            f"predicted, {bound}-bound", "predicted_s", color, "circle")
+    _add_roofline_nodes(figure, go, [n for n in nodes if n.measured_s], "measured",
+                        "measured_s", "#222222", "x-thin-open")
+    peaks = {f"{n.dtype} peak {_STYLE.count(n.peak_flop_per_s)}FLOP/s": n.peak_flop_per_s
+             for n in nodes}
+    _add_roofs(figure, go, [n.intensity for n in nodes], peaks, roofline.bandwidth_bytes_per_s)
+    figure.update_layout(
+        title={"text": f"{roofline.model} on {roofline.device}: each node's FLOP/s under the "
+                       f"roofs{left_out}", "font": {"size": 13}},
+        xaxis={"type": "log", "title": "arithmetic intensity (FLOPs per byte read and written)"},
+        yaxis={"type": "log", "title": "FLOP/s (FLOPs / predicted or measured time)"},
+        height=520, margin={"t": 40, "l": 10, "r": 10, "b": 10})
     return figure
 
 
@@ -286,6 +326,24 @@ def _add_points(figure: Any, go: Any, report: Report, nodes: list[NodeRecord],
                            "%{customdata[3]}, %{customdata[4]}<br>intensity %{x:.3g} FLOP/B"
                            "<br>%{y:.3g}<extra></extra>"),
         ))
+
+
+def _add_roofline_nodes(figure: Any, go: Any, nodes: Sequence[Any], name: str, time: str,
+                        color: str, symbol: str) -> None:
+    """One trace of a `Roofline`'s nodes at their FLOPs / ``time`` (``predicted_s`` or
+    ``measured_s``)."""
+    if not nodes:
+        return
+    seconds = [getattr(n, time) for n in nodes]
+    figure.add_trace(go.Scatter(
+        x=[n.intensity for n in nodes], y=[n.flops / s for n, s in zip(nodes, seconds)],
+        mode="markers", name=name, marker={"symbol": symbol, "size": 8, "color": color},
+        customdata=[[n.name, n.op, n.module or "(root)", f"{_STYLE.count(n.flops)}FLOPs",
+                     f"{_STYLE.count(n.bytes)}B", _STYLE.seconds(s)]
+                    for n, s in zip(nodes, seconds)],
+        hovertemplate=("%{customdata[0]}: %{customdata[1]}<br>module %{customdata[2]}<br>"
+                       "%{customdata[3]}, %{customdata[4]} in %{customdata[5]}<br>"
+                       "intensity %{x:.3g} FLOP/B<br>%{y:.3g} FLOP/s<extra></extra>")))
 
 
 def _add_roofs(figure: Any, go: Any, intensities: list[float], peaks: Mapping[str, float],
