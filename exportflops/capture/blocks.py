@@ -41,6 +41,7 @@ import torch
 
 from ..records.names import ancestors, qualified_name
 from .cheap_run import attributes_kept, cheap_mode
+from .export import buffers_kept
 from .quiet import quiet_fake_tensor_log
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
@@ -111,8 +112,10 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,
     ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
     failed = True
     try:
-        with quiet_fake_tensor_log(), cheap, trace.hooks(model), attributes_kept(model), \
-                torch.random.fork_rng(devices=[]), ops:
+        # Under fake tensors a real buffer written in place (a running count) is still written:
+        # it is put back, from a copy taken before the fake mode.
+        with buffers_kept(model), quiet_fake_tensor_log(), cheap, trace.hooks(model), \
+                attributes_kept(model), torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
     except Exception:  # the full export reports the model's own errors with their hints

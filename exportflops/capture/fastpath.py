@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
-from .export import Captured, buffers_kept, by_example, capture, value_sizes
+from .export import Captured, by_example, capture, value_sizes
 from ..records import NodeRecord
 from ..graph.stacks import ModuleFrame
 from ..torch_internals import pytree
@@ -222,8 +222,7 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     inputs (the full export then runs, and measures those on the example)."""
     if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
         return None, None
-    with buffers_kept(model):  # the plan's run updates buffers in place (a running count)
-        plan = plan_blocks(model, args, kwargs or {})
+    plan = plan_blocks(model, args, kwargs or {})
     if not plan.repeats:
         return None, None
     try:

@@ -18,6 +18,7 @@ import torch
 import torch.fx
 
 from ..errors import ExportError
+from .export import buffers_kept
 
 
 class Stage(NamedTuple):
@@ -69,7 +70,11 @@ def split_stages(model: torch.nn.Module, args: tuple, kwargs: dict | None,
                           f"point is never called, or two fall at the same place.")
     modules = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
     recorder = _Recorder(pipe.split_gm, {id(m): i for i, m in enumerate(modules)}, grad)
-    with torch.enable_grad() if grad else torch.no_grad():
+    cuda = {p.device for p in model.parameters() if p.device.type == "cuda"}
+    # On a real model the run computes: its batch norms' statistics and random draws are put
+    # back as they were.
+    with torch.enable_grad() if grad else torch.no_grad(), buffers_kept(model), \
+            torch.random.fork_rng(devices=sorted(cuda, key=str)):
         recorder.run(*args, *(kwargs or {}).values())
     return [Stage(module, *recorder.calls[i]) for i, module in enumerate(modules)]
 

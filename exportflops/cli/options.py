@@ -298,9 +298,10 @@ def _check_analyses(ns: argparse.Namespace) -> None:
         if ns.device not in ("cpu", "cuda"):
             raise UsageError("--profile times real runs: pass --device cpu or --device cuda "
                              "(meta tensors hold no data to run).")
-        if ns.mode == "train" or ns.dims or ns.points or ns.budget:
-            raise UsageError("--profile times one forward at fixed sizes: it does not combine "
-                             "with --mode train, --dynamic, --sweep or --budget.")
+        if (ns.mode == "train" and ns.pp is None) or ns.dims or ns.points or ns.budget:
+            raise UsageError("--profile times one forward at fixed sizes (with --pp, each "
+                             "stage's forward and backward): it does not combine with --mode "
+                             "train but with --pp, nor with --dynamic, --sweep or --budget.")
         if ns.warmup < 0 or ns.repeat < 1:
             raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
     if ns.device_model is not None:

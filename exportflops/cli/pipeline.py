@@ -2,9 +2,11 @@
 as torch.distributed.pipelining splits it, each stage counted on one microbatch (the example
 inputs), and one step's timeline under the schedule (`exportflops.parallel.pipeline`).
 
-Times are the roofline's on ``--device-model`` (default h100-sxm); ``--link-gbps`` delays each
-received tensor by its transfer. The schedule defaults to 1f1b, the microbatches to N. N is the
-pipeline ranks: the looped schedules (interleaved1f1b, loopedbfs) run two stages on each.
+Times are the roofline's on ``--device-model`` (default h100-sxm), or with ``--profile`` (the
+model built on ``--device cpu`` or ``cuda``) each stage's measured forward and backward
+(``--warmup``, ``--repeat``); ``--link-gbps`` delays each received tensor by its transfer.
+The schedule defaults to 1f1b, the microbatches to N. N is the pipeline ranks: the looped
+schedules (interleaved1f1b, loopedbfs) run two stages on each.
 
 With ``--tp T`` and/or ``--fsdp F`` (the built-in llama) the ranks are the mesh (pp, fsdp, tp),
 tp innermost as torchtitan lays it out: each stage is counted once, as the rank of its (fsdp,
@@ -39,7 +41,8 @@ def analyze_split(ns: argparse.Namespace):
     from ..parallel.schedules import SCHEDULES
     from ..render.pipeline import pipeline_view
 
-    model, args, kwargs = build_target(ns.model, device_named("meta"), shapes=ns.shapes,
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes,
                                        kwargs=ns.kwargs, hf_options=hf_options(ns))
     schedule = ns.schedule or "1f1b"
     if schedule not in SCHEDULES:
@@ -59,7 +62,7 @@ def analyze_split(ns: argparse.Namespace):
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
             link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9,
-            count_stage=count_stage)
+            count_stage=count_stage, measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat)
     except InputError as error:  # a split or schedule the flags ask for that cannot be
         raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
     analysis = on_mesh(analysis, ns.fsdp or 1, ns.tp or 1)

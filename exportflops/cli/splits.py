@@ -80,8 +80,9 @@ def _check_context(ns: argparse.Namespace) -> None:
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:
-    """--pp N analyzes a model built here, on meta, alone or on a mesh with --tp/--fsdp (--rank
-    a global rank of pp x fsdp x tp): --schedule and --microbatches need it."""
+    """--pp N analyzes a model built here, alone (on meta, or measured on cpu or cuda with
+    --profile) or on a mesh with --tp/--fsdp (--rank a global rank of pp x fsdp x tp):
+    --schedule and --microbatches need it."""
     if ns.pp is None:
         if ns.schedule is not None or ns.microbatches is not None:
             raise UsageError("--schedule and --microbatches lay out a pipeline: add --pp N.")
@@ -95,11 +96,15 @@ def _check_pipeline(ns: argparse.Namespace) -> None:
     if ns.ep is not None or ns.cp is not None:
         raise UsageError("--pp composes with --tp and --fsdp (the built-in llama), not with "
                          "--ep or --cp yet: analyze those alone.")
-    if ns.model.endswith(".pt2") or ns.profile \
+    if ns.model.endswith(".pt2") or ns.trace \
             or ns.dims or ns.points or ns.budget or ns.generate is not None \
-            or ns.seqlens is not None or ns.device not in (None, "meta") \
-            or ns.format == "csv":
-        raise UsageError("--pp splits a model built here on meta into stages and prints a "
-                         "table, Markdown or JSON, or an HTML page: not a saved .pt2, and not "
-                         "with --profile, --dynamic, --sweep, --budget, --generate, --seqlens, "
-                         "--device cpu/cuda or --format csv.")
+            or ns.seqlens is not None or ns.format == "csv":
+        raise UsageError("--pp splits a model built here into stages and prints a table, "
+                         "Markdown or JSON, or an HTML page: not a saved .pt2, and not with "
+                         "--trace, --dynamic, --sweep, --budget, --generate, --seqlens or "
+                         "--format csv.")
+    if (ns.tp is not None or ns.fsdp is not None) and (ns.profile or ns.device not in
+                                                        (None, "meta")):
+        raise UsageError("--pp with --tp/--fsdp counts each stage rank on fake tensors under a "
+                         "fake process group: nothing runs, so not with --profile or --device "
+                         "cpu/cuda; measure the stages with --pp alone.")

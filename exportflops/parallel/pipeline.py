@@ -47,6 +47,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      device: str | None = DEFAULT_DEVICE,
                      link_bytes_per_s: float | None = None, strict: bool = False,
                      count_stage: Callable[[int, int, Stage], Report] | None = None,
+                     measure: bool = False, warmup: int = 3, repeat: int = 10,
                      ) -> PipelineAnalysis:
     """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
     **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
@@ -62,7 +63,14 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
     another way than ``analyze(stage.module, ...)`` (`exportflops.cli.pipeline.stage_rank_counter`
     counts one tensor-parallel/FSDP rank of it); its collectives stay in the stage's report.
+    ``measure``: each action's time is measured instead, each stage run for real where the
+    model and inputs are (cpu or cuda) on what it receives, median of ``repeat`` runs after
+    ``warmup`` (`exportflops.runtime.call_times`).
     """
+    if measure and (count_stage is not None or device not in (None, DEFAULT_DEVICE)):
+        raise InputError("measure=True times each stage where the model runs: it takes no "
+                         "roofline device and no count_stage (stages counted on fake ranks "
+                         "have nothing to run)")
     split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
     v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)
@@ -82,7 +90,11 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
             return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
     reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train")
-    times = [_times(report, device) for report in reports]
+    if measure:
+        where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat)
+    else:
+        where, timer = device or "unit", ""
+        times = [_times(report, device) for report in reports]
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
         index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
@@ -108,7 +120,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
         schedule=schedule, torch_schedule=SCHEDULES[schedule].torch_class, microbatches=m,
-        pp=pp, stages_per_rank=v, device=device or "unit", link_bytes_per_s=link_bytes_per_s,
+        pp=pp, stages_per_rank=v, device=where, timer=timer,
+        times="measured" if measure else "roofline" if device else "unit",
+        link_bytes_per_s=link_bytes_per_s,
         stages=records, timeline=actions, ranks=ranks, step_time_s=step,
         bubble_fraction=bubble, slowest_rank=slowest)
     stage_reports = [report.model_copy(update={
@@ -267,6 +281,27 @@ def _times(report: Report, device: str | None) -> tuple[float, float]:
     nodes = roofline(report, device).nodes
     return (sum(n.predicted_s for n in nodes if phase[n.name] == "forward"),
             sum(n.predicted_s for n in nodes if phase[n.name] == "backward"))
+
+
+def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: str,
+              warmup: int, repeat: int) -> tuple[str, str, list[tuple[float, float]]]:
+    """Where the stages ran, how they were timed, and each one's measured (forward, backward)
+    seconds on what it receives."""
+    from ..capture.placement import check_runnable, device_label
+    from ..runtime.call_times import call_seconds
+    from ..runtime.measure import check_iterations
+
+    check_iterations(warmup, repeat, "analyze_pipeline(measure=True)")
+    home = check_runnable(model if model is not None else split[0].module,
+                          type(model).__name__ if model is not None else "stage 0",
+                          args, kwargs, None)
+    times = [call_seconds(stage.module, stage.args, stage.kwargs, train=mode == "train",
+                          warmup=warmup, repeat=repeat) for stage in split]
+    clock = "CUDA events" if home.type == "cuda" else "perf_counter_ns"
+    timer = (f"each stage run on what it receives, {clock}, median of {repeat} after "
+             f"{warmup} warmup; backward: the gradients of its parameters and inputs from its "
+             f"outputs seeded with ones")
+    return device_label(home), timer, times
 
 
 def _held(module: torch.nn.Module, depth: int | None) -> list[str]:

@@ -2,8 +2,9 @@
 receives, and one training step's timeline under a schedule (`exportflops.parallel.pipeline`).
 
 Plain fields only, so the timeline can be drawn from the JSON. Times are seconds predicted by
-the roofline on ``device``, or with ``device="unit"`` one second per action (every forward and
-every backward of a stage on a microbatch: torch's dry-run simulator's step).
+the roofline on ``device``, measured where the stages ran (``times="measured"``), or with
+``device="unit"`` one second per action (every forward and every backward of a stage on a
+microbatch: torch's dry-run simulator's step).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class PipelineStage(Record):
     its parameters and of the inputs it received that need one."""
     forward_s: float
     """Time of its forward on one microbatch: the roofline's prediction on the report's
-    ``device``, or 1 with ``device="unit"``."""
+    ``device``, 1 with ``device="unit"``, or the measured median (``times="measured"``)."""
     backward_s: float
     """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``)."""
     sends: list[Collective]
@@ -115,7 +116,14 @@ class PipelineReport(NotebookRecord):
     stages_per_rank: int
     """Stages each rank runs (``v``): 1, or more for the interleaved and looped schedules."""
     device: str
-    """The roofline's device key the times come from, or ``unit`` (one second per action)."""
+    """The roofline's device key the times come from, ``unit`` (one second per action), or
+    where the stages ran when measured (``cpu (16 threads, AVX512)``, a GPU's name)."""
+    times: Literal["roofline", "unit", "measured"] = "roofline"
+    """Where each action's time comes from: the roofline's prediction of the stage's nodes on
+    ``device``, one unit per action, or the stage run for real on ``device``."""
+    timer: str = ""
+    """How measured times were taken (clock, iterations, the backward's seeds); empty
+    otherwise."""
     tp: int = 1
     """Tensor-parallel degree inside each stage (the innermost mesh dimension); 1: none."""
     fsdp: int = 1

@@ -14,7 +14,7 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
                   ) -> str:
     """The stage table, the rank table and the step's line; ``rank`` marks that rank's rows."""
     unit = "unit times (1 s per action)" if record.device == "unit" else \
-        f"roofline on {record.device}"
+        f"{'measured' if record.times == 'measured' else 'roofline'} on {record.device}"
     mesh = record.tp * record.fsdp > 1
     stage_rows = []
     for s in record.stages:
@@ -55,7 +55,8 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
     step = (f"Step: {_time(record.step_time_s, record, style)}, set by rank "
             f"{record.slowest_rank}{setters}; bubble "
             f"{style.percent(record.bubble_fraction, 1)} of all ranks' time.")
-    return f"{stages}\n\n{ranks}\n\n{step}\n"
+    timer = f"\nMeasured: {record.timer}.\n" if record.timer else ""
+    return f"{stages}\n\n{ranks}\n\n{step}\n{timer}"
 
 
 def _time(value: float, record: PipelineReport, style: Style):
