@@ -1,6 +1,8 @@
 """``--ep N``: MODEL's experts sharded over N expert-parallel ranks, each running a batch like
-the example (`exportflops.parallel.experts`); ``--routing`` a histogram of token copies per
-expert instead of balanced routing; ``--rank R`` the rank whose all-to-alls are listed."""
+the example (`exportflops.parallel.experts`); with ``--fsdp F`` those ranks sit inside F FSDP2
+ranks (torchtitan's ep inside fsdp), FSDP2's collectives traced on a fake copy of the model;
+``--routing`` a histogram of token copies per expert instead of balanced routing; ``--rank R``
+the rank whose all-to-alls (and FSDP2 collectives) are listed."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ def analyze_split(ns: argparse.Namespace):
     the example batch's single-device count with the rank's all-to-alls: a rank's own counts
     under the routing are the record's."""
     from ..parallel.experts import expert_parallel, moe_sizes
+    from ..parallel.experts_fsdp import fsdp_collectives
     from ..render.experts import experts_view
 
     device = device_named(ns.device or "meta")
@@ -24,12 +27,18 @@ def analyze_split(ns: argparse.Namespace):
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
                       fast=not ns.full_export)
     try:
-        record = expert_parallel(report, ep=ns.ep, routing=ns.routing,
-                                 **moe_sizes(model, args, kwargs))
+        sizes = moe_sizes(model, args, kwargs)
+        # The expert-parallel checks first: the FSDP2 trace is the costly part.
+        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **sizes)
+        if ns.fsdp is not None:
+            collectives = fsdp_collectives(model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp,
+                                           num_experts=sizes["num_experts"], mode=ns.mode)
+            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, fsdp=ns.fsdp,
+                                     fsdp_collectives=collectives, **sizes)
     except InputError as error:  # the model or the flags do not fit expert parallelism
-        raise UsageError(f"--ep {ns.ep}: {error}") from error
-    rank = record.ranks[ns.rank]
-    report = report.model_copy(update={"world_size": ns.ep, "rank": ns.rank,
-                                       "collectives": rank.all_to_alls})
+        flags = f"--ep {ns.ep}" + (f" --fsdp {ns.fsdp}" if ns.fsdp is not None else "")
+        raise UsageError(f"{flags}: {error}") from error
+    report = report.model_copy(update={"world_size": record.world_size(), "rank": ns.rank,
+                                       "collectives": record.collectives(ns.rank)})
     link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     return report, (record, partial(experts_view, rank=ns.rank, link_bytes_per_s=link))

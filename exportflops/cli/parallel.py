@@ -22,6 +22,7 @@ import argparse
 import contextlib
 
 from ..errors import BuildError, UsageError
+from ..parallel.fsdp_blocks import blocks_of
 from .targets import build_target, hf_options
 
 
@@ -63,18 +64,6 @@ def _fake_tensors(fsdp: int | None):
 
     with FakeTensorMode():
         yield torch.device("cpu")
-
-
-def blocks_of(model) -> list:
-    """The modules FSDP2 shards one by one before the root (the module docstring's rule)."""
-    import torch
-
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    if names:
-        return [m for m in model.modules() if type(m).__name__ in names]
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
-    inner = {id(m) for outer in lists for m in outer.modules() if m is not outer}
-    return [block for outer in lists if id(outer) not in inner for block in outer]
 
 
 def _fully_shard(spec: str, model, mesh) -> None:

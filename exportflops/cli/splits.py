@@ -11,7 +11,8 @@ from ..errors import UsageError
 def check_splits(ns: argparse.Namespace) -> None:
     """--tp, --fsdp, --pp, --ep, --cp and --rank: degrees and ranks in range, and refused with
     what each does not combine with."""
-    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None:  # with --pp: its own check
+    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None and ns.ep is None:
+        # with --pp or --ep: their own checks
         degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
         world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
         if min(degrees) < 1 or not 0 <= ns.rank < world:
@@ -33,30 +34,41 @@ def check_splits(ns: argparse.Namespace) -> None:
     _check_context(ns)
 
 
-def _alone(ns: argparse.Namespace, flag: str, what: str) -> None:
-    """``flag`` (--ep, --cp) refused with any other split or analysis of its own."""
+def _alone(ns: argparse.Namespace, flag: str, what: str, composes: tuple[str, ...] = ()) -> None:
+    """``flag`` (--ep, --cp) refused with any other split but ``composes``, or analysis of its
+    own."""
     splits = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp")
-              if name != flag and getattr(ns, name[2:]) is not None]
+              if name != flag and name not in composes and getattr(ns, name[2:]) is not None]
     if (splits or ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
             or ns.device_model or ns.generate is not None or ns.seqlens is not None
             or ns.format not in ("table", "md", "json", "html")):
-        others = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp") if name != flag]
+        others = [name for name in ("--tp", "--fsdp", "--pp", "--ep", "--cp")
+                  if name != flag and name not in composes]
         raise UsageError(f"{flag} {what}, as a table, Markdown or JSON, or an HTML page: not a "
                          f"saved .pt2, and not with {', '.join(others)}, --profile, --dynamic, "
                          f"--sweep, --budget, --device-model, --generate or --seqlens.")
 
 
 def _check_experts(ns: argparse.Namespace) -> None:
-    """--ep N with --rank in 0..N-1 and --routing parsed (counts per expert); refused with what
-    it does not combine with."""
+    """--ep N, alone with --rank in 0..N-1 or inside --fsdp F (a multiple of N, torchtitan's
+    constraint) with --rank in 0..F-1, and --routing parsed (counts per expert); refused with
+    what it does not combine with."""
     if ns.ep is None:
         if ns.routing is not None:
             raise UsageError("--routing gives the token copies per expert of --ep N: pass --ep.")
         return
-    if ns.ep < 1 or not 0 <= ns.rank < ns.ep:
-        raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(ns.ep - 1, 0)}, "
-                         f"got --ep {ns.ep} --rank {ns.rank}.")
-    _alone(ns, "--ep", "analyzes the experts of a model built here")
+    if ns.fsdp is not None and (ns.fsdp < 1 or ns.ep < 1 or ns.fsdp % ns.ep):
+        raise UsageError(f"--ep {ns.ep} --fsdp {ns.fsdp}: expert parallelism sits inside FSDP2 "
+                         f"as torchtitan lays it out, groups of ep ranks inside the fsdp ranks: "
+                         f"--fsdp must be a multiple of --ep (both >= 1).")
+    world = ns.ep if ns.fsdp is None else ns.fsdp
+    if ns.ep < 1 or not 0 <= ns.rank < world:
+        raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(world - 1, 0)} "
+                         f"(the {'fsdp' if ns.fsdp is not None else 'ep'} ranks), got --ep "
+                         f"{ns.ep}{'' if ns.fsdp is None else f' --fsdp {ns.fsdp}'} --rank "
+                         f"{ns.rank}.")
+    _alone(ns, "--ep", "analyzes the experts of a model built here, alone or inside --fsdp",
+           composes=("--fsdp",))
     if ns.routing is not None:
         try:
             ns.routing = [int(part) for part in ns.routing.split(",")]

@@ -11,6 +11,11 @@ The single-device analysis gives everything: the work outside the experts is the
 rank (its own batch), and the experts' work of a batch is divided by the token copies it routed
 (tokens x top_k per layer) to get the work per routed token, which each rank does for the copies
 its experts receive. No process group is needed; docs/expert-parallel.md states the conventions.
+
+Inside FSDP2 (``fsdp=F``, torchtitan's "ep inside fsdp"): the F data-parallel ranks form F / ep
+expert-parallel groups of ep consecutive ranks, so rank r does the work of rank ``r mod ep`` of
+its group (FSDP2 changes no FLOPs), and adds FSDP2's all-gathers and reduce-scatters, traced by
+`exportflops.parallel.experts_fsdp`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..api import analyze
 from ..errors import InputError
 from ..records import Collective, Cost, Report
 from ..records.experts import ExpertParallelReport, ExpertRank
+from .experts_fsdp import check_fsdp, fsdp_collectives
 
 #: The op torchtitan's dispatch and combine issue (``all_to_all_single_autograd``).
 _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
@@ -32,15 +38,20 @@ _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
 def analyze_experts(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
-                    ep: int, mode: str = "forward", routing: list[int] | None = None,
-                    experts: str = "experts", top_k: int | None = None,
-                    num_experts: int | None = None, hidden: int | None = None,
-                    tokens: int | None = None, **options: Any) -> ExpertParallelReport:
+                    ep: int, fsdp: int | None = None, mode: str = "forward",
+                    routing: list[int] | None = None, experts: str = "experts",
+                    top_k: int | None = None, num_experts: int | None = None,
+                    hidden: int | None = None, tokens: int | None = None,
+                    **options: Any) -> ExpertParallelReport:
     """Each of ``ep`` expert-parallel ranks of ``model`` running a batch like ``args``: its
     expert work, the rest of its work, and its dispatch and combine all-to-alls per MoE layer.
 
-    ``routing`` is the token copies per expert summed over every rank's batch (a histogram of
-    ``E`` counts summing to ``ep x tokens x top_k``); without it routing is balanced. Each MoE
+    ``fsdp``: the experts' ranks sit inside ``fsdp`` FSDP2 ranks (a multiple of ``ep``), as
+    torchtitan lays them out: every one of the ``fsdp`` ranks is reported, with FSDP2's
+    collectives traced on a fake copy of ``model`` (`exportflops.parallel.experts_fsdp`).
+    ``routing`` is the token copies per expert summed over every rank's batch of one
+    expert-parallel group (a histogram of ``E`` counts summing to ``ep x tokens x top_k``), the
+    same in each group; without it routing is balanced. Each MoE
     layer's experts are the modules whose last path component is ``experts`` (transformers'
     ``mlp.experts``, torchtitan's ``moe.experts``). ``top_k``, ``num_experts`` and ``hidden``
     default to the model's config (``num_experts_per_tok``, ``num_local_experts`` or
@@ -50,7 +61,14 @@ def analyze_experts(model: torch.nn.Module, args: tuple = (), kwargs: dict | Non
     report = analyze(model, args, kwargs, mode=mode, **options)
     sizes = moe_sizes(model, args, kwargs, experts=experts, top_k=top_k,
                       num_experts=num_experts, hidden=hidden, tokens=tokens)
-    return expert_parallel(report, ep=ep, routing=routing, experts=experts, **sizes)
+    collectives = []
+    if fsdp is not None:
+        _check_sizes(report, ep, sizes["top_k"], sizes["num_experts"], sizes["tokens"])
+        collectives = fsdp_collectives(model, args, kwargs, ep=ep, fsdp=fsdp,
+                                       num_experts=sizes["num_experts"], experts=experts,
+                                       mode=mode)
+    return expert_parallel(report, ep=ep, fsdp=fsdp, fsdp_collectives=collectives,
+                           routing=routing, experts=experts, **sizes)
 
 
 def moe_sizes(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
@@ -101,10 +119,15 @@ def _tokens(args: tuple, kwargs: dict) -> int | None:
 
 def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hidden: int,
                     tokens: int, dtype: torch.dtype, routing: list[int] | None = None,
-                    experts: str = "experts") -> ExpertParallelReport:
+                    experts: str = "experts", fsdp: int | None = None,
+                    fsdp_collectives: list[Collective] = ()) -> ExpertParallelReport:
     """`analyze_experts` on a report already counted: one batch of ``tokens`` tokens on one
-    device, its MoE layers' experts the modules named ``experts``."""
+    device, its MoE layers' experts the modules named ``experts``; with ``fsdp``, the FSDP2
+    collectives of one rank (`exportflops.parallel.experts_fsdp.fsdp_collectives`), the same
+    sizes on every rank."""
     _check_sizes(report, ep, top_k, num_experts, tokens)
+    if fsdp is not None:
+        check_fsdp(report.model, ep, fsdp)
     layers = _expert_layers(report, experts)
     routed = tokens * top_k  # token copies one batch routes, per MoE layer
     histogram = _histogram(report.model, routing, ep, num_experts, routed)
@@ -112,19 +135,23 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     experts_cost = sum((report.module(path).inclusive for path in layers), Cost())
     rest = report.total - experts_cost
     token_bytes = hidden * dtype.itemsize
-    ranks = []
+    group = []  # the ranks of one expert-parallel group; each group does the same
     for rank in range(ep):
         received = sum(histogram[rank * per_rank:(rank + 1) * per_rank])
         all_to_alls = _all_to_alls(layers, report.mode, ep, sent=routed * token_bytes,
                                    returned=received * token_bytes,
                                    dtype=str(dtype).removeprefix("torch."))
-        ranks.append(ExpertRank(rank=rank, first_expert=rank * per_rank,
+        group.append(ExpertRank(rank=rank, ep_rank=rank, first_expert=rank * per_rank,
                                 last_expert=(rank + 1) * per_rank - 1, routed_tokens=received,
                                 expert=_share(experts_cost, received, routed), rest=rest,
                                 all_to_alls=all_to_alls))
+    # Inside FSDP2, ep innermost: rank r is rank r mod ep of its group (ParallelDims' mesh).
+    ranks = [group[rank % ep].model_copy(update={"rank": rank})
+             for rank in range(fsdp or ep)]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
     return ExpertParallelReport(
-        model=report.model, mode=report.mode, ep=ep, num_experts=num_experts, top_k=top_k,
+        model=report.model, mode=report.mode, ep=ep, fsdp=fsdp,
+        fsdp_collectives=list(fsdp_collectives), num_experts=num_experts, top_k=top_k,
         tokens=tokens, hidden=hidden, dtype=str(dtype).removeprefix("torch."), layers=layers,
         routing=histogram, balanced=routing is None, single_device=report.total, ranks=ranks,
         busiest_rank=busiest, complete=not report.uncounted)

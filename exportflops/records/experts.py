@@ -14,10 +14,13 @@ class ExpertRank(Record):
     work split into the experts' and the rest, and the all-to-alls it issues."""
 
     rank: int
-    """The rank's index in the expert-parallel group (0 .. ep - 1)."""
+    """The rank: 0 .. ep - 1, or inside FSDP2 one of the fsdp data-parallel ranks 0 .. fsdp - 1."""
+    ep_rank: int
+    """Its index in its expert-parallel group: ``rank mod ep`` (ep innermost, torchtitan's
+    mesh), the rank itself when expert parallelism stands alone."""
     first_expert: int
     """The first expert this rank holds: experts ``first_expert .. last_expert`` are its own,
-    ``rank x E / ep`` to ``(rank + 1) x E / ep - 1`` as torchtitan shards them (dim 0)."""
+    ``ep_rank x E / ep`` to ``(ep_rank + 1) x E / ep - 1`` as torchtitan shards them (dim 0)."""
     last_expert: int
     """The last expert this rank holds (inclusive)."""
     routed_tokens: int
@@ -41,8 +44,9 @@ class ExpertRank(Record):
 
 class ExpertParallelReport(NotebookRecord):
     """A mixture of experts with its experts sharded over ``ep`` ranks, each rank running its
-    own batch (expert parallelism inside data parallelism, torchtitan's layout): every rank's
-    work and all-to-alls, and the busiest rank."""
+    own batch (expert parallelism inside data parallelism, torchtitan's layout), optionally
+    inside ``fsdp`` FSDP2 ranks: every rank's work, all-to-alls and FSDP2 collectives, and the
+    busiest rank."""
 
     schema_version: int = SCHEMA_VERSION
     """Version of this record layout."""
@@ -51,7 +55,16 @@ class ExpertParallelReport(NotebookRecord):
     mode: Literal["forward", "train"]
     """``train`` when the backward (and its two all-to-alls per MoE layer) is counted too."""
     ep: int
-    """Ranks the experts are sharded over."""
+    """Ranks the experts are sharded over (one expert-parallel group)."""
+    fsdp: int | None = None
+    """The FSDP2 data-parallel ranks the expert-parallel groups sit inside (ep inside fsdp,
+    torchtitan's layout: ``fsdp / ep`` groups of ``ep`` consecutive ranks); None when expert
+    parallelism stands alone."""
+    fsdp_collectives: list[Collective] = []
+    """FSDP2's all-gathers and reduce-scatters of one rank, in the order it issues them, the same
+    sizes on every rank: ``mesh_dim`` ``fsdp`` for the non-expert parameters (over all ``fsdp``
+    ranks), ``efsdp`` for the rank's experts (over the ``fsdp / ep`` ranks holding the same
+    experts). Empty without ``fsdp``."""
     num_experts: int
     """Experts per MoE layer (E)."""
     top_k: int
@@ -65,18 +78,41 @@ class ExpertParallelReport(NotebookRecord):
     layers: list[str]
     """Path of each MoE layer's experts module, in the model's order."""
     routing: list[int]
-    """Token copies per expert, summed over every rank's batch (sums to
-    ``ep x tokens x top_k``): the one given, or the balanced one."""
+    """Token copies per expert, summed over the batches of one expert-parallel group's ranks
+    (sums to ``ep x tokens x top_k``; the same in every group): the one given, or the balanced
+    one."""
     balanced: bool
     """True when no histogram was given: each expert gets ``ep x tokens x top_k / E``."""
     single_device: Cost
     """One batch on one device: the analysis of the example, every expert included."""
     ranks: list[ExpertRank]
-    """Each rank of the group, in rank order."""
+    """Each rank, in rank order: the ``ep`` ranks of the group, or inside FSDP2 all ``fsdp``
+    ranks."""
     busiest_rank: int
     """The rank with the most FLOPs (the lowest such rank on a tie): its time sets the step."""
     complete: bool = True
     """False when the analysis left ops uncounted: the counts are then lower bounds."""
+
+    def world_size(self) -> int:
+        """The ranks reported: ``fsdp`` inside FSDP2, else ``ep``."""
+        return self.fsdp or self.ep
+
+    def ep_group(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s expert-parallel group, which exchange tokens: ``ep``
+        consecutive ranks (ep innermost in torchtitan's sparse mesh)."""
+        first = rank - rank % self.ep
+        return list(range(first, first + self.ep))
+
+    def efsdp_group(self, rank: int) -> list[int]:
+        """The ranks holding the same experts as ``rank``, over which FSDP2 shards them: every
+        ``ep``-th rank from ``rank mod ep`` (just ``rank`` without ``fsdp``)."""
+        return list(range(rank % self.ep, self.world_size(), self.ep))
+
+    def collectives(self, rank: int) -> list[Collective]:
+        """Everything ``rank`` issues: FSDP2's collectives and its all-to-alls, the forward's
+        (FSDP2's first) before the backward's."""
+        ordered = [*self.fsdp_collectives, *self.ranks[rank].all_to_alls]
+        return sorted(ordered, key=lambda c: c.phase == "backward")
 
     def _repr_html_(self) -> str:
         """What Jupyter shows: every rank's routed tokens and work, the busiest rank, and rank

@@ -1,29 +1,35 @@
 """The expert-parallel view (`ExpertParallelReport`): every rank side by side, then one rank's
-all-to-alls. Pure: reads the record only; a time is shown only when the caller names the link's
-bus bandwidth (`Collective.seconds`)."""
+all-to-alls and, inside FSDP2, its FSDP2 collectives. Pure: reads the record only; a time is
+shown only when the caller names the link's bus bandwidth (`Collective.seconds`)."""
 
 from __future__ import annotations
 
+from ..records.collectives import Collective
 from ..records.experts import ExpertParallelReport, ExpertRank
 from .format import Style
 
 _RANK_HEADERS = ["rank", "experts", "routed tokens", "expert FLOPs", "expert MACs",
-                 "other FLOPs", "total FLOPs", "vs one batch", "all-to-all bytes", ""]
+                 "other FLOPs", "total FLOPs", "vs one batch", "all-to-all bytes"]
 
 
 def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = Style(),
                  link_bytes_per_s: float | None = None) -> str:
     """Each rank's routed token copies and work (its experts', the rest, the total over one
-    batch on one device) and its all-to-all bytes, the busiest rank marked; then the
-    all-to-alls of ``rank`` per MoE layer and phase (with ``link_bytes_per_s``, their times)."""
+    batch on one device), its all-to-all bytes and inside FSDP2 its expert-parallel group and
+    FSDP2 bytes, the busiest rank marked; then the all-to-alls of ``rank`` per MoE layer and
+    phase and its FSDP2 collectives per unit (with ``link_bytes_per_s``, their times)."""
     routing = ("balanced routing" if record.balanced
                else f"routing {','.join(map(str, record.routing))}")
     title = (f"{record.model}: {record.num_experts} experts per layer over {record.ep} "
-             f"expert-parallel ranks, {len(record.layers)} MoE layer"
+             f"expert-parallel ranks{_inside(record)}, {len(record.layers)} MoE layer"
              f"{'s' * (len(record.layers) != 1)}, top {record.top_k}, {record.tokens} tokens "
              f"per rank's batch, {routing} ({record.mode})")
+    fsdp = record.fsdp is not None
+    headers = [*_RANK_HEADERS[:1], *(["ep group"] if fsdp else []), *_RANK_HEADERS[1:],
+               *(["FSDP2 bytes"] if fsdp else []), ""]
     rows = [_rank_row(r, record, style) for r in record.ranks]
-    parts = [style.titled(title, style.table(rows, _RANK_HEADERS, "lrrrrrrrrl"))]
+    align = "l" + "l" * fsdp + "lrrrrrrr" + "r" * fsdp + "l"
+    parts = [style.titled(title, style.table(rows, headers, align))]
     busiest = record.ranks[record.busiest_rank]
     if _even(record):
         parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}: one "
@@ -34,14 +40,27 @@ def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = 
     if not record.complete:
         parts.append("Some ops are uncounted: these counts are lower bounds.")
     parts.append(_all_to_alls(record.ranks[rank], record, style, link_bytes_per_s))
+    if fsdp:
+        parts.append(_fsdp_collectives(rank, record, style, link_bytes_per_s))
     return "\n\n".join(parts) + "\n"
 
 
+def _inside(record: ExpertParallelReport) -> str:
+    if record.fsdp is None:
+        return ""
+    return (f" inside {record.fsdp} FSDP2 ranks ({record.fsdp // record.ep} expert-parallel "
+            f"groups of {record.ep} consecutive ranks)")
+
+
 def _rank_row(r: ExpertRank, record: ExpertParallelReport, style: Style) -> list:
-    return [r.rank, f"{r.first_expert}-{r.last_expert}", r.routed_tokens,
+    fsdp = record.fsdp is not None
+    group = record.ep_group(r.rank)
+    return [r.rank, *([f"{group[0]}-{group[-1]} (#{r.ep_rank})"] if fsdp else []),
+            f"{r.first_expert}-{r.last_expert}", r.routed_tokens,
             style.count(r.expert.flops), style.count(r.expert.macs), style.count(r.rest.flops),
             style.count(r.total.flops), style.ratio(r.total.flops, record.single_device.flops),
             style.count(sum(c.bytes for c in r.all_to_alls), "B"),
+            *([style.count(sum(c.bytes for c in record.fsdp_collectives), "B")] if fsdp else []),
             "busiest" if r.rank == record.busiest_rank and not _even(record) else ""]
 
 
@@ -65,6 +84,36 @@ def _all_to_alls(r: ExpertRank, record: ExpertParallelReport, style: Style,
                                                                    "B"), "",
                          *([style.seconds(sum(c.seconds(link_bytes_per_s) for c in listed))]
                            if timed else [])])
-    title = (f"All-to-alls of rank {r.rank} of {record.ep} (bytes as nccl-tests sizes a "
-             f"message: the input; {record.hidden} x {record.dtype} per token copy)")
+    group = record.ep_group(r.rank)
+    where = (f"rank {r.rank} of {record.ep}" if record.fsdp is None else
+             f"rank {r.rank} (#{r.ep_rank} of expert-parallel group {group[0]}-{group[-1]})")
+    title = (f"All-to-alls of {where} (bytes as nccl-tests sizes a message: the input; "
+             f"{record.hidden} x {record.dtype} per token copy)")
     return style.titled(title, style.table(rows, headers, "llllrr" + "r" * timed))
+
+
+def _fsdp_collectives(rank: int, record: ExpertParallelReport, style: Style,
+                      link_bytes_per_s: float | None) -> str:
+    timed = link_bytes_per_s is not None
+    headers = ["FSDP2 unit", "collective", "phase", "mesh dim", "group", "dtype", "bytes",
+               "bandwidth factor", *(["time"] if timed else [])]
+    groups = {"fsdp": f"all {record.fsdp}", "efsdp": ",".join(map(str, record.efsdp_group(rank)))}
+
+    def row(c: Collective) -> list:
+        return [c.module or "(root)", c.op, c.phase, c.mesh_dim, groups.get(c.mesh_dim, ""),
+                c.dtype, style.count(c.bytes, "B"), f"{c.bandwidth_factor:.3f}",
+                *([style.seconds(c.seconds(link_bytes_per_s))] if timed else [])]
+
+    rows = [row(c) for c in record.fsdp_collectives]
+    for phase in ("forward", "backward"):
+        listed = [c for c in record.fsdp_collectives if c.phase == phase]
+        if listed:
+            rows.append([f"total {phase}", "", "", "", "", "",
+                         style.count(sum(c.bytes for c in listed), "B"), "",
+                         *([style.seconds(sum(c.seconds(link_bytes_per_s) for c in listed))]
+                           if timed else [])])
+    title = (f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
+             f"message: the gathered output, the reduce-scattered input): the blocks' other "
+             f"parameters over all {record.fsdp} ranks (fsdp), its experts over the "
+             f"{record.fsdp // record.ep} ranks holding them (efsdp)")
+    return style.titled(title, style.table(rows, headers, "llllllrr" + "r" * timed))
