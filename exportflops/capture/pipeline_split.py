@@ -12,12 +12,13 @@ is computed).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import torch
 import torch.fx
 
-from ..errors import ExportError
+from ..errors import ExportError, InputError
 from .export import buffers_kept
 
 
@@ -41,33 +42,39 @@ def split_stages(model: torch.nn.Module, args: tuple, kwargs: dict | None,
     they would in training."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    names = {name for name, _ in model.named_modules()}
+    name = type(model).__name__
+    names = {path for path, _ in model.named_modules()}
     missing = [path for path in split_points if path not in names]
     if missing:
-        raise ExportError(f"{type(model).__name__} has no module {missing[0]!r} to split the "
-                          f"pipeline at; give paths as model.named_modules() lists them.")
+        raise InputError(f"{name} has no module {missing[0]!r} to split the pipeline at; give "
+                         f"paths as model.named_modules() lists them.")
     # pipeline() wraps each split module's forward in place and leaves it wrapped (torch 2.13,
     # _IR.annotate_split_points): the caller's model gets its own attributes back.
     wrapped = [model.get_submodule(path) for path in split_points]
     saved = [{key: vars(m)[key] for key in ("forward", "_orig_forward") if key in vars(m)}
              for m in wrapped]
     try:
-        pipe = pipeline(model, mb_args=tuple(args), mb_kwargs=kwargs or None,
-                        split_spec={path: SplitPoint.BEGINNING for path in split_points})
+        with warnings.catch_warnings():
+            # torch's own copy of its pytree specs warns of torch's deprecation (2.13).
+            warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+            pipe = pipeline(model, mb_args=tuple(args), mb_kwargs=kwargs or None,
+                            split_spec={path: SplitPoint.BEGINNING for path in split_points})
     except Exception as error:  # torch's tracer refuses the model
-        raise ExportError(f"torch.distributed.pipelining.pipeline() could not split "
-                          f"{type(model).__name__} at {', '.join(split_points)}: "
-                          f"{type(error).__name__}: {error}. Build the stage modules yourself "
-                          f"and pass them as stages=[...].") from error
+        raise ExportError(
+            name, f"{type(error).__name__}: {error}",
+            f"torch.distributed.pipelining.pipeline() traces the model with torch.export to "
+            f"split it at {', '.join(split_points)}: build the stage modules yourself and pass "
+            f"them as stages=[...].") from error
     finally:
         for module, attributes in zip(wrapped, saved):
             for key in ("forward", "_orig_forward"):
                 vars(module).pop(key, None)
             vars(module).update(attributes)
     if pipe.num_stages != len(split_points) + 1:
-        raise ExportError(f"splitting {type(model).__name__} at {', '.join(split_points)} gave "
-                          f"{pipe.num_stages} stages, not {len(split_points) + 1}: a split "
-                          f"point is never called, or two fall at the same place.")
+        raise InputError(f"splitting {name} at {', '.join(split_points)} gave "
+                         f"{pipe.num_stages} stages, not {len(split_points) + 1}: a split point "
+                         f"is never called, or two fall at the same place; give split points "
+                         f"that each start a stage of their own.")
     modules = [pipe.get_stage_module(i) for i in range(pipe.num_stages)]
     recorder = _Recorder(pipe.split_gm, {id(m): i for i, m in enumerate(modules)}, grad)
     cuda = {p.device for p in model.parameters() if p.device.type == "cuda"}
