@@ -226,3 +226,17 @@ def test_tiny_mixtral_fsdp_collectives_by_hand():
         "model.layers.0.mlp.experts": (LOCAL_EXPERTS * expert * F32, "efsdp", 2),  # 12288
         "model.layers.1.mlp.experts": (LOCAL_EXPERTS * expert * F32, "efsdp", 2)}
     assert len(record.fsdp_collectives) == 5  # forward: one all-gather per unit
+
+
+def test_the_commands_rank_report_carries_the_ranks_collectives(models_file):
+    """--rank R's report (what the collectives view of a rank reads): world size F, rank R, and
+    every collective R issues: its 4 all-to-alls and FSDP2's 4 all-gathers (forward)."""
+    from exportflops.cli.experts import analyze_split
+    from exportflops.cli.options import check, parser
+
+    ns = parser().parse_args([f"{models_file}:build", "--ep", "2", "--fsdp", "4", "--rank", "3"])
+    check(ns)
+    report, (record, _) = analyze_split(ns)
+    assert (report.world_size, report.rank) == (4, 3)
+    assert report.collectives == record.collectives(3)
+    assert sorted(c.op for c in report.collectives) == ["all_gather"] * 4 + ["all_to_all"] * 4
