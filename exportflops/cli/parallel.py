@@ -29,6 +29,13 @@ from .targets import build_target, hf_options
 def analyze_parallelized(ns: argparse.Namespace):
     """(report of rank ``ns.rank``, each module's extra_repr) of MODEL at ``--tp ns.tp`` and
     ``--fsdp ns.fsdp``."""
+    _, report, reprs = parallelized(ns)
+    return report, reprs
+
+
+def parallelized(ns: argparse.Namespace):
+    """(the model as rank ``ns.rank`` holds it, that rank's report, each module's extra_repr)
+    of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
@@ -48,7 +55,7 @@ def analyze_parallelized(ns: argparse.Namespace):
         if ns.fsdp is not None:
             _fully_shard(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode)
-    return report, reprs
+    return model, report, reprs
 
 
 @contextlib.contextmanager

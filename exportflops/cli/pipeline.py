@@ -13,8 +13,11 @@ tp innermost as torchtitan lays it out: each stage is counted once, as the rank 
 tp) group with index 0, built under `exportflops.fake_process_group` of the group's ranks (a
 stage's own collectives stay in its group) with the llama's tensor-parallel plan and FSDP2 on
 the stage's blocks, then the stage (`exportflops.cli.parallel`'s recipe, per stage as
-torchtitan applies it to each model chunk); the others of the group do the same work.
-``--rank R`` is a global rank of that mesh (docs/pipeline.md, Composition).
+torchtitan applies it to each model chunk); the others of the group do the same work. Any
+other model (a Hugging Face decoder) composes with ``--tp`` alone: its plan is applied to the
+whole model, whose tp index 0 rank is counted once and cut into the stages of torch's split
+(`exportflops.parallel.pipeline_slices`). ``--rank R`` is a global rank of that mesh
+(docs/pipeline.md, Composition).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from .targets import build_target, device_named, hf_options
 if TYPE_CHECKING:
     from ..records import Report
 
-#: The models whose stages compose with --tp/--fsdp: a stage built from the model's own modules.
+#: The models whose stages are built from their own modules, so compose with --fsdp too.
 COMPOSED = ("llama",)
 
 
@@ -57,7 +60,8 @@ def analyze_split(ns: argparse.Namespace):
         analysis = analyze_pipeline(
             model, args, kwargs, schedule=schedule,
             # The stages counted (the model's own modules) are the stages timed.
-            stages=llama_stages(model, args[0], stages, ns.mode) if composed else stages,
+            stages=llama_stages(model, args[0], stages, ns.mode)
+            if composed and ns.model in COMPOSED else stages,
             stages_per_rank=per_rank,
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
@@ -77,10 +81,14 @@ def analyze_split(ns: argparse.Namespace):
 
 def _composed_counter(ns: argparse.Namespace, model, stages: int):
     if ns.model not in COMPOSED:
-        raise UsageError(f"--pp with --tp/--fsdp builds each stage from the model's own "
-                         f"modules, which the built-in {', '.join(COMPOSED)} supports; "
-                         f"{ns.model} is not one: analyze it with --pp alone, or with --tp/"
-                         f"--fsdp alone.")
+        if ns.fsdp is not None:
+            raise UsageError(f"--pp with --fsdp builds each stage's FSDP2 units from the "
+                             f"model's own modules, which the built-in {', '.join(COMPOSED)} "
+                             f"supports; {ns.model} is not one: with --pp, split it by --tp "
+                             f"alone, or analyze --fsdp without --pp.")
+        from ..parallel.pipeline import layer_split_points
+
+        return _sliced_counter(ns, layer_split_points(model, stages))
 
     def build(device):
         built, args, _ = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -126,14 +134,40 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
             if fsdp is not None:
                 _fully_shard(spec, part, mesh["fsdp"])
             report = analyze(part, inputs, None, mode=mode, strict=strict)
-        if len(degrees) > 1:
-            return report
-        # A mesh of one dimension is the default group, which names no dimension: it is this.
-        (name,) = degrees
-        return report.model_copy(update={"collectives": [
-            c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in report.collectives]})
+        return _dims_named(report, degrees)
 
     return count
+
+
+def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
+    """``count_stage`` for a model whose stages are not built from its own modules: one
+    tensor-parallel rank (index 0) of the whole model counted once, its report cut into the
+    stages of the split (`exportflops.parallel.pipeline_slices`)."""
+    from ..parallel.pipeline_slices import sliced
+    from ..records import TensorSpec
+    from .parallel import parallelized
+
+    slices: list[Report] = []
+
+    def count(index: int, rank: int, stage) -> Report:
+        if not slices:
+            model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}))
+            slices.extend(_dims_named(s, {"tp": ns.tp})
+                          for s in sliced(report, model, split_points))
+        inputs = [TensorSpec.of(t.shape, t.dtype) for t in stage.args if hasattr(t, "dtype")]
+        return slices[index].model_copy(update={"inputs": inputs})
+
+    return count
+
+
+def _dims_named(report: Report, degrees: dict[str, int]) -> Report:
+    """``report`` with its collectives' mesh dimension named when the mesh has one dimension:
+    its default group names none."""
+    if len(degrees) > 1:
+        return report
+    (name,) = degrees
+    return report.model_copy(update={"collectives": [
+        c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in report.collectives]})
 
 
 def _received(model, tokens, mode: str) -> tuple:

@@ -1,0 +1,93 @@
+"""One rank's report of a whole model cut into the pipeline stages torch's split makes: how a
+tensor-parallel rank of each stage is counted for a model whose stages are not built from its
+own modules (a Hugging Face decoder: `exportflops.cli.pipeline`).
+
+torch's ``pipeline()`` traces fixed head counts into its stage graphs, so a tensor-parallel plan
+cannot be applied to them; the plan is applied to the whole model instead, one rank of it is
+counted, and its nodes are cut as the split cuts the program (``SplitPoint.BEGINNING``):
+
+- a forward node is the stage of the last split point whose module had begun to run by then
+  (stage 0 before the first): the program in order, cut where each split point's module
+  starts, as the split cuts it;
+- a backward node is the stage of the forward node it differentiates, else of its module when
+  that module's forward ran in one stage, else of the backward node before it (the backward
+  runs the stages last to first);
+- a collective is its node's stage;
+- a parameter is the stage of the first node that runs in its module.
+
+Each stage's report is built from its nodes as `exportflops.analyze` builds one, with the
+parameters of the modules it holds (this rank's shards, a tied one at its first name in the
+stage). A plan's layers end replicated, so the stages pass what the unsplit rank passes between
+its layers: the sends and receives of torch's split of the unparallelized model.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+
+import torch
+
+from ..aggregate import build_report
+from ..attribution import ModuleInfo, module_tree
+from ..errors import InputError
+from ..records import Report
+from ..records.names import ancestors
+from .ranks import local_parameters
+
+
+def sliced(report: Report, model: torch.nn.Module, split_points: list[str]) -> list[Report]:
+    """``report`` (of ``model``, one rank) cut into the ``len(split_points) + 1`` stages of a
+    split before each module path of ``split_points``."""
+    forward = [n for n in report.nodes if n.phase == "forward"]
+    starts = []
+    for point in split_points:
+        first = next((i for i, n in enumerate(forward) if point in ancestors(n.module)), None)
+        if first is None:
+            raise InputError(f"{report.model}'s module {point!r} runs no node: it cannot start "
+                             f"a pipeline stage; give split points that run")
+        starts.append(first)
+    if starts != sorted(starts):
+        raise InputError(f"{report.model}'s split points {split_points} do not run in that "
+                         f"order: give them in the order the forward runs them")
+    stage_of = {n.name: bisect.bisect_right(starts, i) for i, n in enumerate(forward)}
+    ran_in: dict[str, set[int]] = defaultdict(set)  # module -> the stages its forward ran in
+    for node in forward:
+        ran_in[node.module].add(stage_of[node.name])
+    current = len(split_points)
+    for node in (n for n in report.nodes if n.phase == "backward"):
+        if node.differentiates in stage_of:
+            current = stage_of[node.differentiates]
+        elif len(ran_in[node.module]) == 1:
+            (current,) = ran_in[node.module]
+        stage_of[node.name] = current
+    first_stage = {}
+    for node in report.nodes:  # forward nodes first: a module's stage is its first node's
+        for path in ancestors(node.module):
+            first_stage.setdefault(path, stage_of[node.name])
+    parameters = local_parameters(model)
+    return [_stage_report(report, s, stage_of, first_stage, parameters)
+            for s in range(len(split_points) + 1)]
+
+
+def _stage_report(report: Report, stage: int, stage_of: dict[str, int],
+                  first_stage: dict[str, int], parameters: list[tuple[str, torch.Tensor]],
+                  ) -> Report:
+    nodes = [n for n in report.nodes if stage_of[n.name] == stage]
+    own = [(name, t) for name, t in parameters
+           if first_stage.get(name.rpartition(".")[0]) == stage]
+    tree, tied = module_tree([], own, None, report.module("").type)
+    records = {m.path: m for m in report.modules}
+    for path in {a for n in nodes for a in ancestors(n.module)} - set(tree):
+        tree[path] = ModuleInfo(path)
+    for path, info in tree.items():
+        if path in records:
+            info.type_name, info.calls = records[path].type, records[path].calls
+    tree = dict(sorted(tree.items(), key=lambda item: (item[1].depth, item[0])))
+    built = build_report(nodes, tree, tied, model=report.model, inputs=report.inputs,
+                         torch_version=report.torch_version,
+                         exportflops_version=report.exportflops_version, mode=report.mode)
+    collectives = [c for c in report.collectives if stage_of.get(c.node) == stage]
+    return built.model_copy(update={"world_size": report.world_size, "rank": report.rank,
+                                    "collectives": collectives,
+                                    "capture_notes": report.capture_notes})
