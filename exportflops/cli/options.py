@@ -175,8 +175,8 @@ def parser() -> argparse.ArgumentParser:
                           help="--pp: microbatches per step")
     parallel.add_argument("--ep", type=int, default=None, metavar="N",
                           help="expert parallelism: a mixture of experts' experts sharded over "
-                               "N ranks, each rank's expert work and its all-to-alls "
-                               "(docs/expert-parallel.md)")
+                               "N ranks, each rank's expert work and its all-to-alls; with "
+                               "--fsdp F, inside F FSDP2 ranks (docs/expert-parallel.md)")
     parallel.add_argument("--routing", default=None, metavar="N1,N2,...",
                           help="--ep: token copies per expert over all ranks' batches, to see "
                                "skew (default: balanced routing)")

@@ -3,7 +3,9 @@ all-to-alls that move its tokens to the experts and back (`exportflops.parallel.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+import pydantic
 
 from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record
 from .collectives import Collective
@@ -17,7 +19,15 @@ class ExpertRank(Record):
     """The rank: 0 .. ep - 1, or inside FSDP2 one of the fsdp data-parallel ranks 0 .. fsdp - 1."""
     ep_rank: int
     """Its index in its expert-parallel group: ``rank mod ep`` (ep innermost, torchtitan's
-    mesh), the rank itself when expert parallelism stands alone."""
+    mesh), the rank itself when expert parallelism stands alone (a record written before
+    FSDP2 composed, without this field, reads it as its ``rank``)."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _ep_rank_of_an_older_record(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "ep_rank" not in data and "rank" in data:
+            return {**data, "ep_rank": data["rank"]}
+        return data
     first_expert: int
     """The first expert this rank holds: experts ``first_expert .. last_expert`` are its own,
     ``ep_rank x E / ep`` to ``(ep_rank + 1) x E / ep - 1`` as torchtitan shards them (dim 0)."""

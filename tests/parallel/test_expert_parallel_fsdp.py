@@ -166,6 +166,15 @@ def test_the_record_round_trips_and_its_view_lists_the_fsdp_collectives(train):
     assert text.count("reduce_scatter") == 4
 
 
+def test_a_record_written_before_fsdp_composed_reads_each_ranks_ep_rank_as_its_rank(hand):
+    model, args = hand
+    alone = analyze_experts(model, args, ep=EP).model_dump(mode="json")
+    for rank in alone["ranks"]:
+        del rank["ep_rank"]  # the layout before FSDP2 composed: ranks 0 .. ep - 1 only
+    read = ExpertParallelReport.model_validate(alone)
+    assert [r.ep_rank for r in read.ranks] == [r.rank for r in read.ranks] == list(range(EP))
+
+
 def test_the_command_reports_every_fsdp_rank(models_file, capsys):
     spec = f"{models_file}:build"
     assert main([spec, "--ep", "2", "--fsdp", "4", "--rank", "3", "--format", "json"]) == 0
