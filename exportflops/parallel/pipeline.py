@@ -168,7 +168,7 @@ def layer_split_points(model: torch.nn.Module, stages: int) -> list[str]:
     starts at layer ``k * n // stages`` of its n layers, so stage 0 holds the embedding and the
     first layers, the last stage the last layers, the final norm and the head. The layers are
     a Hugging Face model's decoder layers (``_no_split_modules``), else the entries of its
-    outermost ``ModuleList``."""
+    outermost ``ModuleList``, else of its outermost ``Sequential``."""
     layers = _layers(model)
     return [layers[held.start] for held in stage_layers(len(layers), stages, model)[1:]]
 
@@ -191,11 +191,14 @@ def _layers(model: torch.nn.Module) -> list[str]:
         found = [path for path, m in model.named_modules() if type(m).__name__ in names]
         if found:
             return found
-    for path, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList):  # the first found is the outermost
-            return [f"{path}.{name}" if path else name for name, _ in module.named_children()]
+    for kind in (torch.nn.ModuleList, torch.nn.Sequential):  # a Sequential: the layers
+        for path, module in model.named_modules():
+            if isinstance(module, kind):  # the first found is the outermost
+                return [f"{path}.{name}" if path else name
+                        for name, _ in module.named_children()]
     raise InputError(f"{type(model).__name__} has no list of layers to split by (no "
-                     f"ModuleList): give the split points' module paths as stages=[...]")
+                     f"ModuleList or Sequential): give the split points' module paths as "
+                     f"stages=[...]")
 
 
 def _stages(model, args, kwargs, stages, mode: str) -> tuple[list[Stage], int | None]:
@@ -203,9 +206,13 @@ def _stages(model, args, kwargs, stages, mode: str) -> tuple[list[Stage], int | 
     (None: its children's)."""
     grad = mode == "train"
     if isinstance(stages, int) and not isinstance(stages, bool):
-        if model is None:
-            raise InputError("stages=<count> splits a model: pass it")
+        if model is None or stages < 1:
+            raise InputError(f"stages={stages}: a count of stages is 1 or more, and splits a "
+                             f"model (pass it)")
         stages = layer_split_points(model, stages) if stages > 1 else []
+    if not isinstance(stages, (list, tuple)):
+        raise InputError(f"stages={stages!r}: stages takes a count, module paths of the model "
+                         f"to split before, or the stage modules (with model=None)")
     stages = list(stages)
     if stages and all(isinstance(s, Stage) for s in stages):
         return stages, None

@@ -38,3 +38,15 @@ def test_a_split_point_never_called_is_refused():
 def test_a_model_torchs_tracer_refuses_names_the_next_step():
     with pytest.raises(ExportError, match="(?s)Two.*stages=\\[...\\]"):
         analyze_pipeline(Two(branchy=True), (torch.randn(2, 4),), stages=["b"])
+
+
+@pytest.mark.parametrize("stages", [0, -1, True, 2.5, "layers"], ids=repr)
+def test_a_count_of_stages_below_one_or_no_count_at_all_is_refused(stages):
+    with pytest.raises(InputError, match=f"stages={stages!r}"):
+        analyze_pipeline(Two(), (torch.randn(2, 4),), stages=stages)
+
+
+def test_a_sequential_splits_by_its_entries():
+    model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))
+    record = analyze_pipeline(model, (torch.randn(2, 4),), stages=2, device=None).record
+    assert [s.modules for s in record.stages] == [["0", "1"], ["2", "3"]]
