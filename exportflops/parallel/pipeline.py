@@ -114,9 +114,15 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                     and isinstance(t, torch.Tensor) and (kind == "F" or t.requires_grad)]
         return sum(t.numel() * t.element_size() for t in crossing) / link_bytes_per_s
 
+    senders = {s: {src for src in stage.sources if src is not None}
+               for s, stage in enumerate(split)}
+    gradients = {s: {dst for dst, stage in enumerate(split)
+                     for t, src in zip(stage.args, stage.sources)
+                     if src == s and isinstance(t, torch.Tensor) and t.requires_grad}
+                 for s in range(len(split))}
     actions, ranks, step, bubble, slowest = timeline(
         order, lambda s, kind: times[s][0 if kind == "F" else 1],
-        transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0))
+        transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0), senders, gradients)
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
         schedule=schedule, torch_schedule=SCHEDULES[schedule].torch_class, microbatches=m,

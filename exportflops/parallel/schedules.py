@@ -103,13 +103,22 @@ def _check_complete(name: str, order: dict, stages: int, microbatches: int) -> N
 
 def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[int, str], float],
              transfer_s: Callable[[int, int, str], float] = lambda src, dst, kind: 0.0,
+             senders: dict[int, set[int]] | None = None,
+             gradients: dict[int, set[int]] | None = None,
              ) -> tuple[list[PipelineAction], list[PipelineRank], float, float, int]:
     """(actions, ranks, step time, bubble fraction, slowest rank) when rank r runs
     ``order[r]`` in order, a stage's action taking ``seconds(stage, "F" or "B")`` and an input
     crossing from stage ``src`` to ``dst`` taking ``transfer_s(src, dst, kind)`` when the
-    two stages are on different ranks."""
+    two stages are on different ranks. A stage's forward waits on the forwards of
+    ``senders[s]``, the stages it takes a tensor from (default: the stage before); its backward
+    on its own forward and the backwards of ``gradients[s]``, the stages that send it a
+    gradient (default: the stage after)."""
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
     last = max(rank_of)
+    if senders is None:
+        senders = {s: {s - 1} if s else set() for s in rank_of}
+    if gradients is None:
+        gradients = {s: {s + 1} if s < last else set() for s in rank_of}
     done: dict[tuple[int, str, int], float] = {}
     clock = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
@@ -119,7 +128,7 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
         for rank in order:
             while position[rank] < len(order[rank]):
                 stage, kind, mb = order[rank][position[rank]]
-                ready = _ready(stage, kind, mb, last, done, rank_of, transfer_s)
+                ready = _ready(stage, kind, mb, senders, gradients, done, rank_of, transfer_s)
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
@@ -144,16 +153,16 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
     return ([a for rank in sorted(order) for a in actions[rank]], ranks, step, bubble, slowest)
 
 
-def _ready(stage: int, kind: str, mb: int, last: int, done: dict, rank_of: dict,
+def _ready(stage: int, kind: str, mb: int, senders: dict[int, set[int]],
+           gradients: dict[int, set[int]], done: dict, rank_of: dict,
            transfer_s: Callable[[int, int, str], float]) -> float | None:
     """When the action's inputs are there, or None while one is not done yet."""
-    needs = []  # (action, the stage it comes from, kind)
-    if kind == "F" and stage > 0:
-        needs.append(((stage - 1, "F", mb), stage - 1))
+    needs = []  # (action, the stage it comes from)
+    if kind == "F":
+        needs += [((src, "F", mb), src) for src in sorted(senders[stage])]
     if kind == "B":
         needs.append(((stage, "F", mb), stage))
-        if stage < last:
-            needs.append(((stage + 1, "B", mb), stage + 1))
+        needs += [((dst, "B", mb), dst) for dst in sorted(gradients[stage])]
     if any(action not in done for action, _ in needs):
         return None
     return max([done[action] + (transfer_s(src, stage, kind) if rank_of[src] != rank_of[stage]

@@ -258,6 +258,41 @@ def test_a_link_delays_each_received_tensor_by_its_bytes_over_the_bandwidth():
     assert record.bubble_fraction == pytest.approx(1 / 2)
 
 
+class Ends(torch.nn.Module):
+    """Stage 0 of `test_a_tensor_that_skips_a_stage_delays_the_stage_it_goes_to`: the first
+    element, and the whole input."""
+
+    def forward(self, x: torch.Tensor):
+        return x[:1] * 1.0, x * 1.0
+
+
+class Bump(torch.nn.Module):
+    def forward(self, small: torch.Tensor) -> torch.Tensor:
+        return small + 1.0
+
+
+class Scale(torch.nn.Module):
+    def forward(self, small: torch.Tensor, big: torch.Tensor) -> torch.Tensor:
+        return big * small
+
+
+def test_a_tensor_that_skips_a_stage_delays_the_stage_it_goes_to():
+    from exportflops.capture.pipeline_split import Stage
+
+    x = torch.randn(1000)
+    small, big = Ends()(x)
+    stages = [Stage(Ends(), (x,), None, [None]), Stage(Bump(), (small,), None, [0]),
+              Stage(Scale(), (Bump()(small), big), None, [1, 0])]
+    record = analyze_pipeline(None, (x,), stages=stages, schedule="gpipe", microbatches=1,
+                              mode="forward", device=None, link_bytes_per_s=1000.0).record
+    # Unit actions, 1000 B/s. Stage 0: 0-1. Stage 1 waits for the first element (4 bytes,
+    # 0.004 s): 1.004-2.004. Stage 2 waits for stage 1's output (0.004 s more: 2.008) and for
+    # the whole input straight from stage 0 (4000 bytes, 4 s after 1: 5): 5-6.
+    assert [(a.stage, a.start_s, a.end_s) for a in record.timeline] == pytest.approx(
+        [(0, 0, 1), (1, 1.004, 2.004), (2, 5, 6)])
+    assert [c.peer for c in record.stages[2].receives] == [1, 0]
+
+
 def test_interleaved_stages_go_round_the_ranks_and_send_back_to_rank_0(small_llama):
     model, args = small_llama
     record = analyze_pipeline(model, args, stages=4, schedule="interleaved1f1b",
