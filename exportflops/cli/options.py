@@ -182,7 +182,8 @@ def parser() -> argparse.ArgumentParser:
                                "skew (default: balanced routing)")
     parallel.add_argument("--cp", type=int, default=None, metavar="N",
                           help="context parallelism: the sequence split over N ranks, ring "
-                               "attention's work per rank and its key/value traffic "
+                               "attention's work per rank and its key/value traffic; with "
+                               "--fsdp F, F rings inside F x N FSDP2 ranks "
                                "(docs/context-parallel.md)")
     parallel.add_argument("--no-load-balance", action="store_true",
                           help="--cp: contiguous blocks of the sequence instead of torch's "

@@ -11,8 +11,9 @@ from ..errors import UsageError
 def check_splits(ns: argparse.Namespace) -> None:
     """--tp, --fsdp, --pp, --ep, --cp and --rank: degrees and ranks in range, and refused with
     what each does not combine with."""
-    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None and ns.ep is None:
-        # with --pp or --ep: their own checks
+    if (ns.tp is not None or ns.fsdp is not None) and ns.pp is None and ns.ep is None \
+            and ns.cp is None:
+        # with --pp, --ep or --cp: their own checks
         degrees = [n for n in (ns.tp, ns.fsdp) if n is not None]
         world = degrees[0] * (degrees[1] if len(degrees) > 1 else 1)
         if min(degrees) < 1 or not 0 <= ns.rank < world:
@@ -80,15 +81,24 @@ def _check_experts(ns: argparse.Namespace) -> None:
 
 
 def _check_context(ns: argparse.Namespace) -> None:
-    """--cp N with --rank in 0..N-1; refused with what it does not combine with."""
+    """--cp N, alone with --rank in 0..N-1 or inside --fsdp F (F rings of N ranks, torchtitan's
+    cp inside fsdp) with --rank in 0..F x N - 1; refused with what it does not combine with."""
     if ns.cp is None:
         if ns.no_load_balance:
             raise UsageError("--no-load-balance splits the sequence of --cp N: pass --cp.")
         return
-    if ns.cp < 2 or not 0 <= ns.rank < ns.cp:
-        raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(ns.cp - 1, 0)}, "
-                         f"got --cp {ns.cp} --rank {ns.rank}.")
-    _alone(ns, "--cp", "splits the sequence of a model built here")
+    if ns.fsdp is not None and ns.fsdp < 1:
+        raise UsageError(f"--cp {ns.cp} --fsdp {ns.fsdp}: context parallelism sits inside FSDP2 "
+                         f"as torchtitan lays it out, --fsdp rings of --cp ranks each running "
+                         f"its own batch: --fsdp takes a degree >= 1.")
+    world = ns.cp * (ns.fsdp or 1)
+    if ns.cp < 2 or not 0 <= ns.rank < world:
+        inside = "" if ns.fsdp is None else f" --fsdp {ns.fsdp}"
+        ranks = "the cp ranks" if ns.fsdp is None else "the fsdp x cp ranks"
+        raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(world - 1, 0)} "
+                         f"({ranks}), got --cp {ns.cp}{inside} --rank {ns.rank}.")
+    _alone(ns, "--cp", "splits the sequence of a model built here, alone or inside --fsdp",
+           composes=("--fsdp",))
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:

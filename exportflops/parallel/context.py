@@ -17,6 +17,16 @@ last rank attends to the most. Each attention call becomes a ring: the rank's ke
 goes to the next rank cp - 1 times in the forward; in the backward the shard goes round again
 (cp - 1 sends) and the key/value gradients' accumulators go round cp times, back to their
 owner, in float32 (``_templated_ring_attention`` and its backward).
+
+Inside FSDP2 (``fsdp=F``, as torchtitan lays it out): the world is F x cp ranks, ``cp``
+innermost (``ParallelDims.build_mesh`` unflattens the world into ``("pp", "batch", "cp",
+"tp")``), so global rank r is rank ``r mod cp`` of the ring of ranks ``cp x (r div cp)`` ..
+``cp x (r div cp) + cp - 1``, which share one sequence, and F such rings each run their own
+batch. FSDP2 shards the parameters over all F x cp ranks (torchtitan's ``fsdp`` mesh, once
+``dp_shard_cp``: ``dp_shard`` and ``cp`` flattened; ``apply_fsdp`` shards each block, then the
+root). A rank's FLOPs and ring traffic are its ring rank's (FSDP2 changes no FLOPs); it adds
+FSDP2's all-gathers (forward, again in the backward) and gradient reduce-scatters, traced from
+real FSDP2 on a fake copy of the model (`exportflops.parallel.fsdp_trace`).
 """
 
 from __future__ import annotations
@@ -27,11 +37,13 @@ from typing import Any, Literal
 import torch
 
 from ..errors import InputError
+from ..records.collectives import Collective
 from ..records.context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from ..records.report import Report
 from ..records.symbolic import Evaluator, parse_count
 from ..training.per_batch import BATCH, SEQ, FlopsPerBatch, flops_per_batch
 from ..training.terms import PER_DOCUMENT, StepCount, step_count
+from .fsdp_trace import traced_fsdp_collectives
 
 #: torch's ring backward accumulates and sends the key/value gradients in float32
 #: (``_ContextParallelOptions.convert_to_f32``, True by default).
@@ -39,7 +51,7 @@ GRADIENT_DTYPE = "float32"
 
 
 def analyze_context(model: torch.nn.Module, args: Any = (), kwargs: dict | None = None, *,
-                    cp: int, load_balance: bool = True,
+                    cp: int, fsdp: int | None = None, load_balance: bool = True,
                     mode: Literal["forward", "train"] = "forward", dynamic_shapes: Any = None,
                     batch_dim: str = BATCH, seq_dim: str = SEQ,
                     formulas: Any = None) -> ContextParallelReport:
@@ -47,18 +59,40 @@ def analyze_context(model: torch.nn.Module, args: Any = (), kwargs: dict | None 
     over ``cp`` ranks (module docstring). The example's batch and sequence sizes are found as
     `flops_per_batch` finds them (``dynamic_shapes``, ``batch_dim`` and ``seq_dim`` name them
     yourself); the sequence must split into 2 x cp equal chunks (cp without ``load_balance``).
+    ``fsdp``: the rings sit inside FSDP2 over ``fsdp`` x ``cp`` ranks (torchtitan's layout):
+    every one of those ranks is reported, with FSDP2's collectives traced on a fake copy of
+    ``model`` (`fsdp_collectives`).
     """
-    _check_degree(cp)
+    _check_degree(cp, fsdp)
     fpb = flops_per_batch(model, args, kwargs, mode=mode, dynamic_shapes=dynamic_shapes,
                           batch_dim=batch_dim, seq_dim=seq_dim, formulas=formulas)
-    return context_split(fpb, args, kwargs, cp=cp, load_balance=load_balance)
+    # The split's checks first: the FSDP2 trace is the costly part.
+    record = context_split(fpb, args, kwargs, cp=cp, load_balance=load_balance)
+    if fsdp is None:
+        return record
+    return context_split(fpb, args, kwargs, cp=cp, load_balance=load_balance, fsdp=fsdp,
+                         fsdp_collectives=fsdp_collectives(model, args, kwargs, cp=cp,
+                                                           fsdp=fsdp, mode=mode))
+
+
+def fsdp_collectives(model: torch.nn.Module, args: Any = (), kwargs: dict | None = None, *,
+                     cp: int, fsdp: int, mode: str = "forward") -> list[Collective]:
+    """FSDP2's all-gathers and reduce-scatters of one of ``fsdp`` x ``cp`` ranks sharding
+    ``model``'s parameters (each block, then the root; ``mesh_dim`` ``fsdp``), in the order the
+    rank issues them, the same sizes on every rank. ``model`` and its inputs may be on meta: a
+    fake copy is traced."""
+    _check_degree(cp, fsdp)
+    return traced_fsdp_collectives(model, args if isinstance(args, tuple) else (args,), kwargs,
+                                   world=fsdp * cp, mode=mode)
 
 
 def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None, *, cp: int,
-                  load_balance: bool = True) -> ContextParallelReport:
+                  load_balance: bool = True, fsdp: int | None = None,
+                  fsdp_collectives: list[Collective] = ()) -> ContextParallelReport:
     """`analyze_context` from an analysis already made (``flops_per_batch``, symbolic in the
-    batch and sequence), for the batch ``args``/``kwargs``: no export."""
-    _check_degree(cp)
+    batch and sequence), for the batch ``args``/``kwargs``: no export. With ``fsdp``, the
+    FSDP2 collectives of one rank (`fsdp_collectives`), the same sizes on every rank."""
+    _check_degree(cp, fsdp)
     report, batch, seq = fpb.report, fpb.batch, fpb.seq
     name, mode = report.model, report.mode
     if seq is None:
@@ -82,20 +116,22 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
     counts = _phase_counts(report, batch, seq)
     per_pair = {key: _per_pair(count, sizes, batch, seq, name) for key, count in counts.items()}
     other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
-    ranks = []
+    ring = []  # the ranks of one ring; each ring does the same
     for rank in range(cp):
         chunks = _chunks(rank, cp, seq_len, load_balance)
         pairs = sum(_causal_pairs(c.start, c.stop) for c in chunks)
         attention = {key: value * rows * pairs for key, value in per_pair.items()}
-        ranks.append(ContextRank(
-            rank=rank, chunks=chunks, attention_pairs=pairs,
+        ring.append(ContextRank(
+            rank=rank, cp_rank=rank, chunks=chunks, attention_pairs=pairs,
             attention_flops=_both(attention, "flops"), attention_macs=_both(attention, "macs"),
             other_flops=_both(other, "flops"), other_macs=_both(other, "macs"),
             backward_flops=attention["flops", "backward"] + other["flops", "backward"],
             sends=_sends(calls, rank, cp, local, mode)))
+    ranks = [_placed(ring[rank % cp], rank, cp) for rank in range(cp * (fsdp or 1))]
     whole = Evaluator(sizes)
     return ContextParallelReport(
-        model=name, mode=mode, cp=cp, load_balanced=load_balance, batch=rows, seq_len=seq_len,
+        model=name, mode=mode, cp=cp, fsdp=fsdp, fsdp_collectives=list(fsdp_collectives),
+        load_balanced=load_balance, batch=rows, seq_len=seq_len,
         attention_layers=len(calls), flops_per_pair=_both(per_pair, "flops"),
         macs_per_pair=_both(per_pair, "macs"),
         single_device_flops=whole.value(parse_count(report.total.flops)
@@ -103,10 +139,22 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
         single_device_causal=parse_count(report.total.masked_flops) != 0, ranks=ranks)
 
 
-def _check_degree(cp: int) -> None:
+def _check_degree(cp: int, fsdp: int | None = None) -> None:
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 2:
         raise InputError(f"context parallelism splits the sequence over cp >= 2 ranks, got "
                          f"cp={cp!r}.")
+    if fsdp is not None and (isinstance(fsdp, bool) or not isinstance(fsdp, int) or fsdp < 1):
+        raise InputError(f"context parallelism inside FSDP2 takes fsdp, the rings of cp ranks "
+                         f"(each running its own batch), as an int >= 1, got fsdp={fsdp!r}.")
+
+
+def _placed(ring_rank: ContextRank, rank: int, cp: int) -> ContextRank:
+    """``ring_rank``'s work as global rank ``rank`` (cp innermost): its sends go to the next
+    rank of its own ring and come from the previous."""
+    first = rank - rank % cp
+    peers = {"to_rank": first + (rank + 1) % cp, "from_rank": first + (rank - 1) % cp}
+    return ring_rank.model_copy(update={
+        "rank": rank, "sends": [s.model_copy(update=peers) for s in ring_rank.sends]})
 
 
 def _phase_counts(report: Report, batch: str, seq: str) -> dict[tuple[str, str], StepCount]:
@@ -183,4 +231,4 @@ def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-__all__ = ["analyze_context", "context_split"]
+__all__ = ["analyze_context", "context_split", "fsdp_collectives"]

@@ -18,10 +18,10 @@ block's unit (torchtitan's layout before the per-parameter mesh): the same param
 same groups, hence the same messages, each all-gather issued when its unit runs
 (docs/expert-parallel.md).
 
-How: a copy of the model on fake tensors (nothing allocated; the caller's model is untouched)
-whose experts modules hold one rank's E / ep experts, sharded that way under a fake process group
-of ``fsdp`` ranks and analyzed (`exportflops.analyze` traces FSDP2 through ``capture.fsdp``). Only
-its collectives are kept: its experts run every routed copy on the local experts' shapes, which is
+How (`exportflops.parallel.fsdp_trace`): a copy of the model on fake tensors (nothing
+allocated; the caller's model is untouched) whose experts modules hold one rank's E / ep
+experts, sharded that way under a fake process group of ``fsdp`` ranks and analyzed. Only its
+collectives are kept: its experts run every routed copy on the local experts' shapes, which is
 not expert-parallel work (`exportflops.parallel.experts` counts that). Every rank issues
 collectives of the same sizes (a collective's ranks pass equal sizes, and every rank's groups and
 local shapes are alike), so rank 0's trace stands for each rank.
@@ -29,16 +29,11 @@ local shapes are alike), so rank 0's trace stands for each rank.
 
 from __future__ import annotations
 
-import copy
-import warnings
-
 import torch
 
-from ..errors import DistributedError, InputError
+from ..errors import InputError
 from ..records import Collective
-from ..torch_internals import FakeTensorMode, pytree
-from .fsdp_blocks import blocks_of
-from .ranks import fake_process_group
+from .fsdp_trace import traced_fsdp_collectives
 
 
 def check_fsdp(model: str, ep: int, fsdp: int) -> None:
@@ -60,38 +55,33 @@ def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | No
     ``model``'s experts sharded over ``ep`` of them (the module docstring's layout), in the order
     the rank issues them; ``mesh_dim`` is ``fsdp`` for the non-expert parameters' and ``efsdp``
     for the experts'. ``model`` and its inputs may be on meta: a fake copy is traced."""
-    name = type(model).__name__
-    check_fsdp(name, ep, fsdp)
-    from torch.distributed.device_mesh import init_device_mesh
+    check_fsdp(type(model).__name__, ep, fsdp)
+    local = _local_experts(model, experts=experts, ep=ep, num_experts=num_experts)
 
-    from ..api import analyze
+    def local_shape(p: torch.nn.Parameter) -> tuple:
+        return (num_experts // ep, *p.shape[1:]) if id(p) in local else tuple(p.shape)
 
-    with fake_process_group(fsdp, rank=0):
+    def shard_experts(fake: torch.nn.Module) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
         sparse = init_device_mesh("cpu", (fsdp // ep, ep), mesh_dim_names=("efsdp", "ep"))
-        dense = init_device_mesh("cpu", (fsdp,), mesh_dim_names=("fsdp",))
-        fake, fake_args, fake_kwargs = _fake_copy(model, args, kwargs or {}, experts=experts,
-                                                  ep=ep, num_experts=num_experts)
-        _fully_shard(fake, dense, sparse["efsdp"], experts=experts,
-                     experts_dim=1 if fsdp > num_experts else 0)
-        with warnings.catch_warnings():
-            # FSDP2 warns of a unit returning a view (an in-place op on it would skip a hook):
-            # advice to the model's author, which changes no collective traced here.
-            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-            report = analyze(fake, fake_args, fake_kwargs, mode=mode)
-        # The dense mesh spans the world, whose group torch describes as no mesh dimension.
-        world = dense.get_group().group_name
-    return [c.model_copy(update={"mesh_dim": "fsdp"}) if c.group == world and not c.mesh_dim
-            else c for c in report.collectives]
+        _shard_experts(fake, sparse["efsdp"], experts=experts,
+                       experts_dim=1 if fsdp > num_experts else 0)
+
+    return traced_fsdp_collectives(
+        model, args, kwargs, world=fsdp, mode=mode, local_shape=local_shape,
+        shard_inner=shard_experts,
+        units=f"{experts!r} modules on the efsdp mesh ({fsdp // ep} ranks), then its blocks "
+              f"and root")
 
 
-def _fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict, *, experts: str, ep: int,
-               num_experts: int) -> tuple[torch.nn.Module, tuple, dict]:
-    """A copy of ``model`` and its inputs on fake cpu tensors of the same shapes and dtypes
-    (FSDP2 refuses meta), its experts modules' parameters one rank's ``num_experts / ep``
-    experts: the local shard torchtitan's ``ExpertParallel`` leaves each rank."""
+def _local_experts(model: torch.nn.Module, *, experts: str, ep: int,
+                   num_experts: int) -> set[int]:
+    """The ids of ``model``'s experts modules' parameters, checked to be stacked
+    ``(num_experts, ...)`` tensors that ``ep`` ranks hold ``num_experts / ep`` rows of each:
+    the local shard torchtitan's ``ExpertParallel`` leaves each rank."""
     holders = [module for path, module in model.named_modules()
                if path.rpartition(".")[2] == experts]
-    local = {id(p) for module in holders for p in module.parameters()}
     stacked = [p for module in holders for p in module.parameters()]
     if not stacked or num_experts % ep or any(p.dim() == 0 or p.shape[0] != num_experts
                                               for p in stacked):
@@ -101,36 +91,12 @@ def _fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict, *, experts: st
             f"stacked ({num_experts}, ...) tensors (torchtitan's GroupedExperts, transformers "
             f"5's experts) with ep dividing {num_experts}; got shapes "
             f"{sorted({tuple(p.shape) for p in stacked})}.")
-    mode = FakeTensorMode()
-
-    def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
-        with mode:
-            return torch.empty(shape, dtype=tensor.dtype, device="cpu")
-
-    memo: dict[int, object] = {}
-    for p in model.parameters():
-        shape = (num_experts // ep, *p.shape[1:]) if id(p) in local else p.shape
-        memo[id(p)] = torch.nn.Parameter(fake(p, shape), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = fake(b, b.shape)
-    copied = copy.deepcopy(model, memo)
-    if hasattr(copied, "set_experts_implementation"):
-        # transformers' default grouped_mm experts do not run on fake cpu tensors (torch's meta
-        # kernel of grouped_mm takes bfloat16 only), its eager ones branch on the routing's
-        # values; batched_mm gathers each copy's expert weights with no branch. The copy's
-        # FLOPs are not kept, so how its experts compute changes nothing reported.
-        copied.set_experts_implementation("batched_mm")
-
-    def leaf(value):
-        return fake(value, value.shape) if isinstance(value, torch.Tensor) else value
-
-    return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
+    return {id(p) for p in stacked}
 
 
-def _fully_shard(model: torch.nn.Module, dense, efsdp, *, experts: str,
-                 experts_dim: int) -> None:
-    """Each experts module on ``efsdp`` (dim ``experts_dim``), each block on ``dense``, then the
-    root on ``dense``: torchtitan's order, inner units first."""
+def _shard_experts(model: torch.nn.Module, efsdp, *, experts: str, experts_dim: int) -> None:
+    """Each outermost experts module on ``efsdp`` (dim ``experts_dim``): torchtitan's inner
+    units, sharded before the blocks and the root."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
@@ -139,15 +105,6 @@ def _fully_shard(model: torch.nn.Module, dense, efsdp, *, experts: str,
         if path.rpartition(".")[2] == experts and not any(
                 path.startswith(f"{outer}.") for outer in outermost):
             outermost.append(path)
-    try:
-        for path in outermost:
-            fully_shard(model.get_submodule(path), mesh=efsdp,
-                        shard_placement_fn=lambda _, dim=experts_dim: Shard(dim))
-        for block in blocks_of(model):
-            fully_shard(block, mesh=dense)
-        fully_shard(model, mesh=dense)
-    except Exception as error:  # FSDP2 refuses the model as built; torch raises many types
-        raise DistributedError(
-            f"fully_shard of {type(model).__name__}'s {experts!r} modules on the efsdp mesh "
-            f"({efsdp.size()} ranks), then its blocks and root on the fsdp mesh "
-            f"({dense.size()} ranks), failed: {type(error).__name__}: {error}") from error
+    for path in outermost:
+        fully_shard(model.get_submodule(path), mesh=efsdp,
+                    shard_placement_fn=lambda _, dim=experts_dim: Shard(dim))

@@ -6,7 +6,9 @@ docs/context-parallel.md.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
+
+import pydantic
 
 from .base import SCHEMA_VERSION, NotebookRecord, Record
 from .collectives import Collective
@@ -41,9 +43,11 @@ class RingSend(Record):
     dtype: str
     """dtype of the message, e.g. ``float32``."""
     to_rank: int
-    """The rank each message goes to (the next on the ring)."""
+    """The rank each message goes to (the next on the ring; inside FSDP2 a global rank of the
+    sender's own ring)."""
     from_rank: int
-    """The rank the same kind of message comes from (the previous on the ring)."""
+    """The rank the same kind of message comes from (the previous on the ring; inside FSDP2 a
+    global rank, as ``to_rank``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -63,10 +67,22 @@ class ContextRank(Record):
     """One rank's share of the sequence and the work it does on it."""
 
     rank: int
-    """The rank's index on the context-parallel ring, 0 .. cp - 1."""
+    """The rank: its index on the context-parallel ring, 0 .. cp - 1; inside FSDP2 its global
+    rank, 0 .. fsdp x cp - 1."""
+    cp_rank: int
+    """Its index on its ring, 0 .. cp - 1: ``rank mod cp`` (cp innermost in torchtitan's mesh),
+    which decides its positions (a record written before FSDP2 composed, without this field,
+    reads it as its ``rank``)."""
     chunks: list[SequenceChunk]
-    """The sequence positions it holds: chunks ``rank`` and ``2 cp - 1 - rank`` with load
-    balancing, chunk ``rank`` without."""
+    """The sequence positions it holds: chunks ``cp_rank`` and ``2 cp - 1 - cp_rank`` with load
+    balancing, chunk ``cp_rank`` without."""
+
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _cp_rank_of_an_older_record(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "cp_rank" not in data and "rank" in data:
+            return {**data, "cp_rank": data["rank"]}
+        return data
     attention_pairs: int
     """(query, key) pairs its queries attend to under the causal mask (key position <= query
     position), per row of the batch."""
@@ -107,7 +123,15 @@ class ContextParallelReport(NotebookRecord):
     mode: Literal["forward", "train"]
     """``train``: forward and backward; ``forward``: the forward alone."""
     cp: int
-    """Ranks the sequence is split over."""
+    """Ranks the sequence is split over (one ring)."""
+    fsdp: int | None = None
+    """The rings inside FSDP2, each of ``cp`` consecutive ranks running its own batch
+    (torchtitan's layout: FSDP2 shards the parameters over all ``fsdp x cp`` ranks, its
+    ``fsdp`` mesh of ``dp_shard`` and ``cp``); None when context parallelism stands alone."""
+    fsdp_collectives: list[Collective] = []
+    """FSDP2's all-gathers and reduce-scatters of one rank, in the order it issues them, the
+    same sizes on every rank (``mesh_dim`` ``fsdp``: over all ``fsdp x cp`` ranks). Empty
+    without ``fsdp``."""
     load_balanced: bool
     """True: round-robin in 2 x cp chunks (torch's ``context_parallel`` for causal attention);
     False: cp contiguous blocks."""
@@ -124,14 +148,25 @@ class ContextParallelReport(NotebookRecord):
     """Multiply-accumulates of one (query, key) pair, as ``flops_per_pair``."""
     single_device_flops: int
     """The single-device count without the work its causal mask discards
-    (``causal_effective_flops``): the ranks' FLOPs add up to it, plus (cp - 1) x the work
-    that does not grow with the sequence, which each rank does."""
+    (``causal_effective_flops``): the FLOPs of one ring's ranks add up to it, plus (cp - 1) x
+    the work that does not grow with the sequence, which each rank does."""
     single_device_causal: bool
     """Whether the single-device count saw a causal mask (``masked_flops`` > 0): False where
     the model passes its mask as a tensor, so that ``single_device_flops`` counts every pair
     (the ranks' causal pairs are counted all the same)."""
     ranks: list[ContextRank]
-    """Every rank, in rank order."""
+    """Every rank, in rank order: the ``cp`` ranks of the ring, or inside FSDP2 all
+    ``fsdp x cp`` ranks (``fsdp`` rings doing the same work)."""
+
+    def world_size(self) -> int:
+        """The ranks reported: ``fsdp x cp`` inside FSDP2, else ``cp``."""
+        return (self.fsdp or 1) * self.cp
+
+    def cp_group(self, rank: int) -> list[int]:
+        """The ranks of ``rank``'s ring, which split one sequence: ``cp`` consecutive ranks
+        (cp innermost in torchtitan's mesh)."""
+        first = rank - rank % self.cp
+        return list(range(first, first + self.cp))
 
     @property
     def busiest(self) -> ContextRank:
@@ -145,8 +180,11 @@ class ContextParallelReport(NotebookRecord):
         return self.busiest.flops / mean if mean else 1.0
 
     def collectives(self, rank: int) -> list[Collective]:
-        """Rank ``rank``'s ring messages as point-to-point `Collective` records."""
-        return [c for send in self.ranks[rank].sends for c in send.collectives(self.cp)]
+        """Everything ``rank`` issues: FSDP2's collectives (inside FSDP2) and its ring messages
+        as point-to-point `Collective` records, the forward's (FSDP2's first) before the
+        backward's."""
+        ring = [c for send in self.ranks[rank].sends for c in send.collectives(self.cp)]
+        return sorted([*self.fsdp_collectives, *ring], key=lambda c: c.phase == "backward")
 
     def _repr_html_(self) -> str:
         """What Jupyter shows: every rank's positions and work, the busiest rank, and rank 0's

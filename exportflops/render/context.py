@@ -1,34 +1,45 @@
 """A context-parallel split (`ContextParallelReport`): every rank's work, then one rank's ring
-traffic per phase. Pure: reads the record only."""
+traffic per phase and, inside FSDP2, its FSDP2 collectives. Pure: reads the record only."""
 
 from __future__ import annotations
 
 from ..records.context import ContextParallelReport, ContextRank
 from .format import Style
+from .fsdp import fsdp_table
 
 
 def context_view(record: ContextParallelReport, *, style: Style = Style(),
                  rank: int = 0) -> str:
-    """One row per rank (its positions, causal attention pairs, attention and other FLOPs,
-    bytes sent), the busiest rank marked; then ``rank``'s ring messages grouped by phase."""
+    """One row per rank (inside FSDP2 its ring; its positions, causal attention pairs, attention
+    and other FLOPs, bytes sent, and inside FSDP2 its FSDP2 bytes), the busiest rank marked;
+    then ``rank``'s ring messages grouped by phase and, inside FSDP2, its FSDP2 collectives."""
     split = ("round-robin in 2 x cp chunks (load balanced)" if record.load_balanced
              else "contiguous blocks (not load balanced)")
-    title = (f"{record.model}: context parallel over {record.cp} ranks, {split}; "
-             f"{record.batch} x {record.seq_len} tokens, {record.mode}")
+    inside = "" if record.fsdp is None else (
+        f" inside {record.world_size()} FSDP2 ranks ({record.fsdp} rings of {record.cp} "
+        f"consecutive ranks, each its own batch)")
+    title = (f"{record.model}: context parallel over {record.cp} ranks{inside}, {split}; "
+             f"{record.batch} x {record.seq_len} tokens per ring, {record.mode}")
+    fsdp = record.fsdp is not None
+    fsdp_bytes = [style.count(sum(c.bytes for c in record.fsdp_collectives), "B")] * fsdp
     busiest = record.busiest.rank
     equal = len({r.flops for r in record.ranks}) == 1
     marked = None if equal else busiest
-    rows = [[f"{r.rank}{' *' if r.rank == marked else ''}", _positions(r), r.attention_pairs,
-             style.count(r.attention_flops), style.count(r.other_flops), style.count(r.flops),
-             style.ratio(r.flops, record.busiest.flops), style.count(r.send_bytes, "B")]
+    rows = [[f"{r.rank}{' *' if r.rank == marked else ''}", *([_ring(record, r)] * fsdp),
+             _positions(r), r.attention_pairs, style.count(r.attention_flops),
+             style.count(r.other_flops), style.count(r.flops),
+             style.ratio(r.flops, record.busiest.flops), style.count(r.send_bytes, "B"),
+             *fsdp_bytes]
             for r in record.ranks]
     total = sum(r.flops for r in record.ranks)
-    rows.append(["total", "", sum(r.attention_pairs for r in record.ranks),
+    rows.append(["total", *([""] * fsdp), "", sum(r.attention_pairs for r in record.ranks),
                  style.count(sum(r.attention_flops for r in record.ranks)),
                  style.count(sum(r.other_flops for r in record.ranks)), style.count(total), "",
-                 style.count(sum(r.send_bytes for r in record.ranks), "B")])
-    headers = ["rank", "positions", "causal pairs", "attention FLOPs", "other FLOPs", "FLOPs",
-               "of busiest", "sent"]
+                 style.count(sum(r.send_bytes for r in record.ranks), "B"),
+                 *([style.count(len(record.ranks) * sum(c.bytes for c in
+                                                        record.fsdp_collectives), "B")] * fsdp)])
+    headers = ["rank", *(["cp group"] * fsdp), "positions", "causal pairs", "attention FLOPs",
+               "other FLOPs", "FLOPs", "of busiest", "sent", *(["FSDP2 bytes"] * fsdp)]
     notes = [f"* rank {busiest} does the most work and sets the step: "
              f"{record.imbalance:.3f} x the ranks' mean." if not equal else
              "Every rank does the same work.",
@@ -39,10 +50,23 @@ def context_view(record: ContextParallelReport, *, style: Style = Style(),
                   f"flag).",
              f"Causal pairs are per row of the batch: {style.count(record.flops_per_pair)} "
              f"FLOPs each over {record.attention_layers} attention layers."]
-    parts = [style.titled(title, style.table(rows, headers, "lrrrrrrr")) + "\n"
+    align = "l" + "l" * fsdp + "lrrrrrr" + "r" * fsdp
+    parts = [style.titled(title, style.table(rows, headers, align)) + "\n"
              + "\n".join(notes),
              _traffic(record, record.ranks[rank], style)]
+    if fsdp:
+        parts.append(fsdp_table(
+            record.fsdp_collectives,
+            f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
+            f"message: the gathered output, the reduce-scattered input): every parameter over "
+            f"all {record.world_size()} ranks (fsdp: dp_shard x cp)",
+            {"fsdp": f"all {record.world_size()}"}, style))
     return "\n\n".join(parts) + "\n"
+
+
+def _ring(record: ContextParallelReport, rank: ContextRank) -> str:
+    group = record.cp_group(rank.rank)
+    return f"{group[0]}-{group[-1]} (#{rank.cp_rank})"
 
 
 def _positions(rank: ContextRank) -> str:
@@ -65,7 +89,10 @@ def _traffic(record: ContextParallelReport, rank: ContextRank, style: Style) -> 
                          style.count(sum(s.total_bytes for s in listed), "B")])
     first = rank.sends[0] if rank.sends else None
     peers = f" (to rank {first.to_rank}, from rank {first.from_rank})" if first else ""
+    group = record.cp_group(rank.rank)
+    where = (f"{rank.rank} of {record.cp}" if record.fsdp is None else
+             f"{rank.rank} (#{rank.cp_rank} of ring {group[0]}-{group[-1]})")
     return style.titled(
-        f"Ring traffic of rank {rank.rank} of {record.cp}{peers}",
+        f"Ring traffic of rank {where}{peers}",
         style.table(rows, ["phase", "message", "layers", "sends per layer", "bytes per send",
                            "dtype", "bytes"], "llrrrlr"))

@@ -4,9 +4,9 @@ shown only when the caller names the link's bus bandwidth (`Collective.seconds`)
 
 from __future__ import annotations
 
-from ..records.collectives import Collective
 from ..records.experts import ExpertParallelReport, ExpertRank
 from .format import Style
+from .fsdp import fsdp_table
 
 _RANK_HEADERS = ["rank", "experts", "routed tokens", "expert FLOPs", "expert MACs",
                  "other FLOPs", "total FLOPs", "vs one batch", "all-to-all bytes"]
@@ -94,26 +94,9 @@ def _all_to_alls(r: ExpertRank, record: ExpertParallelReport, style: Style,
 
 def _fsdp_collectives(rank: int, record: ExpertParallelReport, style: Style,
                       link_bytes_per_s: float | None) -> str:
-    timed = link_bytes_per_s is not None
-    headers = ["FSDP2 unit", "collective", "phase", "mesh dim", "group", "dtype", "bytes",
-               "bandwidth factor", *(["time"] if timed else [])]
     groups = {"fsdp": f"all {record.fsdp}", "efsdp": ",".join(map(str, record.efsdp_group(rank)))}
-
-    def row(c: Collective) -> list:
-        return [c.module or "(root)", c.op, c.phase, c.mesh_dim, groups.get(c.mesh_dim, ""),
-                c.dtype, style.count(c.bytes, "B"), f"{c.bandwidth_factor:.3f}",
-                *([style.seconds(c.seconds(link_bytes_per_s))] if timed else [])]
-
-    rows = [row(c) for c in record.fsdp_collectives]
-    for phase in ("forward", "backward"):
-        listed = [c for c in record.fsdp_collectives if c.phase == phase]
-        if listed:
-            rows.append([f"total {phase}", "", "", "", "", "",
-                         style.count(sum(c.bytes for c in listed), "B"), "",
-                         *([style.seconds(sum(c.seconds(link_bytes_per_s) for c in listed))]
-                           if timed else [])])
     title = (f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
              f"message: the gathered output, the reduce-scattered input): the blocks' other "
              f"parameters over all {record.fsdp} ranks (fsdp), its experts over the "
              f"{record.fsdp // record.ep} ranks holding them (efsdp)")
-    return style.titled(title, style.table(rows, headers, "llllllrr" + "r" * timed))
+    return fsdp_table(record.fsdp_collectives, title, groups, style, link_bytes_per_s)

@@ -1,0 +1,101 @@
+"""FSDP2's all-gathers and reduce-scatters of one rank, traced from real FSDP2 on a fake copy of
+a model under a fake process group: shared by expert parallelism inside FSDP2
+(`exportflops.parallel.experts_fsdp`) and context parallelism inside FSDP2
+(`exportflops.parallel.context`).
+
+A copy of the model on fake tensors (nothing allocated; the caller's model is untouched), its
+parameters optionally resized to one rank's local shard, gets ``fully_shard`` as torchtitan's
+``apply_fsdp`` applies it: inner units first (the caller's), then each block (`blocks_of`), then
+the root, over all ``world`` ranks; it is analyzed (`exportflops.analyze` traces FSDP2 through
+``capture.fsdp``) and only its collectives are kept. Every rank issues collectives of the same
+sizes (a collective's ranks pass equal sizes, and every rank's groups and local shapes are
+alike), so rank 0's trace stands for each rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from ..errors import DistributedError
+from ..records import Collective
+from ..torch_internals import FakeTensorMode, pytree
+from .fsdp_blocks import blocks_of
+from .ranks import fake_process_group
+
+#: The mesh dimension FSDP2's world-spanning collectives are labelled with: torchtitan's name
+#: for the flattened data-parallel shard ranks (``dp_shard x cp``, ``ParallelDims``).
+FSDP_DIM = "fsdp"
+
+
+def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
+                            kwargs: dict | None = None, *, world: int, mode: str = "forward",
+                            local_shape: Callable[[torch.nn.Parameter], tuple] | None = None,
+                            shard_inner: Callable[[torch.nn.Module], None] | None = None,
+                            units: str = "blocks and root") -> list[Collective]:
+    """FSDP2's collectives of rank 0 of ``world`` ranks sharding ``model``, in the order the rank
+    issues them (the module docstring). ``local_shape`` gives a parameter's shape on the rank
+    (default its own); ``shard_inner`` shards inner units of the fake copy first, inside the
+    fake process group (it may build its own meshes). The collectives over all ``world`` ranks
+    carry ``mesh_dim`` ``fsdp``; ``units`` names what is sharded, for the error message."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from ..api import analyze
+
+    with fake_process_group(world, rank=0):
+        dense = init_device_mesh("cpu", (world,), mesh_dim_names=(FSDP_DIM,))
+        fake, fake_args, fake_kwargs = _fake_copy(model, args, kwargs or {}, local_shape)
+        try:
+            if shard_inner is not None:
+                shard_inner(fake)
+            for block in blocks_of(fake):
+                fully_shard(block, mesh=dense)
+            fully_shard(fake, mesh=dense)
+        except Exception as error:  # FSDP2 refuses the model as built; torch raises many types
+            raise DistributedError(
+                f"fully_shard of {type(model).__name__}'s {units} over {world} ranks failed: "
+                f"{type(error).__name__}: {error}") from error
+        with warnings.catch_warnings():
+            # FSDP2 warns of a unit returning a view (an in-place op on it would skip a hook):
+            # advice to the model's author, which changes no collective traced here.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+            report = analyze(fake, fake_args, fake_kwargs, mode=mode)
+        # The dense mesh spans the world, whose group torch describes as no mesh dimension.
+        everyone = dense.get_group().group_name
+    return [c.model_copy(update={"mesh_dim": FSDP_DIM}) if c.group == everyone and not c.mesh_dim
+            else c for c in report.collectives]
+
+
+def _fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
+               local_shape: Callable[[torch.nn.Parameter], tuple] | None,
+               ) -> tuple[torch.nn.Module, tuple, dict]:
+    """A copy of ``model`` and its inputs on fake cpu tensors of the same dtypes (FSDP2 refuses
+    meta), each parameter of ``local_shape(p)`` (default its shape)."""
+    mode = FakeTensorMode()
+
+    def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
+        with mode:
+            return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        shape = p.shape if local_shape is None else local_shape(p)
+        memo[id(p)] = torch.nn.Parameter(fake(p, shape), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = fake(b, b.shape)
+    copied = copy.deepcopy(model, memo)
+    if hasattr(copied, "set_experts_implementation"):
+        # transformers' default grouped_mm experts do not run on fake cpu tensors (torch's meta
+        # kernel of grouped_mm takes bfloat16 only), its eager ones branch on the routing's
+        # values; batched_mm gathers each copy's expert weights with no branch. The copy's
+        # FLOPs are not kept, so how its experts compute changes nothing reported.
+        copied.set_experts_implementation("batched_mm")
+
+    def leaf(value):
+        return fake(value, value.shape) if isinstance(value, torch.Tensor) else value
+
+    return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
