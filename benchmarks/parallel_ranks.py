@@ -46,7 +46,7 @@ def _counter():
 def all_ranks():
     model, args = _build("meta")
     analysis = analyze_pipeline(model, args, stages=llama_stages(model, args[0], PP),
-                                schedule="1f1b", microbatches=8,
+                                schedule="1f1b", microbatches=8, share_alike=True,
                                 mode="train", count_stage=_counter())
     return on_mesh(analysis, FSDP, TP)
 

@@ -139,16 +139,19 @@ def call_key(module: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple
     `plan_blocks` compares a repeat with its model). Two calls with equal keys count the same,
     module for module at equal places. None when the cheap pass cannot key the call (it fails,
     runs a higher-order op, or takes or returns an object)."""
-    named = list(module.named_modules())
+    named = list(module.named_modules(remove_duplicate=False))
     place = {path: index for index, (path, _) in enumerate(named)}
-    trace = _traced(module, args, kwargs or {}, {id(m): path for path, m in named})
+    trace = _traced(module, args, kwargs or {}, {id(m): path for path, m in reversed(named)})
     if trace is None or not trace.calls or trace.calls[0].path is None:
         return None
     root = trace.calls[0]
     # By name: an fx GraphModule's class is made anew for each instance.
     tree = tuple((qualified_name(type(m)), m.training) for _, m in named)
-    tensors = tuple((_leaf(t), isinstance(t, torch.nn.Parameter))
-                    for t in [*module.parameters(), *module.buffers()])
+    # Each parameter and buffer by its module's place and its own name, tied ones under each.
+    tensors = tuple((place[owner], leaf, _leaf(t), isinstance(t, torch.nn.Parameter))
+                    for name, t in [*module.named_parameters(remove_duplicate=False),
+                                    *module.named_buffers(remove_duplicate=False)]
+                    for owner, _, leaf in [name.rpartition(".")])
     events = tuple((event[0], place[event[1]]) if event[0] in ("enter", "exit") else event
                    for event in trace.events)
     return tree, tensors, root.inputs, root.out_key, events

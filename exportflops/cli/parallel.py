@@ -93,8 +93,7 @@ def _parallelize(spec: str, model, mesh) -> None:
         if spec in PARALLELIZE:
             PARALLELIZE[spec](model, mesh)
         elif spec.startswith("hf:") and plan:
-            from transformers.integrations.tensor_parallel import apply_tensor_parallelism
-            apply_tensor_parallelism(model, mesh, model._expand_parallel_plan(plan))
+            _hf_tensor_parallel(model, mesh, plan)
         elif isinstance(plan, dict) and plan:
             from torch.distributed.tensor.parallel import parallelize_module
             parallelize_module(model, mesh, plan)
@@ -110,3 +109,27 @@ def _parallelize(spec: str, model, mesh) -> None:
     except Exception as error:  # the plan does not fit the model at this degree
         raise BuildError(f"splitting it {mesh.size()} ways by its tensor-parallel plan failed: "
                          f"{type(error).__name__}: {error}") from error
+
+
+def _hf_tensor_parallel(model, mesh, plan: dict) -> None:
+    """transformers' plan applied as ``from_pretrained(tp_plan="auto")`` applies it, tied weights
+    kept tied: ``apply_tensor_parallelism`` looks each planned parameter up by its first name
+    only (``named_parameters()``), so a tied one (a head tied to the embedding) is sharded
+    once, at that name, by its style, and its other names are pointed at the sharded
+    parameter. The embedding's vocabulary-parallel rows and the head's column-parallel
+    outputs shard the tied weight on the same dimension, the vocabulary."""
+    from transformers.integrations.tensor_parallel import apply_tensor_parallelism
+
+    first = {id(p): name for name, p in reversed(list(model.named_parameters(
+        remove_duplicate=False)))}
+    later = {name: first[id(p)] for name, p in model.named_parameters(remove_duplicate=False)
+             if first[id(p)] != name}
+    expanded = {name: style for name, style in model._expand_parallel_plan(plan).items()
+                if name not in later}
+    apply_tensor_parallelism(model, mesh, expanded)
+    for name, counted in later.items():
+        owner, _, leaf = name.rpartition(".")
+        source, _, source_leaf = counted.rpartition(".")
+        setattr(model.get_submodule(owner), leaf,
+                getattr(model.get_submodule(source), source_leaf))
+

@@ -66,7 +66,10 @@ def analyze_split(ns: argparse.Namespace):
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
             link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9,
-            count_stage=count_stage, measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat)
+            count_stage=count_stage, measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat,
+            # The built-in llama's plan is the same on every layer: a stage alike another
+            # counts alike on its rank too. A whole model cut into stages is counted once.
+            share_alike=composed and ns.model in COMPOSED)
     except InputError as error:  # a split or schedule the flags ask for that cannot be
         raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
     analysis = on_mesh(analysis, ns.fsdp or 1, ns.tp or 1)
@@ -142,20 +145,26 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
 def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
     """``count_stage`` for a model whose stages are not built from its own modules: one
     tensor-parallel rank (index 0) of the whole model counted once, its report cut into the
-    stages of the split (`exportflops.parallel.pipeline_slices`)."""
-    from ..parallel.pipeline_slices import sliced
+    stages of the split (`exportflops.parallel.pipeline_slices`), each holding the parameters
+    of torch's split stage."""
+    import torch
+
+    from ..parallel.pipeline_slices import held_parameters, node_stages, stage_report
     from ..records import TensorSpec
+    from ..torch_internals import pytree
     from .parallel import parallelized
 
-    slices: list[Report] = []
+    whole: list = []  # (the rank's model, its report, each node's stage), once
 
     def count(index: int, rank: int, stage) -> Report:
-        if not slices:
+        if not whole:
             model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}))
-            slices.extend(_dims_named(s, {"tp": ns.tp})
-                          for s in sliced(report, model, split_points))
-        inputs = [TensorSpec.of(t.shape, t.dtype) for t in stage.args if hasattr(t, "dtype")]
-        return slices[index].model_copy(update={"inputs": inputs})
+            whole.extend((model, report, node_stages(report, split_points)))
+        model, report, stage_of = whole
+        part = stage_report(report, index, stage_of, held_parameters(model, stage.module))
+        inputs = [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves(
+            (stage.args, stage.kwargs)) if isinstance(t, torch.Tensor)]
+        return _dims_named(part, {"tp": ns.tp}).model_copy(update={"inputs": inputs})
 
     return count
 

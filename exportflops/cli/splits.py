@@ -125,6 +125,9 @@ def _check_pipeline(ns: argparse.Namespace) -> None:
                          "Markdown or JSON, or an HTML page: not a saved .pt2, and not with "
                          "--trace, --dynamic, --sweep, --budget, --generate, --seqlens or "
                          "--format csv.")
+    if ns.profile and ns.device_model is not None:
+        raise UsageError("--pp with --profile measures each stage where it runs: not with "
+                         "--device-model, whose roofline it replaces.")
     if (ns.tp is not None or ns.fsdp is not None) and (ns.profile or ns.device not in
                                                         (None, "meta")):
         raise UsageError("--pp with --tp/--fsdp counts each stage rank on fake tensors under a "

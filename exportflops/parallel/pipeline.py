@@ -48,6 +48,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      link_bytes_per_s: float | None = None, strict: bool = False,
                      count_stage: Callable[[int, int, Stage], Report] | None = None,
                      measure: bool = False, warmup: int = 3, repeat: int = 10,
+                     share_alike: bool | None = None,
                      ) -> PipelineAnalysis:
     """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
     **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
@@ -63,8 +64,11 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
     another way than ``analyze(stage.module, ...)`` (`exportflops.cli.pipeline.stage_rank_counter`
     counts one tensor-parallel/FSDP rank of it); its collectives stay in the stage's report.
-    ``measure``: each action's time is measured instead, each stage run for real where the
-    model and inputs are (cpu or cuda) on what it receives, median of ``repeat`` runs after
+    ``share_alike``: a stage alike an earlier one takes its report, not counted again (default:
+    only when ``count_stage`` is None; a ``count_stage`` whose report depends on the stage's
+    call alone, not on its index or rank, may ask for it). ``measure``: each action's time is
+    measured instead, each stage run for real where the model and inputs are (cpu or cuda) on
+    what it receives, median of ``repeat`` runs after
     ``warmup`` (`exportflops.runtime.call_times`).
     """
     if measure and (count_stage is not None or device not in (None, DEFAULT_DEVICE)):
@@ -86,10 +90,12 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
+    share_alike = count_stage is None if share_alike is None else share_alike
     if count_stage is None:
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
             return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
-    reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train")
+    reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
+                                   share=share_alike)
     if measure:
         where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat)
     else:
@@ -139,12 +145,15 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
 
 
 def _counted(split: list[Stage], rank_of: dict[int, int],
-             count_stage: Callable[[int, int, Stage], Report], grad: bool,
+             count_stage: Callable[[int, int, Stage], Report], grad: bool, share: bool,
              ) -> tuple[list[Report], list[int]]:
-    """Each stage's report, and the stage whose analysis it is: a stage whose call is alike an
-    earlier stage's (`call_key`: the same ops on the same shapes, module for module; the middle
-    stages of a stack of identical layers) is not counted again, but takes that stage's report
-    with its module paths, its own at the same places."""
+    """Each stage's report, and the stage whose analysis it is: with ``share``, a stage whose
+    call is alike an earlier stage's (`call_key`: the same ops on the same shapes, module for
+    module; the middle stages of a stack of identical layers) is not counted again, but takes
+    that stage's report with its module paths, its own at the same places."""
+    if not share:
+        return [count_stage(s, rank_of[s], stage) for s, stage in enumerate(split)], \
+            list(range(len(split)))
     with torch.enable_grad() if grad else torch.no_grad():
         keys = [call_key(stage.module, stage.args, stage.kwargs) for stage in split]
     reports: list[Report] = []
@@ -156,8 +165,9 @@ def _counted(split: list[Stage], rank_of: dict[int, int],
         if alike == s:
             reports.append(count_stage(s, rank_of[s], stage))
             continue
-        paths = dict(zip((p for p, _ in split[alike].module.named_modules()),
-                         (p for p, _ in stage.module.named_modules())))
+        paths = dict(zip((p for p, _ in split[alike].module.named_modules(
+                             remove_duplicate=False)),
+                         (p for p, _ in stage.module.named_modules(remove_duplicate=False))))
         reports.append(reports[alike].with_paths(paths))
     return reports, counted_as
 

@@ -13,12 +13,13 @@ counted, and its nodes are cut as the split cuts the program (``SplitPoint.BEGIN
   that module's forward ran in one stage, else of the backward node before it (the backward
   runs the stages last to first);
 - a collective is its node's stage;
-- a parameter is the stage of the first node that runs in its module.
+- a parameter is every stage whose module of torch's split holds it (a tied embedding and head
+  in the first stage and the last, as torch's split leaves them).
 
 Each stage's report is built from its nodes as `exportflops.analyze` builds one, with the
-parameters of the modules it holds (this rank's shards, a tied one at its first name in the
-stage). A plan's layers end replicated, so the stages pass what the unsplit rank passes between
-its layers: the sends and receives of torch's split of the unparallelized model.
+parameters it holds (this rank's shards, a tied one at its first name in the stage). A plan's
+layers end replicated, so the stages pass what the unsplit rank passes between its layers: the
+sends and receives of torch's split of the unparallelized model.
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ from ..records.names import ancestors
 from .ranks import local_parameters
 
 
-def sliced(report: Report, model: torch.nn.Module, split_points: list[str]) -> list[Report]:
-    """``report`` (of ``model``, one rank) cut into the ``len(split_points) + 1`` stages of a
-    split before each module path of ``split_points``."""
+def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:
+    """Each node of ``report`` -> the stage it runs in, for a split before each module path of
+    ``split_points``."""
     forward = [n for n in report.nodes if n.phase == "forward"]
     starts = []
     for point in split_points:
@@ -61,22 +62,15 @@ def sliced(report: Report, model: torch.nn.Module, split_points: list[str]) -> l
         elif len(ran_in[node.module]) == 1:
             (current,) = ran_in[node.module]
         stage_of[node.name] = current
-    first_stage = {}
-    for node in report.nodes:  # forward nodes first: a module's stage is its first node's
-        for path in ancestors(node.module):
-            first_stage.setdefault(path, stage_of[node.name])
-    parameters = local_parameters(model)
-    return [_stage_report(report, s, stage_of, first_stage, parameters)
-            for s in range(len(split_points) + 1)]
+    return stage_of
 
 
-def _stage_report(report: Report, stage: int, stage_of: dict[str, int],
-                  first_stage: dict[str, int], parameters: list[tuple[str, torch.Tensor]],
-                  ) -> Report:
+def stage_report(report: Report, stage: int, stage_of: dict[str, int],
+                 parameters: list[tuple[str, torch.Tensor]]) -> Report:
+    """Stage ``stage``'s part of ``report``: its nodes (`node_stages`) and collectives, and the
+    ``parameters`` it holds, (name, this rank's shard) as `local_parameters` gives them."""
     nodes = [n for n in report.nodes if stage_of[n.name] == stage]
-    own = [(name, t) for name, t in parameters
-           if first_stage.get(name.rpartition(".")[0]) == stage]
-    tree, tied = module_tree([], own, None, report.module("").type)
+    tree, tied = module_tree([], parameters, None, report.module("").type)
     records = {m.path: m for m in report.modules}
     for path in {a for n in nodes for a in ancestors(n.module)} - set(tree):
         tree[path] = ModuleInfo(path)
@@ -91,3 +85,13 @@ def _stage_report(report: Report, stage: int, stage_of: dict[str, int],
     return built.model_copy(update={"world_size": report.world_size, "rank": report.rank,
                                     "collectives": collectives,
                                     "capture_notes": report.capture_notes})
+
+
+def held_parameters(model: torch.nn.Module, stage: torch.nn.Module,
+                    ) -> list[tuple[str, torch.Tensor]]:
+    """(name, ``model``'s local shard) of each parameter torch's split ``stage`` holds, in its
+    ``named_parameters()`` order, every name of a tied one (the stage keeps the model's
+    names)."""
+    local = dict(local_parameters(model))
+    return [(name, local[name]) for name, _ in stage.named_parameters(remove_duplicate=False)
+            if name in local]

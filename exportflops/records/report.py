@@ -255,9 +255,10 @@ class Report(NotebookRecord):
     def with_paths(self, paths: dict[str, str]) -> Report:
         """This report with each module path ``p`` of ``paths`` written ``paths[p]`` wherever
         it names a module: the module tree, the nodes (and the names of those copied into a
-        repeated block), the uncounted ops, the collectives and the tied parameters (a
-        parameter's module part). The report of a call alike another's
-        (a pipeline stage of the same layers as an earlier one) under its own names."""
+        repeated block), the uncounted ops, the collectives, the tied parameters (a
+        parameter's module part) and the measured nodes and modules. The report of a call
+        alike another's (a pipeline stage of the same layers as an earlier one) under its own
+        names."""
         def moved(path: str) -> str:
             return paths.get(path, path)
 
@@ -284,6 +285,11 @@ class Report(NotebookRecord):
             "tied_parameters": [t.model_copy(update={"name": parameter(t.name),
                                                      "counted_as": parameter(t.counted_as)})
                                 for t in self.tied_parameters],
+            "runtime": self.runtime and self.runtime.model_copy(update={
+                "nodes": [n.model_copy(update={"name": node(n.name), "module": moved(n.module)})
+                          for n in self.runtime.nodes],
+                "modules": [m.model_copy(update={"path": moved(m.path)})
+                            for m in self.runtime.modules]}),
         })
 
     @property

@@ -39,8 +39,8 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
     if mesh:  # each stage's row is one rank of its (fsdp, tp) group, standing for all of it
         headers += ["global ranks", "tp/fsdp collectives"]
         title += (f"; each stage on fsdp {record.fsdp} x tp {record.tp} ranks, one analyzed "
-                  f"for all ({len(record.stages) - len(shared)} analyses for "
-                  f"{record.world_size()} ranks), params and work per rank")
+                  f"for all of its {record.fsdp * record.tp} ({record.world_size()} ranks in "
+                  f"all), params and work per rank")
     stages = style.titled(title, style.table(stage_rows, headers, "rrlrrrrrrr" + "lr" * mesh))
     rank_rows = [[_marked(r.rank, rank), ", ".join(map(str, r.stages)), _time(r.busy_s, record,
                   style), _time(r.end_s, record, style),

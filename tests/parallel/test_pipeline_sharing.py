@@ -90,3 +90,62 @@ def test_the_built_in_llamas_own_stages_take_what_torchs_split_passes(small_llam
     assert [s.sources for s in ours] == [s.sources for s in torchs]
     assert [[(tuple(t.shape), t.requires_grad) for t in s.args] for s in ours] == \
         [[(tuple(t.shape), t.requires_grad) for t in s.args] for s in torchs]
+
+
+class Holder(torch.nn.Module):
+    """A linear by its weight, with an 8 x 8 parameter it never reads (a slot kept for loading)
+    on some instances only."""
+
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(8, 8))
+        if extra:
+            self.extra = torch.nn.Parameter(torch.zeros(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x, self.weight)
+
+
+class Pair(torch.nn.Module):
+    def __init__(self, extra_on_a: bool) -> None:
+        super().__init__()
+        self.a, self.b = Holder(extra_on_a), Holder(not extra_on_a)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_stages_whose_parameters_sit_in_other_modules_are_counted_apart():
+    x = torch.randn(2, 8)
+    record = analyze_pipeline(None, (x,), stages=[Pair(True), Pair(False)], device=None,
+                              mode="forward", schedule="gpipe").record
+    # The same ops on the same shapes, but the unread 8 x 8 parameter is a's in stage 0 and
+    # b's in stage 1: the module trees differ, so does each module's parameter count.
+    assert [s.counted_as for s in record.stages] == [0, 1]
+
+
+def test_stages_counted_another_way_are_each_counted_unless_sharing_is_asked_for(small_llama):
+    model, args = small_llama
+    counted = []
+
+    def count(index, rank, stage):
+        counted.append(index)
+        return exportflops.analyze(stage.module, stage.args, stage.kwargs, mode="train")
+
+    record = analyze_pipeline(model, args, stages=4, device=None, count_stage=count).record
+    # A count_stage may depend on the stage's index or rank (a plan that differs per layer):
+    # every stage is counted, none shares.
+    assert counted == [0, 1, 2, 3] and [s.counted_as for s in record.stages] == [0, 1, 2, 3]
+    counted.clear()
+    record = analyze_pipeline(model, args, stages=4, device=None, count_stage=count,
+                              share_alike=True).record
+    assert counted == [0, 1, 3] and [s.counted_as for s in record.stages] == [0, 1, 1, 3]
+
+
+def test_a_shared_report_renames_its_measured_modules_too():
+    x = torch.randn(4, 8)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+    profiled = exportflops.profile(model, (x,), warmup=0, repeat=1)
+    moved = profiled.with_paths({"0": "4", "1": "5"})
+    assert [m.path for m in moved.runtime.modules] == ["", "4", "5"]
+    assert [n.module for n in moved.runtime.nodes] == ["4", "5"]

@@ -12,7 +12,8 @@ import pytest
 import exportflops
 from exportflops.cli import main
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
-from exportflops.parallel.pipeline_slices import sliced
+from exportflops.capture.pipeline_split import split_stages
+from exportflops.parallel.pipeline_slices import held_parameters, node_stages, stage_report
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")
@@ -39,7 +40,11 @@ def test_the_cut_of_the_whole_report_is_torchs_split(decoder, differentiates):
     if not differentiates:  # a rank graph's backward names no forward node: the module rule
         whole = whole.model_copy(update={"nodes": [
             n.model_copy(update={"differentiates": ""}) for n in whole.nodes]})
-    cut = sliced(whole, model, layer_split_points(model, 4))
+    points = layer_split_points(model, 4)
+    stage_of = node_stages(whole, points)
+    modules = split_stages(model, args, kwargs, points, grad=True)
+    cut = [stage_report(whole, s, stage_of, held_parameters(model, stage.module))
+           for s, stage in enumerate(modules)]
     for stage, report in zip(split.record.stages, cut):
         assert (report.total - report.backward, report.backward, report.params) == \
             (stage.forward, stage.backward, stage.params)
@@ -72,3 +77,41 @@ def test_a_decoder_on_pp_by_tp_is_one_tensor_parallel_rank_cut_in_stages(decoder
 def test_a_decoder_on_pp_by_fsdp_is_refused_with_the_next_step(decoder, capsys):
     assert main([f"hf:{decoder}", "--pp", "2", "--fsdp", "2"]) == 2
     assert "--pp with --fsdp" in capsys.readouterr().err
+
+
+def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
+            self.head = torch.nn.Linear(8, 32, bias=False)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return torch.nn.functional.linear(x, self.head.weight)  # head runs no node
+
+    model, x = Net(), torch.randn(2, 8)
+    whole = exportflops.analyze(model, (x,), mode="train")
+    points = layer_split_points(model, 2)
+    stages = split_stages(model, (x,), None, points, grad=True)
+    cut = [stage_report(whole, s, node_stages(whole, points), held_parameters(model, st.module))
+           for s, st in enumerate(stages)]
+    # Two Linear(8, 8) a stage (72 each); the last also holds the 8 x 32 head.
+    assert [c.params for c in cut] == [2 * 72, 2 * 72 + 8 * 32]
+
+
+def test_a_tied_head_is_split_with_the_embedding(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**CONFIG, "model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True}))
+    assert main([f"hf:{tmp_path}", "--seq", "16", "--tp", "2", "--format", "json"]) == 0
+    rank = exportflops.Report.model_validate_json(capsys.readouterr().out)
+    # The tied weight is sharded once, on the vocabulary: half of 256 x 64 on each rank, and
+    # the head's matmul makes this rank's half of the logits, 16 tokens x 64 x 128.
+    assert rank.module("model.embed_tokens").params == 256 * 64 // 2
+    assert rank.module("lm_head").inclusive.macs == 16 * 64 * 128
+    assert [(c.op, c.bytes) for c in rank.collectives][-1] == ("all_gather", 16 * 256 * F32)
+    assert main([f"hf:{tmp_path}", "--seq", "16", "--pp", "2", "--tp", "2", "--rank", "3"]) \
+        == 0
