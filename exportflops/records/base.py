@@ -21,7 +21,9 @@ READ_FIELDS = ("bytes_read", "weight_bytes_read", "state_bytes_read")
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # Field names such as ``model_flops`` are the records' own, not pydantic's namespace.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                              protected_namespaces=())
 
 
 class NotebookRecord(Record):
