@@ -101,13 +101,20 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     else:
         where, timer = device or "unit", ""
         times = [_times(report, device) for report in reports]
+    # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
+    # the times are seconds, run between its ops: added to its action, as if not overlapped.
+    timed = link_bytes_per_s is not None and device is not None
+    spent = [tuple(sum(c.seconds(link_bytes_per_s) for c in report.collectives
+                       if c.phase == phase) if timed else 0.0
+                   for phase in ("forward", "backward")) for report in reports]
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
         index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
         inputs=[TensorSpec.of(t.shape, t.dtype) for t in stage.args
                 if isinstance(t, torch.Tensor)],
         forward=report.total - report.backward, backward=report.backward,
-        forward_s=times[s][0], backward_s=times[s][1], sends=sends[s], receives=receives[s],
+        forward_s=times[s][0], backward_s=times[s][1], forward_collectives_s=spent[s][0],
+        backward_collectives_s=spent[s][1], sends=sends[s], receives=receives[s],
         collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
@@ -127,7 +134,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      if src == s and isinstance(t, torch.Tensor) and t.requires_grad}
                  for s in range(len(split))}
     actions, ranks, step, bubble, slowest = timeline(
-        order, lambda s, kind: times[s][0 if kind == "F" else 1],
+        order, lambda s, kind: times[s][kind != "F"] + spent[s][kind != "F"],
         transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0), senders, gradients)
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,

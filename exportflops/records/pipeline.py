@@ -41,6 +41,12 @@ class PipelineStage(Record):
     ``device``, 1 with ``device="unit"``, or the measured median (``times="measured"``)."""
     backward_s: float
     """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``)."""
+    forward_collectives_s: float = 0.0
+    """Time of its own collectives in the forward (``collectives``: tensor-parallel and FSDP2
+    ones, not its sends) on the record's link, added to each forward action as if not
+    overlapped with compute; 0 without a link or with unit times."""
+    backward_collectives_s: float = 0.0
+    """Likewise in the backward."""
     sends: list[Collective]
     """What it sends per microbatch: its outputs to the next stage (``forward``), the gradients
     of its inputs to the stage before (``backward``); ``op`` ``send``."""
@@ -77,7 +83,8 @@ class PipelineAction(Record):
     input arrived (the stage before's forward, the stage after's backward, plus the transfer
     at ``link_bytes_per_s`` when given)."""
     end_s: float
-    """``start_s`` plus the stage's ``forward_s`` or ``backward_s``."""
+    """``start_s`` plus the stage's ``forward_s`` or ``backward_s`` and its collectives'
+    time in that phase."""
 
 
 class PipelineRank(Record):
@@ -130,7 +137,8 @@ class PipelineReport(NotebookRecord):
     """FSDP degree inside each stage (the mesh dimension between pp and tp); 1: none."""
     link_bytes_per_s: float | None = None
     """Bandwidth of the link between ranks, when the timeline delays each received tensor by
-    ``bytes / link_bytes_per_s``; None: transfers take no time."""
+    ``bytes / link_bytes_per_s`` and a stage's own collectives by their time on it
+    (`Collective.seconds`); None: transfers and collectives take no time."""
     stages: list[PipelineStage]
     """Every stage, in order."""
     timeline: list[PipelineAction]

@@ -23,8 +23,9 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
         stage_rows.append([
             s.index, _marked(s.rank, rank), _modules(s.modules), style.count(s.params),
             style.count(s.forward.flops), style.count(s.backward.flops),
-            _time(s.forward_s, record, style),
-            _time(s.backward_s, record, style) if record.mode == "train" else "-",
+            _time(s.forward_s, record, style, s.forward_collectives_s),
+            _time(s.backward_s, record, style, s.backward_collectives_s)
+            if record.mode == "train" else "-",
             style.count(sent["forward"], "B"), style.count(sent["backward"], "B"),
             *([_ranks(s.stands_for), style.count(sum(c.bytes for c in s.collectives), "B")]
               if mesh else [])])
@@ -59,8 +60,12 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
     return f"{stages}\n\n{ranks}\n\n{step}\n{timer}"
 
 
-def _time(value: float, record: PipelineReport, style: Style):
-    return f"{value:g} units" if record.device == "unit" else style.seconds(value)
+def _time(value: float, record: PipelineReport, style: Style, collectives_s: float = 0.0):
+    """A time as the record counts it, and a stage's collectives' on the link after a ``+``."""
+    if record.device == "unit":
+        return f"{value:g} units"
+    spent = f" + {style.seconds(collectives_s)} collectives" if collectives_s else ""
+    return f"{style.seconds(value)}{spent}"
 
 
 def _ranks(ranks: list[int]) -> str:

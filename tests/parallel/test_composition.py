@@ -206,3 +206,19 @@ def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products(
     # the hidden state's gradient goes back to stage 0, whole (the blocks start replicated)
     backward = [c for c in split.record.stages[1].sends if c.phase == "backward"]
     assert [c.bytes for c in backward] == [BATCH * SEQ * 64 * F32]
+
+
+def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
+    model, args = _build("meta")
+    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=TP, fsdp=None,
+                               mode="forward")
+    record = analyze_pipeline(model, args, stages=2, mode="forward", microbatches=1,
+                              count_stage=count, link_bytes_per_s=1e9).record
+    first = record.stages[0]
+    # Stage 0's rank all-reduces the (2, 16, 64) float32 hidden state after the embedding and
+    # after wo and w2 of layers 0 and 1: 5 x 8192 bytes, a bus-bandwidth factor of
+    # 2 (n - 1) / n = 1 at n = 2, over 1e9 B/s.
+    assert first.forward_collectives_s == pytest.approx(5 * BATCH * SEQ * 64 * F32 / 1e9)
+    (action,) = [a for a in record.timeline if a.stage == 0]
+    assert action.end_s - action.start_s == pytest.approx(
+        first.forward_s + first.forward_collectives_s)
