@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import sympy
+import pydantic
 from pydantic import BaseModel, ConfigDict, PlainSerializer, PlainValidator
 
 from .symbolic import Evaluator, parse_count
@@ -145,4 +146,15 @@ class TensorSpec(Record):
             return self
         return self.model_copy(update={"shape": [sizes.value(d) for d in self.shape]})
 
+
+def read_as_rank(field: str) -> Any:
+    """A record's before-validator: a record written before ``field`` (a rank's index in its
+    group) existed reads it as its ``rank``, which it was when the group was the world."""
+
+    def filled(cls, data: Any) -> Any:
+        if isinstance(data, dict) and field not in data and "rank" in data:
+            return {**data, field: data["rank"]}
+        return data
+
+    return pydantic.model_validator(mode="before")(classmethod(filled))
 

@@ -6,11 +6,10 @@ docs/context-parallel.md.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import pydantic
 
-from .base import SCHEMA_VERSION, NotebookRecord, Record
+from .base import SCHEMA_VERSION, NotebookRecord, Record, read_as_rank
 from .collectives import Collective
 
 
@@ -77,12 +76,7 @@ class ContextRank(Record):
     """The sequence positions it holds: chunks ``cp_rank`` and ``2 cp - 1 - cp_rank`` with load
     balancing, chunk ``cp_rank`` without."""
 
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _cp_rank_of_an_older_record(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "cp_rank" not in data and "rank" in data:
-            return {**data, "cp_rank": data["rank"]}
-        return data
+    _cp_rank_of_an_older_record = read_as_rank("cp_rank")
     attention_pairs: int
     """(query, key) pairs its queries attend to under the causal mask (key position <= query
     position), per row of the batch."""

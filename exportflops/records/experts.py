@@ -3,11 +3,10 @@ all-to-alls that move its tokens to the experts and back (`exportflops.parallel.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-import pydantic
 
-from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record
+from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record, read_as_rank
 from .collectives import Collective
 
 
@@ -22,12 +21,7 @@ class ExpertRank(Record):
     mesh), the rank itself when expert parallelism stands alone (a record written before
     FSDP2 composed, without this field, reads it as its ``rank``)."""
 
-    @pydantic.model_validator(mode="before")
-    @classmethod
-    def _ep_rank_of_an_older_record(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "ep_rank" not in data and "rank" in data:
-            return {**data, "ep_rank": data["rank"]}
-        return data
+    _ep_rank_of_an_older_record = read_as_rank("ep_rank")
     first_expert: int
     """The first expert this rank holds: experts ``first_expert .. last_expert`` are its own,
     ``ep_rank x E / ep`` to ``(ep_rank + 1) x E / ep - 1`` as torchtitan shards them (dim 0)."""

@@ -83,19 +83,29 @@ MODELS = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def models_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe") / "moe_models.py"
+def written_models(folder) -> object:
+    """`MODELS` as ``folder/moe_models.py`` (for the command's ``file.py:build``)."""
+    path = folder / "moe_models.py"
     path.write_text(MODELS)
     return path
 
 
-@pytest.fixture(scope="module")
-def hand(models_file):
-    spec = importlib.util.spec_from_file_location("moe_models", models_file)
+def loaded_models(path) -> object:
+    """The module `written_models` wrote, imported."""
+    spec = importlib.util.spec_from_file_location(f"moe_models_{abs(hash(str(path)))}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.build(torch.device("cpu"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def models_file(tmp_path_factory):
+    return written_models(tmp_path_factory.mktemp("moe"))
+
+
+@pytest.fixture(scope="module")
+def hand(models_file):
+    return loaded_models(models_file).build(torch.device("cpu"))
 
 
 def _all_costs_equal(a: Cost, b: Cost) -> bool:

@@ -7,7 +7,6 @@ test_expert_parallel against sizes derived here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from exportflops.parallel.experts import analyze_experts
 from exportflops.records.experts import ExpertParallelReport
 from exportflops.render.experts import experts_view
 from tests.cli_support import one_paragraph
-from tests.parallel.test_expert_parallel import E, F, H, MODELS
+from tests.parallel.test_expert_parallel import E, F, H, loaded_models, written_models
 
 EP, FSDP = 2, 4
 F32 = 4  # bytes of a float32
@@ -35,17 +34,12 @@ LOCAL_EXPERTS = E // EP  # 2
 
 @pytest.fixture(scope="module")
 def models_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe_fsdp") / "moe_models.py"
-    path.write_text(MODELS)
-    return path
+    return written_models(tmp_path_factory.mktemp("moe_fsdp"))
 
 
 @pytest.fixture(scope="module")
 def hand(models_file):
-    spec = importlib.util.spec_from_file_location("moe_models_fsdp", models_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.build(torch.device("cpu"))
+    return loaded_models(models_file).build(torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")

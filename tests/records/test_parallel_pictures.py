@@ -26,7 +26,6 @@ The numbers, by hand:
 
 from __future__ import annotations
 
-import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -42,7 +41,7 @@ from exportflops.render.palette import COLORS
 from exportflops.render.plots import pipeline_timeline, rank_flops, rank_flops_bars
 from tests.browser import Browser, find_chromium
 from tests.parallel.test_context_parallel import PAIR_FLOPS, CausalAttention, ids
-from tests.parallel.test_expert_parallel import MODELS
+from tests.parallel.test_expert_parallel import loaded_models, written_models
 from tests.parallel.test_pipeline import BATCH, SEQ, SMALL
 
 pytest.importorskip("plotly", reason="the per-rank pictures need the html extra (plotly)")
@@ -80,17 +79,12 @@ def round_robin():
 
 @pytest.fixture(scope="module")
 def models_file(tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe") / "moe_models.py"
-    path.write_text(MODELS)
-    return path
+    return written_models(tmp_path_factory.mktemp("moe"))
 
 
 @pytest.fixture(scope="module")
 def skewed(models_file):
-    spec = importlib.util.spec_from_file_location("moe_models", models_file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    model, args = module.build("cpu")
+    model, args = loaded_models(models_file).build("cpu")
     return analyze_experts(model, args, ep=2, routing=[4, 4, 20, 4])
 
 
