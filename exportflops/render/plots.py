@@ -83,7 +83,7 @@ def module_icicle(report: Report, *, by: str = "flops", max_depth: int | None = 
     else:
         modules = shown_modules
         own = [value_of((m.inclusive if m.path in cut else m.exclusive).flops) for m in modules]
-        shown = [f"{_STYLE.count(m.inclusive.flops)}FLOPs" for m in modules]
+        shown = [_STYLE.count(m.inclusive.flops, "FLOPs") for m in modules]
         share = [_STYLE.percent(m.inclusive.flops, report.total.flops) for m in modules]
     ids = [_box_id(m.path) for m in modules]
     figure = go.Figure(go.Icicle(
@@ -320,8 +320,8 @@ def _add_points(figure: Any, go: Any, report: Report, nodes: list[NodeRecord],
             mode="markers", name=f"{name} ({label})" if by_op and label else name,
             marker={"symbol": symbol, "size": 9},
             customdata=[[n.name, n.op, n.module or "(root)",
-                         f"{_STYLE.count(n.cost.flops)}FLOPs",
-                         f"{_STYLE.count(_bytes(report, n))}B"] for n in members],
+                         _STYLE.count(n.cost.flops, "FLOPs"),
+                         _STYLE.count(_bytes(report, n), "B")] for n in members],
             hovertemplate=("%{customdata[0]}: %{customdata[1]}<br>module %{customdata[2]}<br>"
                            "%{customdata[3]}, %{customdata[4]}<br>intensity %{x:.3g} FLOP/B"
                            "<br>%{y:.3g}<extra></extra>"),
@@ -338,8 +338,8 @@ def _add_roofline_nodes(figure: Any, go: Any, nodes: Sequence[Any], name: str, t
     figure.add_trace(go.Scatter(
         x=[n.intensity for n in nodes], y=[n.flops / s for n, s in zip(nodes, seconds)],
         mode="markers", name=name, marker={"symbol": symbol, "size": 8, "color": color},
-        customdata=[[n.name, n.op, n.module or "(root)", f"{_STYLE.count(n.flops)}FLOPs",
-                     f"{_STYLE.count(n.bytes)}B", _STYLE.seconds(s)]
+        customdata=[[n.name, n.op, n.module or "(root)", _STYLE.count(n.flops, "FLOPs"),
+                     _STYLE.count(n.bytes, "B"), _STYLE.seconds(s)]
                     for n, s in zip(nodes, seconds)],
         hovertemplate=("%{customdata[0]}: %{customdata[1]}<br>module %{customdata[2]}<br>"
                        "%{customdata[3]}, %{customdata[4]} in %{customdata[5]}<br>"

@@ -213,3 +213,26 @@ def test_without_plotly_the_error_names_the_extra_to_install(counted, monkeypatc
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)  # import raises
     with pytest.raises(MissingExtraError, match=r"pip install 'exportflops\[html\]'"):
         html_report(counted)
+
+
+def test_the_icicle_writes_each_modules_flops_as_the_tables_do():
+    pytest.importorskip("plotly")
+    from exportflops.render.plots import module_icicle
+
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 64), nn.Linear(64, 64))
+    report = analyze(model, (torch.randn(8, 4),))
+    (trace,) = module_icicle(report).data
+    shown = {c[0]: c[2] for c in trace.customdata}
+    # 8 rows: 2 x 8 x 4 x 3 + 8 x 3 (bias) = 216; 2 x 8 x 64 x 64 + 8 x 64 = 66,048.
+    assert shown["0"] == "216 FLOPs"
+    assert shown["2"] == "66.05 kFLOPs"
+
+
+def test_the_scatter_writes_each_nodes_flops_and_bytes_as_the_tables_do():
+    pytest.importorskip("plotly")
+    report = analyze(nn.Linear(4, 3, bias=False), (torch.randn(8, 4),))
+    (trace,) = [t for t in roofline_scatter(report).data if t.customdata is not None]
+    (point,) = trace.customdata
+    # 2 x 8 x 4 x 3 = 192 FLOPs; float32 bytes: input 8 x 4, weight 3 x 4, output 8 x 3,
+    # (32 + 12 + 24) x 4 = 272.
+    assert (point[3], point[4]) == ("192 FLOPs", "272 B")
