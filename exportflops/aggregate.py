@@ -164,6 +164,7 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
         mode=mode,
         total=inclusive.get("", idle).all.counts(),
         backward=inclusive.get("", idle).backward.counts(),
+        backward_weight=_weight_half(nodes),
         symbols=list(symbols),
         params=tree[""].params,
         tied_parameters=[TiedParameter(name=n, counted_as=c) for n, c in tied.items()],
@@ -172,6 +173,17 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
         uncounted=_uncounted(nodes),
         nodes=nodes,
     )
+
+
+def _weight_half(nodes: list[NodeRecord]) -> Cost | None:
+    """The weight half's counts when the backward was split, else None."""
+    if not any(node.gradient for node in nodes):
+        return None
+    weight = _Sum()
+    for node in nodes:
+        if node.gradient == "weight":
+            weight.add(_values(node.cost))
+    return weight.counts()
 
 
 def rolled_up(own: Mapping[str, T], add: Callable[[T, T], T],

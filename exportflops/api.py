@@ -35,7 +35,8 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             dynamic_shapes: Any = None, strict: bool = False,
             formulas: Mapping | FormulaTable | None = None,
             mode: Literal["forward", "train"] = "forward",
-            progress: bool | Progress = False, fast: bool = True) -> Report:
+            progress: bool | Progress = False, fast: bool = True,
+            split_backward: bool = False) -> Report:
     """Count the FLOPs, MACs and bytes of one call ``model(*args, **kwargs)``.
 
     ``model`` is an ``nn.Module`` (exported here with ``torch.export.export``), an
@@ -49,9 +50,20 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     ``progress=True`` shows the stage and the elapsed seconds on stderr (`exportflops.progress`).
     ``fast=True`` traces each repeated block once and copies its counts to its repeats (the
     same report; see `exportflops.capture.blocks`); ``fast=False`` forces the full export.
+    ``split_backward=True`` (train mode) counts the backward in the two passes torch's
+    zero-bubble pipeline schedules run: each backward op says whether it computes the inputs'
+    gradients or the parameters' (`NodeRecord.gradient`), and ``report.backward_weight`` sums
+    the second (`exportflops.count.backward.trace_backward`).
     """
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
+    if split_backward and mode != "train":
+        raise InputError(f"split_backward=True splits the backward: it takes mode='train', "
+                         f"got mode={mode!r}")
+    if split_backward and is_parallelized(model):
+        raise InputError(f"split_backward=True is not supported for a parallelized model "
+                         f"({type(model).__name__} holds DTensor parameters): analyze the "
+                         f"model before it is parallelized, or without split_backward")
     table = _table(formulas)
     with showing(progress), _grad_mode(mode), collector_paused(), random_state_kept():
         if mode == "train":
@@ -78,14 +90,16 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             try:
                 captured = full_export()
             except ExportError as refusal:
-                if not counted_eagerly(model, dynamic_shapes):
+                if split_backward or not counted_eagerly(model, dynamic_shapes):
                     raise
                 return _with_notes(_eager(model, args, kwargs, table, strict=strict,
                                           mode=mode, refusal=refusal), notes)
         try:
-            report = _count(captured, table, strict=strict, mode=mode, expansion=expansion)
+            report = _count(captured, table, strict=strict, mode=mode, expansion=expansion,
+                            split=split_backward)
         except NotRepeated:  # a repeat's backward is not its model's: trace it in full
-            report = _count(full_export(), table, strict=strict, mode=mode)
+            report = _count(full_export(), table, strict=strict, mode=mode,
+                            split=split_backward)
         return _with_notes(report, notes)
 
 
@@ -196,7 +210,7 @@ def _counted(calls: list, count: Callable[..., NodeRecord],
 
 
 def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
-           expansion: Expansion | None = None) -> Report:
+           expansion: Expansion | None = None, split: bool = False) -> Report:
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
     # A formula or backward kernel that needs concrete sizes gets the example's values where
@@ -211,7 +225,7 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     if mode == "train":
         received: dict = {}
         backward = _backward_records(captured.program, graph, count, strict, received,
-                                     given if complete else {})
+                                     given if complete else {}, split)
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
@@ -293,15 +307,17 @@ def collector_paused() -> Iterator[None]:
 
 
 def _backward_records(program, graph, count: Callable[..., NodeRecord], strict: bool,
-                      received: dict, measured: dict) -> list[NodeRecord]:
+                      received: dict, measured: dict, split: bool) -> list[NodeRecord]:
     stage("backward")
     records = []
-    for traced in trace_backward(program, graph, received, measured):
+    for traced in trace_backward(program, graph, received, measured, split):
+        ops = [_noted(count(call, phase="backward", differentiates=traced.forward.name),
+                      traced.note) for call in traced.calls]
         if traced.failure:
-            records.append(untraced_backward(traced.forward, traced.failure, strict=strict))
-        records += [_noted(count(call, phase="backward", differentiates=traced.forward.name),
-                           traced.note)
-                    for call in traced.calls]
+            ops.insert(0, untraced_backward(traced.forward, traced.failure, strict=strict,
+                                            half=traced.gradient))
+        records += [r.model_copy(update={"gradient": traced.gradient}) if traced.gradient
+                    else r for r in ops]
     return records
 
 

@@ -135,7 +135,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         if not os.path.isfile(ns.model):
             raise UsageError(f"no saved program at {ns.model!r}: pass the path of a file written "
                              f"by torch.export.save(program, path).")
-        outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode), None)
+        outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode,
+                                   split_backward=ns.split_backward), None)
         return _with_roofline(ns, _with_sweep(ns, outcome))
     for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
         if getattr(ns, flag) is not None:
@@ -189,7 +190,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         maxima = {name: max(values) for name, values in ns.points.items()}
         dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
-                      dynamic_shapes=dynamic, fast=not ns.full_export)
+                      dynamic_shapes=dynamic, fast=not ns.full_export,
+                      split_backward=ns.split_backward)
     outcome = _Outcome(report, reprs)
     if ns.budget:
         from ..budgets import compare

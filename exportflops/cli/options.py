@@ -98,6 +98,10 @@ def parser() -> argparse.ArgumentParser:
     analysis = parser.add_argument_group("analysis")
     analysis.add_argument("--mode", choices=("forward", "train"), default="forward",
                           help="train also counts the backward autograd runs (default forward)")
+    analysis.add_argument("--split-backward", action="store_true",
+                          help="--mode train: count the backward as the two passes torch's "
+                               "zero-bubble pipeline schedules run, input then weight gradients "
+                               "(analyze(split_backward=True)); the summary shows each")
     analysis.add_argument("--strict", action="store_true",
                           help="fail (exit 1) on an op with no formula instead of listing it")
     analysis.add_argument("--full-export", action="store_true",
@@ -333,6 +337,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "and does not combine with --dynamic, --sweep, --profile, --budget, "
                          "--mode train or --kwargs.")
     check_splits(ns)
+    _check_split_backward(ns)
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
     if ns.seqlens is not None and (
@@ -346,6 +351,19 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
         raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
                          "or JSON: not with --sweep, --mode train or --format csv.")
+
+
+def _check_split_backward(ns: argparse.Namespace) -> None:
+    if not ns.split_backward:
+        return
+    others = [f"--{flag.replace('_', '-')}" for flag in
+              ("pp", "ep", "cp", "tp", "fsdp", "generate", "seqlens")
+              if getattr(ns, flag) is not None] + ["--profile"] * ns.profile
+    if ns.mode != "train" or others:
+        raise UsageError(f"--split-backward splits the backward of one model's training step: "
+                         f"it needs --mode train{', and not ' + others[0] if others else ''} "
+                         f"(with --pp, a zero-bubble --schedule splits each stage's backward "
+                         f"itself).")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

@@ -6,7 +6,7 @@ Times are the roofline's on ``--device-model`` (default h100-sxm), or with ``--p
 model built on ``--device cpu`` or ``cuda``) each stage's measured forward and backward
 (``--warmup``, ``--repeat``); ``--link-gbps`` delays each received tensor by its transfer.
 The schedule defaults to 1f1b, the microbatches to N. N is the pipeline ranks: the looped
-schedules (interleaved1f1b, loopedbfs) run two stages on each.
+schedules (interleaved1f1b, loopedbfs and the zero-bubble ones) run two stages on each.
 
 With ``--tp T`` and/or ``--fsdp F`` (the built-in llama) the ranks are the mesh (pp, fsdp, tp),
 tp innermost as torchtitan lays it out: each stage is counted once, as the rank of its (fsdp,
@@ -54,6 +54,12 @@ def analyze_split(ns: argparse.Namespace):
     # --pp N is the ranks; a looped schedule runs two stages on each.
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
+    if SCHEDULES[schedule].split_backward and ns.mode == "train" and composed:
+        whole = ", ".join(name for name, s in SCHEDULES.items() if not s.split_backward)
+        raise UsageError(f"--schedule {schedule} runs each stage's backward as two passes, "
+                         f"input then weight gradients: stages counted on --tp/--fsdp ranks "
+                         f"have the backward whole. Drop --tp/--fsdp, or pick a schedule with "
+                         f"a whole backward ({whole}).")
     stages = ns.pp * per_rank
     try:
         count_stage = _composed_counter(ns, model, stages) if composed else None

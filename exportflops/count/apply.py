@@ -147,12 +147,15 @@ def _in_region(node: NodeCall, cost: Cost, status: str, note: str) -> tuple[Cost
     return cost.scaled(node.repeat), status, where
 
 
-def untraced_backward(node: NodeCall, reason: str, *, strict: bool) -> NodeRecord:
-    """The record of a forward node whose backward could not be traced: missing, not zero."""
+def untraced_backward(node: NodeCall, reason: str, *, strict: bool,
+                      half: str = "") -> NodeRecord:
+    """The record of a forward node whose backward (its ``half`` of it, when split) could not
+    be traced: missing, not zero."""
     note = f"backward not traced: {reason}"
     if strict:
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
-    return NodeRecord(name=f"{node.name}.backward", op=node.op_name, module=node.module,
+    name = f"{node.name}.backward.{half}" if half else f"{node.name}.backward"
+    return NodeRecord(name=name, op=node.op_name, module=node.module,
                       status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
                       outputs=[], cost=Cost(), note=note, phase="backward",
                       differentiates=node.name)

@@ -79,18 +79,33 @@ class BackwardOps:
     failure: str = ""
     note: str = ""
     """Why these ops run in the backward when that is not differentiation: recomputation."""
+    gradient: str = ""
+    """With the backward split (`trace_backward`): ``input`` for the ops on the way to the
+    inputs' gradients, ``weight`` for those on the way to the parameters' only."""
 
 
 def trace_backward(program: torch.export.ExportedProgram, graph: GraphRead,
-                   received: dict | None = None, measured: dict | None = None
-                   ) -> list[BackwardOps]:
+                   received: dict | None = None, measured: dict | None = None,
+                   split: bool = False) -> list[BackwardOps]:
     """The backward ops of every forward node of ``graph`` (the program's graph, read) that
     needs and receives a gradient. ``received``, when given, is filled with node -> whether
     every output of it that needs a gradient receives one. ``measured``: the example's value
-    of each size read from values, for a backward kernel that needs concrete sizes."""
+    of each size read from values, for a backward kernel that needs concrete sizes.
+
+    ``split``: the backward as torch's zero-bubble pipeline schedules run it, in two passes
+    (torch/distributed/pipelining/_backward.py): ``stage_backward_input`` asks autograd for
+    the gradients of the inputs only, so each op on their way differentiates for its operands
+    that depend on an input needing a gradient (``gradient="input"``); ``stage_backward_weight``
+    then asks for the parameters' from the gradients saved on that way, so each op
+    differentiates for its other operands, those computed from parameters alone
+    (``weight``). An op with operands of both kinds is replayed once for each: its two
+    halves are what the two passes dispatch (a linear's two ``mm``s; ``native_layer_norm_
+    backward`` once with the input's mask, once with the weight's and bias's). A model with
+    no input that needs a gradient (a pipeline's first stage) has only the weight half, as
+    torch runs that stage's whole backward in its weight pass."""
     signature = program.graph_signature
     flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds, measured), graph.nodes,
-                 {*signature.inputs_to_parameters, *signature.inputs_to_buffers})
+                 {*signature.inputs_to_parameters, *signature.inputs_to_buffers}, split)
     flow.run(program.graph, _user_outputs(program))
     if received is not None:
         received.update({node: needs <= flow.receives.get(node, set())
@@ -108,16 +123,22 @@ class _Flow:
     (backward, from the outputs), through the subgraphs of run-once wrappers, whose ops autograd
     records as if unwrapped (autocast, grad mode, checkpointing)."""
 
-    def __init__(self, tracer: Tracer, forward: list[NodeCall], lifted: set[str]) -> None:
+    def __init__(self, tracer: Tracer, forward: list[NodeCall], lifted: set[str],
+                 split: bool = False) -> None:
         self.tracer = tracer
         self.lifted = lifted
         """Names of the placeholders that hold parameters and buffers."""
+        self.split = split
+        """Whether each op's backward is traced in its input and weight halves."""
         self.forward = forward
         self.calls = {call.node: call for call in forward if call.node is not None}
         self.needs: dict[torch.fx.Node, frozenset[int]] = {}
         """Node -> indices of its outputs that need a gradient ({0} for one tensor)."""
         self.receives: dict[torch.fx.Node, set[int]] = {}
         """Node that needs a gradient -> indices of its outputs that receive one."""
+        self.from_inputs: dict[torch.fx.Node, frozenset[int]] = {}
+        """Node -> indices of its outputs that need a gradient and depend on an input (not a
+        parameter or buffer) that needs one: on the way to the inputs' gradients."""
         self.autocast: dict[torch.fx.Node, tuple] = {}
         """Node inside a ``wrap_with_autocast`` -> that wrapper's autocast arguments."""
         self.bodies: dict[torch.fx.Node, tuple[torch.fx.Graph, list, list]] = {}
@@ -129,6 +150,8 @@ class _Flow:
         for node in graph.nodes:
             if node.op == "placeholder" and getattr(example_value(node), "requires_grad", False):
                 self.needs[node] = frozenset({0})
+                if node.name not in self.lifted:
+                    self.from_inputs[node] = frozenset({0})
         self._forward_pass(graph, None)
         for arg in _input_nodes(graph.output_node()):
             if arg.name in outputs:
@@ -144,10 +167,15 @@ class _Flow:
             if node.target is operator.getitem:
                 if node.args[1] in self.needs.get(node.args[0], ()):
                     self.needs[node] = frozenset({0})
+                if node.args[1] in self.from_inputs.get(node.args[0], ()):
+                    self.from_inputs[node] = frozenset({0})
             elif any(arg in self.needs for arg in _input_nodes(node)):
                 outputs = self._outputs_needing(node, autocast)
                 if outputs:
                     self.needs[node] = outputs
+                if outputs and node not in self.from_inputs and any(
+                        self.from_inputs.get(arg) for arg in _input_nodes(node)):
+                    self.from_inputs[node] = outputs
 
     def _outputs_needing(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
         """Autograd decides: ``detach``, comparisons, ``argmax``, ``zeros_like``... return
@@ -180,11 +208,15 @@ class _Flow:
         for placeholder, operand in zip(placeholders, operands):
             if operand in self.needs:
                 self.needs[placeholder] = frozenset({0})
+            if self.from_inputs.get(operand):
+                self.from_inputs[placeholder] = frozenset({0})
         if node.target.name() == "wrap_with_autocast":
             autocast = tuple(node.args[:4])  # device type, dtype, enabled, cache_enabled
         self._forward_pass(subgraph, autocast)
-        return frozenset(i for i, out in enumerate(_output_values(subgraph))
-                         if out in self.needs)
+        outputs = _output_values(subgraph)
+        self.from_inputs[node] = frozenset(i for i, out in enumerate(outputs)
+                                           if self.from_inputs.get(out))
+        return frozenset(i for i, out in enumerate(outputs) if out in self.needs)
 
     def _kind(self, node: torch.fx.Node) -> str:
         """How the backward treats a higher-order op: ``through`` its subgraph op by op (and a
@@ -231,9 +263,13 @@ class _Flow:
             return  # a layout this reading does not know: its ops' backward says so
         if any(arg in self.needs for arg in node.args[:2]):
             self.needs[placeholders[0]] = frozenset({0})
+        if any(self.from_inputs.get(arg) for arg in node.args[:2]):
+            self.from_inputs[placeholders[0]] = frozenset({0})
         for placeholder, buffer in zip(placeholders[SCORE_MOD_INDICES + 1:], buffers):
             if buffer in self.needs:
                 self.needs[placeholder] = frozenset({0})
+            if self.from_inputs.get(buffer):
+                self.from_inputs[placeholder] = frozenset({0})
         self.bodies[node] = (score_mod, buffers, placeholders[SCORE_MOD_INDICES + 1:])
         self._forward_pass(score_mod, autocast)
 
@@ -314,17 +350,42 @@ class _Flow:
         if outputs is None:
             return []
         if isinstance(node.target, HigherOrderOperator):
-            return self._wrapper_backward(call)
+            return [replace(ops, gradient=self._half(node)) if self.split else ops
+                    for ops in self._wrapper_backward(call)]
         if not isinstance(node.target, OpOverload):
             return []
         if self._in_custom_function(node):
-            return [BackwardOps(call, [], custom_function_reason(call.autograd_function))]
+            return [BackwardOps(call, [], custom_function_reason(call.autograd_function),
+                                gradient=self._half(node))]
+        return [self._op_backward(call, positions, outputs, gradient)
+                for gradient, positions in self._halves(node)]
+
+    def _halves(self, node: torch.fx.Node) -> list[tuple[str, set[int]]]:
+        """(half, the operand positions it differentiates for): the whole backward, or with
+        the split its input half (operands on the way to an input) and its weight half."""
+        positions = self._grad_positions(node)
+        if not self.split:
+            return [("", positions)]
+        flat = pytree.tree_leaves((node.args, node.kwargs))
+        inputs = {i for i in positions if self.from_inputs.get(flat[i])}
+        return [(half, chosen) for half, chosen in (("input", inputs),
+                                                    ("weight", positions - inputs)) if chosen]
+
+    def _half(self, node: torch.fx.Node) -> str:
+        """The half a wrapper's backward runs in (its kernel computes every operand's
+        gradient at once): the input half when it is on the way to an input."""
+        return "input" if self.from_inputs.get(node) else "weight"
+
+    def _op_backward(self, call: NodeCall, positions: set[int], outputs: set[int],
+                     gradient: str) -> BackwardOps:
         try:
-            ops = self.tracer.backward_of(node, self._grad_positions(node), outputs,
-                                          self.autocast.get(node))
+            ops = self.tracer.backward_of(call.node, positions, outputs,
+                                          self.autocast.get(call.node))
         except Exception as error:  # any op may refuse a fake replay; the report says which
-            return [BackwardOps(call, [], f"{type(error).__name__}: {error}")]
-        return [BackwardOps(call, [_backward_call(call, i, op) for i, op in enumerate(ops)])]
+            return BackwardOps(call, [], f"{type(error).__name__}: {error}", gradient=gradient)
+        suffix = f".{gradient}" if gradient else ""
+        return BackwardOps(call, [_backward_call(call, i, op, suffix)
+                                  for i, op in enumerate(ops)], gradient=gradient)
 
     def _wrapper_backward(self, call: NodeCall) -> list[BackwardOps]:
         kind = self._kind(call.node)
@@ -387,10 +448,12 @@ def _gather_backward(call: NodeCall) -> NodeCall:
     return _backward_call(call, 0, opcall)
 
 
-def _backward_call(forward: NodeCall, index: int, op: OpCall) -> NodeCall:
-    """The ``index``-th op of ``forward``'s backward, charged to its module. An op under vmap
-    or in a subgraph run per score was replayed once: its backward runs as often."""
-    return NodeCall(f"{forward.name}.backward.{index}", op.op, op_name(op.op), op, forward.stack,
+def _backward_call(forward: NodeCall, index: int, op: OpCall, half: str = "") -> NodeCall:
+    """The ``index``-th op of ``forward``'s backward (of its ``half``, when split), charged to
+    its module. An op under vmap or in a subgraph run per score was replayed once: its
+    backward runs as often."""
+    return NodeCall(f"{forward.name}.backward{half}.{index}", op.op, op_name(op.op), op,
+                    forward.stack,
                     *((forward.region, forward.repeat) if forward.repeat != 1 else ()))
 
 

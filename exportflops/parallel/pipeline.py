@@ -90,17 +90,22 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
+    two_passes = SCHEDULES[schedule].split_backward and mode == "train"
     share_alike = count_stage is None if share_alike is None else share_alike
     if count_stage is None:
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
-            return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict)
+            return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
+                           split_backward=two_passes)
     reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
                                    share=share_alike)
+    if two_passes:
+        _check_split(reports, schedule, link_bytes_per_s)
     if measure:
-        where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat)
+        where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat,
+                                        two_passes)
     else:
         where, timer = device or "unit", ""
-        times = [_times(report, device) for report in reports]
+        times = [_times(report, device, two_passes) for report in reports]
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
     # the times are seconds, run between its ops: added to its action, as if not overlapped.
     timed = link_bytes_per_s is not None and device is not None
@@ -113,7 +118,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         inputs=[TensorSpec.of(t.shape, t.dtype) for t in stage.args
                 if isinstance(t, torch.Tensor)],
         forward=report.total - report.backward, backward=report.backward,
-        forward_s=times[s][0], backward_s=times[s][1], forward_collectives_s=spent[s][0],
+        backward_weight=report.backward_weight if two_passes else None,
+        forward_s=times[s]["F"], backward_s=times[s]["B"], backward_input_s=times[s].get("I"),
+        backward_weight_s=times[s].get("W"), forward_collectives_s=spent[s][0],
         backward_collectives_s=spent[s][1], sends=sends[s], receives=receives[s],
         collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
@@ -134,7 +141,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      if src == s and isinstance(t, torch.Tensor) and t.requires_grad}
                  for s in range(len(split))}
     actions, ranks, step, bubble, slowest = timeline(
-        order, lambda s, kind: times[s][kind != "F"] + spent[s][kind != "F"],
+        order, lambda s, kind: times[s][kind] + spent[s][kind != "F"],
         transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0), senders, gradients)
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
@@ -300,23 +307,47 @@ def _p2p(op: str, tensor: torch.Tensor, phase: str, peer: int, carried: str) -> 
                       torch_op=f"torch.distributed.i{op}", bandwidth_factor=1.0, peer=peer)
 
 
-def _times(report: Report, device: str | None) -> tuple[float, float]:
-    """(forward, backward) seconds of a stage on one microbatch: the roofline's sums of its
-    nodes per phase on ``device``, or one unit each (None)."""
+def _times(report: Report, device: str | None, two_passes: bool) -> dict[str, float]:
+    """Seconds of each of a stage's actions on one microbatch, keyed as torch's actions: ``F``
+    and ``B`` (the whole backward), with ``two_passes`` its input and weight passes ``I`` and
+    ``W`` too; the roofline's sums of its nodes on ``device``, or one unit per action
+    (None)."""
+    train = report.mode == "train"
     if device is None:
-        return 1.0, (1.0 if report.mode == "train" else 0.0)
+        units = {"F": 1.0, "B": 1.0 if train else 0.0}
+        return {**units, "I": 1.0, "W": 1.0} if two_passes else units
     from ..roofline import roofline
 
-    phase = {node.name: node.phase for node in report.nodes}
-    nodes = roofline(report, device).nodes
-    return (sum(n.predicted_s for n in nodes if phase[n.name] == "forward"),
-            sum(n.predicted_s for n in nodes if phase[n.name] == "backward"))
+    action = {node.name: "F" if node.phase == "forward" else
+              {"input": "I", "weight": "W"}.get(node.gradient, "B") for node in report.nodes}
+    spent = dict.fromkeys("FBIW", 0.0)
+    for node in roofline(report, device).nodes:
+        spent[action[node.name]] += node.predicted_s
+    if not two_passes:
+        return {"F": spent["F"], "B": spent["B"]}
+    return {**spent, "B": spent["I"] + spent["W"]}
+
+
+def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float | None) -> None:
+    """A zero-bubble schedule's stages are counted in two backward passes, and their own
+    collectives are not told apart by pass."""
+    if any(report.backward_weight is None for report in reports):
+        raise InputError(f"schedule {schedule!r} runs each backward as two passes, input then "
+                         f"weight gradients: count_stage's reports must be counted with "
+                         f"analyze(..., split_backward=True)")
+    if link_bytes_per_s is not None and any(c.phase == "backward" for report in reports
+                                            for c in report.collectives):
+        raise InputError(f"schedule {schedule!r} splits each backward in two passes, and a "
+                         f"stage's own backward collectives are not assigned to either: give "
+                         f"no link_bytes_per_s, or a schedule with a whole backward")
 
 
 def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: str,
-              warmup: int, repeat: int) -> tuple[str, str, list[tuple[float, float]]]:
-    """Where the stages ran, how they were timed, and each one's measured (forward, backward)
-    seconds on what it receives."""
+              warmup: int, repeat: int, two_passes: bool,
+              ) -> tuple[str, str, list[dict[str, float]]]:
+    """Where the stages ran, how they were timed, and each one's measured seconds on what it
+    receives: forward (``F``) and backward (``B``), with ``two_passes`` its input and weight
+    passes (``I``, ``W``) too."""
     from ..capture.placement import check_runnable, device_label
     from ..runtime.call_times import call_seconds
     from ..runtime.measure import check_iterations
@@ -326,11 +357,13 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
                           type(model).__name__ if model is not None else "stage 0",
                           args, kwargs, None)
     times = [call_seconds(stage.module, stage.args, stage.kwargs, train=mode == "train",
-                          warmup=warmup, repeat=repeat) for stage in split]
+                          warmup=warmup, repeat=repeat, split=two_passes) for stage in split]
     clock = "CUDA events" if home.type == "cuda" else "perf_counter_ns"
+    passes = (" in torch's two passes, stage_backward_input then stage_backward_weight"
+              if two_passes else "")
     timer = (f"each stage run on what it receives, {clock}, median of {repeat} after "
              f"{warmup} warmup; backward: the gradients of its parameters and inputs from its "
-             f"outputs seeded with ones")
+             f"outputs seeded with ones{passes}")
     return device_label(home), timer, times
 
 

@@ -9,9 +9,13 @@ before's forward of the same microbatch, a backward after the stage after's back
 is what the schedule's blocking receives do. With every action taking one unit this is torch's
 ``_simulate_comms_compute``; with the roofline's times per stage it is the step's prediction.
 
-Schedules with a backward split into input and weight gradients (torch's zero-bubble ones:
-``I`` and ``W`` actions) are not in the table: the counts do not separate the two halves of a
-stage's backward, and a timeline with a guessed split would be a guess.
+The zero-bubble schedules (Qi et al. 2023, "Zero Bubble Pipeline Parallelism",
+arXiv:2401.10241) split a stage's backward into the input-gradient pass ``I``, which the stage
+before waits on, and the weight-gradient pass ``W``, which nothing waits on and which fills
+the bubbles: their stages are counted with the backward split the same way
+(`exportflops.count.backward.trace_backward`), so each pass takes its own time. torch's
+``ScheduleDualPipeV`` is not in the table: it overlaps one microbatch's forward with
+another's backward (``OVERLAP_F_B``), which a timeline of one action at a time would not show.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ class Schedule:
     """Whether a rank runs several stages (``stages_per_rank`` >= 2), stage s on rank s % p."""
     note: str
     """What it is, for the docs and the refusal that lists the table."""
+    split_backward: bool = False
+    """Whether a stage's backward runs as two actions, input gradients (``I``) then weight
+    gradients (``W``), instead of one (``B``)."""
 
 
 SCHEDULES: dict[str, Schedule] = {
@@ -49,13 +56,22 @@ SCHEDULES: dict[str, Schedule] = {
                                 "2021, section 2.2)"),
     "loopedbfs": Schedule("ScheduleLoopedBFS", True,
                           "v stages per rank, each stage's microbatches breadth first"),
+    "interleavedzerobubble": Schedule(
+        "ScheduleInterleavedZeroBubble", True,
+        "interleaved 1F1B with each backward split into input and weight gradients, the "
+        "weight passes filling the bubbles (Qi et al. 2023)", split_backward=True),
+    "zbvzerobubble": Schedule(
+        "ScheduleZBVZeroBubble", True,
+        "2 stages per rank placed in a V (rank r holds stages r and 2p-1-r), backward split "
+        "into input and weight gradients (Qi et al. 2023, section 6)", split_backward=True),
 }
 
 
 def pipeline_order(name: str, pp: int, microbatches: int,
                    stages_per_rank: int) -> dict[int, list[tuple[int, str, int]]]:
-    """{rank: [(stage, ``F`` or ``B``, microbatch), ...]} in torch's order for schedule
-    ``name``, idle slots and gradient reductions dropped."""
+    """{rank: [(stage, action, microbatch), ...]} in torch's order for schedule ``name``, idle
+    slots and gradient reductions dropped; the action is ``F``, ``B``, or with a split
+    backward ``I`` and ``W``."""
     import torch.distributed.pipelining as pipelining
     from unittest import mock
 
@@ -72,10 +88,14 @@ def pipeline_order(name: str, pp: int, microbatches: int,
                          f"rank and {microbatches} microbatches: torch's "
                          f"{schedule.torch_class} refuses it: {error}") from error
     order = {rank: [(a.stage_index, a.computation_type.value, a.microbatch_index)
-                    for a in actions if a is not None and a.computation_type.value in "FB"]
+                    for a in actions if a is not None and a.computation_type.value in "FBIW"]
              for rank, actions in built.pipeline_order.items()}
     _check_complete(name, order, pp * stages_per_rank, microbatches)
     return order
+
+
+#: The timeline's name for each of torch's computation types.
+ACTION_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
 
 def _schedule(name: str, stages_per_rank: int) -> Schedule:
@@ -91,11 +111,12 @@ def _schedule(name: str, stages_per_rank: int) -> Schedule:
 
 
 def _check_complete(name: str, order: dict, stages: int, microbatches: int) -> None:
-    """Each stage's forward and backward of each microbatch exactly once (what torch's
-    ``_validate_schedule`` checks)."""
+    """Each stage's forward and backward of each microbatch exactly once, the backward whole
+    or as its input and weight passes (what torch's ``_validate_schedule`` checks)."""
     listed = sorted(action for actions in order.values() for action in actions)
-    wanted = sorted((s, kind, m) for s in range(stages) for kind in "FB"
-                    for m in range(microbatches))
+    split = {(s, m) for s, kind, m in listed if kind == "I"}
+    wanted = sorted((s, kind, m) for s in range(stages) for m in range(microbatches)
+                    for kind in ("FIW" if (s, m) in split else "FB"))
     if listed != wanted:
         raise InputError(f"torch's order for schedule {name!r} does not run each stage's "
                          f"forward and backward of each microbatch once; pick another schedule")
@@ -107,13 +128,15 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
              gradients: dict[int, set[int]] | None = None,
              ) -> tuple[list[PipelineAction], list[PipelineRank], float, float, int]:
     """(actions, ranks, step time, bubble fraction, slowest rank) when rank r runs
-    ``order[r]`` in order, a stage's action taking ``seconds(stage, "F" or "B")`` and an input
-    crossing from stage ``src`` to ``dst`` taking ``transfer_s(src, dst, kind)`` when the
-    two stages are on different ranks. A stage's forward waits on the forwards of
+    ``order[r]`` in order, a stage's action taking ``seconds(stage, action)`` and an input
+    crossing from stage ``src`` to ``dst`` taking ``transfer_s(src, dst, "F" or "B")`` when
+    the two stages are on different ranks. A stage's forward waits on the forwards of
     ``senders[s]``, the stages it takes a tensor from (default: the stage before); its backward
-    on its own forward and the backwards of ``gradients[s]``, the stages that send it a
-    gradient (default: the stage after)."""
+    (``B``, or its input pass ``I``) on its own forward and the backwards (or input passes) of
+    ``gradients[s]``, the stages that send it a gradient (default: the stage after); a weight
+    pass ``W`` on its own input pass."""
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
+    listed = {action for actions in order.values() for action in actions}
     last = max(rank_of)
     if senders is None:
         senders = {s: {s - 1} if s else set() for s in rank_of}
@@ -128,7 +151,8 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
         for rank in order:
             while position[rank] < len(order[rank]):
                 stage, kind, mb = order[rank][position[rank]]
-                ready = _ready(stage, kind, mb, senders, gradients, done, rank_of, transfer_s)
+                ready = _ready(stage, kind, mb, senders, gradients, done, rank_of, transfer_s,
+                               listed)
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
@@ -136,7 +160,7 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
                 done[(stage, kind, mb)] = clock[rank] = end
                 actions[rank].append(PipelineAction(
                     rank=rank, stage=stage, microbatch=mb, start_s=start, end_s=end,
-                    kind="forward" if kind == "F" else "backward"))
+                    kind=ACTION_KINDS[kind]))
                 position[rank] += 1
                 moved = True
         if not moved:
@@ -155,15 +179,20 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
 
 def _ready(stage: int, kind: str, mb: int, senders: dict[int, set[int]],
            gradients: dict[int, set[int]], done: dict, rank_of: dict,
-           transfer_s: Callable[[int, int, str], float]) -> float | None:
+           transfer_s: Callable[[int, int, str], float], kinds: set) -> float | None:
     """When the action's inputs are there, or None while one is not done yet."""
     needs = []  # (action, the stage it comes from)
     if kind == "F":
         needs += [((src, "F", mb), src) for src in sorted(senders[stage])]
-    if kind == "B":
+    if kind in "BI":
         needs.append(((stage, "F", mb), stage))
-        needs += [((dst, "B", mb), dst) for dst in sorted(gradients[stage])]
+        needs += [((dst, "I" if (dst, "I", mb) in kinds else "B", mb), dst)
+                  for dst in sorted(gradients[stage])]
+    if kind == "W":
+        needs.append(((stage, "I", mb), stage))
     if any(action not in done for action, _ in needs):
         return None
-    return max([done[action] + (transfer_s(src, stage, kind) if rank_of[src] != rank_of[stage]
-                                else 0.0) for action, src in needs], default=0.0)
+    crossing = "F" if kind == "F" else "B"
+    return max([done[action] + (transfer_s(src, stage, crossing)
+                                if rank_of[src] != rank_of[stage] else 0.0)
+                for action, src in needs], default=0.0)

@@ -22,7 +22,7 @@ class PipelineStage(Record):
     """Stage index, 0 for the one that takes the model's inputs."""
     rank: int
     """The pipeline rank that runs it (the schedule's placement: stage ``s`` on rank ``s % p``
-    for the looped schedules)."""
+    for the looped schedules, in a V for ``zbvzerobubble``: rank r holds r and 2p-1-r)."""
     modules: list[str]
     """Paths of the modules it holds, in the original model's names, cut at the split points'
     depth: the embedding, each layer, the final norm, the head."""
@@ -35,12 +35,24 @@ class PipelineStage(Record):
     """Work of its forward on one microbatch."""
     backward: Cost
     """Work of its backward on one microbatch (zero in ``mode="forward"``): the gradients of
-    its parameters and of the inputs it received that need one."""
+    its parameters and of the inputs it received that need one. With a zero-bubble schedule,
+    the work of its two passes (`backward_weight`)."""
+    backward_weight: Cost | None = None
+    """With a zero-bubble schedule (the backward split): the part of ``backward`` in its
+    weight-gradient pass (torch's ``W``); the rest is its input-gradient pass (``I``), empty
+    on a stage whose inputs need no gradient (the first), as torch runs that stage's whole
+    backward in ``W``. None otherwise."""
     forward_s: float
     """Time of its forward on one microbatch: the roofline's prediction on the report's
     ``device``, 1 with ``device="unit"``, or the measured median (``times="measured"``)."""
     backward_s: float
-    """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``)."""
+    """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``);
+    with a zero-bubble schedule, its two passes' together."""
+    backward_input_s: float | None = None
+    """With a zero-bubble schedule: the time of its input-gradient pass (``I``), as
+    ``forward_s``; None otherwise."""
+    backward_weight_s: float | None = None
+    """With a zero-bubble schedule: the time of its weight-gradient pass (``W``)."""
     forward_collectives_s: float = 0.0
     """Time of its own collectives in the forward (``collectives``: tensor-parallel and FSDP2
     ones, not its sends) on the record's link, added to each forward action as if not
@@ -68,7 +80,8 @@ class PipelineStage(Record):
 
 
 class PipelineAction(Record):
-    """One action of the step's timeline: a stage's forward or backward on a microbatch."""
+    """One action of the step's timeline: a stage's forward or backward (or one pass of it) on a
+    microbatch."""
 
     rank: int
     """The rank that runs it."""
@@ -76,15 +89,18 @@ class PipelineAction(Record):
     """The stage it runs."""
     microbatch: int
     """The microbatch, 0 to ``microbatches - 1``."""
-    kind: Literal["forward", "backward"]
-    """``forward``, or ``backward`` (torch's full backward, ``B``)."""
+    kind: Literal["forward", "backward", "backward_input", "backward_weight"]
+    """``forward``; ``backward`` (torch's full backward, ``B``); or with a zero-bubble
+    schedule, its input-gradient pass ``backward_input`` (``I``) and weight-gradient pass
+    ``backward_weight`` (``W``)."""
     start_s: float
     """When it starts: once its rank finished the action before it (torch's order) and its
-    input arrived (the stage before's forward, the stage after's backward, plus the transfer
-    at ``link_bytes_per_s`` when given)."""
+    input arrived (the stage before's forward, the stage after's backward or input pass, plus
+    the transfer at ``link_bytes_per_s`` when given; a weight pass after the stage's own input
+    pass)."""
     end_s: float
-    """``start_s`` plus the stage's ``forward_s`` or ``backward_s`` and its collectives'
-    time in that phase."""
+    """``start_s`` plus the stage's ``forward_s``, ``backward_s``, ``backward_input_s`` or
+    ``backward_weight_s`` and its collectives' time in that phase."""
 
 
 class PipelineRank(Record):

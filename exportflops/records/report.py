@@ -38,6 +38,11 @@ class NodeRecord(Record):
     """``backward`` for the ops that compute gradients (``mode="train"``)."""
     differentiates: str = ""
     """For a backward op: the forward node whose gradient it computes."""
+    gradient: Literal["", "input", "weight"] = ""
+    """For a backward op counted with the backward split (``analyze(split_backward=True)``):
+    ``input`` when it runs in the pass that computes the inputs' gradients (torch's
+    zero-bubble ``I`` action, ``stage_backward_input``), ``weight`` in the pass that computes
+    the parameters' (``W``, ``stage_backward_weight``); empty otherwise."""
 
     def evaluated(self, sizes: Evaluator) -> NodeRecord:
         return self.model_copy(update={
@@ -165,6 +170,10 @@ class Report(NotebookRecord):
     """The whole model: the sum over every node (forward and, in train mode, backward)."""
     backward: Cost = Cost()
     """The part of ``total`` spent computing gradients."""
+    backward_weight: Cost | None = None
+    """With the backward split (``analyze(split_backward=True)``): the part of ``backward``
+    in the parameters' pass (nodes with ``gradient="weight"``); the rest, `backward_input`,
+    is the inputs' pass. None when the backward was counted whole."""
     symbols: list[SizeSymbolRecord] = []
     """Dynamic sizes; counts that depend on them are expressions in their names."""
     params: int
@@ -215,6 +224,11 @@ class Report(NotebookRecord):
         return self.total - self.backward
 
     @property
+    def backward_input(self) -> Cost | None:
+        """With the backward split: the part of ``backward`` in the inputs' pass."""
+        return None if self.backward_weight is None else self.backward - self.backward_weight
+
+    @property
     def backward_ratio(self) -> float | None:
         """Backward FLOPs / forward FLOPs (None before a forward FLOP is counted)."""
         forward = self.forward.flops
@@ -235,6 +249,8 @@ class Report(NotebookRecord):
             "inputs": each(self.inputs),
             "total": self.total.evaluated(evaluator),
             "backward": self.backward.evaluated(evaluator),
+            "backward_weight": (None if self.backward_weight is None
+                                else self.backward_weight.evaluated(evaluator)),
             "symbols": [],
             "modules": each(self.modules),
             "operators": {op: s.evaluated(evaluator) for op, s in self.operators.items()},

@@ -6,7 +6,7 @@ Pure: reads the record only; every number shown is a field of it or a sum of fie
 
 from __future__ import annotations
 
-from ..records.pipeline import PipelineReport
+from ..records.pipeline import PipelineReport, PipelineStage
 from .format import Style
 
 
@@ -24,8 +24,7 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
             s.index, _marked(s.rank, rank), _modules(s.modules), style.count(s.params),
             style.count(s.forward.flops), style.count(s.backward.flops),
             _time(s.forward_s, record, style, s.forward_collectives_s),
-            _time(s.backward_s, record, style, s.backward_collectives_s)
-            if record.mode == "train" else "-",
+            _backward_time(s, record, style) if record.mode == "train" else "-",
             style.count(sent["forward"], "B"), style.count(sent["backward"], "B"),
             *([_ranks(s.stands_for), style.count(sum(c.bytes for c in s.collectives), "B")]
               if mesh else [])])
@@ -66,6 +65,14 @@ def _time(value: float, record: PipelineReport, style: Style, collectives_s: flo
         return f"{value:g} units"
     spent = f" + {style.seconds(collectives_s)} collectives" if collectives_s else ""
     return f"{style.seconds(value)}{spent}"
+
+
+def _backward_time(stage: PipelineStage, record: PipelineReport, style: Style) -> str:
+    """A stage's backward time; with a zero-bubble schedule its input and weight passes'."""
+    if stage.backward_input_s is None:
+        return _time(stage.backward_s, record, style, stage.backward_collectives_s)
+    return (f"I {_time(stage.backward_input_s, record, style)} + "
+            f"W {_time(stage.backward_weight_s, record, style)}")
 
 
 def _ranks(ranks: list[int]) -> str:

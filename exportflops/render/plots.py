@@ -264,25 +264,31 @@ def rank_flops_bars(record: PipelineReport | ExpertParallelReport | ContextParal
     return figure
 
 
+#: Each kind of pipeline action as the timeline's legend names it.
+_ACTIONS = {"forward": "forward", "backward": "backward",
+            "backward_input": "backward, input gradients (I)",
+            "backward_weight": "backward, weight gradients (W)"}
+
+
 def pipeline_timeline(record: PipelineReport) -> Any:
     """The step's actions per rank (rank 0 on top): a bar from each action's start to its end,
-    forward and backward in their colors, the microbatch on the bar; the gaps are the ranks'
-    idle time."""
+    forward and backward (or its input and weight passes) in their colors, the microbatch on
+    the bar; the gaps are the ranks' idle time."""
     go = plotly()
     unit = "units" if record.device == "unit" else "s"
     figure = go.Figure()
-    for kind in ("forward", "backward"):
+    for kind, name in _ACTIONS.items():
         actions = [a for a in record.timeline if a.kind == kind]
         if not actions:
             continue
         figure.add_trace(go.Bar(
             y=[f"rank {a.rank}" for a in actions], base=[a.start_s for a in actions],
-            x=[a.end_s - a.start_s for a in actions], orientation="h", name=kind,
+            x=[a.end_s - a.start_s for a in actions], orientation="h", name=name,
             marker={"color": COLORS[kind], "line": {"color": "white", "width": 1}},
             text=[str(a.microbatch) for a in actions], textposition="inside",
             insidetextanchor="middle",
             customdata=[[a.stage, a.microbatch, a.start_s, a.end_s] for a in actions],
-            hovertemplate=(f"{kind} of stage %{{customdata[0]}} on microbatch "
+            hovertemplate=(f"{name} of stage %{{customdata[0]}} on microbatch "
                            f"%{{customdata[1]}}<br>%{{customdata[2]:.4g}} to "
                            f"%{{customdata[3]:.4g}} {unit}<extra>%{{y}}</extra>")))
     bubble = _STYLE.percent(record.bubble_fraction, 1)

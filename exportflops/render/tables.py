@@ -81,6 +81,10 @@ def _coverage_note(report: Report) -> str:
 
 def _train_rows(report: Report, style: Style) -> list[list]:
     forward, backward, s = report.forward, report.backward, style
+    split = [] if report.backward_weight is None else [
+        ["backward: input / weight pass", f"{s.count(report.backward_input.flops)} / "
+         f"{s.count(report.backward_weight.flops)}",
+         "FLOPs of the two passes torch's zero-bubble schedules run (split_backward)"]]
     return [
         ["forward FLOPs", s.count(forward.flops),
          f"matmul {s.count(forward.matmul_flops)}; the rows above are forward + backward"],
@@ -89,6 +93,7 @@ def _train_rows(report: Report, style: Style) -> list[list]:
         ["backward / forward", s.ratio(backward.flops, forward.flops),
          f"matmul {s.ratio(backward.matmul_flops, forward.matmul_flops)}; "
          "frozen parameters and inputs without grad lower it below 2"],
+        *split,
     ]
 
 

@@ -9,6 +9,15 @@ is left changed: the gradients are returned by ``torch.autograd.grad``, not accu
 ``.grad``; the buffers a forward writes (batch norm's running statistics) are put back after
 each iteration, outside the clock; random draws (dropout) come from a forked generator. On
 CUDA the clock runs on the stage's device.
+
+With the backward split (a zero-bubble schedule's stage), it runs as torch's pipeline stage
+runs it, by torch's own functions (torch/distributed/pipelining/_backward.py): the input pass
+``stage_backward_input`` (the received inputs' gradients, saving those the parameters need),
+then the weight pass ``stage_backward_weight``, each timed; a call whose inputs need no
+gradient has an empty input pass and its whole backward in the weight pass, as torch runs a
+first stage. These accumulate into ``.grad``: each parameter's ``.grad`` is set aside before
+each iteration and put back after it, outside the clock (the user's gradient tensors are never
+written).
 """
 
 from __future__ import annotations
@@ -24,33 +33,71 @@ from .timing import CpuClock, CudaClock
 
 
 def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, train: bool,
-                 warmup: int, repeat: int) -> tuple[float, float]:
-    """(forward, backward) median seconds of ``module(*args, **kwargs)``; backward 0 unless
-    ``train``."""
+                 warmup: int, repeat: int, split: bool = False) -> dict[str, float]:
+    """Median seconds of ``module(*args, **kwargs)``'s forward ``F`` and backward ``B`` (0
+    unless ``train``), keyed as torch's pipeline actions; with ``split`` its input pass ``I``
+    and weight pass ``W`` too, ``B`` their sum."""
     tensors = [t for t in pytree.tree_leaves((args, kwargs, *module.parameters(),
                                               *module.buffers()))
                if isinstance(t, torch.Tensor)]
     cuda = sorted({t.device for t in tensors if t.device.type == "cuda"}, key=str)
     clock = CudaClock(0) if cuda else CpuClock(0)
     wrt = [t for t in tensors if t.requires_grad]
-    # Put back after each iteration, outside the clock: a forward's writes to its buffers.
+    inputs = [t for t in pytree.tree_leaves((args, kwargs))
+              if isinstance(t, torch.Tensor) and t.requires_grad]
+    weights = [p for p in module.parameters() if p.requires_grad]
+    # Put back after each iteration, outside the clock: a forward's writes to its buffers,
+    # and the weight pass's to .grad.
     saved = [(b, b.clone()) for b in module.buffers()]
-    forwards, backwards = [], []
+    grads = [(p, p.grad) for p in weights]
+    times: dict[str, list[float]] = {kind: [] for kind in ("FIW" if split else "FB")}
     with torch.random.fork_rng(devices=cuda), \
             torch.cuda.device(cuda[0]) if cuda else contextlib.nullcontext():
         for iteration in range(warmup + repeat):
+            for parameter, _ in grads:
+                parameter.grad = None
             outputs: list[Any] = []
             with torch.enable_grad() if train else torch.no_grad():
                 forward = clock.whole(lambda: outputs.append(module(*args, **(kwargs or {}))))
-            backward = _backward(clock, outputs[0], wrt) if train else (lambda: 0.0)
+            if not train:
+                backward = {kind: (lambda: 0.0) for kind in times if kind != "F"}
+            elif split:
+                backward = _two_passes(clock, outputs[0], inputs, weights)
+            else:
+                backward = {"B": _backward(clock, outputs[0], wrt)}
             clock.synchronize()
             with torch.no_grad():
                 for buffer, value in saved:
                     buffer.copy_(value)
+            for parameter, grad in grads:
+                parameter.grad = grad
             if iteration >= warmup:
-                forwards.append(forward())
-                backwards.append(backward())
-    return statistics.median(forwards), statistics.median(backwards)
+                for kind, read in {"F": forward, **backward}.items():
+                    times[kind].append(read())
+    medians = {kind: statistics.median(values) for kind, values in times.items()}
+    return {**medians, "B": medians["I"] + medians["W"]} if split else medians
+
+
+def _two_passes(clock: CpuClock, output: Any, inputs: list[torch.Tensor],
+                weights: list[torch.nn.Parameter]) -> dict[str, Any]:
+    """Run and time torch's input pass, then its weight pass, from ``output``'s tensors that
+    have a gradient (seeded with ones)."""
+    from torch.distributed.pipelining._backward import (stage_backward_input,
+                                                        stage_backward_weight)
+
+    roots = [t for t in pytree.tree_leaves(output)
+             if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not roots or not weights and not inputs:
+        return {"I": lambda: 0.0, "W": lambda: 0.0}
+    seeds = [torch.ones_like(t) for t in roots]
+    if not inputs:  # torch's first stage: nothing in the input pass, the whole backward after
+        return {"I": lambda: 0.0,
+                "W": clock.whole(lambda: torch.autograd.backward(roots, seeds))}
+    groups: list = []
+    input_pass = clock.whole(lambda: groups.append(
+        stage_backward_input(roots, seeds, inputs, iter(weights))[1]))
+    weight_pass = clock.whole(lambda: stage_backward_weight(iter(weights), groups[0]))
+    return {"I": input_pass, "W": weight_pass}
 
 
 def _backward(clock: CpuClock, output: Any, wrt: list[torch.Tensor]):

@@ -66,7 +66,8 @@ OPTIONS = [
 # The help's headings, in the order it prints them, and the options each holds.
 GROUPS = {
     "model and inputs": ["--input", "--kwargs", "--layers", "--batch", "--seq", "--device"],
-    "analysis": ["--mode", "--strict", "--full-export", "--dynamic", "--sweep", "--budget"],
+    "analysis": ["--mode", "--split-backward", "--strict", "--full-export", "--dynamic",
+                 "--sweep", "--budget"],
     "runtime and roofline": ["--profile", "--warmup", "--repeat", "--trace", "--device-model"],
     "generation": ["--generate", "--cache", "--max-cache-len", "--full-logits"],
     "training steps": ["--seqlens"],

@@ -149,9 +149,81 @@ def test_torchs_interleaved_schedule_needs_microbatches_a_multiple_of_its_rounds
     assert pipeline_order("interleaved1f1b", 4, 6, 2)  # 1 round: any m
 
 
-def test_a_schedule_with_a_split_backward_is_refused_by_name():
-    with pytest.raises(InputError, match="no pipeline schedule 'zbvzerobubble'"):
-        pipeline_order("zbvzerobubble", 2, 4, 2)
+def test_a_schedule_outside_the_table_is_refused_by_name():
+    # DualPipeV overlaps a forward and a backward in one action: not in the table.
+    with pytest.raises(InputError, match="no pipeline schedule 'dualpipev'"):
+        pipeline_order("dualpipev", 2, 4, 2)
+
+
+def test_the_zbv_timeline_in_unit_actions_by_hand():
+    order = pipeline_order("zbvzerobubble", 2, 2, 2)
+    # torch's ZB-V places stages in a V: rank 0 holds 0 and 3, rank 1 holds 1 and 2.
+    assert {r: sorted({s for s, _, _ in a}) for r, a in order.items()} == {0: [0, 3], 1: [1, 2]}
+    actions, ranks, step, bubble, slowest = timeline(order, lambda s, kind: 1.0)
+    # torch's order, one unit each (F forward, I input gradients, W weight gradients):
+    #   rank 0: 0F0 0F1 3F0 3I0 3W0 3F1 3I1 3W1 0I0 0W0 0I1 0W1
+    #   rank 1: 1F0 2F0 1F1 2F1 2I0 2W0 1I0 1W0 2I1 2W1 1I1 1W1
+    # rank 0: 0F0 [0,1], 0F1 [1,2]; 3F0 needs 2F0, which rank 1 runs [2,3] after 1F0 [1,2]:
+    # idle [2,3], then 3F0 [3,4] 3I0 3W0 [5,6]; 3F1 needs 2F1: rank 1 runs 1F1 [3,4], 2F1
+    # [4,5], so 3F1 [6,7] 3I1 3W1 [8,9]; 0I0 needs 1I0: rank 1 runs 2I0 [5,6] (after 3I0
+    # [4,5]) 2W0 [6,7] 1I0 [7,8], so 0I0 [9,10] 0W0 [10,11]; 0I1 needs 1I1: rank 1 runs 1W0
+    # [8,9] 2I1 [9,10] 2W1 [10,11] 1I1 [11,12] 1W1 [12,13], so 0I1 [12,13] 0W1 [13,14].
+    assert step == 14 and slowest == 0
+    assert [(r.busy_s, r.end_s) for r in ranks] == [(12, 14), (12, 13)]
+    assert bubble == pytest.approx(1 - 24 / (2 * 14))
+    kinds = {a.kind for a in actions}
+    assert kinds == {"forward", "backward_input", "backward_weight"}
+
+
+def test_zero_bubble_stages_are_counted_in_two_passes_and_timed_by_them():
+    x = torch.randn(8, 32, device="meta")
+    with torch.device("meta"):
+        model = Stack()
+    record = analyze_pipeline(model, (x,), stages=4, schedule="zbvzerobubble",
+                              microbatches=4).record
+    assert [s.rank for s in record.stages] == [0, 1, 1, 0]
+    grad_x = grad_w = 8 * 32 * 32  # each stage is one Linear(32, 32) on 8 rows
+    first, *rest = record.stages
+    # The first stage's input needs no gradient: its whole backward is the weight pass.
+    assert first.backward_weight == first.backward and first.backward_input_s == 0
+    assert first.backward.macs == grad_w
+    for stage in rest:
+        assert stage.backward.macs == grad_x + grad_w
+        assert stage.backward_weight.macs == grad_w
+        assert stage.backward_s == pytest.approx(stage.backward_input_s
+                                                 + stage.backward_weight_s)
+    done = {(a.stage, a.kind, a.microbatch): a for a in record.timeline}
+    for (stage, kind, mb), action in done.items():
+        if kind == "backward_weight":  # after its own input pass
+            assert action.start_s >= done[(stage, "backward_input", mb)].end_s
+        if kind == "backward_input" and stage < 3:  # after the next stage's
+            assert action.start_s >= done[(stage + 1, "backward_input", mb)].end_s
+    assert PipelineReport.model_validate_json(record.model_dump_json()) == record
+
+
+def test_the_command_lays_out_a_zero_bubble_step(capsys, tmp_path):
+    code = main(["llama", "--pp", "2", "--schedule", "zbvzerobubble", "--microbatches", "4",
+                 "--mode", "train", "--format", "json"])
+    assert code == 0
+    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+    assert (record.torch_schedule, record.stages_per_rank) == ("ScheduleZBVZeroBubble", 2)
+    assert {a.kind for a in record.timeline} == {"forward", "backward_input",
+                                                  "backward_weight"}
+    first = record.stages[0]  # token ids need no gradient: all of it in the weight pass
+    assert first.backward_input_s == 0 and first.backward_weight == first.backward
+    page = tmp_path / "zb.html"
+    assert main(["llama", "--pp", "2", "--schedule", "zbvzerobubble", "--mode", "train",
+                 "--format", "html", "--output", str(page)]) == 0
+    assert "weight gradients (W)" in page.read_text()
+
+
+def test_zero_bubble_schedules_refuse_what_does_not_split_the_backward():
+    x = torch.randn(8, 32)
+    model = Stack()
+    with pytest.raises(InputError, match="split_backward=True"):
+        analyze_pipeline(model, (x,), stages=4, schedule="interleavedzerobubble",
+                         count_stage=lambda s, rank, stage: exportflops.analyze(
+                             stage.module, stage.args, mode="train"))
 
 
 class Stack(torch.nn.Module):
@@ -233,9 +305,11 @@ def test_the_command_prints_the_pipeline_of_a_rank(capsys):
     ["llama", "--pp", "2", "--tp", "2", "--rank", "4"],
     ["llama", "--schedule", "1f1b"],
     ["llama", "--pp", "2", "--rank", "2"],
-    ["llama", "--pp", "2", "--schedule", "zbvzerobubble"],
+    ["llama", "--pp", "2", "--schedule", "dualpipev"],
+    ["llama", "--pp", "2", "--tp", "2", "--schedule", "zbvzerobubble", "--mode", "train"],
     ["llama", "--pp", "2", "--format", "csv"],
-], ids=["past-pp-by-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule", "csv"])
+], ids=["past-pp-by-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule",
+        "zero-bubble-on-tp-ranks", "csv"])
 def test_the_command_refuses_what_it_cannot_lay_out(argv, capsys):
     assert main(argv) == 2
     assert "exportflops: error:" in capsys.readouterr().err

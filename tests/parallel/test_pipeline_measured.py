@@ -58,6 +58,31 @@ def test_measuring_leaves_the_model_and_the_generator_as_they_were(measured):
     assert torch.equal(rng, torch.get_rng_state())
 
 
+def test_a_zero_bubble_schedule_times_torchs_two_passes_and_leaves_grad_as_it_was():
+    torch.manual_seed(0)
+    model = Normed().train()
+    kept = torch.ones(4, 16)
+    model.out.weight.grad = kept  # a gradient the user accumulated: not to be written
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    # Split before bn: two stages, both on one rank (ZB-V's V with p = 1).
+    record = analyze_pipeline(model, (torch.randn(6, 8),), stages=["bn"],
+                              schedule="zbvzerobubble", microbatches=2, stages_per_rank=2,
+                              measure=True, warmup=1, repeat=3).record
+    assert "stage_backward_input then stage_backward_weight" in record.timer
+    first, *rest = record.stages
+    # The first stage's input needs no gradient: torch runs its whole backward in W.
+    assert first.backward_input_s == 0 and first.backward_weight_s > 0
+    assert all(s.backward_input_s > 0 and s.backward_weight_s > 0 for s in rest)
+    for action in record.timeline:
+        stage = record.stages[action.stage]
+        took = {"forward": stage.forward_s, "backward_input": stage.backward_input_s,
+                "backward_weight": stage.backward_weight_s}[action.kind]
+        assert action.end_s - action.start_s == pytest.approx(took)
+    assert model.out.weight.grad is kept and torch.equal(kept, torch.ones(4, 16))
+    assert all(p.grad is None for name, p in model.named_parameters() if name != "out.weight")
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
 def test_a_meta_model_has_nothing_to_run():
     with torch.device("meta"):
         model = Normed()
