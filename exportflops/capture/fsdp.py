@@ -89,7 +89,8 @@ _UNIT_STEP = re.compile(r"FSDP::(?:all_gather|all_gather_copy_out|pre_forward|po
 def _unit_stacks(graph: torch.fx.Graph, model: torch.nn.Module) -> None:
     """Each op inside an FSDP2 step's profiler range gets the module stack of the unit the
     range names (the innermost such range; a prefetch opens one unit's step inside
-    another's): the stack the unit's own ops have."""
+    another's): the stack the unit's own ops have. A unit of several modules
+    (``fully_shard([norm, head])``) names them all, ``model.norm, lm_head``: its first's."""
     stacks = {"": {}}
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
@@ -102,7 +103,7 @@ def _unit_stacks(graph: torch.fx.Graph, model: torch.nn.Module) -> None:
             continue
         if node.target is enter:
             step = _UNIT_STEP.fullmatch(str(node.args[0]))
-            open_steps.append((node, (step[1] or "") if step else None))
+            open_steps.append((node, (step[1] or "").split(", ")[0] if step else None))
         elif node.args and any(node.args[0] is opened for opened, _ in open_steps):
             open_steps = [(opened, unit) for opened, unit in open_steps
                           if opened is not node.args[0]]  # the range's exit

@@ -33,9 +33,10 @@ def analyze_parallelized(ns: argparse.Namespace):
     return report, reprs
 
 
-def parallelized(ns: argparse.Namespace):
+def parallelized(ns: argparse.Namespace, shard=None):
     """(the model as rank ``ns.rank`` holds it, that rank's report, each module's extra_repr)
-    of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``."""
+    of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``. ``shard(spec, model, mesh)`` applies
+    FSDP2 (default: each block, then the root)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
@@ -53,7 +54,7 @@ def parallelized(ns: argparse.Namespace):
         if ns.tp is not None:
             _parallelize(ns.model, model, mesh["tp"])
         if ns.fsdp is not None:
-            _fully_shard(ns.model, model, mesh["fsdp"])
+            (shard or _fully_shard)(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode)
     return model, report, reprs
 

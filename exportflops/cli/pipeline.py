@@ -8,16 +8,16 @@ model built on ``--device cpu`` or ``cuda``) each stage's measured forward and b
 The schedule defaults to 1f1b, the microbatches to N. N is the pipeline ranks: the looped
 schedules (interleaved1f1b, loopedbfs and the zero-bubble ones) run two stages on each.
 
-With ``--tp T`` and/or ``--fsdp F`` (the built-in llama) the ranks are the mesh (pp, fsdp, tp),
+With ``--tp T`` and/or ``--fsdp F`` the ranks are the mesh (pp, fsdp, tp),
 tp innermost as torchtitan lays it out: each stage is counted once, as the rank of its (fsdp,
 tp) group with index 0, built under `exportflops.fake_process_group` of the group's ranks (a
 stage's own collectives stay in its group) with the llama's tensor-parallel plan and FSDP2 on
 the stage's blocks, then the stage (`exportflops.cli.parallel`'s recipe, per stage as
-torchtitan applies it to each model chunk); the others of the group do the same work. Any
-other model (a Hugging Face decoder) composes with ``--tp`` alone: its plan is applied to the
-whole model, whose tp index 0 rank is counted once and cut into the stages of torch's split
-(`exportflops.parallel.pipeline_slices`). ``--rank R`` is a global rank of that mesh
-(docs/pipeline.md, Composition).
+torchtitan applies it to each model chunk); the others of the group do the same work. For any
+other model (a Hugging Face decoder) the plan and FSDP2 (each block, then each stage's other
+modules as one unit) are applied to the whole model, whose index 0 rank is counted once and
+cut into the stages of torch's split (`exportflops.parallel.pipeline_slices`). ``--rank R`` is
+a global rank of that mesh (docs/pipeline.md, Composition).
 """
 
 from __future__ import annotations
@@ -90,11 +90,6 @@ def analyze_split(ns: argparse.Namespace):
 
 def _composed_counter(ns: argparse.Namespace, model, stages: int):
     if ns.model not in COMPOSED:
-        if ns.fsdp is not None:
-            raise UsageError(f"--pp with --fsdp builds each stage's FSDP2 units from the "
-                             f"model's own modules, which the built-in {', '.join(COMPOSED)} "
-                             f"supports; {ns.model} is not one: with --pp, split it by --tp "
-                             f"alone, or analyze --fsdp without --pp.")
         from ..parallel.pipeline import layer_split_points
 
         return _sliced_counter(ns, layer_split_points(model, stages))
@@ -149,10 +144,13 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
 
 
 def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
-    """``count_stage`` for a model whose stages are not built from its own modules: one
-    tensor-parallel rank (index 0) of the whole model counted once, its report cut into the
-    stages of the split (`exportflops.parallel.pipeline_slices`), each holding the parameters
-    of torch's split stage."""
+    """``count_stage`` for a model whose stages are not built from its own modules: one rank
+    of the whole model (tensor-parallel and FSDP index 0) counted once, its report cut into
+    the stages of the split (`exportflops.parallel.pipeline_slices`), each holding the
+    parameters of torch's split stage. FSDP2 is applied as torchtitan applies it to each
+    stage: each block, then per stage one unit of its modules outside the blocks (its root's
+    parameters: the embedding on the first, the final norm and head on the last), then the
+    root, which holds nothing of its own."""
     import torch
 
     from ..parallel.pipeline_slices import held_parameters, node_stages, stage_report
@@ -161,18 +159,52 @@ def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
     from .parallel import parallelized
 
     whole: list = []  # (the rank's model, its report, each node's stage), once
+    degrees = {name: n for name, n in (("fsdp", ns.fsdp), ("tp", ns.tp)) if n is not None}
 
     def count(index: int, rank: int, stage) -> Report:
         if not whole:
-            model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}))
-            whole.extend((model, report, node_stages(report, split_points)))
+            units: list[list[str]] = []  # each stage's unit, as module paths
+            model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
+                                            shard=partial(_stage_units, split_points, units))
+            stage_of = node_stages(report, split_points)
+            _check_units_ran(report, stage_of, units)
+            whole.extend((model, report, stage_of))
         model, report, stage_of = whole
         part = stage_report(report, index, stage_of, held_parameters(model, stage.module))
         inputs = [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves(
             (stage.args, stage.kwargs)) if isinstance(t, torch.Tensor)]
-        return _dims_named(part, {"tp": ns.tp}).model_copy(update={"inputs": inputs})
+        return _dims_named(part, degrees).model_copy(update={"inputs": inputs})
 
     return count
+
+
+def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, model,
+                 mesh) -> None:
+    """FSDP2 on ``model`` as torchtitan shards each pipeline stage: its blocks, then each
+    stage's modules outside them as one unit (`stage_units`), which stands for the stage's
+    root and, as FSDP2 does for a root, keeps its parameters gathered after the forward; then
+    the whole model's root, which holds none. ``paths`` gets each stage unit's module
+    paths."""
+    from torch.distributed.fsdp import fully_shard
+
+    from ..errors import BuildError
+    from ..parallel.fsdp_blocks import blocks_of
+    from ..parallel.pipeline_slices import stage_units
+
+    units = stage_units(model, split_points)
+    where = {id(m): p for p, m in model.named_modules()}
+    paths.extend([where[id(m)] for m in unit] for unit in units)
+    try:
+        for block in blocks_of(model):
+            fully_shard(block, mesh=mesh)
+        for unit in units:
+            if unit:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh)
+    except Exception as error:  # FSDP2 refuses the model as built
+        raise BuildError(f"--pp with --fsdp {mesh.size()}: fully_shard on {spec}'s blocks, "
+                         f"then each stage's other modules, then the root, failed: "
+                         f"{type(error).__name__}: {error}") from error
 
 
 def _dims_named(report: Report, degrees: dict[str, int]) -> Report:
@@ -196,3 +228,17 @@ def _received(model, tokens, mode: str) -> tuple:
                          requires_grad=mode == "train")
     cos, sin = (torch.zeros(seq, config.head_dim, device=tokens.device) for _ in range(2))
     return hidden, cos, sin
+
+
+def _check_units_ran(report, stage_of: dict[str, int], units: list[list[str]]) -> None:
+    """Each stage's FSDP2 unit of modules outside the blocks (``units``, their paths) is
+    gathered in that stage: a module outside the blocks that runs between them, not before
+    the first or after the last, would be in the wrong stage's unit."""
+    for stage, unit in enumerate(units):
+        gathered = {stage_of.get(c.node) for c in report.collectives
+                    if c.op == "all_gather" and c.module in unit}
+        if gathered - {stage}:
+            raise UsageError(f"--pp with --fsdp: {report.model}'s modules outside its "
+                             f"layers ({', '.join(unit)}) do not all run in stage {stage}, so "
+                             f"one FSDP2 unit per stage cannot hold them; analyze --pp with "
+                             f"--tp alone, or --fsdp without --pp.")

@@ -116,8 +116,8 @@ def _check_pipeline(ns: argparse.Namespace) -> None:
                          f"degrees >= 1 and --rank one of the {max(world, 1)} ranks of pp x "
                          f"fsdp x tp, 0..{max(world - 1, 0)}.")
     if ns.ep is not None or ns.cp is not None:
-        raise UsageError("--pp composes with --tp and --fsdp (the built-in llama), not with "
-                         "--ep or --cp yet: analyze those alone.")
+        raise UsageError("--pp composes with --tp and --fsdp, not with --ep or --cp yet: "
+                         "analyze those alone.")
     if ns.model.endswith(".pt2") or ns.trace \
             or ns.dims or ns.points or ns.budget or ns.generate is not None \
             or ns.seqlens is not None or ns.format == "csv":

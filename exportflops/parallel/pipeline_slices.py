@@ -34,6 +34,7 @@ from ..attribution import ModuleInfo, module_tree
 from ..errors import InputError
 from ..records import Report
 from ..records.names import ancestors
+from .fsdp_blocks import blocks_of
 from .ranks import local_parameters
 
 
@@ -85,6 +86,34 @@ def stage_report(report: Report, stage: int, stage_of: dict[str, int],
     return built.model_copy(update={"world_size": report.world_size, "rank": report.rank,
                                     "collectives": collectives,
                                     "capture_notes": report.capture_notes})
+
+
+def stage_units(model: torch.nn.Module, split_points: list[str],
+                ) -> list[list[torch.nn.Module]]:
+    """Per stage of a split before each of ``split_points``, the modules outside the blocks
+    (`blocks_of`) that hold parameters of their own and run in it: the FSDP2 unit torchtitan's
+    per-stage ``fully_shard`` gives each stage's root. A module before the first block runs in
+    the first stage (the embedding), one after it in the last (the final norm, the head).
+    `node_stages` checks afterwards that each ran there."""
+    blocks = blocks_of(model)
+    inside = {id(m) for block in blocks for m in block.modules()}
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    first_block = min((order[id(b)] for b in blocks), default=0)
+    units: list[list[torch.nn.Module]] = [[] for _ in range(len(split_points) + 1)]
+    owner: dict[int, int] = {}
+    for path, module in model.named_modules():
+        if id(module) in inside or not any(True for _ in module.parameters(recurse=False)):
+            continue
+        stage = 0 if order[id(module)] < first_block else len(split_points)
+        for parameter in module.parameters(recurse=False):
+            if owner.setdefault(id(parameter), stage) != stage:
+                raise InputError(f"{type(model).__name__}'s parameter of {path!r} is tied to one "
+                                 f"in another stage (tied embeddings): each stage would hold it, "
+                                 f"which FSDP2 cannot shard as one parameter in two units; build "
+                                 f"the model untied (tie_word_embeddings=False) for --pp with "
+                                 f"--fsdp")
+        units[stage].append(module)
+    return units
 
 
 def held_parameters(model: torch.nn.Module, stage: torch.nn.Module,

@@ -184,8 +184,7 @@ def test_the_command_lays_out_pp_by_fsdp_by_tp(capsys):
     ["llama", "--pp", "2", "--tp", "2", "--rank", "4"],
     ["llama", "--pp", "2", "--ep", "2"],
     ["llama", "--pp", "2", "--cp", "2"],
-    ["hf:llama", "--layers", "2", "--pp", "2", "--fsdp", "2"],
-], ids=["rank-past-the-mesh", "with-ep", "with-cp", "fsdp-not-a-built-in"])
+], ids=["rank-past-the-mesh", "with-ep", "with-cp"])
 def test_the_command_refuses_what_it_does_not_compose(argv, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err

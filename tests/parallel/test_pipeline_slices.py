@@ -74,9 +74,51 @@ def test_a_decoder_on_pp_by_tp_is_one_tensor_parallel_rank_cut_in_stages(decoder
     assert first.params + last.params == rank.params
 
 
-def test_a_decoder_on_pp_by_fsdp_is_refused_with_the_next_step(decoder, capsys):
-    assert main([f"hf:{decoder}", "--pp", "2", "--fsdp", "2"]) == 2
-    assert "--pp with --fsdp" in capsys.readouterr().err
+# The decoder's parameters by hand: a layer is q and o (64 x 64 each), k and v (64 x 32 each:
+# 2 key/value heads of 16), gate, up and down (64 x 128 each) and two norms of 64; the
+# embedding 256 x 64; the final norm 64 and the untied head 64 x 256.
+LAYER = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+EMBEDDING, NORM_AND_HEAD = 256 * 64, 64 + 64 * 256
+
+
+def test_a_decoder_on_pp_by_fsdp_gathers_each_stages_own_parameters(decoder, capsys):
+    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--fsdp", "2", "--mode", "train",
+            "--format", "json"]
+    assert main(argv) == 0
+    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+    first, last = record.stages
+    assert (record.fsdp, [s.stands_for for s in record.stages]) == (2, [[0, 1], [2, 3]])
+
+    def messages(stage, op, phase):
+        return [(c.module, c.bytes) for c in stage.collectives
+                if c.op == op and c.phase == phase]
+
+    # torchtitan's FSDP2 per stage: each layer a unit, re-gathered in the backward; the
+    # stage's other parameters one unit standing for its root, kept gathered after the
+    # forward; an all-gather's bytes are the whole unit's float32 parameters.
+    layer, embedding, norm_and_head = LAYER * F32, EMBEDDING * F32, NORM_AND_HEAD * F32
+    assert messages(first, "all_gather", "forward") == [
+        ("model.embed_tokens", embedding), ("model.layers.0", layer),
+        ("model.layers.1", layer)]
+    assert messages(last, "all_gather", "forward") == [
+        ("model.layers.2", layer), ("model.layers.3", layer), ("model.norm", norm_and_head)]
+    assert sorted(messages(first, "all_gather", "backward")) == [
+        ("model.layers.0", layer), ("model.layers.1", layer)]
+    assert sorted(messages(first, "reduce_scatter", "backward")) == [
+        ("model.embed_tokens", embedding), ("model.layers.0", layer),
+        ("model.layers.1", layer)]
+    assert sorted(messages(last, "reduce_scatter", "backward")) == [
+        ("model.layers.2", layer), ("model.layers.3", layer), ("model.norm", norm_and_head)]
+    # Each rank holds half of its stage's parameters.
+    assert first.params == (EMBEDDING + 2 * LAYER) // 2
+    assert last.params == (2 * LAYER + NORM_AND_HEAD) // 2
+
+
+def test_a_tied_decoder_on_pp_by_fsdp_is_refused_with_the_next_step(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**CONFIG, "model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True}))
+    assert main([f"hf:{tmp_path}", "--seq", "16", "--pp", "2", "--fsdp", "2"]) == 2
+    assert "tie_word_embeddings=False" in capsys.readouterr().err
 
 
 def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
