@@ -24,7 +24,7 @@ from .capture.fastpath import Expansion, NotRepeated, fast_capture
 from .formulas import FORMULAS, FormulaTable
 from .records.names import qualified_name
 from .progress import Progress, showing, stage
-from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
+from .records import Cost, NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .records.symbolic import parse_count
 from .torch_internals import pytree
 from .version import __version__
@@ -237,6 +237,8 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
                                   data_dependent=s.example is None)
                  for s in graph.symbols],
     )
+    if split and report.backward_weight is None:  # split, with no backward op at all
+        report = report.model_copy(update={"backward_weight": Cost()})
     if captured.value_guards:
         report = report.model_copy(update={"value_guards": list(captured.value_guards)})
     if not captured.given_sizes:

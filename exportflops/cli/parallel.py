@@ -74,13 +74,15 @@ def _fake_tensors(fsdp: int | None):
         yield torch.device("cpu")
 
 
-def _fully_shard(spec: str, model, mesh) -> None:
+def _fully_shard(spec: str, model, mesh, reshard_after_forward: bool | None = None) -> None:
+    """FSDP2 on each block, then the root; ``reshard_after_forward`` as fully_shard takes it
+    (None: FSDP2's default, True but for the root)."""
     from torch.distributed.fsdp import fully_shard
 
     try:
         for block in blocks_of(model):
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     except Exception as error:  # FSDP2 refuses the model as built
         raise BuildError(f"--fsdp {mesh.size()}: fully_shard on {spec}'s blocks, then on the "
                          f"root, failed: {type(error).__name__}: {error}") from error

@@ -135,8 +135,8 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
             if tp is not None:
                 _parallelize(spec, built, mesh["tp"])
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
-            if fsdp is not None:
-                _fully_shard(spec, part, mesh["fsdp"])
+            if fsdp is not None:  # torchtitan's default under pipeline parallelism
+                _fully_shard(spec, part, mesh["fsdp"], reshard_after_forward=False)
             report = analyze(part, inputs, None, mode=mode, strict=strict)
         return _dims_named(report, degrees)
 
@@ -181,9 +181,10 @@ def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
 def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, model,
                  mesh) -> None:
     """FSDP2 on ``model`` as torchtitan shards each pipeline stage: its blocks, then each
-    stage's modules outside them as one unit (`stage_units`), which stands for the stage's
-    root and, as FSDP2 does for a root, keeps its parameters gathered after the forward; then
-    the whole model's root, which holds none. ``paths`` gets each stage unit's module
+    stage's modules outside them as one unit (`stage_units`, standing for the stage's root),
+    then the whole model's root, which holds none; every unit keeps its parameters gathered
+    after the forward, torchtitan's default under pipeline parallelism (``reshard_after_forward
+    = not pp_enabled``: no all-gather per microbatch). ``paths`` gets each stage unit's module
     paths."""
     from torch.distributed.fsdp import fully_shard
 
@@ -196,11 +197,11 @@ def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, mod
     paths.extend([where[id(m)] for m in unit] for unit in units)
     try:
         for block in blocks_of(model):
-            fully_shard(block, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
         for unit in units:
             if unit:
                 fully_shard(unit, mesh=mesh, reshard_after_forward=False)
-        fully_shard(model, mesh=mesh)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
     except Exception as error:  # FSDP2 refuses the model as built
         raise BuildError(f"--pp with --fsdp {mesh.size()}: fully_shard on {spec}'s blocks, "
                          f"then each stage's other modules, then the root, failed: "

@@ -37,6 +37,7 @@ import torch.fx
 from torch.export.graph_signature import OutputKind
 
 from .replay import Tracer
+from ..errors import InputError
 from ..formulas.control_flow import GATHERS
 from ..graph.opcall import ACTIVATION, OpCall, TensorMeta
 from ..torch_internals import HigherOrderOperator, OpOverload, pytree
@@ -153,6 +154,8 @@ class _Flow:
                 if node.name not in self.lifted:
                     self.from_inputs[node] = frozenset({0})
         self._forward_pass(graph, None)
+        if self.split:
+            self._check_single_uses(graph)
         for arg in _input_nodes(graph.output_node()):
             if arg.name in outputs:
                 self._receive(arg, 0)
@@ -176,6 +179,33 @@ class _Flow:
                 if outputs and node not in self.from_inputs and any(
                         self.from_inputs.get(arg) for arg in _input_nodes(node)):
                     self.from_inputs[node] = outputs
+
+    def _check_single_uses(self, graph: torch.fx.Graph) -> None:
+        """With the backward split, each parameter reaches the way to the inputs' gradients at
+        one op. torch's weight pass restarts from those ops with the gradients the input pass
+        saved there (``get_param_groups``); from two or more (a parameter used twice: shared
+        layers, a tied embedding and head in one call) autograd recomputes the input-gradient
+        ops between them in the weight pass too, which this count does not model."""
+        for parameter in graph.nodes:
+            if parameter.op != "placeholder" or parameter not in self.needs \
+                    or parameter in self.from_inputs:
+                continue
+            reached, seen, stack = set(), set(), [parameter]
+            while stack:
+                for user in stack.pop().users:
+                    if user in seen:
+                        continue
+                    seen.add(user)
+                    if self.from_inputs.get(user):
+                        reached.add(user)
+                    elif user in self.needs:
+                        stack.append(user)
+            if len(reached) > 1:
+                raise InputError(
+                    f"parameter {parameter.name} is used at {len(reached)} ops on the way to "
+                    f"the inputs' gradients ({', '.join(sorted(n.name for n in reached))}): "
+                    f"torch's weight pass then recomputes the input-gradient ops between them, "
+                    f"which split_backward does not model; analyze without split_backward")
 
     def _outputs_needing(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
         """Autograd decides: ``detach``, comparisons, ``argmax``, ``zeros_like``... return
@@ -350,8 +380,10 @@ class _Flow:
         if outputs is None:
             return []
         if isinstance(node.target, HigherOrderOperator):
-            return [replace(ops, gradient=self._half(node)) if self.split else ops
-                    for ops in self._wrapper_backward(call)]
+            if not self.split:
+                return self._wrapper_backward(call)
+            return [replace(ops, gradient=half) for ops in self._wrapper_backward(call)
+                    for half in self._wrapper_halves(node)]
         if not isinstance(node.target, OpOverload):
             return []
         if self._in_custom_function(node):
@@ -372,9 +404,18 @@ class _Flow:
                                                     ("weight", positions - inputs)) if chosen]
 
     def _half(self, node: torch.fx.Node) -> str:
-        """The half a wrapper's backward runs in (its kernel computes every operand's
-        gradient at once): the input half when it is on the way to an input."""
+        """The half an op's backward runs in when it is not split by operand (a custom
+        Function's): the input half when it is on the way to an input."""
         return "input" if self.from_inputs.get(node) else "weight"
+
+    def _wrapper_halves(self, node: torch.fx.Node) -> list[str]:
+        """The passes a wrapper's backward kernel runs in: it computes every operand's
+        gradient at once (flex attention's kernel, a learned bias's too), so autograd runs it
+        in the input pass when an operand is on the way to an input, and again in the weight
+        pass when another is computed from parameters alone."""
+        operands = [a for a in _input_nodes(node) if a in self.needs]
+        halves = ["input"] * any(self.from_inputs.get(a) for a in operands)
+        return halves + ["weight"] * any(not self.from_inputs.get(a) for a in operands)
 
     def _op_backward(self, call: NodeCall, positions: set[int], outputs: set[int],
                      gradient: str) -> BackwardOps:
@@ -405,6 +446,13 @@ class _Flow:
             return [BackwardOps(call, [], flat_apply_reason(_applied_function(call.node)))]
         if kind == "opaque":
             return [BackwardOps(call, [], CONTROL_FLOW_REASON)]
+        if kind == "checkpoint" and self.split:
+            raise InputError(
+                f"node {call.name} in module {call.module or '(root)'} is an activation "
+                f"checkpoint: with the backward in two passes torch refuses a reentrant one "
+                f"(torch.utils.checkpoint: incompatible with .grad()), and a non-reentrant one "
+                f"recomputes its region in each pass that unpacks it, which this count does "
+                f"not model; analyze without split_backward, or without checkpointing")
         if kind == "checkpoint":
             prefix = f"{call.name}."
             return [BackwardOps(inner, [replace(inner, name=f"{inner.name}.recompute")],

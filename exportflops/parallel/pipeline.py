@@ -94,11 +94,13 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     share_alike = count_stage is None if share_alike is None else share_alike
     if count_stage is None:
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
+            # torch runs the first stage's backward whole, in its weight pass.
             return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
-                           split_backward=two_passes)
+                           split_backward=two_passes and s > 0)
     reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
-                                   share=share_alike)
+                                   share=share_alike, first_apart=two_passes)
     if two_passes:
+        reports[0] = _in_weight_pass(reports[0])
         _check_split(reports, schedule, link_bytes_per_s)
     if measure:
         where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat,
@@ -160,11 +162,12 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
 
 def _counted(split: list[Stage], rank_of: dict[int, int],
              count_stage: Callable[[int, int, Stage], Report], grad: bool, share: bool,
-             ) -> tuple[list[Report], list[int]]:
+             first_apart: bool = False) -> tuple[list[Report], list[int]]:
     """Each stage's report, and the stage whose analysis it is: with ``share``, a stage whose
     call is alike an earlier stage's (`call_key`: the same ops on the same shapes, module for
     module; the middle stages of a stack of identical layers) is not counted again, but takes
-    that stage's report with its module paths, its own at the same places."""
+    that stage's report with its module paths, its own at the same places. ``first_apart``:
+    the first stage is counted otherwise (its backward whole), so it stands for no other."""
     if not share:
         return [count_stage(s, rank_of[s], stage) for s, stage in enumerate(split)], \
             list(range(len(split)))
@@ -174,7 +177,7 @@ def _counted(split: list[Stage], rank_of: dict[int, int],
     counted_as: list[int] = []
     first: dict[tuple, int] = {}
     for s, (stage, key) in enumerate(zip(split, keys)):
-        alike = s if key is None else first.setdefault(key, s)
+        alike = s if key is None or (first_apart and s == 0) else first.setdefault(key, s)
         counted_as.append(alike)
         if alike == s:
             reports.append(count_stage(s, rank_of[s], stage))
@@ -328,6 +331,15 @@ def _times(report: Report, device: str | None, two_passes: bool) -> dict[str, fl
     return {**spent, "B": spent["I"] + spent["W"]}
 
 
+def _in_weight_pass(report: Report) -> Report:
+    """The first stage's report with its whole backward in the weight pass: torch's
+    ``backward_one_chunk`` skips the input pass on stage 0 and runs its full backward when the
+    weights' turn comes (torch/distributed/pipelining/stage.py)."""
+    nodes = [n.model_copy(update={"gradient": "weight"}) if n.phase == "backward" else n
+             for n in report.nodes]
+    return report.model_copy(update={"nodes": nodes, "backward_weight": report.backward})
+
+
 def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float | None) -> None:
     """A zero-bubble schedule's stages are counted in two backward passes, and their own
     collectives are not told apart by pass."""
@@ -357,7 +369,8 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
                           type(model).__name__ if model is not None else "stage 0",
                           args, kwargs, None)
     times = [call_seconds(stage.module, stage.args, stage.kwargs, train=mode == "train",
-                          warmup=warmup, repeat=repeat, split=two_passes) for stage in split]
+                          warmup=warmup, repeat=repeat, split=two_passes, whole=s == 0)
+             for s, stage in enumerate(split)]
     clock = "CUDA events" if home.type == "cuda" else "perf_counter_ns"
     passes = (" in torch's two passes, stage_backward_input then stage_backward_weight"
               if two_passes else "")

@@ -14,9 +14,10 @@ With the backward split (a zero-bubble schedule's stage), it runs as torch's pip
 runs it, by torch's own functions (torch/distributed/pipelining/_backward.py): the input pass
 ``stage_backward_input`` (the received inputs' gradients, saving those the parameters need),
 then the weight pass ``stage_backward_weight``, each timed; a call whose inputs need no
-gradient has an empty input pass and its whole backward in the weight pass, as torch runs a
-first stage. These accumulate into ``.grad``: each parameter's ``.grad`` is set aside before
-each iteration and put back after it, outside the clock (the user's gradient tensors are never
+gradient, and a pipeline's first stage (``whole``: torch's ``backward_one_chunk`` skips the
+input pass on stage 0), has an empty input pass and its whole backward in the weight pass.
+These accumulate into ``.grad``: each parameter's and input's ``.grad`` is set aside before each
+iteration and put back after it, outside the clock (the user's gradient tensors are never
 written).
 """
 
@@ -33,10 +34,12 @@ from .timing import CpuClock, CudaClock
 
 
 def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, train: bool,
-                 warmup: int, repeat: int, split: bool = False) -> dict[str, float]:
+                 warmup: int, repeat: int, split: bool = False,
+                 whole: bool = False) -> dict[str, float]:
     """Median seconds of ``module(*args, **kwargs)``'s forward ``F`` and backward ``B`` (0
     unless ``train``), keyed as torch's pipeline actions; with ``split`` its input pass ``I``
-    and weight pass ``W`` too, ``B`` their sum."""
+    and weight pass ``W`` too, ``B`` their sum (``whole``: all of it in ``W``, as torch runs a
+    first stage)."""
     tensors = [t for t in pytree.tree_leaves((args, kwargs, *module.parameters(),
                                               *module.buffers()))
                if isinstance(t, torch.Tensor)]
@@ -49,7 +52,7 @@ def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, t
     # Put back after each iteration, outside the clock: a forward's writes to its buffers,
     # and the weight pass's to .grad.
     saved = [(b, b.clone()) for b in module.buffers()]
-    grads = [(p, p.grad) for p in weights]
+    grads = [(t, t.grad) for t in wrt]
     times: dict[str, list[float]] = {kind: [] for kind in ("FIW" if split else "FB")}
     with torch.random.fork_rng(devices=cuda), \
             torch.cuda.device(cuda[0]) if cuda else contextlib.nullcontext():
@@ -62,7 +65,8 @@ def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, t
             if not train:
                 backward = {kind: (lambda: 0.0) for kind in times if kind != "F"}
             elif split:
-                backward = _two_passes(clock, outputs[0], inputs, weights)
+                backward = _two_passes(clock, outputs[0], [] if whole else inputs, weights,
+                                       wrt)
             else:
                 backward = {"B": _backward(clock, outputs[0], wrt)}
             clock.synchronize()
@@ -79,20 +83,21 @@ def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, t
 
 
 def _two_passes(clock: CpuClock, output: Any, inputs: list[torch.Tensor],
-                weights: list[torch.nn.Parameter]) -> dict[str, Any]:
+                weights: list[torch.nn.Parameter], wrt: list[torch.Tensor]) -> dict[str, Any]:
     """Run and time torch's input pass, then its weight pass, from ``output``'s tensors that
-    have a gradient (seeded with ones)."""
+    have a gradient (seeded with ones); with no ``inputs``, the whole backward (the gradients
+    of ``wrt``) in the weight pass."""
     from torch.distributed.pipelining._backward import (stage_backward_input,
                                                         stage_backward_weight)
 
     roots = [t for t in pytree.tree_leaves(output)
              if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not roots or not weights and not inputs:
+    if not roots or not wrt:
         return {"I": lambda: 0.0, "W": lambda: 0.0}
     seeds = [torch.ones_like(t) for t in roots]
     if not inputs:  # torch's first stage: nothing in the input pass, the whole backward after
         return {"I": lambda: 0.0,
-                "W": clock.whole(lambda: torch.autograd.backward(roots, seeds))}
+                "W": clock.whole(lambda: torch.autograd.backward(roots, seeds, inputs=wrt))}
     groups: list = []
     input_pass = clock.whole(lambda: groups.append(
         stage_backward_input(roots, seeds, inputs, iter(weights))[1]))

@@ -114,6 +114,44 @@ def test_the_split_keeps_through_dynamic_sizes_json_and_repeated_blocks():
     assert fast.backward_input.macs == 3 * B * IN * IN
 
 
+class SharedLinear(nn.Module):
+    """a(tanh(a(x))): one weight used twice on the way to x's gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(IN, IN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(torch.tanh(self.a(x)))
+
+
+class Checkpointed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(IN, IN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint(self.a, x, use_reentrant=True)
+
+
+@pytest.mark.parametrize(("model", "match"), [
+    # torch's weight pass restarts from both uses and recomputes the input-gradient ops between.
+    (SharedLinear(), "used at 2 ops"),
+    # torch.utils.checkpoint refuses .grad(), which the input pass is.
+    (Checkpointed(), "activation checkpoint"),
+], ids=["a-weight-used-twice", "checkpointing"])
+def test_what_the_two_passes_run_otherwise_is_refused(model, match):
+    x = torch.randn(B, IN, requires_grad=True)
+    with pytest.raises(InputError, match=match):
+        analyze(model, (x,), mode="train", split_backward=True)
+    assert analyze(model, (x,), mode="train").backward.macs > 0  # unsplit, it counts
+
+
+def test_a_split_with_no_backward_op_has_an_empty_weight_pass():
+    report = analyze(nn.ReLU(), (torch.randn(B, IN),), mode="train", split_backward=True)
+    assert report.backward_weight.flops == 0 and report.backward_input.flops == 0
+
+
 def test_the_split_takes_train_mode():
     with pytest.raises(InputError, match="mode='train'"):
         analyze(TwoLinears(), (torch.randn(B, IN),), split_backward=True)

@@ -180,6 +180,20 @@ def test_the_command_lays_out_pp_by_fsdp_by_tp(capsys):
     assert {(c.mesh_dim, c.group_size) for c in gathers.values()} == {("fsdp", 2)}
 
 
+def test_in_training_pp_by_fsdp_gathers_each_block_once_and_scatters_its_gradients(capsys):
+    last = _command(["--fsdp", "2", "--mode", "train"], capsys).stages[1]
+    fsdp = [c for c in last.collectives if c.mesh_dim == "fsdp"]
+    # torchtitan keeps the parameters gathered under pipeline parallelism
+    # (reshard_after_forward = not pp_enabled): no all-gather again in the backward, where
+    # each block, and the stage's root (norm and output), reduce-scatters its gradients.
+    assert {(c.op, c.phase) for c in fsdp} == {("all_gather", "forward"),
+                                               ("reduce_scatter", "backward")}
+    blocks = [f"layers.{i}" for i in range(16, 32)]
+    for op in ("all_gather", "reduce_scatter"):
+        assert sorted(c.module for c in fsdp if c.op == op and c.module.startswith("l")) == \
+            sorted(blocks)
+
+
 @pytest.mark.parametrize("argv", [
     ["llama", "--pp", "2", "--tp", "2", "--rank", "4"],
     ["llama", "--pp", "2", "--ep", "2"],

@@ -217,6 +217,21 @@ def test_the_command_lays_out_a_zero_bubble_step(capsys, tmp_path):
     assert "weight gradients (W)" in page.read_text()
 
 
+def test_the_first_stage_runs_its_whole_backward_in_the_weight_pass():
+    # torch's stage 0 skips the input pass whatever its input needs (stage.py, is_first).
+    x = torch.randn(8, 32, device="meta", requires_grad=True)
+    with torch.device("meta"):
+        model = Stack()
+    record = analyze_pipeline(model, (x,), stages=4, schedule="zbvzerobubble",
+                              microbatches=2).record
+    first, second = record.stages[:2]
+    grad = 8 * 32 * 32  # grad_x or grad_W of one Linear(32, 32) on 8 rows
+    assert first.backward.macs == 2 * grad and first.backward_weight == first.backward
+    assert first.backward_input_s == 0
+    assert second.backward_weight.macs == grad  # a later stage alike it is split all the same
+    assert second.counted_as == 1
+
+
 def test_zero_bubble_schedules_refuse_what_does_not_split_the_backward():
     x = torch.randn(8, 32)
     model = Stack()

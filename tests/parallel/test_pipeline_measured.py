@@ -64,13 +64,14 @@ def test_a_zero_bubble_schedule_times_torchs_two_passes_and_leaves_grad_as_it_wa
     kept = torch.ones(4, 16)
     model.out.weight.grad = kept  # a gradient the user accumulated: not to be written
     state = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(6, 8, requires_grad=True)  # its gradient, too, is not to be written
     # Split before bn: two stages, both on one rank (ZB-V's V with p = 1).
-    record = analyze_pipeline(model, (torch.randn(6, 8),), stages=["bn"],
+    record = analyze_pipeline(model, (x,), stages=["bn"],
                               schedule="zbvzerobubble", microbatches=2, stages_per_rank=2,
                               measure=True, warmup=1, repeat=3).record
     assert "stage_backward_input then stage_backward_weight" in record.timer
     first, *rest = record.stages
-    # The first stage's input needs no gradient: torch runs its whole backward in W.
+    # torch runs the first stage's whole backward in W, whatever its input needs.
     assert first.backward_input_s == 0 and first.backward_weight_s > 0
     assert all(s.backward_input_s > 0 and s.backward_weight_s > 0 for s in rest)
     for action in record.timeline:
@@ -79,6 +80,7 @@ def test_a_zero_bubble_schedule_times_torchs_two_passes_and_leaves_grad_as_it_wa
                 "backward_weight": stage.backward_weight_s}[action.kind]
         assert action.end_s - action.start_s == pytest.approx(took)
     assert model.out.weight.grad is kept and torch.equal(kept, torch.ones(4, 16))
+    assert x.grad is None
     assert all(p.grad is None for name, p in model.named_parameters() if name != "out.weight")
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
