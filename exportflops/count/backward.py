@@ -102,8 +102,7 @@ def trace_backward(program: torch.export.ExportedProgram, graph: GraphRead,
     (``weight``). An op with operands of both kinds is replayed once for each: its two
     halves are what the two passes dispatch (a linear's two ``mm``s; ``native_layer_norm_
     backward`` once with the input's mask, once with the weight's and bias's). A model with
-    no input that needs a gradient (a pipeline's first stage) has only the weight half, as
-    torch runs that stage's whole backward in its weight pass."""
+    no input that needs a gradient (token ids) has only the weight half."""
     signature = program.graph_signature
     flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds, measured), graph.nodes,
                  {*signature.inputs_to_parameters, *signature.inputs_to_buffers}, split)
@@ -382,7 +381,9 @@ class _Flow:
         if isinstance(node.target, HigherOrderOperator):
             if not self.split:
                 return self._wrapper_backward(call)
-            return [replace(ops, gradient=half) for ops in self._wrapper_backward(call)
+            return [replace(ops, gradient=half,
+                            calls=[replace(c, name=f"{c.name}.{half}") for c in ops.calls])
+                    for ops in self._wrapper_backward(call)
                     for half in self._wrapper_halves(node)]
         if not isinstance(node.target, OpOverload):
             return []
