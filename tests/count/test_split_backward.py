@@ -14,7 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+import torch.nn.attention.flex_attention as flex_module
 from torch.export import Dim
+from torch.nn.attention.flex_attention import flex_attention
 
 from exportflops import analyze
 from exportflops.cli import main
@@ -145,6 +147,32 @@ def test_what_the_two_passes_run_otherwise_is_refused(model, match):
     with pytest.raises(InputError, match=match):
         analyze(model, (x,), mode="train", split_backward=True)
     assert analyze(model, (x,), mode="train").backward.macs > 0  # unsplit, it counts
+
+
+class BiasedFlex(nn.Module):
+    """Flex attention over 2 heads of 16 with a learned bias per head in its score_mod."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(2))
+        self.qkv = nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return flex_attention(q, k, v, score_mod=lambda s, b, h, q_idx, kv_idx: s + self.bias[h])
+
+
+def test_a_kernel_with_operands_of_both_kinds_runs_in_both_passes(monkeypatch):
+    # torch's cpu kernel has no flex backward and refuses before tracing; export runs none.
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *tensors: None)
+    x = torch.randn(1, 2, 8, 16, requires_grad=True)
+    report = analyze(BiasedFlex(), (x,), mode="train", split_backward=True)
+    # One kernel computes the query's, key's, value's and the bias's gradients: the input pass
+    # runs it for the first three, the weight pass again for the bias.
+    kernels = [n for n in report.nodes if "flex_attention_backward" in n.op]
+    assert sorted(n.gradient for n in kernels) == ["input", "weight"]
+    assert kernels[0].cost == kernels[1].cost
+    assert len({n.name for n in report.nodes}) == len(report.nodes)
 
 
 def test_a_split_with_no_backward_op_has_an_empty_weight_pass():
