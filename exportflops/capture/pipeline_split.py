@@ -103,7 +103,7 @@ class _Recorder(torch.fx.Interpreter):
         if stage == 0:  # the model's own inputs, as the caller gave them
             received, sources = args, [None] * len(args)
         else:
-            received = tuple(self._leaf(a) for a in args)
+            received = tuple(as_received(a, self.grad) for a in args)
             sources = [self.made_by.get(id(a)) for a in args]
         self.calls[stage] = (received, kwargs or None, sources)
         out = module(*received, **kwargs)
@@ -113,8 +113,11 @@ class _Recorder(torch.fx.Interpreter):
         # The next stages get the real outputs (ids kept), each stage its own leaves.
         return out
 
-    def _leaf(self, value: Any) -> Any:
-        if not isinstance(value, torch.Tensor):
-            return value
-        needs = self.grad and value.requires_grad and value.is_floating_point()
-        return value.detach().requires_grad_(needs)
+
+def as_received(value: Any, grad: bool) -> Any:
+    """A tensor as the next stage receives it: a leaf, needing a gradient (``grad``) where
+    the sender's output has one."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    needs = grad and value.requires_grad and value.is_floating_point()
+    return value.detach().requires_grad_(needs)

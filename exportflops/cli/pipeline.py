@@ -39,8 +39,8 @@ COMPOSED = ("llama",)
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``'s first stage, (the `PipelineReport`, its view))."""
-    from ..parallel.pipeline import (DEFAULT_DEVICE, analyze_pipeline, llama_stages, on_mesh,
-                                     rank_report)
+    from ..parallel.pipeline import DEFAULT_DEVICE, analyze_pipeline
+    from ..parallel.pipeline_mesh import llama_stages, on_mesh, rank_report
     from ..parallel.schedules import SCHEDULES
     from ..render.pipeline import pipeline_view
 
@@ -114,7 +114,8 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
-    from ..parallel.pipeline import LlamaStage, stage_layers
+    from ..parallel.pipeline import stage_layers
+    from ..parallel.pipeline_mesh import LlamaStage
     from ..parallel.ranks import fake_process_group
     from .parallel import _fake_tensors, _fully_shard, _parallelize
 

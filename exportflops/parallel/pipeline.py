@@ -20,7 +20,7 @@ import torch
 
 from ..api import analyze
 from ..capture.blocks import call_key
-from ..capture.pipeline_split import Stage, split_stages
+from ..capture.pipeline_split import Stage, as_received, split_stages
 from ..errors import InputError
 from ..records import Collective, Report, TensorSpec
 from ..records.pipeline import PipelineReport, PipelineStage
@@ -269,18 +269,9 @@ def _chained(modules: list[torch.nn.Module], args: tuple, kwargs: dict | None,
         with torch.enable_grad() if grad else torch.no_grad():
             out = module(*args, **(kwargs or {}))
         outputs = out if isinstance(out, (tuple, list)) else (out,)
-        args, kwargs = tuple(_leaf(t, grad) for t in outputs), None
+        args, kwargs = tuple(as_received(t, grad) for t in outputs), None
         sources = [index] * len(args)
     return stages
-
-
-def _leaf(value: Any, grad: bool) -> Any:
-    """A tensor as the next stage receives it: a leaf, needing a gradient (``grad``) where
-    the sender's output has one."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    needs = grad and value.requires_grad and value.is_floating_point()
-    return value.detach().requires_grad_(needs)
 
 
 def _transfers(stages: list[Stage], rank_of: dict[int, int], mode: str):
@@ -392,105 +383,3 @@ def _held(module: torch.nn.Module, depth: int | None) -> list[str]:
             cut = 2 if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)) else 1
         paths[".".join(parts[:depth if depth is not None else cut]) or "<root>"] = None
     return list(paths)
-
-
-def mesh_coordinates(rank: int, fsdp: int, tp: int) -> tuple[int, int, int]:
-    """(pp, fsdp, tp) index of global ``rank`` on the mesh (pp, fsdp, tp), tp innermost as
-    torchtitan lays it out: ``rank = (pp_index * fsdp + fsdp_index) * tp + tp_index``."""
-    return rank // (fsdp * tp), rank // tp % fsdp, rank % tp
-
-
-def on_mesh(analysis: PipelineAnalysis, fsdp: int, tp: int) -> PipelineAnalysis:
-    """``analysis``, each stage counted as one rank of its (fsdp, tp) group (fsdp and tp index
-    0), placed on the mesh (pp, fsdp, tp): the record names the ranks each stage stands for,
-    each stage's report is its representative's, with the world and the peers in global
-    ranks."""
-    width = fsdp * tp
-    record = analysis.record
-    stages = [stage.model_copy(update={"stands_for": list(range(stage.rank * width,
-                                                                (stage.rank + 1) * width))})
-              for stage in record.stages]
-    record = record.model_copy(update={"tp": tp, "fsdp": fsdp, "stages": stages})
-    # A stage's report names its peers by pipeline rank: on the mesh, the representatives'.
-    reports = [_as_rank(report, record, stage.stands_for[0], lambda peer: peer * width)
-               for stage, report in zip(stages, analysis.stage_reports)]
-    return PipelineAnalysis(record, reports)
-
-
-def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
-    """The report of global ``rank`` of `on_mesh`'s ``analysis``: its pipeline rank's first
-    stage, as its representative counted it (the same work), its sends and receives going to
-    the ranks of its own fsdp and tp index on the other stages."""
-    record = analysis.record
-    if not 0 <= rank < record.world_size():
-        raise InputError(f"rank {rank}: the mesh pp {record.pp} x fsdp {record.fsdp} x tp "
-                         f"{record.tp} has ranks 0..{record.world_size() - 1}")
-    width = record.fsdp * record.tp
-    stage = record.ranks[mesh_coordinates(rank, record.fsdp, record.tp)[0]].stages[0]
-    return _as_rank(analysis.stage_reports[stage], record, rank,
-                    lambda peer: peer // width * width + rank % width)
-
-
-def _as_rank(report: Report, record: PipelineReport, rank: int,
-             peer_of: Callable[[int], int]) -> Report:
-    """``report`` as global ``rank``'s: the world is the mesh, each send's and receive's peer
-    is ``peer_of(its peer)``."""
-    collectives = [c.model_copy(update={"peer": peer_of(c.peer)}) if c.mesh_dim == "pp" else c
-                   for c in report.collectives]
-    return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
-                                     "collectives": collectives})
-
-
-def llama_stages(model: torch.nn.Module, tokens: torch.Tensor, stages: int,
-                 mode: str = "train") -> list[Stage]:
-    """The built-in Llama split into ``stages`` `LlamaStage`s of whole layers, with what each
-    receives on one microbatch of ``tokens`` as torch's split passes it (`split_stages`): the
-    hidden state from the stage before, the rotary tables from stage 0 (their gradients in
-    ``mode="train"``: the hidden state's)."""
-    held = stage_layers(len(model.layers), stages, model)
-    modules = [LlamaStage(model, layers, first=s == 0, last=s == stages - 1)
-               for s, layers in enumerate(held)]
-    split = [Stage(modules[0], (tokens,), None, [None])]
-    grad = mode == "train"
-    with torch.enable_grad() if grad else torch.no_grad():
-        hidden, cos, sin = (_leaf(t, grad) for t in modules[0](tokens)) if stages > 1 \
-            else (None, None, None)
-        for s, module in enumerate(modules[1:], start=1):
-            split.append(Stage(module, (hidden, cos, sin), None, [s - 1, 0, 0]))
-            if s < stages - 1:
-                hidden = _leaf(module(hidden, cos, sin), grad)
-    return split
-
-
-class LlamaStage(torch.nn.Module):
-    """One pipeline stage of the built-in Llama (`exportflops.examples.llama.Llama`) made of
-    the model's own modules, so a tensor-parallel plan or FSDP2 applied to the model holds in
-    the stage (torch's ``pipeline()`` traces fixed head counts into its stage graphs). It takes
-    what the stage of torch's split takes: the tokens (stage 0), else the hidden state and the
-    rotary tables, and returns what it sends on (stage 0 the rotary tables too)."""
-
-    #: The blocks FSDP2 shards one by one before the stage (`exportflops.cli.parallel`'s rule).
-    _no_split_modules = ["TransformerBlock"]
-
-    def __init__(self, model: torch.nn.Module, held: range, first: bool, last: bool) -> None:
-        super().__init__()
-        self.first, self.last = first, last
-        self.logits_last_only = model.config.logits_last_only
-        if first:
-            self.rope, self.tok_embeddings = model.rope, model.tok_embeddings
-        # Keyed by the model's own indices: the report's paths are the model's (layers.2).
-        self.layers = torch.nn.ModuleDict({str(i): model.layers[i] for i in held})
-        if last:
-            self.norm, self.output = model.norm, model.output
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor | None = None,
-                sin: torch.Tensor | None = None) -> Any:
-        if self.first:
-            cos, sin = self.rope(x.shape[1], x.device)  # (T, hd) each
-            x = self.tok_embeddings(x)  # (B, T, dim)
-        for layer in self.layers.values():
-            x, _ = layer(x, cos, sin)
-        if self.last:
-            x = self.norm(x)
-            return self.output(x[:, [-1], :] if self.logits_last_only else x)
-        return (x, cos, sin) if self.first else x

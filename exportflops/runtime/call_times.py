@@ -57,8 +57,8 @@ def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, t
     with torch.random.fork_rng(devices=cuda), \
             torch.cuda.device(cuda[0]) if cuda else contextlib.nullcontext():
         for iteration in range(warmup + repeat):
-            for parameter, _ in grads:
-                parameter.grad = None
+            for tensor, _ in grads:
+                tensor.grad = None
             outputs: list[Any] = []
             with torch.enable_grad() if train else torch.no_grad():
                 forward = clock.whole(lambda: outputs.append(module(*args, **(kwargs or {}))))
@@ -73,8 +73,8 @@ def call_seconds(module: torch.nn.Module, args: tuple, kwargs: dict | None, *, t
             with torch.no_grad():
                 for buffer, value in saved:
                     buffer.copy_(value)
-            for parameter, grad in grads:
-                parameter.grad = grad
+            for tensor, grad in grads:
+                tensor.grad = grad
             if iteration >= warmup:
                 for kind, read in {"F": forward, **backward}.items():
                     times[kind].append(read())
@@ -90,14 +90,10 @@ def _two_passes(clock: CpuClock, output: Any, inputs: list[torch.Tensor],
     from torch.distributed.pipelining._backward import (stage_backward_input,
                                                         stage_backward_weight)
 
-    roots = [t for t in pytree.tree_leaves(output)
-             if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not roots or not wrt:
-        return {"I": lambda: 0.0, "W": lambda: 0.0}
+    roots = _roots(output)
+    if not inputs or not roots:  # torch's first stage: the whole backward in the weight pass
+        return {"I": lambda: 0.0, "W": _backward(clock, output, wrt)}
     seeds = [torch.ones_like(t) for t in roots]
-    if not inputs:  # torch's first stage: nothing in the input pass, the whole backward after
-        return {"I": lambda: 0.0,
-                "W": clock.whole(lambda: torch.autograd.backward(roots, seeds, inputs=wrt))}
     groups: list = []
     input_pass = clock.whole(lambda: groups.append(
         stage_backward_input(roots, seeds, inputs, iter(weights))[1]))
@@ -107,9 +103,14 @@ def _two_passes(clock: CpuClock, output: Any, inputs: list[torch.Tensor],
 
 def _backward(clock: CpuClock, output: Any, wrt: list[torch.Tensor]):
     """Run and time the gradients of ``wrt`` from ``output``'s tensors that have a gradient."""
-    roots = [t for t in pytree.tree_leaves(output)
-             if isinstance(t, torch.Tensor) and t.requires_grad]
+    roots = _roots(output)
     if not roots or not wrt:
         return lambda: 0.0
     seeds = [torch.ones_like(t) for t in roots]
     return clock.whole(lambda: torch.autograd.grad(roots, wrt, seeds, allow_unused=True))
+
+
+def _roots(output: Any) -> list[torch.Tensor]:
+    """The tensors of ``output`` a backward starts from: those that have a gradient."""
+    return [t for t in pytree.tree_leaves(output)
+            if isinstance(t, torch.Tensor) and t.requires_grad]

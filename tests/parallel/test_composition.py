@@ -14,8 +14,8 @@ import pytest
 from exportflops.cli import main
 from exportflops.cli.pipeline import stage_rank_counter
 from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
-from exportflops.parallel.pipeline import (analyze_pipeline, mesh_coordinates, on_mesh,
-                                           rank_report)
+from exportflops.parallel.pipeline import analyze_pipeline
+from exportflops.parallel.pipeline_mesh import mesh_coordinates, on_mesh, rank_report
 from exportflops.records.pipeline import PipelineReport
 
 F32 = 4  # bytes per float32 element
