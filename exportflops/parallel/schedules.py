@@ -14,8 +14,12 @@ arXiv:2401.10241) split a stage's backward into the input-gradient pass ``I``, w
 before waits on, and the weight-gradient pass ``W``, which nothing waits on and which fills
 the bubbles: their stages are counted with the backward split the same way
 (`exportflops.count.backward.trace_backward`), so each pass takes its own time. torch's
-``ScheduleDualPipeV`` is not in the table: it overlaps one microbatch's forward with
-another's backward (``OVERLAP_F_B``), which a timeline of one action at a time would not show.
+``ScheduleDualPipeV`` (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437,
+section 3.2.1, in its V-shaped form) pairs one microbatch's forward with another's backward in
+one action (``OVERLAP_F_B``); torch runs the pair's two sub-actions one after the other
+(``_PipelineScheduleRuntime._step_microbatches``), so they are two actions here: the pairing
+overlaps one's communication with the other's computation, and the timeline has no
+communication inside a stage to hide.
 """
 
 from __future__ import annotations
@@ -64,14 +68,19 @@ SCHEDULES: dict[str, Schedule] = {
         "ScheduleZBVZeroBubble", True,
         "2 stages per rank placed in a V (rank r holds stages r and 2p-1-r), backward split "
         "into input and weight gradients (Qi et al. 2023, section 6)", split_backward=True),
+    "dualpipev": Schedule(
+        "ScheduleDualPipeV", True,
+        "DeepSeek-V3's DualPipe in a V (2 stages per rank, at least 2p microbatches): one "
+        "microbatch's forward paired with another's backward, whole backwards and split ones "
+        "(DeepSeek-AI 2024, section 3.2.1)", split_backward=True),
 }
 
 
 def pipeline_order(name: str, pp: int, microbatches: int,
                    stages_per_rank: int) -> dict[int, list[tuple[int, str, int]]]:
     """{rank: [(stage, action, microbatch), ...]} in torch's order for schedule ``name``, idle
-    slots and gradient reductions dropped; the action is ``F``, ``B``, or with a split
-    backward ``I`` and ``W``."""
+    slots and gradient reductions dropped, paired actions as their two; the action is ``F``,
+    ``B``, or with a split backward ``I`` and ``W``."""
     import torch.distributed.pipelining as pipelining
     from unittest import mock
 
@@ -88,10 +97,17 @@ def pipeline_order(name: str, pp: int, microbatches: int,
                          f"rank and {microbatches} microbatches: torch's "
                          f"{schedule.torch_class} refuses it: {error}") from error
     order = {rank: [(a.stage_index, a.computation_type.value, a.microbatch_index)
-                    for a in actions if a is not None and a.computation_type.value in "FBIW"]
+                    for a in _computations(actions) if a.computation_type.value in "FBIW"]
              for rank, actions in built.pipeline_order.items()}
     _check_complete(name, order, pp * stages_per_rank, microbatches)
     return order
+
+
+def _computations(actions: list) -> list:
+    """A rank's actions, idle slots dropped, a paired forward and backward (``OVERLAP_F_B``)
+    as its two sub-actions in the order torch runs them."""
+    return [sub for a in actions if a is not None
+            for sub in (a.sub_actions if getattr(a, "sub_actions", None) else (a,))]
 
 
 #: The timeline's name for each of torch's computation types.
