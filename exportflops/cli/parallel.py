@@ -11,9 +11,10 @@ What FSDP2 shards: the usual recipe (torchtitan's ``apply_fsdp``; transformers' 
 ``_no_split_modules``): ``fully_shard`` on each block, then on the root. A block is a module
 whose class a Hugging Face model names in ``_no_split_modules`` (its decoder layer), or else each
 entry of a ``ModuleList`` (the built-in examples' ``layers`` and ``h``). FSDP2 refuses meta
-parameters, so the model is built on fake tensors (``FakeTensorMode``, on cpu): nothing is
-allocated either way. With both degrees the mesh is (fsdp, tp), tensor parallel inner, as
-torchtitan lays it out: the plan is applied on ``mesh["tp"]``, then FSDP2 on ``mesh["fsdp"]``.
+parameters, so the model built on meta is copied onto fake tensors (``FakeTensorMode``, on
+cpu): nothing is allocated either way. With both degrees the mesh is (fsdp, tp), tensor
+parallel inner, as torchtitan lays it out: the plan is applied on ``mesh["tp"]``, then FSDP2
+on ``mesh["fsdp"]``.
 """
 
 from __future__ import annotations
@@ -33,23 +34,30 @@ def analyze_parallelized(ns: argparse.Namespace):
     return report, reprs
 
 
-def parallelized(ns: argparse.Namespace, shard=None):
+def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = False):
     """(the model as rank ``ns.rank`` holds it, that rank's report, each module's extra_repr)
     of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``. ``shard(spec, model, mesh)`` applies
-    FSDP2 (default: each block, then the root)."""
+    FSDP2 (default: each block, then the root); ``inputs(args, kwargs)`` returns the inputs
+    to count instead of the example's. Built on meta, then copied onto fake cpu tensors for
+    FSDP2 (which refuses meta parameters) or when ``fake`` (on meta, attention is traced as
+    its math decomposition; on cpu as one kernel call, as ring attention needs)."""
+    import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
     from ..attribution import extra_reprs
-    from ..parallel.ranks import fake_process_group
+    from ..parallel.ranks import fake_copy, fake_process_group
 
     degrees = {name: n for name, n in (("fsdp", ns.fsdp), ("tp", ns.tp)) if n is not None}
     world = (ns.tp or 1) * (ns.fsdp or 1)
     with fake_process_group(world, rank=ns.rank):
         mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
-        with _fake_tensors(ns.fsdp) as device:
-            model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes,
-                                               kwargs=ns.kwargs, hf_options=hf_options(ns))
+        model, args, kwargs = build_target(ns.model, torch.device("meta"), shapes=ns.shapes,
+                                           kwargs=ns.kwargs, hf_options=hf_options(ns))
+        if inputs is not None:
+            args, kwargs = inputs(args, kwargs)
+        if fake or ns.fsdp is not None:
+            model, args, kwargs = fake_copy(model, args, kwargs or {})
         reprs = extra_reprs(model)
         if ns.tp is not None:
             _parallelize(ns.model, model, mesh["tp"])
@@ -60,12 +68,12 @@ def parallelized(ns: argparse.Namespace, shard=None):
 
 
 @contextlib.contextmanager
-def _fake_tensors(fsdp: int | None):
-    """The device to build on: meta, or for FSDP2 (which refuses meta parameters) cpu under
+def _fake_tensors(fake: bool):
+    """The device to build on: meta, or ``fake`` (FSDP2 refuses meta parameters) cpu under
     ``FakeTensorMode``, which allocates nothing either."""
     import torch
 
-    if fsdp is None:
+    if not fake:
         yield torch.device("meta")
         return
     from ..torch_internals import FakeTensorMode

@@ -130,7 +130,7 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
         with fake_process_group((fsdp or 1) * (tp or 1), rank=0):
             mesh = init_device_mesh("cpu", tuple(degrees.values()),
                                     mesh_dim_names=tuple(degrees))
-            with _fake_tensors(fsdp) as device:
+            with _fake_tensors(fsdp is not None) as device:
                 built, args = build(device)
                 inputs = args if index == 0 else _received(built, args[0], mode)
             if tp is not None:

@@ -81,24 +81,29 @@ def _check_experts(ns: argparse.Namespace) -> None:
 
 
 def _check_context(ns: argparse.Namespace) -> None:
-    """--cp N, alone with --rank in 0..N-1 or inside --fsdp F (F rings of N ranks, torchtitan's
-    cp inside fsdp) with --rank in 0..F x N - 1; refused with what it does not combine with."""
+    """--cp N, alone with --rank in 0..N-1, or on torchtitan's mesh (fsdp, cp, tp) with --fsdp F
+    (F rings of N ranks, each running its own batch) and --tp T (T ranks at each place of a
+    ring) with --rank in 0..F x N x T - 1; refused with what it does not combine with."""
     if ns.cp is None:
         if ns.no_load_balance:
             raise UsageError("--no-load-balance splits the sequence of --cp N: pass --cp.")
         return
-    if ns.fsdp is not None and ns.fsdp < 1:
-        raise UsageError(f"--cp {ns.cp} --fsdp {ns.fsdp}: context parallelism sits inside FSDP2 "
-                         f"as torchtitan lays it out, --fsdp rings of --cp ranks each running "
-                         f"its own batch: --fsdp takes a degree >= 1.")
-    world = ns.cp * (ns.fsdp or 1)
+    for name in ("fsdp", "tp"):
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
+            raise UsageError(f"--cp {ns.cp} --{name} {getattr(ns, name)}: context parallelism "
+                             f"sits on torchtitan's mesh (fsdp, cp, tp), --fsdp rings of --cp "
+                             f"ranks each running its own batch, --tp ranks at each place of a "
+                             f"ring: --{name} takes a degree >= 1.")
+    world = ns.cp * (ns.fsdp or 1) * (ns.tp or 1)
     if ns.cp < 2 or not 0 <= ns.rank < world:
-        inside = "" if ns.fsdp is None else f" --fsdp {ns.fsdp}"
-        ranks = "the cp ranks" if ns.fsdp is None else "the fsdp x cp ranks"
+        mesh = " x ".join(name for name in ("fsdp", "cp", "tp")
+                          if name == "cp" or getattr(ns, name) is not None)
+        given = "".join(f" --{name} {getattr(ns, name)}" for name in ("fsdp", "tp")
+                        if getattr(ns, name) is not None)
         raise UsageError(f"--cp takes a degree >= 2 and --rank one of 0..{max(world - 1, 0)} "
-                         f"({ranks}), got --cp {ns.cp}{inside} --rank {ns.rank}.")
-    _alone(ns, "--cp", "splits the sequence of a model built here, alone or inside --fsdp",
-           composes=("--fsdp",))
+                         f"(the {mesh} ranks), got --cp {ns.cp}{given} --rank {ns.rank}.")
+    _alone(ns, "--cp", "splits the sequence of a model built here, alone or with --fsdp and "
+           "--tp", composes=("--fsdp", "--tp"))
 
 
 def _check_pipeline(ns: argparse.Namespace) -> None:

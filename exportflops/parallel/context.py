@@ -116,18 +116,9 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
     counts = _phase_counts(report, batch, seq)
     per_pair = {key: _per_pair(count, sizes, batch, seq, name) for key, count in counts.items()}
     other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
-    ring = []  # the ranks of one ring; each ring does the same
-    for rank in range(cp):
-        chunks = _chunks(rank, cp, seq_len, load_balance)
-        pairs = sum(_causal_pairs(c.start, c.stop) for c in chunks)
-        attention = {key: value * rows * pairs for key, value in per_pair.items()}
-        ring.append(ContextRank(
-            rank=rank, cp_rank=rank, chunks=chunks, attention_pairs=pairs,
-            attention_flops=_both(attention, "flops"), attention_macs=_both(attention, "macs"),
-            other_flops=_both(other, "flops"), other_macs=_both(other, "macs"),
-            backward_flops=attention["flops", "backward"] + other["flops", "backward"],
-            sends=_sends(calls, rank, cp, local, mode)))
-    ranks = [_placed(ring[rank % cp], rank, cp) for rank in range(cp * (fsdp or 1))]
+    ring = ring_ranks(per_pair, other, ring_sends(calls, local, mode, cp), rows=rows, cp=cp,
+                      seq_len=seq_len, load_balance=load_balance)
+    ranks = [placed(ring[rank % cp], rank, cp) for rank in range(cp * (fsdp or 1))]
     whole = Evaluator(sizes)
     return ContextParallelReport(
         model=name, mode=mode, cp=cp, fsdp=fsdp, fsdp_collectives=list(fsdp_collectives),
@@ -148,11 +139,33 @@ def _check_degree(cp: int, fsdp: int | None = None) -> None:
                          f"(each running its own batch), as an int >= 1, got fsdp={fsdp!r}.")
 
 
-def _placed(ring_rank: ContextRank, rank: int, cp: int) -> ContextRank:
-    """``ring_rank``'s work as global rank ``rank`` (cp innermost): its sends go to the next
-    rank of its own ring and come from the previous."""
-    first = rank - rank % cp
-    peers = {"to_rank": first + (rank + 1) % cp, "from_rank": first + (rank - 1) % cp}
+def ring_ranks(per_pair: dict[tuple[str, str], int], other: dict[tuple[str, str], int],
+               sends: list[RingSend], *, rows: int, cp: int, seq_len: int,
+               load_balance: bool) -> list[ContextRank]:
+    """The ranks of one ring, 0 .. cp - 1: each pays ``per_pair`` ((field, phase) -> the cost
+    of one (query, key) pair of one row) for the causal pairs of its chunks, and ``other`` (the
+    rest at its share of the sequence), and sends ``sends`` (peers set by `placed`)."""
+    ring = []
+    for rank in range(cp):
+        chunks = _chunks(rank, cp, seq_len, load_balance)
+        pairs = sum(_causal_pairs(c.start, c.stop) for c in chunks)
+        attention = {key: value * rows * pairs for key, value in per_pair.items()}
+        ring.append(ContextRank(
+            rank=rank, cp_rank=rank, chunks=chunks, attention_pairs=pairs,
+            attention_flops=_both(attention, "flops"), attention_macs=_both(attention, "macs"),
+            other_flops=_both(other, "flops"), other_macs=_both(other, "macs"),
+            backward_flops=attention["flops", "backward"] + other["flops", "backward"],
+            sends=sends))
+    return ring
+
+
+def placed(ring_rank: ContextRank, rank: int, cp: int, tp: int = 1) -> ContextRank:
+    """``ring_rank``'s work as global ``rank`` of the mesh (fsdp, cp, tp), tp innermost
+    (torchtitan's): its sends go to the next rank of its own ring, ``tp`` ranks on, and come
+    from the previous."""
+    first = rank - rank // tp % cp * tp
+    place = rank // tp % cp
+    peers = {"to_rank": first + (place + 1) % cp * tp, "from_rank": first + (place - 1) % cp * tp}
     return ring_rank.model_copy(update={
         "rank": rank, "sends": [s.model_copy(update=peers) for s in ring_rank.sends]})
 
@@ -203,11 +216,13 @@ def _causal_pairs(start: int, stop: int) -> int:
     return (stop * (stop + 1) - start * (start + 1)) // 2
 
 
-def _sends(calls: list, rank: int, cp: int, local: dict[str, int], mode: str) -> list[RingSend]:
-    """Per attention call: the key/value shard sent cp - 1 times in the forward; in train mode
-    cp - 1 times again in the backward, and its gradients cp times (module docstring)."""
+def ring_sends(calls: list, local: dict[str, int], mode: str, cp: int) -> list[RingSend]:
+    """Per attention call (its node, the key and value its inputs 1 and 2 at the sizes
+    ``local``): the key/value shard sent cp - 1 times in the forward; in train mode cp - 1 times
+    again in the backward, and its gradients cp times (module docstring). Peers as rank 0's:
+    `placed` sets each rank's."""
     sizes = Evaluator(local)
-    peers = {"to_rank": (rank + 1) % cp, "from_rank": (rank - 1) % cp}
+    peers = {"to_rank": 1 % cp, "from_rank": (-1) % cp}
     sends = []
     for call in calls:
         key, value = call.inputs[1], call.inputs[2]
@@ -231,4 +246,5 @@ def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-__all__ = ["analyze_context", "context_split", "fsdp_collectives"]
+__all__ = ["analyze_context", "context_split", "fsdp_collectives", "placed", "ring_ranks",
+           "ring_sends"]

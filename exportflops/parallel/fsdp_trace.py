@@ -14,7 +14,6 @@ alike), so rank 0's trace stands for each rank.
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable
 
@@ -22,9 +21,8 @@ import torch
 
 from ..errors import DistributedError
 from ..records import Collective
-from ..torch_internals import FakeTensorMode, pytree
 from .fsdp_blocks import blocks_of
-from .ranks import fake_process_group
+from .ranks import fake_copy, fake_process_group
 
 #: The mesh dimension FSDP2's world-spanning collectives are labelled with: torchtitan's name
 #: for the flattened data-parallel shard ranks (``dp_shard x cp``, ``ParallelDims``).
@@ -48,7 +46,13 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
 
     with fake_process_group(world, rank=0):
         dense = init_device_mesh("cpu", (world,), mesh_dim_names=(FSDP_DIM,))
-        fake, fake_args, fake_kwargs = _fake_copy(model, args, kwargs or {}, local_shape)
+        fake, fake_args, fake_kwargs = fake_copy(model, args, kwargs or {}, local_shape)
+        if hasattr(fake, "set_experts_implementation"):
+            # transformers' default grouped_mm experts do not run on fake cpu tensors (torch's
+            # meta kernel of grouped_mm takes bfloat16 only), its eager ones branch on the
+            # routing's values; batched_mm gathers each copy's expert weights with no branch.
+            # The copy's FLOPs are not kept, so how its experts compute changes nothing here.
+            fake.set_experts_implementation("batched_mm")
         try:
             if shard_inner is not None:
                 shard_inner(fake)
@@ -68,34 +72,3 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
         everyone = dense.get_group().group_name
     return [c.model_copy(update={"mesh_dim": FSDP_DIM}) if c.group == everyone and not c.mesh_dim
             else c for c in report.collectives]
-
-
-def _fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
-               local_shape: Callable[[torch.nn.Parameter], tuple] | None,
-               ) -> tuple[torch.nn.Module, tuple, dict]:
-    """A copy of ``model`` and its inputs on fake cpu tensors of the same dtypes (FSDP2 refuses
-    meta), each parameter of ``local_shape(p)`` (default its shape)."""
-    mode = FakeTensorMode()
-
-    def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
-        with mode:
-            return torch.empty(shape, dtype=tensor.dtype, device="cpu")
-
-    memo: dict[int, object] = {}
-    for p in model.parameters():
-        shape = p.shape if local_shape is None else local_shape(p)
-        memo[id(p)] = torch.nn.Parameter(fake(p, shape), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = fake(b, b.shape)
-    copied = copy.deepcopy(model, memo)
-    if hasattr(copied, "set_experts_implementation"):
-        # transformers' default grouped_mm experts do not run on fake cpu tensors (torch's meta
-        # kernel of grouped_mm takes bfloat16 only), its eager ones branch on the routing's
-        # values; batched_mm gathers each copy's expert weights with no branch. The copy's
-        # FLOPs are not kept, so how its experts compute changes nothing reported.
-        copied.set_experts_implementation("batched_mm")
-
-    def leaf(value):
-        return fake(value, value.shape) if isinstance(value, torch.Tensor) else value
-
-    return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)

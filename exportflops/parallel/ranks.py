@@ -9,8 +9,9 @@ decompositions), and this module adds the rank's fields to the report.
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.fx
@@ -19,7 +20,7 @@ from ..errors import DistributedError
 from ..formulas.collectives import KINDS, NAMESPACES, message_bytes
 from ..graph.walk import NodeCall
 from ..records import Collective
-from ..torch_internals import OpOverload, require
+from ..torch_internals import FakeTensorMode, OpOverload, pytree, require
 
 
 @contextlib.contextmanager
@@ -51,6 +52,32 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
             dist.destroy_process_group()
     finally:
         sys.excepthook = excepthook
+
+
+def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
+              local_shape: Callable[[torch.nn.Parameter], tuple] | None = None,
+              ) -> tuple[torch.nn.Module, tuple, dict]:
+    """A copy of ``model`` and its inputs on fake cpu tensors of the same dtypes (FSDP2 refuses
+    meta; nothing is allocated, the caller's model is untouched), each parameter of
+    ``local_shape(p)`` (default its shape), tied parameters kept tied."""
+    mode = FakeTensorMode()
+
+    def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
+        with mode:
+            return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+
+    memo: dict[int, object] = {}
+    for p in model.parameters():
+        shape = p.shape if local_shape is None else local_shape(p)
+        memo[id(p)] = torch.nn.Parameter(fake(p, shape), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = fake(b, b.shape)
+    copied = copy.deepcopy(model, memo)
+
+    def leaf(value):
+        return fake(value, value.shape) if isinstance(value, torch.Tensor) else value
+
+    return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
 
 
 def is_parallelized(model: object) -> bool:

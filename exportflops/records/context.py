@@ -66,12 +66,12 @@ class ContextRank(Record):
     """One rank's share of the sequence and the work it does on it."""
 
     rank: int
-    """The rank: its index on the context-parallel ring, 0 .. cp - 1; inside FSDP2 its global
-    rank, 0 .. fsdp x cp - 1."""
+    """The rank: its index on the context-parallel ring, 0 .. cp - 1; inside FSDP2 or with
+    tensor parallelism its global rank, 0 .. fsdp x cp x tp - 1."""
     cp_rank: int
-    """Its index on its ring, 0 .. cp - 1: ``rank mod cp`` (cp innermost in torchtitan's mesh),
-    which decides its positions (a record written before FSDP2 composed, without this field,
-    reads it as its ``rank``)."""
+    """Its index on its ring, 0 .. cp - 1: ``rank div tp mod cp`` (torchtitan's mesh: cp,
+    then tp innermost), which decides its positions (a record written before FSDP2 composed,
+    without this field, reads it as its ``rank``)."""
     chunks: list[SequenceChunk]
     """The sequence positions it holds: chunks ``cp_rank`` and ``2 cp - 1 - cp_rank`` with load
     balancing, chunk ``cp_rank`` without."""
@@ -126,6 +126,14 @@ class ContextParallelReport(NotebookRecord):
     """FSDP2's all-gathers and reduce-scatters of one rank, in the order it issues them, the
     same sizes on every rank (``mesh_dim`` ``fsdp``: over all ``fsdp x cp`` ranks). Empty
     without ``fsdp``."""
+    tp: int | None = None
+    """Tensor-parallel ranks at each place of each ring (torchtitan's mesh ``cp``, then ``tp``
+    innermost): each runs its tensor-parallel rank of the model on the ring's share of the
+    sequence; None without tensor parallelism."""
+    tp_collectives: list[Collective] = []
+    """The tensor-parallel plan's collectives of one rank on its share of the sequence, in
+    the order it issues them, the same sizes on every rank (``mesh_dim`` ``tp``). Empty
+    without ``tp``."""
     load_balanced: bool
     """True: round-robin in 2 x cp chunks (torch's ``context_parallel`` for causal attention);
     False: cp contiguous blocks."""
@@ -137,7 +145,8 @@ class ContextParallelReport(NotebookRecord):
     """``scaled_dot_product_attention`` calls in the forward: the calls the ring replaces."""
     flops_per_pair: int
     """FLOPs of one (query, key) pair of one row over every attention layer and head (forward,
-    plus backward in train mode), from the analysis' terms quadratic in the sequence."""
+    plus backward in train mode), from the analysis' terms quadratic in the sequence; with
+    ``tp``, over one tensor-parallel rank's heads."""
     macs_per_pair: int
     """Multiply-accumulates of one (query, key) pair, as ``flops_per_pair``."""
     single_device_flops: int
@@ -149,18 +158,19 @@ class ContextParallelReport(NotebookRecord):
     the model passes its mask as a tensor, so that ``single_device_flops`` counts every pair
     (the ranks' causal pairs are counted all the same)."""
     ranks: list[ContextRank]
-    """Every rank, in rank order: the ``cp`` ranks of the ring, or inside FSDP2 all
-    ``fsdp x cp`` ranks (``fsdp`` rings doing the same work)."""
+    """Every rank, in rank order: the ``cp`` ranks of the ring, or all ``fsdp x cp x tp``
+    ranks (``fsdp`` rings doing the same work, ``tp`` ranks at each place of a ring)."""
 
     def world_size(self) -> int:
-        """The ranks reported: ``fsdp x cp`` inside FSDP2, else ``cp``."""
-        return (self.fsdp or 1) * self.cp
+        """The ranks reported: ``fsdp x cp x tp`` (a missing degree counts 1)."""
+        return (self.fsdp or 1) * self.cp * (self.tp or 1)
 
     def cp_group(self, rank: int) -> list[int]:
-        """The ranks of ``rank``'s ring, which split one sequence: ``cp`` consecutive ranks
-        (cp innermost in torchtitan's mesh)."""
-        first = rank - rank % self.cp
-        return list(range(first, first + self.cp))
+        """The ranks of ``rank``'s ring, which split one sequence: ``cp`` ranks ``tp`` apart
+        (consecutive without tensor parallelism; torchtitan's mesh, tp innermost)."""
+        tp = self.tp or 1
+        first = rank - rank // tp % self.cp * tp
+        return list(range(first, first + self.cp * tp, tp))
 
     @property
     def busiest(self) -> ContextRank:
@@ -174,11 +184,12 @@ class ContextParallelReport(NotebookRecord):
         return self.busiest.flops / mean if mean else 1.0
 
     def collectives(self, rank: int) -> list[Collective]:
-        """Everything ``rank`` issues: FSDP2's collectives (inside FSDP2) and its ring messages
-        as point-to-point `Collective` records, the forward's (FSDP2's first) before the
-        backward's."""
+        """Everything ``rank`` issues: FSDP2's collectives (inside FSDP2), the tensor-parallel
+        plan's, and its ring messages as point-to-point `Collective` records, the forward's
+        (FSDP2's first) before the backward's."""
         ring = [c for send in self.ranks[rank].sends for c in send.collectives(self.cp)]
-        return sorted([*self.fsdp_collectives, *ring], key=lambda c: c.phase == "backward")
+        return sorted([*self.fsdp_collectives, *self.tp_collectives, *ring],
+                      key=lambda c: c.phase == "backward")
 
     def _repr_html_(self) -> str:
         """What Jupyter shows: every rank's positions and work, the busiest rank, and rank 0's

@@ -15,30 +15,35 @@ def context_view(record: ContextParallelReport, *, style: Style = Style(),
     then ``rank``'s ring messages grouped by phase and, inside FSDP2, its FSDP2 collectives."""
     split = ("round-robin in 2 x cp chunks (load balanced)" if record.load_balanced
              else "contiguous blocks (not load balanced)")
+    apart = "consecutive ranks" if record.tp is None else f"ranks {record.tp} apart"
     inside = "" if record.fsdp is None else (
         f" inside {record.world_size()} FSDP2 ranks ({record.fsdp} rings of {record.cp} "
-        f"consecutive ranks, each its own batch)")
+        f"{apart}, each its own batch)")
+    if record.tp is not None:
+        inside += (f", {record.tp} tensor-parallel ranks at each place of a ring "
+                   f"({record.world_size()} ranks)")
     title = (f"{record.model}: context parallel over {record.cp} ranks{inside}, {split}; "
              f"{record.batch} x {record.seq_len} tokens per ring, {record.mode}")
     fsdp = record.fsdp is not None
+    grouped = fsdp or record.tp is not None
     fsdp_bytes = [style.count(sum(c.bytes for c in record.fsdp_collectives), "B")] * fsdp
     busiest = record.busiest.rank
     equal = len({r.flops for r in record.ranks}) == 1
     marked = None if equal else busiest
-    rows = [[f"{r.rank}{' *' if r.rank == marked else ''}", *([_ring(record, r)] * fsdp),
+    rows = [[f"{r.rank}{' *' if r.rank == marked else ''}", *([_ring(record, r)] * grouped),
              _positions(r), r.attention_pairs, style.count(r.attention_flops),
              style.count(r.other_flops), style.count(r.flops),
              style.ratio(r.flops, record.busiest.flops), style.count(r.send_bytes, "B"),
              *fsdp_bytes]
             for r in record.ranks]
     total = sum(r.flops for r in record.ranks)
-    rows.append(["total", *([""] * fsdp), "", sum(r.attention_pairs for r in record.ranks),
+    rows.append(["total", *([""] * grouped), "", sum(r.attention_pairs for r in record.ranks),
                  style.count(sum(r.attention_flops for r in record.ranks)),
                  style.count(sum(r.other_flops for r in record.ranks)), style.count(total), "",
                  style.count(sum(r.send_bytes for r in record.ranks), "B"),
                  *([style.count(len(record.ranks) * sum(c.bytes for c in
                                                         record.fsdp_collectives), "B")] * fsdp)])
-    headers = ["rank", *(["cp group"] * fsdp), "positions", "causal pairs", "attention FLOPs",
+    headers = ["rank", *(["cp group"] * grouped), "positions", "causal pairs", "attention FLOPs",
                "other FLOPs", "FLOPs", "of busiest", "sent", *(["FSDP2 bytes"] * fsdp)]
     notes = [f"* rank {busiest} does the most work and sets the step: "
              f"{record.imbalance:.3f} x the ranks' mean." if not equal else
@@ -49,24 +54,53 @@ def context_view(record: ContextParallelReport, *, style: Style = Style(),
                   f"(query, key) pair counted (its attention takes a mask tensor, no causal "
                   f"flag).",
              f"Causal pairs are per row of the batch: {style.count(record.flops_per_pair)} "
-             f"FLOPs each over {record.attention_layers} attention layers."]
-    align = "l" + "l" * fsdp + "lrrrrrr" + "r" * fsdp
+             f"FLOPs each over {record.attention_layers} attention layers"
+             f"{'' if record.tp is None else ', on one tensor-parallel rank'}."]
+    align = "l" + "l" * grouped + "lrrrrrr" + "r" * fsdp
     parts = [style.titled(title, style.table(rows, headers, align)) + "\n"
              + "\n".join(notes),
              _traffic(record, record.ranks[rank], style)]
+    if record.tp is not None:
+        parts.append(_tensor_parallel(record, rank, style))
     if fsdp:
         parts.append(fsdp_table(
             record.fsdp_collectives,
             f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
             f"message: the gathered output, the reduce-scattered input): every parameter over "
-            f"all {record.world_size()} ranks (fsdp: dp_shard x cp)",
-            {"fsdp": f"all {record.world_size()}"}, style))
+            f"{_fsdp_group(record)} ranks (fsdp: dp_shard x cp)",
+            {"fsdp": _fsdp_group(record)}, style))
     return "\n\n".join(parts) + "\n"
 
 
+def _fsdp_group(record: ContextParallelReport) -> str:
+    """FSDP2's group: all ranks, or with tensor parallelism the fsdp x cp of each tp index."""
+    size = record.fsdp * record.cp
+    return f"all {size}" if record.tp is None else f"{size} (a tp index's)"
+
+
 def _ring(record: ContextParallelReport, rank: ContextRank) -> str:
-    group = record.cp_group(rank.rank)
-    return f"{group[0]}-{group[-1]} (#{rank.cp_rank})"
+    return f"{_members(record, rank.rank)} (#{rank.cp_rank})"
+
+
+def _members(record: ContextParallelReport, rank: int) -> str:
+    """The ranks of ``rank``'s ring: a range when consecutive, else listed."""
+    group = record.cp_group(rank)
+    return (f"{group[0]}-{group[-1]}" if (record.tp or 1) == 1
+            else ", ".join(str(r) for r in group))
+
+
+def _tensor_parallel(record: ContextParallelReport, rank: int, style: Style) -> str:
+    """The tensor-parallel plan's collectives of ``rank``, one row per kind and phase."""
+    kinds: dict[tuple, list[int]] = {}
+    for c in record.tp_collectives:
+        kinds.setdefault((c.phase, c.op, c.dtype), []).append(c.bytes)
+    rows = [[phase, op, dtype, len(sizes), style.count(sum(sizes), "B")]
+            for (phase, op, dtype), sizes in kinds.items()]
+    first = rank - rank % record.tp
+    return style.titled(
+        f"Tensor-parallel collectives of rank {rank} (its group {first}-{first + record.tp - 1}"
+        f"), on its share of the sequence, the same sizes on every rank",
+        style.table(rows, ["phase", "collective", "dtype", "count", "bytes"], "lllrr"))
 
 
 def _positions(rank: ContextRank) -> str:
@@ -89,9 +123,8 @@ def _traffic(record: ContextParallelReport, rank: ContextRank, style: Style) -> 
                          style.count(sum(s.total_bytes for s in listed), "B")])
     first = rank.sends[0] if rank.sends else None
     peers = f" (to rank {first.to_rank}, from rank {first.from_rank})" if first else ""
-    group = record.cp_group(rank.rank)
-    where = (f"{rank.rank} of {record.cp}" if record.fsdp is None else
-             f"{rank.rank} (#{rank.cp_rank} of ring {group[0]}-{group[-1]})")
+    where = (f"{rank.rank} of {record.cp}" if record.fsdp is None and record.tp is None else
+             f"{rank.rank} (#{rank.cp_rank} of ring {_members(record, rank.rank)})")
     return style.titled(
         f"Ring traffic of rank {where}{peers}",
         style.table(rows, ["phase", "message", "layers", "sends per layer", "bytes per send",

@@ -96,6 +96,27 @@ class FlopsPerBatch:
             documents=[self._document(sizes, length) for row in rows for length in row]
             if packed else [])
 
+    def resized(self, args: tuple, kwargs: dict, **sizes: int) -> tuple[tuple, dict]:
+        """The batch ``args``/``kwargs`` cut to ``sizes`` (``seq=512``): each tensor's first
+        positions along its dims of these sizes, as the forward takes them; a size is no
+        larger than the batch's."""
+        bound = self._signature.bind_partial(*args, **(kwargs or {}))
+        marked = {(name, path): dims for name, path, dims in self._dims}
+        for name, value in bound.arguments.items():
+            def cut(path, leaf, name=name):
+                dims = marked.get((name, tuple(path)))
+                if not isinstance(leaf, torch.Tensor) or dims is None:
+                    return leaf
+                for dim, (_, symbol) in enumerate(dims):
+                    if symbol in sizes:
+                        if not 0 < sizes[symbol] <= leaf.shape[dim]:
+                            raise InputError(f"{_where(name, path)}: {symbol}={sizes[symbol]} "
+                                             f"is not in 1..{leaf.shape[dim]}, its size.")
+                        leaf = leaf.narrow(dim, 0, sizes[symbol])
+                return leaf.clone()
+            bound.arguments[name] = pytree.tree_map_with_path(cut, value)
+        return bound.args, bound.kwargs
+
     def _document(self, sizes: dict[str, int], length: int) -> DocumentFlops:
         return DocumentFlops(length=length, flops=self._counts["flops", "model"].document(
             sizes, length, self.batch, self.seq))

@@ -179,11 +179,11 @@ def test_the_command_splits_the_built_in_llama_and_prints_the_record(capsys):
 @pytest.mark.parametrize("args", [
     ["--cp", "2", "--rank", "2"],
     ["--cp", "1"],
-    ["--cp", "2", "--tp", "2"],
+    ["--cp", "2", "--tp", "2", "--rank", "4"],
     ["--no-load-balance"],
     ["--cp", "2", "--format", "csv"],
     ["--cp", "3", "--input", "1,64:int64"],  # 64 positions do not split in 6 chunks
-], ids=["rank past the ring", "one rank", "with tp", "no cp", "csv", "uneven chunks"])
+], ids=["rank past the ring", "one rank", "rank past cp x tp", "no cp", "csv", "uneven chunks"])
 def test_the_command_refuses_what_it_cannot_split_in_one_line(capsys, args):
     assert main(["llama", *args]) == 2
     stderr = capsys.readouterr().err

@@ -216,8 +216,9 @@ def test_python_m_exportflops_runs_cp_inside_fsdp(models_file):
 @pytest.mark.parametrize("flags, message", [
     (["--cp", "2", "--fsdp", "2", "--rank", "4"], "--rank one of 0..3 (the fsdp x cp ranks)"),
     (["--cp", "2", "--fsdp", "0"], "--fsdp takes a degree >= 1"),
-    (["--cp", "2", "--fsdp", "2", "--tp", "2"], "not with --tp"),
-], ids=["rank-past-fsdp-x-cp", "fsdp-zero", "with-tp"])
+    (["--cp", "2", "--fsdp", "2", "--tp", "2", "--rank", "8"],
+     "--rank one of 0..7 (the fsdp x cp x tp ranks)"),
+], ids=["rank-past-fsdp-x-cp", "fsdp-zero", "rank-past-fsdp-x-cp-x-tp"])
 def test_bad_cp_inside_fsdp_flags_are_usage_errors(models_file, capsys, flags, message):
     assert main([f"{models_file}:build", *flags]) == 2
     stderr = capsys.readouterr().err

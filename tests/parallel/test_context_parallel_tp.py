@@ -1,0 +1,174 @@
+"""Context parallelism with tensor parallelism (``--cp C --tp T [--fsdp F]``, torchtitan's mesh
+(fsdp, cp, tp), tp innermost): each rank runs its tensor-parallel rank on its ring's share of the
+sequence; every number derived by hand below.
+
+The model: test_context_parallel's, its attention split by a plan: token ids -> embedding (8
+channels, replicated) -> q, k, v linears 8 -> 8 (column-parallel: each of tp = 2 ranks computes
+4 channels, one head of 4) -> causal ``scaled_dot_product_attention`` -> o linear 8 -> 8
+(row-parallel: 4 channels in, a partial sum all-reduced). Per rank and token: q, k, v 3 x 8 x 4
+and o 4 x 8, 128 MACs, 256 FLOPs. Per (query, key) pair: one head, half of test_context_parallel's
+two: 8 MACs and 23 FLOPs. T = 16, cp = 2: each ring place holds 8 positions, rank places 0 and 1
+attend to 68 causal pairs each (test_context_parallel's derivation).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from exportflops.cli import main
+from exportflops.cli.context import analyze_split
+from exportflops.cli.options import check, parser
+from exportflops.records.context import ContextParallelReport
+from exportflops.render.context import context_view
+from tests.cli_support import one_paragraph
+from tests.parallel.test_context_parallel import DIM, F32, HEAD_DIM, PAIR_FLOPS, PAIR_MACS, T
+
+CP, TP = 2, 2
+LOCAL = T // CP  # 8 positions per ring place
+RANK_MACS_PER_TOKEN = 3 * DIM * (DIM // TP) + (DIM // TP) * DIM  # 96 + 32 = 128
+KV_SEND = 2 * LOCAL * HEAD_DIM * F32  # one head's key and value: 256 bytes
+
+
+class SplitAttention(nn.Module):
+    """test_context_parallel's CausalAttention with separate q, k, v and an output linear, and
+    the tensor-parallel plan torchtitan gives attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        self.embed = nn.Embedding(32, DIM)
+        self.q, self.k, self.v, self.o = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
+        self.tp_plan = {"q": ColwiseParallel(), "k": ColwiseParallel(),
+                        "v": ColwiseParallel(), "o": RowwiseParallel()}
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, L = ids.shape
+        x = self.embed(ids)
+        q, k, v = (p(x).view(B, L, -1, HEAD_DIM).transpose(1, 2) for p in (self.q, self.k,
+                                                                           self.v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, local heads, L, hd)
+        return self.o(y.transpose(1, 2).reshape(B, L, -1))
+
+
+MODELS = """
+import torch
+from tests.parallel.test_context_parallel_tp import SplitAttention
+
+
+def build(device):
+    return SplitAttention().to(device), (torch.zeros(1, 16, dtype=torch.long, device=device),)
+"""
+
+
+@pytest.fixture(scope="module")
+def models_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cp_tp") / "cp_tp_models.py"
+    path.write_text(MODELS)
+    return path
+
+
+def _split(models_file, *flags: str):
+    ns = parser().parse_args([f"{models_file}:build", *flags])
+    check(ns)
+    return analyze_split(ns)
+
+
+@pytest.fixture(scope="module")
+def forward(models_file):
+    return _split(models_file, "--cp", "2", "--tp", "2", "--rank", "3")
+
+
+def test_each_rank_does_its_heads_attention_on_its_places_pairs_and_its_linears_shards(forward):
+    _, (record, _) = forward
+    assert (record.cp, record.tp, record.world_size()) == (CP, TP, 4)
+    assert [r.cp_rank for r in record.ranks] == [0, 0, 1, 1]  # tp innermost
+    assert [r.attention_pairs for r in record.ranks] == [68] * 4
+    assert (record.macs_per_pair, record.flops_per_pair) == (PAIR_MACS // 2, PAIR_FLOPS // 2)
+    assert [r.attention_macs for r in record.ranks] == [68 * 8] * 4
+    assert [r.attention_flops for r in record.ranks] == [68 * 23] * 4
+    assert [r.other_macs for r in record.ranks] == [LOCAL * RANK_MACS_PER_TOKEN] * 4  # 1024
+    assert [r.other_flops for r in record.ranks] == [2 * LOCAL * RANK_MACS_PER_TOKEN] * 4
+
+
+def test_each_rank_sends_its_heads_keys_and_values_to_its_rings_next_rank(forward):
+    _, (record, _) = forward
+    assert [(s.bytes, s.sends) for s in record.ranks[0].sends] == [(KV_SEND, 1)]
+    # Rings are ranks tp apart: {0, 2} and {1, 3}.
+    assert [(r.sends[0].to_rank, r.sends[0].from_rank) for r in record.ranks] == [
+        (2, 2), (3, 3), (0, 0), (1, 1)]
+    assert record.cp_group(3) == [1, 3]
+
+
+def test_the_row_parallel_output_all_reduces_the_places_tokens(forward):
+    report, (record, _) = forward
+    assert [(c.op, c.phase, c.bytes, c.group_size) for c in record.tp_collectives] == [
+        ("all_reduce", "forward", LOCAL * DIM * F32, TP)]  # (1, 8, 8) float32: 256 bytes
+    assert (report.world_size, report.rank) == (4, 3)
+    assert sorted(c.op for c in report.collectives) == ["all_reduce", "send"]
+
+
+def test_the_view_names_the_mesh_rings_and_tensor_parallel_collectives(forward):
+    _, (record, _) = forward
+    text = context_view(record, rank=3)
+    assert "2 tensor-parallel ranks at each place of a ring (4 ranks)" in text
+    assert "Ring traffic of rank 3 (#1 of ring 1, 3) (to rank 1, from rank 1)" in text
+    assert "Tensor-parallel collectives of rank 3 (its group 2-3)" in text
+    assert ContextParallelReport.model_validate_json(record.model_dump_json()) == record
+
+
+def test_in_training_each_rank_pays_half_the_single_devices_cost_per_pair(models_file):
+    from tests.parallel.test_context_parallel import CausalAttention, ids
+    from exportflops.parallel.context import analyze_context
+
+    _, (record, _) = _split(models_file, "--cp", "2", "--tp", "2", "--mode", "train")
+    # Attention's work is per head: one of the two heads on each rank, forward and backward.
+    whole = analyze_context(CausalAttention(), (ids(),), cp=CP, mode="train")
+    assert record.flops_per_pair * 2 == whole.flops_per_pair
+    assert record.macs_per_pair * 2 == whole.macs_per_pair
+    assert all(r.backward_flops > 0 for r in record.ranks)
+    assert {s.tensors for s in record.ranks[0].sends} == {"key/value", "key/value gradients"}
+
+
+def test_inside_fsdp_every_rank_gathers_its_tensor_parallel_shards_over_fsdp_x_cp(models_file):
+    _, (record, _) = _split(models_file, "--cp", "2", "--tp", "2", "--fsdp", "2", "--rank", "7")
+    assert (record.fsdp, record.world_size(), len(record.ranks)) == (2, 8, 8)
+    assert [r.cp_rank for r in record.ranks] == [0, 0, 1, 1, 0, 0, 1, 1]
+    # The root unit: the replicated embedding 32 x 8 and the four linears' 8 x 4 shards.
+    gathered = (32 * DIM + 4 * DIM * (DIM // TP)) * F32  # 1536 bytes
+    assert [(c.op, c.bytes, c.group_size) for c in record.fsdp_collectives] == [
+        ("all_gather", gathered, FSDP_X_CP)]
+    assert record.cp_group(7) == [5, 7]
+
+
+FSDP_X_CP = 4
+
+
+def test_the_command_prints_json_of_every_rank(models_file, capsys):
+    assert main([f"{models_file}:build", "--cp", "2", "--tp", "2", "--format", "json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["cp"], record["tp"], len(record["ranks"])) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cp", "2", "--tp", "2", "--rank", "4"], "--rank one of 0..3 (the cp x tp ranks)"),
+    (["--cp", "2", "--tp", "0"], "--tp takes a degree >= 1"),
+    (["--cp", "2", "--tp", "4"], "must exceed 3 x tp"),  # 8 positions, read at 8 - 3 x 4 < 0
+    (["--cp", "2", "--tp", "2", "--ep", "2"], "not with"),
+], ids=["rank-past-cp-x-tp", "tp-zero", "too-short-to-read", "with-ep"])
+def test_bad_cp_with_tp_flags_are_usage_errors(models_file, capsys, flags, message):
+    assert main([f"{models_file}:build", *flags]) == 2
+    stderr = capsys.readouterr().err
+    assert one_paragraph(stderr) and "\n" not in stderr.strip() and message in stderr, stderr
+
+
+def test_fsdp_takes_a_factory_that_moves_its_model_with_to_device(models_file, capsys):
+    # The model is built on meta and copied onto fake tensors: under FakeTensorMode, torch
+    # cannot swap a fake parameter onto its own device (``.to("cpu")``).
+    assert main([f"{models_file}:build", "--fsdp", "2", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["world_size"] == 2
