@@ -31,7 +31,7 @@ def analyze_split(ns: argparse.Namespace):
         record = context_split(fpb, args, kwargs, cp=ns.cp,
                                load_balance=not ns.no_load_balance)
         if ns.tp is not None:  # after the split's checks: each rank's count is the costly part
-            record = with_tensor_parallel(record, partial(_tensor_parallel_rank, ns, fpb),
+            record = with_tensor_parallel(fpb, record, partial(_tensor_parallel_rank, ns, fpb),
                                           tp=ns.tp, fsdp=ns.fsdp)
         elif ns.fsdp is not None:
             record = context_split(fpb, args, kwargs, cp=ns.cp,
@@ -51,14 +51,15 @@ def analyze_split(ns: argparse.Namespace):
     return report, (record, partial(context_view, rank=ns.rank))
 
 
-def _tensor_parallel_rank(ns: argparse.Namespace, fpb, length: int):
+def _tensor_parallel_rank(ns: argparse.Namespace, fpb, length: int, first: bool):
     """Rank ``ns.rank``'s tensor-parallel rank of MODEL on ``length`` positions of each row:
-    alone on its ``--tp`` group, or with ``--fsdp`` on the mesh (fsdp x cp, tp), FSDP2 sharding
-    over the fsdp x cp ranks as torchtitan's does. Built on fake cpu tensors, where each
+    alone on its ``--tp`` group, or for the ``first`` count (whose collectives are kept) with
+    ``--fsdp`` on the mesh (fsdp x cp, tp), FSDP2 sharding over the fsdp x cp ranks as
+    torchtitan's does (FSDP2 changes no FLOPs). Built on fake cpu tensors, where each
     attention call stays one kernel call, whose key and value the ring sends."""
     from .parallel import parallelized
 
-    flat = ns.fsdp * ns.cp if ns.fsdp is not None else None
+    flat = ns.fsdp * ns.cp if ns.fsdp is not None and first else None
     rank = ns.rank if flat is not None else ns.rank % ns.tp
     group = argparse.Namespace(**{**vars(ns), "fsdp": flat, "rank": rank})
     _, report, _ = parallelized(group, inputs=partial(fpb.resized, **{fpb.seq: length}),

@@ -21,13 +21,17 @@ heads), and its collectives are those of its count at ``L``: the plan's, and FSD
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from fractions import Fraction
+
+import sympy
 
 from ..errors import InputError
 from ..records.context import ContextParallelReport
 from ..records.report import Report
-from ..records.symbolic import parse_count
+from ..records.symbolic import parse_count, size_symbol
+from ..training.per_batch import FlopsPerBatch
 from .context import placed, ring_ranks, ring_sends
 
 #: The lengths of the rank's sequence counted: L - k u for these k.
@@ -39,25 +43,32 @@ def fit_lengths(record: ContextParallelReport, tp: int) -> list[int]:
     ``L = seq / cp``, for k = 0 .. 3 (module docstring)."""
     local = record.seq_len // record.cp
     if local % tp or local <= 3 * tp:
+        chunks = 2 * record.cp if record.load_balanced else record.cp
+        unit = math.lcm(chunks, record.cp * tp)
+        shortest = unit * math.ceil((3 * tp + 1) * record.cp / unit)
         raise InputError(f"{record.model}: each rank of a ring of {record.cp} holds "
                          f"{local} positions, which tp {tp} must divide (a sequence-parallel "
                          f"plan splits them) and which must exceed 3 x tp (the count is read "
                          f"at {local} less 0 .. 3 x tp positions): give the example a sequence "
-                         f"that is a multiple of {record.cp * tp} and at least "
-                         f"{record.cp * 4 * tp} long.")
+                         f"that is a multiple of {unit} and at least {shortest} long (--input, "
+                         f"or --seq for hf: models).")
     return [local - k * tp for k in _STEPS]
 
 
-def with_tensor_parallel(record: ContextParallelReport, rank_at: Callable[[int], Report], *,
-                         tp: int, fsdp: int | None = None) -> ContextParallelReport:
-    """``record`` (`context_split` of the single-device analysis) on the mesh (fsdp, cp, tp):
-    every rank's work and ring traffic as its tensor-parallel rank's, ``rank_at(length)`` being
-    that rank's report on ``length`` positions of each row (with ``fsdp``, sharded by FSDP2
-    over ``fsdp x cp`` ranks too), read at `fit_lengths` (module docstring)."""
+def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
+                         rank_at: Callable[[int, bool], Report], *, tp: int,
+                         fsdp: int | None = None) -> ContextParallelReport:
+    """``record`` (`context_split` of ``fpb``, the single-device analysis) on the mesh (fsdp,
+    cp, tp): every rank's work and ring traffic as its tensor-parallel rank's,
+    ``rank_at(length, first)`` being that rank's report on ``length`` positions of each row,
+    read at `fit_lengths`; with ``first`` (the count at ``L``, whose collectives are kept), with
+    ``fsdp`` also sharded by FSDP2 over ``fsdp x cp`` ranks. ``fpb``'s terms are checked to
+    split as the fit needs (module docstring)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InputError(f"{record.model}: tp must be an int >= 1, got {tp!r}.")
+    _check_terms(fpb)
     lengths = fit_lengths(record, tp)
-    reports = [rank_at(length) for length in lengths]
+    reports = [rank_at(length, k == 0) for k, length in enumerate(lengths)]
     per_pair, other = {}, {}
     for field in ("flops", "macs"):
         for phase in ("forward", "backward"):
@@ -69,22 +80,55 @@ def with_tensor_parallel(record: ContextParallelReport, rank_at: Callable[[int],
     if len(calls) != record.attention_layers:
         raise InputError(f"{record.model}: its tensor-parallel rank makes {len(calls)} "
                          f"scaled_dot_product_attention calls where the model makes "
-                         f"{record.attention_layers}: ring attention replaces each call, so "
-                         f"the rank's must be kept whole (build the model on a device whose "
-                         f"attention kernel takes the call, not its math decomposition).")
+                         f"{record.attention_layers}: ring attention replaces each call, whose "
+                         f"key and value the rank's count must show; analyze --cp without "
+                         f"--tp.")
     ring = ring_ranks(per_pair, other, ring_sends(calls, {}, record.mode, record.cp),
                       rows=record.batch, cp=record.cp, seq_len=record.seq_len,
                       load_balance=record.load_balanced)
     world = (fsdp or 1) * record.cp * tp
-    collectives = local.collectives
+    fsdp_collectives, tp_collectives = _collectives(local, record.model, fsdp)
     return record.model_copy(update={
         "tp": tp, "fsdp": fsdp,
-        "fsdp_collectives": [c for c in collectives if c.mesh_dim == "fsdp"],
-        "tp_collectives": [c for c in collectives if c.mesh_dim != "fsdp"],
+        "fsdp_collectives": fsdp_collectives, "tp_collectives": tp_collectives,
         "flops_per_pair": per_pair["flops", "forward"] + per_pair["flops", "backward"],
         "macs_per_pair": per_pair["macs", "forward"] + per_pair["macs", "backward"],
         "ranks": [placed(ring[rank // tp % record.cp], rank, record.cp, tp)
                   for rank in range(world)]})
+
+
+def _check_terms(fpb: FlopsPerBatch) -> None:
+    """The single-device count splits as the fit needs: polynomial in the sequence, and every
+    term of degree 2 or more in it is attention's, one per row of the batch (a mask built
+    once per step, ``seq**2`` without the batch, would be read as pairs)."""
+    batch, seq = size_symbol(fpb.batch), size_symbol(fpb.seq)
+    for count in (fpb.report.total.flops, fpb.report.total.macs):
+        for term in sympy.Add.make_args(sympy.expand(parse_count(count))):
+            if not term.is_polynomial(seq) or (
+                    sympy.degree(term, seq) >= 2
+                    and (not term.is_polynomial(batch) or sympy.degree(term, batch) != 1)):
+                raise InputError(f"{fpb.report.model}: its count has the term {term}, which "
+                                 f"is not attention's pairs of each row nor work on each "
+                                 f"token: a tensor-parallel rank's count, read at fixed "
+                                 f"lengths, would not split over a ring; analyze --cp without "
+                                 f"--tp.")
+
+
+def _collectives(report: Report, model: str, fsdp: int | None) -> tuple[list, list]:
+    """(FSDP2's, the plan's) collectives of the rank's count: mesh dimension ``fsdp`` and
+    ``tp``; without FSDP2 the tp group is the count's whole world, which torch names no mesh
+    dimension."""
+    fsdp_collectives, tp_collectives = [], []
+    for c in report.collectives:
+        if c.mesh_dim == "fsdp":
+            fsdp_collectives.append(c)
+        elif c.mesh_dim == "tp" or (not c.mesh_dim and fsdp is None):
+            tp_collectives.append(c.model_copy(update={"mesh_dim": "tp"}))
+        else:
+            raise InputError(f"{model}: its tensor-parallel rank issues {c.op} over mesh "
+                             f"dimension {c.mesh_dim!r} ({c.module or 'the root'}), neither "
+                             f"tp nor fsdp: analyze --cp without --tp.")
+    return fsdp_collectives, tp_collectives
 
 
 def _count(report: Report, field: str, phase: str) -> int:
@@ -102,15 +146,16 @@ def _quadratic(counts: list[int], lengths: list[int], record: ContextParallelRep
     c0, c1, c2, c3 = counts
     if c0 - 3 * c1 + 3 * c2 - c3:
         raise InputError(f"{record.model}: its tensor-parallel rank's {what} at {lengths} "
-                         f"positions ({counts}) are no quadratic in the sequence: a term of a "
+                         f"positions ({counts}) are not quadratic in the sequence: a term of a "
                          f"higher degree does not split over a ring; analyze --cp without "
                          f"--tp.")
     quadratic = Fraction(c0 - 2 * c1 + c2, 2 * step * step)  # A = rows x cost per pair
     per_pair = quadratic / record.batch
-    if per_pair.denominator != 1:
+    if per_pair.denominator != 1 or (per_pair <= 0 and what == "forward flops"):
         raise InputError(f"{record.model}: its tensor-parallel rank's {what} give "
-                         f"{per_pair} per (query, key) pair of a row, no whole count: the "
-                         f"terms quadratic in the sequence are not attention's pairs.")
+                         f"{per_pair} per (query, key) pair of a row, not a positive whole "
+                         f"count: its terms quadratic in the sequence are not attention's "
+                         f"pairs; analyze --cp without --tp.")
     return int(per_pair), int(c0 - quadratic * lengths[0] ** 2)
 
 

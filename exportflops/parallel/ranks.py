@@ -59,7 +59,8 @@ def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
               ) -> tuple[torch.nn.Module, tuple, dict]:
     """A copy of ``model`` and its inputs on fake cpu tensors of the same dtypes (FSDP2 refuses
     meta; nothing is allocated, the caller's model is untouched), each parameter of
-    ``local_shape(p)`` (default its shape), tied parameters kept tied."""
+    ``local_shape(p)`` (default its shape), tied parameters kept tied, tensors held as plain
+    attributes copied too."""
     mode = FakeTensorMode()
 
     def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
@@ -72,6 +73,10 @@ def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
         memo[id(p)] = torch.nn.Parameter(fake(p, shape), requires_grad=p.requires_grad)
     for b in model.buffers():
         memo[id(b)] = fake(b, b.shape)
+    for module in model.modules():  # a tensor held as a plain attribute (a scale, a mask)
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor) and id(value) not in memo:
+                memo[id(value)] = fake(value, value.shape)
     copied = copy.deepcopy(model, memo)
 
     def leaf(value):

@@ -67,15 +67,18 @@ def context_view(record: ContextParallelReport, *, style: Style = Style(),
             record.fsdp_collectives,
             f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
             f"message: the gathered output, the reduce-scattered input): every parameter over "
-            f"{_fsdp_group(record)} ranks (fsdp: dp_shard x cp)",
-            {"fsdp": _fsdp_group(record)}, style))
+            f"{_fsdp_group(record)[0]} (fsdp: dp_shard x cp)",
+            {"fsdp": _fsdp_group(record)[1]}, style))
     return "\n\n".join(parts) + "\n"
 
 
-def _fsdp_group(record: ContextParallelReport) -> str:
-    """FSDP2's group: all ranks, or with tensor parallelism the fsdp x cp of each tp index."""
+def _fsdp_group(record: ContextParallelReport) -> tuple[str, str]:
+    """FSDP2's group, for a title and for a table's column: all ranks, or with tensor
+    parallelism the fsdp x cp ranks of each tp index."""
     size = record.fsdp * record.cp
-    return f"all {size}" if record.tp is None else f"{size} (a tp index's)"
+    if record.tp is None:
+        return f"all {size} ranks", f"all {size}"
+    return f"the {size} ranks sharing its tp index", f"{size} of its tp index"
 
 
 def _ring(record: ContextParallelReport, rank: ContextRank) -> str:

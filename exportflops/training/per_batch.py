@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from functools import partial
 from typing import Any, Literal
 
 import sympy
@@ -100,22 +101,24 @@ class FlopsPerBatch:
         """The batch ``args``/``kwargs`` cut to ``sizes`` (``seq=512``): each tensor's first
         positions along its dims of these sizes, as the forward takes them; a size is no
         larger than the batch's."""
-        bound = self._signature.bind_partial(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
         marked = {(name, path): dims for name, path, dims in self._dims}
-        for name, value in bound.arguments.items():
-            def cut(path, leaf, name=name):
-                dims = marked.get((name, tuple(path)))
-                if not isinstance(leaf, torch.Tensor) or dims is None:
-                    return leaf
-                for dim, (_, symbol) in enumerate(dims):
-                    if symbol in sizes:
-                        if not 0 < sizes[symbol] <= leaf.shape[dim]:
-                            raise InputError(f"{_where(name, path)}: {symbol}={sizes[symbol]} "
-                                             f"is not in 1..{leaf.shape[dim]}, its size.")
-                        leaf = leaf.narrow(dim, 0, sizes[symbol])
-                return leaf.clone()
-            bound.arguments[name] = pytree.tree_map_with_path(cut, value)
-        return bound.args, bound.kwargs
+
+        def cut(name, path, leaf):
+            dims = marked.get((name, tuple(path)))
+            if not isinstance(leaf, torch.Tensor) or dims is None:
+                return leaf
+            for dim, (_, symbol) in enumerate(dims):
+                if symbol in sizes:
+                    if not 0 < sizes[symbol] <= leaf.shape[dim]:
+                        raise InputError(f"{_where(name, path)}: {symbol}={sizes[symbol]} is "
+                                         f"not in 1..{leaf.shape[dim]}, its size.")
+                    leaf = leaf.narrow(dim, 0, sizes[symbol])
+            return leaf.clone()
+
+        cut_arguments = {name: pytree.tree_map_with_path(partial(cut, name), value)
+                         for name, value in self._bound(args, kwargs).items()}
+        return _as_called(self._signature, cut_arguments, len(args), kwargs)
 
     def _document(self, sizes: dict[str, int], length: int) -> DocumentFlops:
         return DocumentFlops(length=length, flops=self._counts["flops", "model"].document(
@@ -199,6 +202,24 @@ class FlopsPerBatch:
                              f"arguments the example had: {sorted(self._tensor_arguments)}.")
         return sizes
 
+
+
+def _as_called(signature: inspect.Signature, arguments: dict[str, Any], positional: int,
+               kwargs: dict) -> tuple[tuple, dict]:
+    """``arguments`` (bound by name) as the call passed them: its first ``positional`` as
+    positional arguments, the rest by the keywords of ``kwargs``."""
+    args: list[Any] = []
+    for parameter in signature.parameters.values():
+        if len(args) >= positional:
+            break
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            args.extend(arguments.get(parameter.name, ()))
+        else:
+            args.append(arguments[parameter.name])
+    extra = next((arguments.get(p.name, {}) for p in signature.parameters.values()
+                  if p.kind is p.VAR_KEYWORD), {})
+    return tuple(args), {key: arguments[key] if key in arguments else extra[key]
+                         for key in kwargs}
 
 
 def _summed(costs: list, field: str) -> sympy.Expr:

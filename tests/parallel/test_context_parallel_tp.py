@@ -56,13 +56,52 @@ class SplitAttention(nn.Module):
         return self.o(y.transpose(1, 2).reshape(B, L, -1))
 
 
+class MaskedOncePerStep(SplitAttention):
+    """SplitAttention with its causal mask built from positions, once per step: a term in
+    seq**2 without the batch, which is no (query, key) pair of a row."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        B, L = ids.shape
+        pos = torch.arange(L, device=ids.device)
+        mask = pos[:, None] >= pos[None, :]
+        x = self.embed(ids)
+        q, k, v = (p(x).view(B, L, -1, HEAD_DIM).transpose(1, 2) for p in (self.q, self.k,
+                                                                           self.v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.o(y.transpose(1, 2).reshape(B, L, -1))
+
+
+class Scaled(nn.Module):
+    """An embedding scaled by a tensor held as a plain attribute, not a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(32, DIM)
+        self.scale = torch.full((DIM,), 0.5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids) * self.scale
+
+
 MODELS = """
 import torch
-from tests.parallel.test_context_parallel_tp import SplitAttention
+from tests.parallel.test_context_parallel_tp import MaskedOncePerStep, Scaled, SplitAttention
+
+
+def ids(device):
+    return torch.zeros(1, 16, dtype=torch.long, device=device)
 
 
 def build(device):
-    return SplitAttention().to(device), (torch.zeros(1, 16, dtype=torch.long, device=device),)
+    return SplitAttention().to(device), (ids(device),)
+
+
+def masked(device):
+    return MaskedOncePerStep().to(device), (ids(device),)
+
+
+def scaled(device):
+    return Scaled(), (ids(device),)
 """
 
 
@@ -122,17 +161,18 @@ def test_the_view_names_the_mesh_rings_and_tensor_parallel_collectives(forward):
     assert ContextParallelReport.model_validate_json(record.model_dump_json()) == record
 
 
-def test_in_training_each_rank_pays_half_the_single_devices_cost_per_pair(models_file):
-    from tests.parallel.test_context_parallel import CausalAttention, ids
-    from exportflops.parallel.context import analyze_context
-
+def test_in_training_each_rank_pays_its_heads_backward_too(models_file):
     _, (record, _) = _split(models_file, "--cp", "2", "--tp", "2", "--mode", "train")
-    # Attention's work is per head: one of the two heads on each rank, forward and backward.
-    whole = analyze_context(CausalAttention(), (ids(),), cp=CP, mode="train")
-    assert record.flops_per_pair * 2 == whole.flops_per_pair
-    assert record.macs_per_pair * 2 == whole.macs_per_pair
-    assert all(r.backward_flops > 0 for r in record.ranks)
-    assert {s.tensors for s in record.ranks[0].sends} == {"key/value", "key/value gradients"}
+    # test_context_parallel: backward per pair and head, dq, dk, dv and dp, 2 x 8 MACs; with
+    # the forward's 8, 24 on the rank's one head.
+    assert record.macs_per_pair == 8 + 2 * 8
+    assert [r.attention_macs for r in record.ranks] == [68 * 24] * 4
+    # Each linear's backward: its input's and its weight's gradients, 2 x its forward MACs.
+    assert [r.other_macs for r in record.ranks] == [3 * LOCAL * RANK_MACS_PER_TOKEN] * 4
+    assert all(0 < r.backward_flops < r.flops for r in record.ranks)
+    assert [(s.tensors, s.sends, s.bytes) for s in record.ranks[0].sends] == [
+        ("key/value", 1, KV_SEND), ("key/value", 1, KV_SEND),
+        ("key/value gradients", 2, 2 * LOCAL * HEAD_DIM * F32)]
 
 
 def test_inside_fsdp_every_rank_gathers_its_tensor_parallel_shards_over_fsdp_x_cp(models_file):
@@ -167,8 +207,23 @@ def test_bad_cp_with_tp_flags_are_usage_errors(models_file, capsys, flags, messa
     assert one_paragraph(stderr) and "\n" not in stderr.strip() and message in stderr, stderr
 
 
-def test_fsdp_takes_a_factory_that_moves_its_model_with_to_device(models_file, capsys):
-    # The model is built on meta and copied onto fake tensors: under FakeTensorMode, torch
-    # cannot swap a fake parameter onto its own device (``.to("cpu")``).
-    assert main([f"{models_file}:build", "--fsdp", "2", "--format", "json"]) == 0
-    assert json.loads(capsys.readouterr().out)["world_size"] == 2
+def test_a_term_in_seq_squared_without_the_batch_is_refused_with_tp(models_file, capsys):
+    assert main([f"{models_file}:masked", "--cp", "2", "--tp", "2"]) == 2
+    stderr = capsys.readouterr().err
+    assert "analyze --cp without --tp" in stderr and one_paragraph(stderr), stderr
+    assert main([f"{models_file}:masked", "--cp", "2"]) == 0  # without --tp it splits
+
+
+@pytest.mark.parametrize("model, mul_inputs", [
+    ("build", None),  # moves itself with .to(device): torch cannot swap a fake parameter
+    ("scaled", ([1, 16, DIM], [DIM])),  # a plain tensor attribute goes onto fake tensors too
+])
+def test_fsdp_counts_models_built_on_meta_then_copied_onto_fake_tensors(models_file, capsys,
+                                                                         model, mul_inputs):
+    assert main([f"{models_file}:{model}", "--fsdp", "2", "--format", "json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["world_size"] == 2
+    if mul_inputs:
+        mul = next(n for n in report["nodes"] if n["op"] == "aten.mul.Tensor")
+        assert [i["shape"] for i in mul["inputs"]] == list(mul_inputs)
+        assert mul["cost"]["flops"] == 128  # 16 tokens x 8 channels, one multiply each

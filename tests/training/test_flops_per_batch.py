@@ -308,3 +308,29 @@ def test_a_batch_without_the_examples_labels_or_with_other_tensors_is_refused():
     fpb_ids = _llama_fpb()
     with pytest.raises(InputError, match="not in the example labels"):
         fpb_ids(ids, labels=ids)
+
+
+class _TokensAndLabels(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(16, 4)
+
+    def forward(self, ids, labels=None, scale=None):
+        out = self.embed(ids)
+        return out if labels is None else out.sum() + labels.float().sum()
+
+
+def test_resized_cuts_every_tensor_along_its_dynamic_size_and_leaves_the_rest():
+    fpb = exportflops.flops_per_batch(_TokensAndLabels(), (torch.zeros(2, 6, dtype=torch.long),),
+                                      {"labels": torch.zeros(2, 6, dtype=torch.long),
+                                       "scale": torch.ones(3)}, mode="forward")
+    ids, labels = torch.arange(12).view(2, 6), torch.arange(12).view(2, 6) + 100
+    scale = torch.ones(3)
+    args, kwargs = fpb.resized((ids,), {"labels": labels, "scale": scale}, seq=4)
+    # The first 4 positions of each row, of both (batch, seq) tensors; scale has no seq.
+    assert args[0].tolist() == [[0, 1, 2, 3], [6, 7, 8, 9]]
+    assert kwargs["labels"].tolist() == [[100, 101, 102, 103], [106, 107, 108, 109]]
+    assert kwargs["scale"].shape == (3,)
+    for size in (0, 7):  # no positions; more than the batch has
+        with pytest.raises(InputError, match=f"seq={size} is not in 1..6"):
+            fpb.resized((ids,), {"labels": labels, "scale": scale}, seq=size)
