@@ -6,7 +6,8 @@ Times are the roofline's on ``--device-model`` (default h100-sxm), or with ``--p
 model built on ``--device cpu`` or ``cuda``) each stage's measured forward and backward
 (``--warmup``, ``--repeat``); ``--link-gbps`` delays each received tensor by its transfer.
 The schedule defaults to 1f1b, the microbatches to N. N is the pipeline ranks: the looped
-schedules (interleaved1f1b, loopedbfs and the zero-bubble ones) run two stages on each.
+schedules (interleaved1f1b, loopedbfs, the zero-bubble ones and dualpipev) run two stages on
+each.
 
 With ``--tp T`` and/or ``--fsdp F`` the ranks are the mesh (pp, fsdp, tp),
 tp innermost as torchtitan lays it out: each stage is counted once, as the rank of its (fsdp,

@@ -86,8 +86,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     if m < 1:
         raise InputError(f"microbatches={m}: a step runs at least one")
     order = pipeline_order(schedule, pp, m, v)
-    if mode == "forward":  # the schedule's forwards, in its order
-        order = {rank: [a for a in actions if a[1] == "F"] for rank, actions in order.items()}
+    if mode == "forward":  # the schedule's forwards, in its order, none paired
+        order = {rank: [(s, "F", mb) for s, kind, mb in actions if kind in "FP"]
+                 for rank, actions in order.items()}
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
     two_passes = SCHEDULES[schedule].split_backward and mode == "train"
@@ -307,8 +308,8 @@ def _times(report: Report, device: str | None, two_passes: bool) -> dict[str, fl
     ``W`` too; the roofline's sums of its nodes on ``device``, or one unit per action
     (None)."""
     train = report.mode == "train"
-    if device is None:
-        units = {"F": 1.0, "B": 1.0 if train else 0.0}
+    if device is None:  # a whole backward is its two passes where the schedule splits it
+        units = {"F": 1.0, "B": (2.0 if two_passes else 1.0) if train else 0.0}
         return {**units, "I": 1.0, "W": 1.0} if two_passes else units
     from ..roofline import roofline
 

@@ -17,9 +17,11 @@ the bubbles: their stages are counted with the backward split the same way
 ``ScheduleDualPipeV`` (DeepSeek-AI 2024, "DeepSeek-V3 Technical Report", arXiv:2412.19437,
 section 3.2.1, in its V-shaped form) pairs one microbatch's forward with another's backward in
 one action (``OVERLAP_F_B``); torch runs the pair's two sub-actions one after the other
-(``_PipelineScheduleRuntime._step_microbatches``), so they are two actions here: the pairing
-overlaps one's communication with the other's computation, and the timeline has no
-communication inside a stage to hide.
+(``_PipelineScheduleRuntime._step_microbatches``), so they are two actions here, the paired
+forward marked ``P``: torch sends its output to another rank after the whole pair
+(``_add_send_recv`` places the pair's sends after it), so a stage on another rank gets it when
+the paired backward ends. The pairing overlaps one's communication with the other's
+computation, and the timeline has no communication inside a stage to hide.
 """
 
 from __future__ import annotations
@@ -95,23 +97,34 @@ def pipeline_order(name: str, pp: int, microbatches: int,
     except (ValueError, AssertionError) as error:  # torch's own condition on p, v and m
         raise InputError(f"schedule {name!r} with {pp} ranks, {stages_per_rank} stages per "
                          f"rank and {microbatches} microbatches: torch's "
-                         f"{schedule.torch_class} refuses it: {error}") from error
-    order = {rank: [(a.stage_index, a.computation_type.value, a.microbatch_index)
-                    for a in _computations(actions) if a.computation_type.value in "FBIW"]
+                         f"{schedule.torch_class} refuses it: {error} (the microbatches: "
+                         f"--microbatches M, microbatches=)") from error
+    order = {rank: [(a.stage_index, kind, a.microbatch_index)
+                    for a, kind in _computations(actions) if kind in "FPBIW"]
              for rank, actions in built.pipeline_order.items()}
     _check_complete(name, order, pp * stages_per_rank, microbatches)
     return order
 
 
-def _computations(actions: list) -> list:
-    """A rank's actions, idle slots dropped, a paired forward and backward (``OVERLAP_F_B``)
-    as its two sub-actions in the order torch runs them."""
-    return [sub for a in actions if a is not None
-            for sub in (a.sub_actions if getattr(a, "sub_actions", None) else (a,))]
+def _computations(actions: list) -> list[tuple]:
+    """(action, its kind) of a rank's actions, idle slots dropped, a paired forward and
+    backward (``OVERLAP_F_B``) as its two sub-actions in the order torch runs them, the
+    forward's kind ``P``."""
+    listed = []
+    for a in actions:
+        if a is None:
+            continue
+        if getattr(a, "sub_actions", None):
+            listed += [(sub, "P" if sub.computation_type.value == "F" else
+                        sub.computation_type.value) for sub in a.sub_actions]
+        else:
+            listed.append((a, a.computation_type.value))
+    return listed
 
 
-#: The timeline's name for each of torch's computation types.
-ACTION_KINDS = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
+#: The timeline's name for each of torch's computation types (``P``: a paired forward).
+ACTION_KINDS = {"F": "forward", "P": "forward", "B": "backward", "I": "backward_input",
+                "W": "backward_weight"}
 
 
 def _schedule(name: str, stages_per_rank: int) -> Schedule:
@@ -129,7 +142,8 @@ def _schedule(name: str, stages_per_rank: int) -> Schedule:
 def _check_complete(name: str, order: dict, stages: int, microbatches: int) -> None:
     """Each stage's forward and backward of each microbatch exactly once, the backward whole
     or as its input and weight passes (what torch's ``_validate_schedule`` checks)."""
-    listed = sorted(action for actions in order.values() for action in actions)
+    listed = sorted((s, "F" if kind == "P" else kind, m)
+                    for actions in order.values() for s, kind, m in actions)
     split = {(s, m) for s, kind, m in listed if kind == "I"}
     wanted = sorted((s, kind, m) for s in range(stages) for m in range(microbatches)
                     for kind in ("FIW" if (s, m) in split else "FB"))
@@ -144,13 +158,14 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
              gradients: dict[int, set[int]] | None = None,
              ) -> tuple[list[PipelineAction], list[PipelineRank], float, float, int]:
     """(actions, ranks, step time, bubble fraction, slowest rank) when rank r runs
-    ``order[r]`` in order, a stage's action taking ``seconds(stage, action)`` and an input
-    crossing from stage ``src`` to ``dst`` taking ``transfer_s(src, dst, "F" or "B")`` when
-    the two stages are on different ranks. A stage's forward waits on the forwards of
-    ``senders[s]``, the stages it takes a tensor from (default: the stage before); its backward
-    (``B``, or its input pass ``I``) on its own forward and the backwards (or input passes) of
-    ``gradients[s]``, the stages that send it a gradient (default: the stage after); a weight
-    pass ``W`` on its own input pass."""
+    ``order[r]`` in order, a stage's action taking ``seconds(stage, action)`` (a paired
+    forward ``P`` as ``F``) and an input crossing from stage ``src`` to ``dst`` taking
+    ``transfer_s(src, dst, "F" or "B")`` when the two stages are on different ranks. A stage's
+    forward waits on the forwards of ``senders[s]``, the stages it takes a tensor from
+    (default: the stage before), a paired forward's reaching another rank when its pair's
+    backward ends; its backward (``B``, or its input pass ``I``) on its own forward and the
+    backwards (or input passes) of ``gradients[s]``, the stages that send it a gradient
+    (default: the stage after); a weight pass ``W`` on its own input pass."""
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
     listed = {action for actions in order.values() for action in actions}
     last = max(rank_of)
@@ -159,6 +174,10 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
     if gradients is None:
         gradients = {s: {s + 1} if s < last else set() for s in rank_of}
     done: dict[tuple[int, str, int], float] = {}
+    # A paired forward's output leaves its rank when the pair ends: (stage, "F", mb) -> then.
+    paired = {(s, "F", mb) for actions in order.values() for s, kind, mb in actions
+              if kind == "P"}
+    sent: dict[tuple[int, str, int], float] = {}
     clock = dict.fromkeys(order, 0.0)
     position = dict.fromkeys(order, 0)
     actions: dict[int, list[PipelineAction]] = {rank: [] for rank in order}
@@ -167,13 +186,16 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
         for rank in order:
             while position[rank] < len(order[rank]):
                 stage, kind, mb = order[rank][position[rank]]
-                ready = _ready(stage, kind, mb, senders, gradients, done, rank_of, transfer_s,
-                               listed)
+                ready = _ready(stage, "F" if kind == "P" else kind, mb, senders, gradients,
+                               done, sent, paired, rank_of, transfer_s, listed)
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
-                end = start + seconds(stage, kind)
-                done[(stage, kind, mb)] = clock[rank] = end
+                end = start + seconds(stage, "F" if kind == "P" else kind)
+                before = order[rank][position[rank] - 1] if position[rank] else None
+                if before is not None and before[1] == "P":  # the pair ends: its forward leaves
+                    sent[(before[0], "F", before[2])] = end
+                done[(stage, "F" if kind == "P" else kind, mb)] = clock[rank] = end
                 actions[rank].append(PipelineAction(
                     rank=rank, stage=stage, microbatch=mb, start_s=start, end_s=end,
                     kind=ACTION_KINDS[kind]))
@@ -194,9 +216,10 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
 
 
 def _ready(stage: int, kind: str, mb: int, senders: dict[int, set[int]],
-           gradients: dict[int, set[int]], done: dict, rank_of: dict,
+           gradients: dict[int, set[int]], done: dict, sent: dict, paired: set, rank_of: dict,
            transfer_s: Callable[[int, int, str], float], kinds: set) -> float | None:
-    """When the action's inputs are there, or None while one is not done yet."""
+    """When the action's inputs are there, or None while one is not done yet (a paired
+    forward's output, for a stage on another rank, not yet sent)."""
     needs = []  # (action, the stage it comes from)
     if kind == "F":
         needs += [((src, "F", mb), src) for src in sorted(senders[stage])]
@@ -206,9 +229,11 @@ def _ready(stage: int, kind: str, mb: int, senders: dict[int, set[int]],
                   for dst in sorted(gradients[stage])]
     if kind == "W":
         needs.append(((stage, "I", mb), stage))
-    if any(action not in done for action, _ in needs):
+    away = [(action, src) for action, src in needs if rank_of[src] != rank_of[stage]]
+    if any(action not in done for action, _ in needs) or any(
+            action in paired and action not in sent for action, _ in away):
         return None
     crossing = "F" if kind == "F" else "B"
-    return max([done[action] + (transfer_s(src, stage, crossing)
-                                if rank_of[src] != rank_of[stage] else 0.0)
-                for action, src in needs], default=0.0)
+    return max([sent.get(action, done[action]) + transfer_s(src, stage, crossing)
+                if (action, src) in away else done[action] for action, src in needs],
+               default=0.0)

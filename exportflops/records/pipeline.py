@@ -22,7 +22,8 @@ class PipelineStage(Record):
     """Stage index, 0 for the one that takes the model's inputs."""
     rank: int
     """The pipeline rank that runs it (the schedule's placement: stage ``s`` on rank ``s % p``
-    for the looped schedules, in a V for ``zbvzerobubble``: rank r holds r and 2p-1-r)."""
+    for the looped schedules, in a V for ``zbvzerobubble`` and ``dualpipev``: rank r holds r
+    and 2p-1-r)."""
     modules: list[str]
     """Paths of the modules it holds, in the original model's names, cut at the split points'
     depth: the embedding, each layer, the final norm, the head."""
@@ -35,10 +36,10 @@ class PipelineStage(Record):
     """Work of its forward on one microbatch."""
     backward: Cost
     """Work of its backward on one microbatch (zero in ``mode="forward"``): the gradients of
-    its parameters and of the inputs it received that need one. With a zero-bubble schedule,
-    the work of its two passes (`backward_weight`)."""
+    its parameters and of the inputs it received that need one. With a schedule that splits the
+    backward (zero-bubble, DualPipeV), the work of its two passes (`backward_weight`)."""
     backward_weight: Cost | None = None
-    """With a zero-bubble schedule (the backward split): the part of ``backward`` in its
+    """With a schedule that splits the backward: the part of ``backward`` in its
     weight-gradient pass (torch's ``W``); the rest is its input-gradient pass (``I``), empty
     on a stage whose inputs need no gradient (the first), as torch runs that stage's whole
     backward in ``W``. None otherwise."""
@@ -47,12 +48,16 @@ class PipelineStage(Record):
     ``device``, 1 with ``device="unit"``, or the measured median (``times="measured"``)."""
     backward_s: float
     """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``);
-    with a zero-bubble schedule, its two passes' together."""
+    with a schedule that splits the backward, its two passes' together (2 with unit times),
+    which is also the time of a whole backward such a schedule runs (DualPipeV's ``B``): where
+    one kernel serves both passes (layer norm's backward, a wrapper kernel) it runs in each, so
+    this exceeds torch's whole backward by that kernel's second run."""
     backward_input_s: float | None = None
-    """With a zero-bubble schedule: the time of its input-gradient pass (``I``), as
-    ``forward_s``; None otherwise."""
+    """With a schedule that splits the backward: the time of its input-gradient pass (``I``),
+    as ``forward_s``; None otherwise."""
     backward_weight_s: float | None = None
-    """With a zero-bubble schedule: the time of its weight-gradient pass (``W``)."""
+    """With a schedule that splits the backward: the time of its weight-gradient pass
+    (``W``)."""
     forward_collectives_s: float = 0.0
     """Time of its own collectives in the forward (``collectives``: tensor-parallel and FSDP2
     ones, not its sends) on the record's link, added to each forward action as if not

@@ -24,7 +24,7 @@ COLORS: dict[str, str] = {
     "bytes": PALETTE[1],
     "forward": PALETTE[2],
     "backward": PALETTE[3],
-    "backward_input": PALETTE[3],
+    "backward_input": PALETTE[6],  # apart from a whole backward: DualPipeV runs both
     "backward_weight": PALETTE[8],
     "budget": PALETTE[4],
     "kv_cache": PALETTE[5],

@@ -157,26 +157,41 @@ def test_a_schedule_outside_the_table_is_refused_by_name():
 
 def test_the_dualpipev_timeline_in_unit_actions_by_hand():
     order = pipeline_order("dualpipev", 2, 4, 2)
-    # torch's order, each pair (F, B) of an OVERLAP_F_B action run forward first:
-    #   rank 0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0F3 3B1) (3F2 0B0) 3B2 (3F3 0B1) 3B3 0I2 0W2 0I3 0W3
-    #   rank 1: 1F0 2F0 1F1 2F1 1F2 2B0 (2F2 1B0) (1F3 2B1) (2F3 1B1) 2B2 1B2 2I3 1I3 2W3 1W3
-    assert order[0][7:9] == [(0, "F", 3), (3, "B", 1)]
+    # torch's order, each OVERLAP_F_B pair (P, B) run forward first, P a paired forward:
+    #   rank 0: 0F0 0F1 0F2 3F0 3I0 3W0 3F1 (0P3 3B1) (3P2 0B0) 3B2 (3P3 0B1) 3B3 0I2 0W2 0I3 0W3
+    #   rank 1: 1F0 2F0 1F1 2F1 1F2 2B0 (2P2 1B0) (1P3 2B1) (2P3 1B1) 2B2 1B2 2I3 1I3 2W3 1W3
+    assert order[0][7:9] == [(0, "P", 3), (3, "B", 1)]
     assert {r: sorted({s for s, _, _ in a}) for r, a in order.items()} == {0: [0, 3], 1: [1, 2]}
     unit = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}  # a whole backward is its I and W
     actions, ranks, step, bubble, slowest = timeline(order, lambda s, kind: unit[kind])
-    # rank 0: 0F0 [0,1] 0F1 [1,2] 0F2 [2,3]; rank 1: 1F0 [1,2] 2F0 [2,3] 1F1 [3,4] 2F1 [4,5]
-    # 1F2 [5,6]. Rank 0: 3F0 (after 2F0) [3,4] 3I0 [4,5] 3W0 [5,6] 3F1 (after 2F1) [6,7]
-    # 0F3 [7,8] 3B1 [8,10]. Rank 1: 2B0 (after 3I0) [6,8] 2F2 [8,9] 1B0 [9,11] 1F3 (after 0F3)
-    # [11,12] 2B1 (after 3B1) [12,14] 2F3 [14,15] 1B1 [15,17]. Rank 0: 3F2 (after 2F2) [10,11]
-    # 0B0 (after 1B0) [11,13] 3B2 [13,15] 3F3 (after 2F3) [15,16] 0B1 (after 1B1) [17,19] 3B3
-    # [19,21]. Rank 1: 2B2 (after 3B2) [17,19] 1B2 [19,21] 2I3 (after 3B3) [21,22] 1I3 [22,23]
-    # 2W3 [23,24] 1W3 [24,25]. Rank 0: 0I2 (after 1B2) [21,22] 0W2 [22,23] 0I3 (after 1I3)
-    # [23,24] 0W3 [24,25]. Each rank: 2 stages x 4 microbatches x (1 + 2) = 24 busy units.
-    assert step == 25 and slowest == 0
-    assert [(r.busy_s, r.end_s) for r in ranks] == [(24, 25), (24, 25)]
-    assert bubble == pytest.approx(1 - 48 / (2 * 25))
+    # torch sends a paired forward's output after the pair: another rank gets it when the
+    # pair's backward ends. rank 0: 0F0 [0,1] 0F1 [1,2] 0F2 [2,3]; rank 1: 1F0 [1,2] 2F0 [2,3]
+    # 1F1 [3,4] 2F1 [4,5] 1F2 [5,6]. Rank 0: 3F0 (after 2F0) [3,4] 3I0 [4,5] 3W0 [5,6] 3F1
+    # (after 2F1) [6,7] 0P3 [7,8] 3B1 [8,10]. Rank 1: 2B0 (after 3I0) [6,8] 2P2 [8,9] 1B0
+    # [9,11] 1P3 (after 0P3's pair, 10) [11,12] 2B1 (after 3B1) [12,14] 2P3 [14,15] 1B1
+    # [15,17]. Rank 0: 3P2 (after 2P2's pair, 11) [11,12] 0B0 (after 1B0) [12,14] 3B2 [14,16]
+    # 3P3 (after 2P3's pair, 17) [17,18] 0B1 (after 1B1) [18,20] 3B3 [20,22]. Rank 1: 2B2
+    # (after 3B2) [17,19] 1B2 [19,21] 2I3 (after 3B3) [22,23] 1I3 [23,24] 2W3 [24,25] 1W3
+    # [25,26]. Rank 0: 0I2 (after 1B2) [22,23] 0W2 [23,24] 0I3 (after 1I3) [24,25] 0W3
+    # [25,26]. Each rank: 2 stages x 4 microbatches x (1 + 2) = 24 busy units.
+    assert step == 26 and slowest == 0
+    assert [(r.busy_s, r.end_s) for r in ranks] == [(24, 26), (24, 26)]
+    assert bubble == pytest.approx(1 - 48 / (2 * 26))
+    three_f2 = next(a for a in actions if (a.stage, a.kind, a.microbatch) == (3, "forward", 2))
+    assert (three_f2.start_s, three_f2.end_s) == (11, 12)
     assert {a.kind for a in actions} == {"forward", "backward", "backward_input",
                                          "backward_weight"}
+
+
+def test_dualpipev_stages_through_analyze_pipeline_take_two_units_for_a_whole_backward():
+    x = torch.randn(8, 32, device="meta")
+    with torch.device("meta"):
+        model = Stack()
+    record = analyze_pipeline(model, (x,), stages=4, schedule="dualpipev", microbatches=4,
+                              device=None).record
+    # Unit times: F, I and W one each, a whole backward B their two: the hand timeline above.
+    assert [(s.forward_s, s.backward_s) for s in record.stages] == [(1, 2)] * 4
+    assert record.step_time_s == 26
 
 
 def test_dualpipev_needs_two_stages_per_rank_and_2p_microbatches():
