@@ -92,6 +92,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     rank_of = {s: rank for rank, actions in order.items() for s, _, _ in actions}
 
     two_passes = SCHEDULES[schedule].split_backward and mode == "train"
+    # DualPipeV also runs whole backwards: then each stage is counted whole as well, when it
+    # is counted here.
+    whole_too = two_passes and count_stage is None and any(
+        kind == "B" for actions in order.values() for _, kind, _ in actions)
     share_alike = count_stage is None if share_alike is None else share_alike
     if count_stage is None:
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
@@ -105,10 +109,14 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         _check_split(reports, schedule, link_bytes_per_s)
     if measure:
         where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat,
-                                        two_passes)
+                                        two_passes, whole_too)
     else:
         where, timer = device or "unit", ""
-        times = [_times(report, device, two_passes) for report in reports]
+        wholes = _counted(split, rank_of, lambda s, rank, stage: analyze(
+            stage.module, stage.args, stage.kwargs, mode=mode, strict=strict), grad=True,
+            share=share_alike)[0] if whole_too and device else [None] * len(split)
+        times = [_times(report, device, two_passes, whole)
+                 for report, whole in zip(reports, wholes)]
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
     # the times are seconds, run between its ops: added to its action, as if not overlapped.
     timed = link_bytes_per_s is not None and device is not None
@@ -302,11 +310,13 @@ def _p2p(op: str, tensor: torch.Tensor, phase: str, peer: int, carried: str) -> 
                       torch_op=f"torch.distributed.i{op}", bandwidth_factor=1.0, peer=peer)
 
 
-def _times(report: Report, device: str | None, two_passes: bool) -> dict[str, float]:
+def _times(report: Report, device: str | None, two_passes: bool,
+           whole: Report | None = None) -> dict[str, float]:
     """Seconds of each of a stage's actions on one microbatch, keyed as torch's actions: ``F``
     and ``B`` (the whole backward), with ``two_passes`` its input and weight passes ``I`` and
-    ``W`` too; the roofline's sums of its nodes on ``device``, or one unit per action
-    (None)."""
+    ``W`` too, ``B`` then the backward of ``whole`` (the stage counted with its backward whole)
+    or else the two passes'; the roofline's sums of its nodes on ``device``, or one unit per
+    action (None), a whole backward two where the schedule splits it."""
     train = report.mode == "train"
     if device is None:  # a whole backward is its two passes where the schedule splits it
         units = {"F": 1.0, "B": (2.0 if two_passes else 1.0) if train else 0.0}
@@ -320,7 +330,11 @@ def _times(report: Report, device: str | None, two_passes: bool) -> dict[str, fl
         spent[action[node.name]] += node.predicted_s
     if not two_passes:
         return {"F": spent["F"], "B": spent["B"]}
-    return {**spent, "B": spent["I"] + spent["W"]}
+    if whole is None:
+        return {**spent, "B": spent["I"] + spent["W"]}
+    backward = {node.name for node in whole.nodes if node.phase == "backward"}
+    return {**spent, "B": sum(node.predicted_s for node in roofline(whole, device).nodes
+                              if node.name in backward)}
 
 
 def _in_weight_pass(report: Report) -> Report:
@@ -347,11 +361,12 @@ def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float |
 
 
 def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: str,
-              warmup: int, repeat: int, two_passes: bool,
+              warmup: int, repeat: int, two_passes: bool, whole_too: bool = False,
               ) -> tuple[str, str, list[dict[str, float]]]:
     """Where the stages ran, how they were timed, and each one's measured seconds on what it
     receives: forward (``F``) and backward (``B``), with ``two_passes`` its input and weight
-    passes (``I``, ``W``) too."""
+    passes (``I``, ``W``) too, and with ``whole_too`` its whole backward ``B`` timed as well
+    (else the two passes')."""
     from ..capture.placement import check_runnable, device_label
     from ..runtime.call_times import call_seconds
     from ..runtime.measure import check_iterations
@@ -363,6 +378,10 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
     times = [call_seconds(stage.module, stage.args, stage.kwargs, train=mode == "train",
                           warmup=warmup, repeat=repeat, split=two_passes, whole=s == 0)
              for s, stage in enumerate(split)]
+    if whole_too:
+        times = [{**passes, "B": call_seconds(stage.module, stage.args, stage.kwargs, train=True,
+                                              warmup=warmup, repeat=repeat)["B"]}
+                 for passes, stage in zip(times, split)]
     clock = "CUDA events" if home.type == "cuda" else "perf_counter_ns"
     passes = (" in torch's two passes, stage_backward_input then stage_backward_weight"
               if two_passes else "")

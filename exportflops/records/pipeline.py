@@ -49,9 +49,9 @@ class PipelineStage(Record):
     backward_s: float
     """Time of its backward on one microbatch, as ``forward_s`` (0 in ``mode="forward"``);
     with a schedule that splits the backward, its two passes' together (2 with unit times),
-    which is also the time of a whole backward such a schedule runs (DualPipeV's ``B``): where
-    one kernel serves both passes (layer norm's backward, a wrapper kernel) it runs in each, so
-    this exceeds torch's whole backward by that kernel's second run."""
+    or where the schedule also runs whole backwards (DualPipeV's ``B``) the stage's backward
+    counted (or measured) whole: where one kernel serves both passes (layer norm's backward, a
+    wrapper kernel) it runs in each, and once in a whole backward."""
     backward_input_s: float | None = None
     """With a schedule that splits the backward: the time of its input-gradient pass (``I``),
     as ``forward_s``; None otherwise."""

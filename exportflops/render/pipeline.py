@@ -68,11 +68,15 @@ def _time(value: float, record: PipelineReport, style: Style, collectives_s: flo
 
 
 def _backward_time(stage: PipelineStage, record: PipelineReport, style: Style) -> str:
-    """A stage's backward time; with a zero-bubble schedule its input and weight passes'."""
+    """A stage's backward time; with a schedule that splits it, its input and weight passes',
+    and its whole backward's where the schedule also runs it (DualPipeV) and it differs."""
     if stage.backward_input_s is None:
         return _time(stage.backward_s, record, style, stage.backward_collectives_s)
-    return (f"I {_time(stage.backward_input_s, record, style)} + "
-            f"W {_time(stage.backward_weight_s, record, style)}")
+    passes = (f"I {_time(stage.backward_input_s, record, style)} + "
+              f"W {_time(stage.backward_weight_s, record, style)}")
+    if stage.backward_s == stage.backward_input_s + stage.backward_weight_s:
+        return passes
+    return f"{passes}; whole {_time(stage.backward_s, record, style)}"
 
 
 def _ranks(ranks: list[int]) -> str:

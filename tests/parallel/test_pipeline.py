@@ -194,6 +194,40 @@ def test_dualpipev_stages_through_analyze_pipeline_take_two_units_for_a_whole_ba
     assert record.step_time_s == 26
 
 
+class NormedStack(torch.nn.Module):
+    """Four layer norms, each before a linear: layer norm's backward kernel serves both passes
+    of a split backward (its input's gradient, its weight's and bias'), so it runs in each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Sequential(torch.nn.LayerNorm(32),
+                                                              torch.nn.Linear(32, 32))
+                                          for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+@pytest.mark.parametrize("model, shorter", [(lambda: Stack(), False),
+                                             (lambda: NormedStack(), True)],
+                         ids=["linears", "layer-norms"])
+def test_a_dualpipev_whole_backward_runs_a_kernel_of_both_passes_once(model, shorter):
+    x = torch.randn(8, 32, device="meta")
+    with torch.device("meta"):
+        built = model()
+    record = analyze_pipeline(built, (x,), stages=4, schedule="dualpipev",
+                              microbatches=4).record
+    # A linear's two gradients are two kernels, one per pass: the whole backward is the two
+    # passes. Layer norm's one kernel runs in each pass (each with its own output mask) and
+    # once in the whole backward: shorter than the passes.
+    for stage in record.stages[1:]:
+        passes = stage.backward_input_s + stage.backward_weight_s
+        assert (stage.backward_s < passes) if shorter else stage.backward_s == pytest.approx(
+            passes)
+
+
 def test_dualpipev_needs_two_stages_per_rank_and_2p_microbatches():
     with pytest.raises(InputError, match="ScheduleDualPipeV refuses"):
         pipeline_order("dualpipev", 2, 3, 2)  # 3 microbatches < 4 stages

@@ -85,6 +85,23 @@ def test_a_zero_bubble_schedule_times_torchs_two_passes_and_leaves_grad_as_it_wa
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
 
 
+def test_dualpipev_times_the_whole_backward_it_runs_and_leaves_grad_as_it_was():
+    torch.manual_seed(0)
+    model = Normed().train()
+    x = torch.randn(6, 8, requires_grad=True)
+    # Two stages on one rank (DualPipeV's V with p = 1), 2 microbatches (at least 2p).
+    record = analyze_pipeline(model, (x,), stages=["bn"], schedule="dualpipev",
+                              microbatches=2, stages_per_rank=2, measure=True, warmup=1,
+                              repeat=3).record
+    whole = [a for a in record.timeline if a.kind == "backward"]
+    assert whole  # torch's order runs whole backwards too
+    for action in whole:  # each timed as its stage's whole backward, measured on its own
+        assert action.end_s - action.start_s == pytest.approx(
+            record.stages[action.stage].backward_s)
+    assert all(s.backward_s > 0 for s in record.stages)
+    assert x.grad is None and all(p.grad is None for p in model.parameters())
+
+
 def test_a_meta_model_has_nothing_to_run():
     with torch.device("meta"):
         model = Normed()
