@@ -187,7 +187,8 @@ def parser() -> argparse.ArgumentParser:
     parallel.add_argument("--cp", type=int, default=None, metavar="N",
                           help="context parallelism: the sequence split over N ranks, ring "
                                "attention's work per rank and its key/value traffic; with "
-                               "--fsdp F, F rings inside F x N FSDP2 ranks "
+                               "--fsdp F, F rings inside F x N FSDP2 ranks; with --tp T, T "
+                               "tensor-parallel ranks at each place of a ring "
                                "(docs/context-parallel.md)")
     parallel.add_argument("--no-load-balance", action="store_true",
                           help="--cp: contiguous blocks of the sequence instead of torch's "
