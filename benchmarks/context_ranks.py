@@ -20,8 +20,6 @@ single-rank analyses, not one per rank.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn as nn
@@ -30,6 +28,7 @@ import torch.nn.functional as F
 from exportflops.cli.context import analyze_split
 from exportflops.cli.options import check, parser
 from exportflops.cli.parallel import parallelized
+from timing import median_seconds
 
 DIM, HEADS, LAYERS, BATCH, SEQ = 64, 4, 4, 2, 256
 
@@ -89,14 +88,6 @@ def one_rank():
     return parallelized(_namespace("--tp", "2", "--fsdp", "4"))[1]
 
 
-def _seconds(function, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 
 def main() -> None:
     parser_ = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -104,8 +95,8 @@ def main() -> None:
     repeat = parser_.parse_args().repeat
     record = all_ranks()  # also warms torch's imports and caches up, untimed
     one_rank()
-    view = _seconds(all_ranks, repeat)
-    single = _seconds(one_rank, repeat)
+    view = median_seconds(all_ranks, repeat)
+    single = median_seconds(one_rank, repeat)
     print(f"cp {record.cp} x tp {record.tp} x fsdp {record.fsdp}: {record.world_size()} ranks, "
           f"one tensor-parallel rank counted at 4 lengths, plus the single-device analysis")
     print(f"all-ranks view:           {view:8.3f} s (median of {repeat})")

@@ -20,25 +20,17 @@ It also checks the counts agree: FlopCounterMode's matmul FLOPs equal ``StepFlop
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import exportflops
+from timing import median_seconds
 from transformers import GPT2Config, GPT2LMHeadModel
 
 BATCH, SEQ = 4, 256
 
-
-def _seconds(function, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -61,14 +53,14 @@ def main() -> None:
         return counter.get_total_flops()
 
     step()  # warm-up
-    plain = _seconds(step, ns.repeat)
-    under_counter = _seconds(counted_step, ns.repeat)
+    plain = median_seconds(step, ns.repeat)
+    under_counter = median_seconds(counted_step, ns.repeat)
     start = time.perf_counter()
     fpb = exportflops.flops_per_batch(model, (), batch)
     analysis = time.perf_counter() - start
     calls = 2000
-    per_call = _seconds(lambda: [fpb(**batch) for _ in range(calls)], ns.repeat) / calls
-    per_step_record = _seconds(lambda: [fpb.step(**batch) for _ in range(200)],
+    per_call = median_seconds(lambda: [fpb(**batch) for _ in range(calls)], ns.repeat) / calls
+    per_step_record = median_seconds(lambda: [fpb.step(**batch) for _ in range(200)],
                                ns.repeat) / 200
     matmul = fpb.step(**batch).matmul_flops
     theirs = counted_step()

@@ -21,13 +21,12 @@ single-rank analyses, not 16.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 from exportflops.cli.pipeline import stage_rank_counter
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel.pipeline_mesh import llama_stages, on_mesh
+from timing import median_seconds
 
 PP, FSDP, TP = 4, 2, 2
 CONFIG = LlamaConfig(vocab_size=512, dim=64, n_layers=8, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -57,14 +56,6 @@ def one_rank():
     return _counter()(1, 1, None)
 
 
-def _seconds(function, repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -72,8 +63,8 @@ def main() -> None:
     repeat = parser.parse_args().repeat
     record = all_ranks().record  # also warms torch's imports and caches up, untimed
     one_rank()
-    view = _seconds(all_ranks, repeat)
-    single = _seconds(one_rank, repeat)
+    view = median_seconds(all_ranks, repeat)
+    single = median_seconds(one_rank, repeat)
     analyzed = sorted({s.counted_as for s in record.stages})
     print(f"pp {PP} x fsdp {FSDP} x tp {TP}: {record.world_size()} ranks, "
           f"{len(analyzed)} analyzed: stages {analyzed} (each stage's ranks: "

@@ -51,13 +51,12 @@ def analyze_split(ns: argparse.Namespace):
     return report, (record, partial(context_view, rank=ns.rank))
 
 
-def _tensor_parallel_rank(ns: argparse.Namespace, fpb, length: int, first: bool):
-    """Rank ``ns.rank``'s tensor-parallel rank of MODEL on ``length`` positions of each row
-    (the ``first`` count's collectives are kept): alone on its ``--tp`` group, or with
-    ``--fsdp`` on the mesh (fsdp x cp, tp), FSDP2 sharding over the fsdp x cp ranks as
-    torchtitan's does (FSDP2 changes no FLOPs, and its trace is the quicker capture). Built on
-    fake cpu tensors, where each attention call stays one kernel call, whose key and value the
-    ring sends."""
+def _tensor_parallel_rank(ns: argparse.Namespace, fpb, length: int):
+    """Rank ``ns.rank``'s tensor-parallel rank of MODEL on ``length`` positions of each row:
+    alone on its ``--tp`` group, or with ``--fsdp`` on the mesh (fsdp x cp, tp), FSDP2
+    sharding over the fsdp x cp ranks as torchtitan's does (FSDP2 changes no FLOPs, and its
+    trace is the quicker capture). Built on fake cpu tensors, where each attention call stays
+    one kernel call, whose key and value the ring sends."""
     from .parallel import parallelized
 
     flat = ns.fsdp * ns.cp if ns.fsdp is not None else None

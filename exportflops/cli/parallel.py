@@ -20,7 +20,6 @@ on ``mesh["fsdp"]``.
 from __future__ import annotations
 
 import argparse
-import contextlib
 
 from ..errors import BuildError, UsageError
 from ..parallel.fsdp_blocks import blocks_of
@@ -65,21 +64,6 @@ def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = F
             (shard or _fully_shard)(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode)
     return model, report, reprs
-
-
-@contextlib.contextmanager
-def _fake_tensors(fake: bool):
-    """The device to build on: meta, or ``fake`` (FSDP2 refuses meta parameters) cpu under
-    ``FakeTensorMode``, which allocates nothing either."""
-    import torch
-
-    if not fake:
-        yield torch.device("meta")
-        return
-    from ..torch_internals import FakeTensorMode
-
-    with FakeTensorMode():
-        yield torch.device("cpu")
 
 
 def _fully_shard(spec: str, model, mesh, reshard_after_forward: bool | None = None) -> None:

@@ -109,16 +109,18 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
                        strict: bool = False):
     """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
     ``spec`` (a key of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
-    as the rank of its (fsdp, tp) group with index 0, the model built again by ``build(device)
-    -> (model, args)`` under a fake process group of that group, split by its tensor-parallel
-    plan (``tp``) and FSDP2 (``fsdp``, on the stage's blocks, then the stage)."""
+    as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
+    ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
+    fake tensors for FSDP2), split by its tensor-parallel plan (``tp``) and FSDP2 (``fsdp``,
+    on the stage's blocks, then the stage)."""
+    import torch
     from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
     from ..parallel.pipeline import stage_layers
     from ..parallel.pipeline_mesh import LlamaStage
-    from ..parallel.ranks import fake_process_group
-    from .parallel import _fake_tensors, _fully_shard, _parallelize
+    from ..parallel.ranks import fake_copy, fake_process_group
+    from .parallel import _fully_shard, _parallelize
 
     held = stage_layers(layers, stages)
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
@@ -131,9 +133,10 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
         with fake_process_group((fsdp or 1) * (tp or 1), rank=0):
             mesh = init_device_mesh("cpu", tuple(degrees.values()),
                                     mesh_dim_names=tuple(degrees))
-            with _fake_tensors(fsdp is not None) as device:
-                built, args = build(device)
-                inputs = args if index == 0 else _received(built, args[0], mode)
+            built, args = build(torch.device("meta"))
+            inputs = args if index == 0 else _received(built, args[0], mode)
+            if fsdp is not None:  # FSDP2 refuses meta parameters
+                built, inputs, _ = fake_copy(built, inputs, {})
             if tp is not None:
                 _parallelize(spec, built, mesh["tp"])
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)

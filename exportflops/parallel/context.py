@@ -118,7 +118,7 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
     other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
     ring = ring_ranks(per_pair, other, ring_sends(calls, local, mode, cp), rows=rows, cp=cp,
                       seq_len=seq_len, load_balance=load_balance)
-    ranks = [placed(ring[rank % cp], rank, cp) for rank in range(cp * (fsdp or 1))]
+    ranks = mesh_ranks(ring, cp * (fsdp or 1))
     whole = Evaluator(sizes)
     return ContextParallelReport(
         model=name, mode=mode, cp=cp, fsdp=fsdp, fsdp_collectives=list(fsdp_collectives),
@@ -144,7 +144,7 @@ def ring_ranks(per_pair: dict[tuple[str, str], int], other: dict[tuple[str, str]
                load_balance: bool) -> list[ContextRank]:
     """The ranks of one ring, 0 .. cp - 1: each pays ``per_pair`` ((field, phase) -> the cost
     of one (query, key) pair of one row) for the causal pairs of its chunks, and ``other`` (the
-    rest at its share of the sequence), and sends ``sends`` (peers set by `placed`)."""
+    rest at its share of the sequence), and sends ``sends`` (peers set by `mesh_ranks`)."""
     ring = []
     for rank in range(cp):
         chunks = _chunks(rank, cp, seq_len, load_balance)
@@ -159,10 +159,16 @@ def ring_ranks(per_pair: dict[tuple[str, str], int], other: dict[tuple[str, str]
     return ring
 
 
-def placed(ring_rank: ContextRank, rank: int, cp: int, tp: int = 1) -> ContextRank:
-    """``ring_rank``'s work as global ``rank`` of the mesh (fsdp, cp, tp), tp innermost
-    (torchtitan's): its sends go to the next rank of its own ring, ``tp`` ranks on, and come
-    from the previous."""
+def mesh_ranks(ring: list[ContextRank], world_size: int, tp: int = 1) -> list[ContextRank]:
+    """The ``world_size`` ranks of the mesh (fsdp, cp, tp), tp innermost (torchtitan's): global
+    rank r does the work of place ``(r div tp) mod cp`` of ``ring`` (`ring_ranks`)."""
+    cp = len(ring)
+    return [_placed(ring[rank // tp % cp], rank, cp, tp) for rank in range(world_size)]
+
+
+def _placed(ring_rank: ContextRank, rank: int, cp: int, tp: int) -> ContextRank:
+    """``ring_rank``'s work as global ``rank``: its sends go to the next rank of its own ring,
+    ``tp`` ranks on, and come from the previous."""
     first = rank - rank // tp % cp * tp
     place = rank // tp % cp
     peers = {"to_rank": first + (place + 1) % cp * tp, "from_rank": first + (place - 1) % cp * tp}
@@ -220,7 +226,7 @@ def ring_sends(calls: list, local: dict[str, int], mode: str, cp: int) -> list[R
     """Per attention call (its node, the key and value its inputs 1 and 2 at the sizes
     ``local``): the key/value shard sent cp - 1 times in the forward; in train mode cp - 1 times
     again in the backward, and its gradients cp times (module docstring). Peers as rank 0's:
-    `placed` sets each rank's."""
+    `mesh_ranks` sets each rank's."""
     sizes = Evaluator(local)
     peers = {"to_rank": 1 % cp, "from_rank": (-1) % cp}
     sends = []
@@ -246,5 +252,5 @@ def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-__all__ = ["analyze_context", "context_split", "fsdp_collectives", "placed", "ring_ranks",
+__all__ = ["analyze_context", "context_split", "fsdp_collectives", "mesh_ranks", "ring_ranks",
            "ring_sends"]

@@ -32,7 +32,7 @@ from ..records.context import ContextParallelReport
 from ..records.report import Report
 from ..records.symbolic import parse_count, size_symbol
 from ..training.per_batch import FlopsPerBatch
-from .context import placed, ring_ranks, ring_sends
+from .context import mesh_ranks, ring_ranks, ring_sends
 
 #: The lengths of the rank's sequence counted: L - k u for these k.
 _STEPS = range(4)
@@ -56,19 +56,19 @@ def fit_lengths(record: ContextParallelReport, tp: int) -> list[int]:
 
 
 def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
-                         rank_at: Callable[[int, bool], Report], *, tp: int,
+                         rank_at: Callable[[int], Report], *, tp: int,
                          fsdp: int | None = None) -> ContextParallelReport:
     """``record`` (`context_split` of ``fpb``, the single-device analysis) on the mesh (fsdp,
     cp, tp): every rank's work and ring traffic as its tensor-parallel rank's,
-    ``rank_at(length, first)`` being that rank's report on ``length`` positions of each row,
-    read at `fit_lengths`; with ``first`` (the count at ``L``, whose collectives are kept), with
-    ``fsdp`` also sharded by FSDP2 over ``fsdp x cp`` ranks. ``fpb``'s terms are checked to
-    split as the fit needs (module docstring)."""
+    ``rank_at(length)`` being that rank's report on ``length`` positions of each row (with
+    ``fsdp``, also sharded by FSDP2 over ``fsdp x cp`` ranks), read at `fit_lengths`; the
+    collectives are those of the count at ``L``. ``fpb``'s terms are checked to split as the
+    fit needs (module docstring)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InputError(f"{record.model}: tp must be an int >= 1, got {tp!r}.")
     _check_terms(fpb)
     lengths = fit_lengths(record, tp)
-    reports = [rank_at(length, k == 0) for k, length in enumerate(lengths)]
+    reports = [rank_at(length) for length in lengths]
     per_pair, other = {}, {}
     for field in ("flops", "macs"):
         for phase in ("forward", "backward"):
@@ -93,8 +93,7 @@ def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
         "fsdp_collectives": fsdp_collectives, "tp_collectives": tp_collectives,
         "flops_per_pair": per_pair["flops", "forward"] + per_pair["flops", "backward"],
         "macs_per_pair": per_pair["macs", "forward"] + per_pair["macs", "backward"],
-        "ranks": [placed(ring[rank // tp % record.cp], rank, record.cp, tp)
-                  for rank in range(world)]})
+        "ranks": mesh_ranks(ring, world, tp)})
 
 
 def _check_terms(fpb: FlopsPerBatch) -> None:

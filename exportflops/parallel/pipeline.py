@@ -97,11 +97,15 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     whole_too = two_passes and count_stage is None and any(
         kind == "B" for actions in order.values() for _, kind, _ in actions)
     share_alike = count_stage is None if share_alike is None else share_alike
+
+    def analyzed(stage: Stage, split_backward: bool) -> Report:
+        return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
+                       split_backward=split_backward)
+
     if count_stage is None:
         def count_stage(s: int, rank: int, stage: Stage) -> Report:
             # torch runs the first stage's backward whole, in its weight pass.
-            return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
-                           split_backward=two_passes and s > 0)
+            return analyzed(stage, two_passes and s > 0)
     reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
                                    share=share_alike, first_apart=two_passes)
     if two_passes:
@@ -112,9 +116,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                                         two_passes, whole_too)
     else:
         where, timer = device or "unit", ""
-        wholes = _counted(split, rank_of, lambda s, rank, stage: analyze(
-            stage.module, stage.args, stage.kwargs, mode=mode, strict=strict), grad=True,
-            share=share_alike)[0] if whole_too and device else [None] * len(split)
+        wholes = [None] * len(split)
+        if whole_too and device:
+            wholes = _counted(split, rank_of, lambda s, rank, stage: analyzed(stage, False),
+                              grad=True, share=share_alike)[0]
         times = [_times(report, device, two_passes, whole)
                  for report, whole in zip(reports, wholes)]
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when

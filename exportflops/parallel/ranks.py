@@ -79,8 +79,10 @@ def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
                 memo[id(value)] = fake(value, value.shape)
     copied = copy.deepcopy(model, memo)
 
-    def leaf(value):
-        return fake(value, value.shape) if isinstance(value, torch.Tensor) else value
+    def leaf(value):  # an input keeps whether it needs a gradient (a stage's hidden state)
+        if not isinstance(value, torch.Tensor):
+            return value
+        return fake(value, value.shape).requires_grad_(value.requires_grad)
 
     return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
 
