@@ -15,9 +15,10 @@ from .attribution import module_tree, program_parameters
 from .capture.dtensor import rank_graph
 from .capture.eager import eager_calls
 from .capture.export import as_args, capture, counted_eagerly, without_cache
-from .parallel.ranks import check_process_group, is_parallelized, local_parameters, rank_fields
+from .parallel.ranks import (check_process_group, is_parallelized, local_parameters,
+                             rank_fields, rank_runs)
 from .errors import ExportError, InputError
-from .count.backward import trace_backward
+from .count.backward import RECOMPUTED, trace_backward
 from .count.apply import count_node, untraced_backward
 from .count.decompose import Decomposer
 from .capture.fastpath import Expansion, NotRepeated, fast_capture
@@ -28,7 +29,7 @@ from .records import Cost, NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .records.symbolic import parse_count
 from .torch_internals import pytree
 from .version import __version__
-from .graph.walk import GraphRead, phase, read_graph
+from .graph.walk import GraphRead, read_graph
 
 
 def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -60,10 +61,6 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     if split_backward and mode != "train":
         raise InputError(f"split_backward=True splits the backward: it takes mode='train', "
                          f"got mode={mode!r}")
-    if split_backward and is_parallelized(model):
-        raise InputError(f"split_backward=True is not supported for a parallelized model "
-                         f"({type(model).__name__} holds DTensor parameters): analyze the "
-                         f"model before it is parallelized, or without split_backward")
     table = _table(formulas)
     with showing(progress), _grad_mode(mode), collector_paused(), random_state_kept():
         if mode == "train":
@@ -71,7 +68,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
         stage("export")
         if is_parallelized(model):
             return _parallel(model, args, kwargs, table, strict=strict, mode=mode,
-                             dynamic_shapes=dynamic_shapes)
+                             dynamic_shapes=dynamic_shapes, split=split_backward)
 
         notes = []
         if isinstance(model, torch.nn.Module):
@@ -140,9 +137,11 @@ def _with_notes(report: Report, notes: list[str]) -> Report:
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,
-              dynamic_shapes: Any) -> Report:
+              dynamic_shapes: Any, split: bool = False) -> Report:
     """A model parallelized with torch.distributed: this rank's report, counted by the same
-    tail as any graph (`_node_counter`), with its collectives (`exportflops.parallel`)."""
+    tail as any graph (`_node_counter`), with its collectives (`exportflops.parallel`);
+    ``split``: its backward in the input and weight passes (`exportflops.graph.passes`),
+    collectives too."""
     if dynamic_shapes is not None:
         raise InputError(f"dynamic_shapes is not supported for a parallelized model "
                          f"({type(model).__name__} holds DTensor parameters): analyze it at "
@@ -154,13 +153,14 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
     parameters = local_parameters(model)
     with rank_graph(model, args, kwargs, train=mode == "train") as graph:
         read = read_graph(graph)
-        phases = {call.name: phase(call.node) for call in read.nodes}
-        calls = [call for call in read.nodes if mode == "train" or phases[call.name] == "forward"]
+        runs = rank_runs(graph, read.nodes, train=mode == "train", split=split)
         count = _node_counter(read, table, strict=strict, sizes={})
-        nodes = [count(call, phase=phases[call.name]) for call in calls]
-        tree, tied = module_tree(calls, parameters, model,
+        nodes = [_noted(count(run.call, phase=run.phase, differentiates=run.differentiates),
+                        RECOMPUTED if run.differentiates else "")
+                 .model_copy(update={"gradient": run.gradient}) for run in runs]
+        tree, tied = module_tree([run.call for run in runs], parameters, model,
                                  qualified_name(type(model)))
-        fields = rank_fields(calls, phases)
+        fields = rank_fields(runs)
     report = _report(nodes, tree, tied, name=type(model).__name__,
                      inputs=_input_specs(args, kwargs), mode=mode)
     return report.model_copy(update=fields)

@@ -63,7 +63,28 @@ def _joint_graph(model: torch.nn.Module, args: tuple,
             joint = aot_export_joint_with_descriptors(stack, captured, args, kwargs)
         except Exception as error:  # torch raises many types; all become one error with a hint
             raise _capture_error(model, error) from error
+        _mark_gradients(joint.graph_module.graph)
         yield joint.graph_module.graph
+
+
+def _mark_gradients(graph: torch.fx.Graph) -> None:
+    """On each output holding a gradient, as AOT autograd's descriptors on the output node say:
+    ``meta["input_gradient"]`` for an input of the model's call (``GradAOTOutput`` of a
+    ``PlainAOTInput``), ``meta["parameter_gradient"]`` (its name) for a parameter, a DTensor's
+    through its local tensor: what `exportflops.graph.passes` splits the backward by."""
+    output = graph.output_node()
+    for value, desc in zip(output.args[0], output.meta.get("desc") or ()):
+        while getattr(desc, "attr", None) == "_local_tensor":  # a DTensor's, its local shard's
+            desc = desc.base
+        grad_of = getattr(desc, "grad_of", None)
+        if not isinstance(value, torch.fx.Node) or grad_of is None or grad_of.is_buffer():
+            continue
+        if grad_of.is_param():
+            while hasattr(grad_of, "base"):  # a subclass's inner tensor: its parameter
+                grad_of = grad_of.base
+            value.meta["parameter_gradient"] = getattr(grad_of, "target", grad_of.expr())
+        else:
+            value.meta["input_gradient"] = True
 
 
 def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:

@@ -34,7 +34,7 @@ import torch
 
 from ..graph.opcall import ACTIVATION, STATE, WEIGHT
 from ..graph.stacks import ModuleFrame, Stack
-from ..graph.walk import NodeCall, _storage, op_call, op_name
+from ..graph.walk import NodeCall, op_call, op_name, storage_id
 from ..records.names import qualified_name
 from ..torch_internals import (OpOverload, TorchDispatchMode, get_sequence_nr, pytree,
                                sequence_nr)
@@ -86,7 +86,7 @@ class _Recorder(TorchDispatchMode):
         self.running: tuple[Stack, str] | None = None
         """In the backward: the stack and forward op of the autograd node running."""
         tensors = [*model.parameters(), *model.buffers()]
-        self.weights = {_storage(t) for t in tensors} - {None}
+        self.weights = {storage_id(t) for t in tensors} - {None}
         """Storages of the parameters and buffers: what they and their views hold."""
         self.state: set[int] = set()
         """Storages of buffers an op of the run writes (a running mean): state, not weights."""
@@ -124,12 +124,12 @@ class _Recorder(TorchDispatchMode):
                    if argument.alias_info is not None and argument.alias_info.is_write]
         named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
         for value in pytree.tree_leaves([named.get(name) for name in written]):
-            storage = _storage(value)
+            storage = storage_id(value)
             if storage in self.weights:
                 self.state.add(storage)
 
     def _kind(self, tensor: torch.Tensor) -> str:
-        storage = _storage(tensor)
+        storage = storage_id(tensor)
         if storage in self.state:
             return STATE
         return WEIGHT if storage in self.weights else ACTIVATION

@@ -61,6 +61,12 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
             fx_traceback.current_meta["partitioner_tag"] = "is_backward"
             fx_traceback.current_meta.pop("nn_module_stack", None)
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            leaves = [a for a in flat if isinstance(a, torch.Tensor) and a.requires_grad]
+            gradients = [a.grad for a in leaves if a.grad is not None]
+            for leaf in leaves:  # the caller's inputs keep no gradient of the trace's
+                leaf.grad = None
+            # Returned, so the graph says which nodes hold them (`_mark_gradients`).
+            return out, gradients
         return out
 
     with fake, fx_traceback.preserve_node_meta(), _module_stacks(model, spans), \
@@ -76,7 +82,28 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
             ) from error
         _unit_stacks(graph, model)
+        if train:
+            _mark_gradients(graph)
         yield graph
+
+
+def _mark_gradients(graph: torch.fx.Graph) -> None:
+    """``meta["input_gradient"]`` on the nodes holding the gradients of the call's inputs,
+    which the traced step returns after its output, and ``meta["parameter_gradient"]`` (its
+    module) on each parameter's unsharded gradient, which FSDP2's reduce copies into the
+    reduce-scatter's input (``fsdp.chunk_cat`` in torch/distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py, ``foreach_reduce``): what `exportflops.graph.passes` splits the
+    backward by."""
+    _, gradients = graph.output_node().args[0]
+    for node in gradients:
+        node.meta["input_gradient"] = True
+    for node in graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") \
+                .startswith("chunk_cat") and getattr(node.target, "namespace", "") == "fsdp":
+            for gradient in node.all_input_nodes:
+                stack = gradient.meta.get("nn_module_stack") or {}
+                gradient.meta["parameter_gradient"] = next(
+                    (path for path, _ in reversed(stack.values())), "") or "a parameter"
 
 
 #: The profiler range FSDP2 opens around one step of one unit (``FSDPParamGroup._with_fqn`` in
@@ -132,13 +159,20 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     hooks of the module (a row-parallel linear's output all-reduce, which tensor parallel
     issues in a forward hook), and the tensor hook on its outputs, which sets the stack in
     the backward, sits on what the module finally returns. ``spans`` gets (first, end, stack)
-    of the autograd sequence numbers each module call created."""
+    of the autograd sequence numbers each module call created. A module's forward running in
+    the backward is activation checkpointing's recomputation: its ops get
+    ``meta["recompute"] = "eager"``."""
     stack: list[tuple[str, tuple[str, type]]] = []
     starts: list[int] = []
+    recomputing: list[int] = []  # the stack depth where a recomputation began
     handles = []
 
     def enter(path: str, module: torch.nn.Module):
         def hook(*_):
+            if not recomputing and fx_traceback.current_meta.get("partitioner_tag") \
+                    == "is_backward":
+                recomputing.append(len(stack))
+                fx_traceback.current_meta["recompute"] = "eager"
             stack.append((f"L__self___{path.replace('.', '_')}", (path, type(module))))
             fx_traceback.current_meta["nn_module_stack"] = dict(stack)
             starts.append(get_sequence_nr())
@@ -152,6 +186,9 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
                 tensor.register_hook(lambda grad, frames=frames: _set_stack(frames))
         stack.pop()
         fx_traceback.current_meta["nn_module_stack"] = dict(stack)
+        if recomputing and len(stack) == recomputing[-1]:
+            recomputing.pop()
+            fx_traceback.current_meta.pop("recompute", None)
 
     for path, module in model.named_modules():
         if path:

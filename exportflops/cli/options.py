@@ -358,7 +358,7 @@ def _check_split_backward(ns: argparse.Namespace) -> None:
     if not ns.split_backward:
         return
     others = [f"--{flag.replace('_', '-')}" for flag in
-              ("pp", "ep", "cp", "tp", "fsdp", "generate", "seqlens")
+              ("pp", "ep", "cp", "generate", "seqlens")
               if getattr(ns, flag) is not None] + ["--profile"] * ns.profile
     if ns.mode != "train" or others:
         raise UsageError(f"--split-backward splits the backward of one model's training step: "

@@ -62,7 +62,8 @@ def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = F
             _parallelize(ns.model, model, mesh["tp"])
         if ns.fsdp is not None:
             (shard or _fully_shard)(ns.model, model, mesh["fsdp"])
-        report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode)
+        report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
+                         split_backward=ns.split_backward)
     return model, report, reprs
 
 

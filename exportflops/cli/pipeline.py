@@ -55,15 +55,20 @@ def analyze_split(ns: argparse.Namespace):
     # --pp N is the ranks; a looped schedule runs two stages on each.
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
-    if SCHEDULES[schedule].split_backward and ns.mode == "train" and composed:
+    two_passes = SCHEDULES[schedule].split_backward and ns.mode == "train"
+    if two_passes and composed and ns.model not in COMPOSED:
         whole = ", ".join(name for name, s in SCHEDULES.items() if not s.split_backward)
         raise UsageError(f"--schedule {schedule} runs each stage's backward as two passes, "
-                         f"input then weight gradients: stages counted on --tp/--fsdp ranks "
-                         f"have the backward whole. Drop --tp/--fsdp, or pick a schedule with "
-                         f"a whole backward ({whole}).")
+                         f"input then weight gradients: a {ns.model} stage on --tp/--fsdp "
+                         f"ranks is cut from the whole model's rank, whose backward is not "
+                         f"split at the stages' inputs. Analyze the built-in llama, drop "
+                         f"--tp/--fsdp, or pick a schedule with a whole backward ({whole}).")
     stages = ns.pp * per_rank
     try:
-        count_stage = _composed_counter(ns, model, stages) if composed else None
+        count_stage = _composed_counter(ns, model, stages, two_passes) if composed else None
+        # for the whole backwards a split schedule also runs (DualPipeV's)
+        count_whole = _composed_counter(ns, model, stages, False) \
+            if composed and two_passes else None
         analysis = analyze_pipeline(
             model, args, kwargs, schedule=schedule,
             # The stages counted (the model's own modules) are the stages timed.
@@ -73,7 +78,8 @@ def analyze_split(ns: argparse.Namespace):
             microbatches=ns.microbatches, mode=ns.mode, strict=ns.strict,
             device=ns.device_model or DEFAULT_DEVICE,
             link_bytes_per_s=None if ns.link_gbps is None else ns.link_gbps * 1e9,
-            count_stage=count_stage, measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat,
+            count_stage=count_stage, count_whole=count_whole, measure=ns.profile,
+            warmup=ns.warmup, repeat=ns.repeat,
             # The built-in llama's plan is the same on every layer: a stage alike another
             # counts alike on its rank too. A whole model cut into stages is counted once.
             share_alike=composed and ns.model in COMPOSED)
@@ -89,7 +95,7 @@ def analyze_split(ns: argparse.Namespace):
     return rank_report(analysis, ns.rank), (record, partial(pipeline_view, rank=pipeline_rank))
 
 
-def _composed_counter(ns: argparse.Namespace, model, stages: int):
+def _composed_counter(ns: argparse.Namespace, model, stages: int, split_backward: bool):
     if ns.model not in COMPOSED:
         from ..parallel.pipeline import layer_split_points
 
@@ -101,18 +107,21 @@ def _composed_counter(ns: argparse.Namespace, model, stages: int):
         return built, args
 
     return stage_rank_counter(build, ns.model, len(model.layers), stages, tp=ns.tp,
-                              fsdp=ns.fsdp, mode=ns.mode, strict=ns.strict)
+                              fsdp=ns.fsdp, mode=ns.mode, strict=ns.strict,
+                              split_backward=split_backward)
 
 
 def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
                        tp: int | None, fsdp: int | None, mode: str = "forward",
-                       strict: bool = False):
+                       strict: bool = False, split_backward: bool = False):
     """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
     ``spec`` (a key of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
     as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
     ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
     fake tensors for FSDP2), split by its tensor-parallel plan (``tp``) and FSDP2 (``fsdp``,
-    on the stage's blocks, then the stage)."""
+    on the stage's blocks, then the stage). ``split_backward``: each stage but the first
+    (whose backward torch runs whole) counted with its backward in the zero-bubble schedules'
+    two passes (`exportflops.graph.passes`)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -142,7 +151,8 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
             if fsdp is not None:  # torchtitan's default under pipeline parallelism
                 _fully_shard(spec, part, mesh["fsdp"], reshard_after_forward=False)
-            report = analyze(part, inputs, None, mode=mode, strict=strict)
+            report = analyze(part, inputs, None, mode=mode, strict=strict,
+                             split_backward=split_backward and index > 0)
         return _dims_named(report, degrees)
 
     return count

@@ -185,6 +185,16 @@ def phase(node: torch.fx.Node | None) -> str:
     return "backward" if tag == "is_backward" else "forward"
 
 
+def recomputed(node: torch.fx.Node) -> bool:
+    """Whether activation checkpointing reruns this node in the backward: AOT autograd's joint
+    graph tags each op of a checkpointed region with its policy (``meta["recompute"]``), and
+    eager checkpointing, what runs without torch.compile, reruns every op a selective policy
+    does not save (``MUST_SAVE``, ``PREFER_SAVE``); FSDP2's capture traces the rerun itself
+    and tags it ``"eager"``."""
+    policy = node.meta.get("recompute")
+    return policy is not None and getattr(policy, "name", "") not in ("MUST_SAVE", "PREFER_SAVE")
+
+
 def subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:
     """The subgraphs a control-flow op runs."""
     if not isinstance(node.target, HigherOrderOperator):
@@ -311,14 +321,14 @@ def _aliases_argument(result: Any, args: Iterable[Any]) -> bool:
     the value itself): ops such as ``reshape`` return a view when the strides allow, else a
     copy, and only the (fake) tensors know which."""
     out = next(_leaf_tensors(result), None)
-    storage = _storage(out)
+    storage = storage_id(out)
     if storage is None:
         return False
-    return any(_storage(value.meta.get("val") if isinstance(value, torch.fx.Node) else value)
+    return any(storage_id(value.meta.get("val") if isinstance(value, torch.fx.Node) else value)
                == storage for value in args)
 
 
-def _storage(value: Any) -> int | None:
+def storage_id(value: Any) -> int | None:
     """The identity of a strided tensor's storage; None for anything else (a subclass without
     one counts as a copy: its bytes are charged rather than silently dropped)."""
     if not isinstance(value, torch.Tensor) or value.layout != torch.strided:

@@ -47,6 +47,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      device: str | None = DEFAULT_DEVICE,
                      link_bytes_per_s: float | None = None, strict: bool = False,
                      count_stage: Callable[[int, int, Stage], Report] | None = None,
+                     count_whole: Callable[[int, int, Stage], Report] | None = None,
                      measure: bool = False, warmup: int = 3, repeat: int = 10,
                      share_alike: bool | None = None,
                      ) -> PipelineAnalysis:
@@ -64,6 +65,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
     another way than ``analyze(stage.module, ...)`` (`exportflops.cli.pipeline.stage_rank_counter`
     counts one tensor-parallel/FSDP rank of it); its collectives stay in the stage's report.
+    Under a schedule splitting the backward its reports are counted with ``split_backward``
+    (but stage 0's, which torch runs whole), and ``count_whole``, taking the same arguments,
+    counts a stage with its backward whole for the whole backwards DualPipeV also runs
+    (without it, such a backward takes its two passes' time).
     ``share_alike``: a stage alike an earlier one takes its report, not counted again (default:
     only when ``count_stage`` is None; a ``count_stage`` whose report depends on the stage's
     call alone, not on its index or rank, may ask for it). ``measure``: each action's time is
@@ -94,7 +99,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     two_passes = SCHEDULES[schedule].split_backward and mode == "train"
     # DualPipeV also runs whole backwards: then each stage is counted whole as well, when it
     # is counted here.
-    whole_too = two_passes and count_stage is None and any(
+    whole_too = two_passes and (count_stage is None or count_whole is not None) and any(
         kind == "B" for actions in order.values() for _, kind, _ in actions)
     share_alike = count_stage is None if share_alike is None else share_alike
 
@@ -118,16 +123,15 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         where, timer = device or "unit", ""
         wholes = [None] * len(split)
         if whole_too and device:
-            wholes = _counted(split, rank_of, lambda s, rank, stage: analyzed(stage, False),
-                              grad=True, share=share_alike)[0]
+            wholes = _counted(split, rank_of, count_whole or (
+                lambda s, rank, stage: analyzed(stage, False)), grad=True, share=share_alike)[0]
         times = [_times(report, device, two_passes, whole)
                  for report, whole in zip(reports, wholes)]
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
     # the times are seconds, run between its ops: added to its action, as if not overlapped.
     timed = link_bytes_per_s is not None and device is not None
-    spent = [tuple(sum(c.seconds(link_bytes_per_s) for c in report.collectives
-                       if c.phase == phase) if timed else 0.0
-                   for phase in ("forward", "backward")) for report in reports]
+    spent = [_collective_seconds(report, link_bytes_per_s) if timed
+             else dict.fromkeys("FBIW", 0.0) for report in reports]
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
         index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
@@ -136,8 +140,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         forward=report.total - report.backward, backward=report.backward,
         backward_weight=report.backward_weight if two_passes else None,
         forward_s=times[s]["F"], backward_s=times[s]["B"], backward_input_s=times[s].get("I"),
-        backward_weight_s=times[s].get("W"), forward_collectives_s=spent[s][0],
-        backward_collectives_s=spent[s][1], sends=sends[s], receives=receives[s],
+        backward_weight_s=times[s].get("W"), forward_collectives_s=spent[s]["F"],
+        backward_collectives_s=spent[s]["B"], backward_input_collectives_s=spent[s]["I"],
+        backward_weight_collectives_s=spent[s]["W"], sends=sends[s], receives=receives[s],
         collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
@@ -157,7 +162,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      if src == s and isinstance(t, torch.Tensor) and t.requires_grad}
                  for s in range(len(split))}
     actions, ranks, step, bubble, slowest = timeline(
-        order, lambda s, kind: times[s][kind] + spent[s][kind != "F"],
+        order, lambda s, kind: times[s][kind] + spent[s][kind],
         transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0), senders, gradients)
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
@@ -346,9 +351,26 @@ def _in_weight_pass(report: Report) -> Report:
     """The first stage's report with its whole backward in the weight pass: torch's
     ``backward_one_chunk`` skips the input pass on stage 0 and runs its full backward when the
     weights' turn comes (torch/distributed/pipelining/stage.py)."""
-    nodes = [n.model_copy(update={"gradient": "weight"}) if n.phase == "backward" else n
-             for n in report.nodes]
-    return report.model_copy(update={"nodes": nodes, "backward_weight": report.backward})
+    nodes, collectives = ([n.model_copy(update={"gradient": "weight"}) if n.phase == "backward"
+                           else n for n in items] for items in (report.nodes, report.collectives))
+    return report.model_copy(update={"nodes": nodes, "collectives": collectives,
+                                     "backward_weight": report.backward})
+
+
+def _collective_seconds(report: Report, link_bytes_per_s: float) -> dict[str, float]:
+    """The seconds a stage's own collectives take in each of its actions on the link: its
+    forward's in ``F``, its backward's in ``B``, and with the backward in two passes each
+    pass's in ``I`` and ``W``."""
+    spent = dict.fromkeys("FBIW", 0.0)
+    for c in report.collectives:
+        seconds = c.seconds(link_bytes_per_s)
+        if c.phase == "forward":
+            spent["F"] += seconds
+            continue
+        spent["B"] += seconds
+        if c.gradient:
+            spent["I" if c.gradient == "input" else "W"] += seconds
+    return spent
 
 
 def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float | None) -> None:
@@ -358,11 +380,12 @@ def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float |
         raise InputError(f"schedule {schedule!r} runs each backward as two passes, input then "
                          f"weight gradients: count_stage's reports must be counted with "
                          f"analyze(..., split_backward=True)")
-    if link_bytes_per_s is not None and any(c.phase == "backward" for report in reports
-                                            for c in report.collectives):
+    if link_bytes_per_s is not None and any(c.phase == "backward" and not c.gradient
+                                            for report in reports for c in report.collectives):
         raise InputError(f"schedule {schedule!r} splits each backward in two passes, and a "
-                         f"stage's own backward collectives are not assigned to either: give "
-                         f"no link_bytes_per_s, or a schedule with a whole backward")
+                         f"stage's own backward collectives are not assigned to either: count "
+                         f"the stages with analyze(..., split_backward=True), or give no "
+                         f"link_bytes_per_s, or a schedule with a whole backward")
 
 
 def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: str,

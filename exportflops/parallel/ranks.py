@@ -12,13 +12,16 @@ import contextlib
 import copy
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 import torch.fx
 
-from ..errors import DistributedError
+from ..errors import DistributedError, InputError
 from ..formulas.collectives import KINDS, NAMESPACES, message_bytes
-from ..graph.walk import NodeCall
+from ..graph.passes import halves, input_way
+from ..graph.walk import NodeCall, phase, recomputed
 from ..records import Collective
 from ..torch_internals import FakeTensorMode, OpOverload, pytree, require
 
@@ -111,13 +114,53 @@ def check_process_group(model: torch.nn.Module) -> None:
             f"torch.distributed.init_process_group().")
 
 
-def rank_fields(calls: list[NodeCall], phases: dict[str, str]) -> dict:
-    """The fields a rank's report adds: the world, this rank, and the collectives it issues."""
+class RankRun(NamedTuple):
+    """One call as this rank runs it."""
+
+    phase: str
+    """``forward`` or ``backward``."""
+    gradient: str
+    """With the backward split: the pass it runs in, ``input`` or ``weight``; else ""."""
+    call: NodeCall
+    """The call, renamed where it runs more than once (``.recompute``, a pass of a kernel
+    serving both)."""
+    differentiates: str = ""
+    """For a forward op rerun in the backward: the op."""
+
+
+def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
+              split: bool) -> list[RankRun]:
+    """What this rank runs of its graph's ``calls``: the forward, and in ``train`` the backward
+    (``split``: each op in its pass, `exportflops.graph.passes`) and the forward ops of
+    checkpointed regions again, which eager activation checkpointing reruns in the backward
+    (the joint graph tags them; FSDP2's trace has the rerun itself)."""
+    phases = {call.name: phase(call.node) for call in calls}
+    rerun = [call for call in calls if train and phases[call.name] == "forward"
+             and recomputed(call.node)]
+    if split and (rerun or any(recomputed(call.node) for call in calls)):
+        first = (rerun or [c for c in calls if recomputed(c.node)])[0]
+        raise InputError(
+            f"node {first.name} in module {first.module or '(root)'} is in an activation "
+            f"checkpoint: with the backward in two passes torch recomputes a region in each "
+            f"pass that unpacks it, which this count does not model; analyze without "
+            f"split_backward, or without checkpointing")
+    way = input_way(graph) if split else None
+    runs = [RankRun(phases[call.name], half, run) for call in calls
+            if train or phases[call.name] == "forward"
+            for half, run in (halves(call, way) if way is not None
+                              and phases[call.name] == "backward" else [("", call)])]
+    return runs + [RankRun("backward", "", replace(call, name=f"{call.name}.recompute"),
+                           differentiates=call.name) for call in rerun]
+
+
+def rank_fields(runs: list[RankRun]) -> dict:
+    """The fields a rank's report adds: the world, this rank, and the collectives it issues
+    (``runs``: `rank_runs`)."""
     import torch.distributed as dist
 
     return {"world_size": dist.get_world_size(), "rank": dist.get_rank(),
-            "collectives": [collective(call, phases[call.name]) for call in calls
-                            if _kind(call) is not None]}
+            "collectives": [collective(run.call, run.phase, run.gradient)
+                            for run in runs if _kind(run.call) is not None]}
 
 
 def _kind(call: NodeCall):
@@ -127,7 +170,7 @@ def _kind(call: NodeCall):
     return None
 
 
-def collective(call: NodeCall, phase: str) -> Collective:
+def collective(call: NodeCall, phase: str, gradient: str = "") -> Collective:
     _resolve_process_group = require("resolve_process_group")
 
     kind = _kind(call)
@@ -146,7 +189,8 @@ def collective(call: NodeCall, phase: str) -> Collective:
     return Collective(op=kind.name, bytes=message_bytes(kind, call.call),
                       dtype=str(dtype).removeprefix("torch."), phase=phase, group_size=size,
                       group=group, mesh_dim=mesh_dim, module=call.module, node=call.name,
-                      torch_op=call.op_name, bandwidth_factor=float(kind.factor(size)))
+                      torch_op=call.op_name, bandwidth_factor=float(kind.factor(size)),
+                      gradient=gradient)
 
 
 def _process_group_argument(node: torch.fx.Node | None):

@@ -47,6 +47,10 @@ class Collective(Record):
     bandwidth_factor: float
     """nccl-tests' bus-bandwidth factor: ring all-reduce 2(n-1)/n; all-gather, reduce-scatter
     and all-to-all (n-1)/n; broadcast 1; n the group size. A ``send`` or ``recv``: 1."""
+    gradient: Literal["", "input", "weight"] = ""
+    """For a collective of a backward counted in two passes (``analyze(split_backward=True)``
+    on a parallelized model): ``input`` when it runs in the pass computing the inputs'
+    gradients, ``weight`` in the parameters'."""
     peer: int | None = None
     """For a ``send`` or ``recv``: the rank at the other end (the one sent to, or received
     from); None for a collective."""

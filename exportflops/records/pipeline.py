@@ -63,7 +63,13 @@ class PipelineStage(Record):
     ones, not its sends) on the record's link, added to each forward action as if not
     overlapped with compute; 0 without a link or with unit times."""
     backward_collectives_s: float = 0.0
-    """Likewise in the backward."""
+    """Likewise in the backward (the whole backward's, with a schedule that splits it)."""
+    backward_input_collectives_s: float = 0.0
+    """With a schedule that splits the backward: those of its input-gradient pass (``I``; the
+    tensor-parallel reductions of the inputs' gradients)."""
+    backward_weight_collectives_s: float = 0.0
+    """With a schedule that splits the backward: those of its weight-gradient pass (``W``;
+    FSDP2's gradient reduce-scatters, a replicated weight's all-reduce)."""
     sends: list[Collective]
     """What it sends per microbatch: its outputs to the next stage (``forward``), the gradients
     of its inputs to the stage before (``backward``); ``op`` ``send``."""

@@ -72,11 +72,15 @@ def _backward_time(stage: PipelineStage, record: PipelineReport, style: Style) -
     and its whole backward's where the schedule also runs it (DualPipeV) and it differs."""
     if stage.backward_input_s is None:
         return _time(stage.backward_s, record, style, stage.backward_collectives_s)
-    passes = (f"I {_time(stage.backward_input_s, record, style)} + "
-              f"W {_time(stage.backward_weight_s, record, style)}")
+    input_pass = _time(stage.backward_input_s, record, style,
+                       stage.backward_input_collectives_s)
+    weight_pass = _time(stage.backward_weight_s, record, style,
+                        stage.backward_weight_collectives_s)
+    passes = f"I {input_pass}, W {weight_pass}"
     if stage.backward_s == stage.backward_input_s + stage.backward_weight_s:
         return passes
-    return f"{passes}; whole {_time(stage.backward_s, record, style)}"
+    whole = _time(stage.backward_s, record, style, stage.backward_collectives_s)
+    return f"{passes}; whole {whole}"
 
 
 def _ranks(ranks: list[int]) -> str:

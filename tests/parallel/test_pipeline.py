@@ -401,10 +401,8 @@ def test_the_command_prints_the_pipeline_of_a_rank(capsys):
     ["llama", "--schedule", "1f1b"],
     ["llama", "--pp", "2", "--rank", "2"],
     ["llama", "--pp", "2", "--schedule", "dualpipe"],
-    ["llama", "--pp", "2", "--tp", "2", "--schedule", "zbvzerobubble", "--mode", "train"],
     ["llama", "--pp", "2", "--format", "csv"],
-], ids=["past-pp-by-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule",
-        "zero-bubble-on-tp-ranks", "csv"])
+], ids=["past-pp-by-tp", "schedule-without-pp", "rank-out-of-range", "unknown-schedule", "csv"])
 def test_the_command_refuses_what_it_cannot_lay_out(argv, capsys):
     assert main(argv) == 2
     assert "exportflops: error:" in capsys.readouterr().err

@@ -158,3 +158,13 @@ def test_a_tied_head_is_split_with_the_embedding(tmp_path, capsys):
     assert [(c.op, c.bytes) for c in rank.collectives][-1] == ("all_gather", 16 * 256 * F32)
     assert main([f"hf:{tmp_path}", "--seq", "16", "--pp", "2", "--tp", "2", "--rank", "3"]) \
         == 0
+
+
+def test_a_decoder_on_pp_by_tp_refuses_a_schedule_splitting_the_backward(decoder, capsys):
+    # Its stages are cut from one rank of the whole model, whose backward is not split at
+    # the stages' inputs.
+    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--tp", "2", "--mode", "train",
+            "--schedule", "zbvzerobubble"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--schedule zbvzerobubble" in err and "built-in llama" in err

@@ -1,0 +1,135 @@
+"""The backward of a rank's traced graph in the two passes torch's zero-bubble pipeline schedules
+run (torch/distributed/pipelining/_backward.py): ``stage_backward_input`` asks autograd for the
+gradients of the stage's inputs only, so autograd runs the backward ops those depend on;
+``stage_backward_weight`` then asks for the parameters' from the gradients saved on that way,
+running the rest.
+
+A rank's graph (`exportflops.capture.dtensor.rank_graph`) holds the backward as ATen ops, each
+computing what its consumers take: an op is in the input pass when an input's gradient depends
+on it, else in the weight pass. A kernel whose outputs go both ways (``native_layer_norm_
+backward``'s input gradient and its weight's) runs in each pass, the input pass asking it for
+the outputs on the input's way and the weight pass for the others, through its output mask.
+The capture marks each node holding an input's gradient with ``meta["input_gradient"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import replace
+from typing import Literal
+
+import torch.fx
+
+from ..errors import InputError
+from ..torch_internals import pytree
+from .walk import NodeCall, phase, storage_id
+
+Pass = Literal["input", "weight"]
+
+#: The arguments an ATen backward kernel takes to say which of its outputs to compute
+#: (``native_layer_norm_backward``'s ``output_mask``, the attention kernels' ``grad_input_mask``).
+MASKS = ("output_mask", "grad_input_mask")
+
+
+def input_way(graph: torch.fx.Graph) -> frozenset[torch.fx.Node]:
+    """The backward nodes an input's gradient depends on: the input pass's. A node depends on
+    its arguments, and on the earlier nodes writing into the storage of a tensor it reads
+    (FSDP2's graph gathers parameters into their unsharded storage in place)."""
+    writers = _writers(graph)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    way: set[torch.fx.Node] = set()
+    pending = [node for node in graph.nodes if node.meta.get("input_gradient")]
+    while pending:
+        node = pending.pop()
+        if node in way or phase(node) != "backward":
+            continue
+        way.add(node)
+        pending.extend(node.all_input_nodes)
+        for storage in _storages(node.all_input_nodes):
+            pending.extend(w for w in writers.get(storage, ()) if order[w] < order[node])
+    _check_single_uses(graph, way)
+    return frozenset(way)
+
+
+def _check_single_uses(graph: torch.fx.Graph, way: set[torch.fx.Node]) -> None:
+    """Each parameter's gradient (``meta["parameter_gradient"]``) starts from one node of the
+    input pass: torch's weight pass restarts from the gradients the input pass saved where the
+    parameter met the inputs' way (``get_param_groups``); from two or more (a parameter used
+    twice: shared layers, a tied embedding and head in one call) autograd recomputes the
+    input-pass ops between them in the weight pass too, which this count does not model."""
+    for sink in graph.nodes:
+        if "parameter_gradient" not in sink.meta or sink in way:
+            continue
+        starts, seen, pending = set(), set(), [sink]
+        while pending:
+            node = pending.pop()
+            if node in seen or phase(node) != "backward":
+                continue
+            seen.add(node)
+            if node in way:
+                starts.add(node)
+            else:
+                pending.extend(node.all_input_nodes)
+        if len(starts) > 1:
+            raise InputError(
+                f"parameter {sink.meta['parameter_gradient']} gets its gradient from "
+                f"{len(starts)} ops on the way to the inputs' gradients "
+                f"({', '.join(sorted(n.name for n in starts))}): it is used more than once, "
+                f"and torch's weight pass then recomputes the input-gradient ops between "
+                f"them, which split_backward does not model; analyze without split_backward")
+
+
+def _writers(graph: torch.fx.Graph) -> dict[int, list[torch.fx.Node]]:
+    """Storage -> the nodes writing into it in place (an op's mutable arguments)."""
+    writers: dict[int, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or not schema.is_mutable:
+            continue
+        written = [arg for arg, spec in zip(node.args, schema.arguments)
+                   if spec.alias_info is not None and spec.alias_info.is_write]
+        written += [node.kwargs[spec.name] for spec in schema.arguments
+                    if spec.kwarg_only and spec.name in node.kwargs and spec.alias_info is not None
+                    and spec.alias_info.is_write]
+        for storage in _storages(pytree.tree_leaves(written)):
+            writers.setdefault(storage, []).append(node)
+    return writers
+
+
+def _storages(values) -> set[int]:
+    """The storages of the tensors the fx nodes among ``values`` hold."""
+    return {storage_id(t) for value in values if isinstance(value, torch.fx.Node)
+            for t in pytree.tree_leaves(value.meta.get("val"))} - {None}
+
+
+def halves(call: NodeCall, way: frozenset[torch.fx.Node]) -> list[tuple[Pass, NodeCall]]:
+    """Backward ``call`` as it runs in each pass it runs in (``way``: `input_way`): itself in
+    the weight pass when no input's gradient depends on it, else in the input pass, and a
+    kernel with outputs both ways in each, each pass's call asking for that pass's outputs
+    (its mask narrowed to them; without a mask the kernel computes all of them in each)."""
+    if call.node not in way:
+        return [("weight", call)]
+    items = {user.args[1]: user for user in call.node.users if _item_user(user)}
+    if not any(user not in way and user.users for user in items.values()):
+        return [("input", call)]
+    mask_name = next((name for name in MASKS if name in call.call.args), None)
+    if mask_name is None:
+        return [(half, replace(call, name=f"{call.name}.{half}")) for half in ("input", "weight")]
+    mask = call.call[mask_name]
+    # No graph node: what counts the half reads its arguments, the narrowed mask among them.
+    return [(half, replace(call, name=f"{call.name}.{half}", node=None, call=_masked(
+        call, mask_name, [bool(wanted) and i in items and (items[i] in way) == (half == "input")
+                          for i, wanted in enumerate(mask)])))
+            for half in ("input", "weight")]
+
+
+def _masked(call: NodeCall, mask_name: str, mask: list[bool]):
+    """The call's `OpCall` computing only the outputs ``mask`` asks for."""
+    produced = [i for i, value in enumerate(call.node.meta["val"]) if value is not None]
+    outputs = tuple(meta for i, meta in zip(produced, call.call.outputs)
+                    if i < len(mask) and mask[i])
+    return replace(call.call, args={**call.call.args, mask_name: mask}, outputs=outputs)
+
+
+def _item_user(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
