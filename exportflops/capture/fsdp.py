@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
+from torch.utils.checkpoint import CheckpointError, CheckpointPolicy
 
 from ..errors import DistributedError
 from .quiet import quiet_capture_log
@@ -61,14 +62,16 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
             fx_traceback.current_meta["partitioner_tag"] = "is_backward"
             fx_traceback.current_meta.pop("nn_module_stack", None)
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-            leaves = [a for a in flat if isinstance(a, torch.Tensor) and a.requires_grad]
-            gradients = [a.grad for a in leaves if a.grad is not None]
-            for leaf in leaves:  # the caller's inputs keep no gradient of the trace's
-                leaf.grad = None
             # Returned, so the graph says which nodes hold them (`_mark_gradients`).
-            return out, gradients
+            return out, [a.grad for a in flat if isinstance(a, torch.Tensor)
+                         and a.requires_grad and a.grad is not None]
         return out
 
+    # Inputs needing a gradient become leaves of the trace's own: the backward stops there,
+    # and nothing accumulates into the caller's tensors or what they were computed from.
+    args, kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: t.detach().requires_grad_() if t.requires_grad else t,
+        (tuple(args), dict(kwargs)))
     with fake, fx_traceback.preserve_node_meta(), _module_stacks(model, spans), \
             quiet_capture_log(), torch.enable_grad() if train else torch.no_grad():
         try:
@@ -76,15 +79,23 @@ def fsdp_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
         except DistributedError:
             raise
         except Exception as error:  # torch raises many types; all become one error
+            hint = f" {SELECTIVE}" if isinstance(error, CheckpointError) else ""
             raise DistributedError(
                 f"tracing {type(model).__name__}'s FSDP2 forward"
                 f"{' and backward' if train else ''} on fake tensors failed: "
                 f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-            ) from error
+                f"{hint}") from error
         _unit_stacks(graph, model)
         if train:
             _mark_gradients(graph)
         yield graph
+
+
+#: What to do when activation checkpointing fails the FSDP2 trace.
+SELECTIVE = ("If the model checkpoints with a selective policy (a context_fn), that cannot "
+             "be traced under FSDP2 as eager runs it (under make_fx it caches every output "
+             "instead of rerunning): analyze the model without --fsdp (tensor parallel, or one "
+             "device), or with plain checkpointing.")
 
 
 def _mark_gradients(graph: torch.fx.Graph) -> None:
@@ -161,7 +172,7 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     the backward, sits on what the module finally returns. ``spans`` gets (first, end, stack)
     of the autograd sequence numbers each module call created. A module's forward running in
     the backward is activation checkpointing's recomputation: its ops get
-    ``meta["recompute"] = "eager"``."""
+    ``meta["recompute"]``."""
     stack: list[tuple[str, tuple[str, type]]] = []
     starts: list[int] = []
     recomputing: list[int] = []  # the stack depth where a recomputation began
@@ -172,7 +183,8 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
             if not recomputing and fx_traceback.current_meta.get("partitioner_tag") \
                     == "is_backward":
                 recomputing.append(len(stack))
-                fx_traceback.current_meta["recompute"] = "eager"
+                # torch's own readers of this key take a policy (torch/fx/graph.py)
+                fx_traceback.current_meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             stack.append((f"L__self___{path.replace('.', '_')}", (path, type(module))))
             fx_traceback.current_meta["nn_module_stack"] = dict(stack)
             starts.append(get_sequence_nr())

@@ -18,6 +18,7 @@ import operator
 from dataclasses import replace
 from typing import Literal
 
+import torch
 import torch.fx
 
 from ..errors import InputError
@@ -109,8 +110,10 @@ def halves(call: NodeCall, way: frozenset[torch.fx.Node]) -> list[tuple[Pass, No
     (its mask narrowed to them; without a mask the kernel computes all of them in each)."""
     if call.node not in way:
         return [("weight", call)]
-    items = {user.args[1]: user for user in call.node.users if _item_user(user)}
-    if not any(user not in way and user.users for user in items.values()):
+    items = [user for user in call.node.users if _item_user(user)]
+    on_way = {user.args[1] for user in items if user in way}
+    weight_only = {user.args[1] for user in items if user.users} - on_way
+    if not weight_only:
         return [("input", call)]
     mask_name = next((name for name in MASKS if name in call.call.args), None)
     if mask_name is None:
@@ -118,17 +121,22 @@ def halves(call: NodeCall, way: frozenset[torch.fx.Node]) -> list[tuple[Pass, No
     mask = call.call[mask_name]
     # No graph node: what counts the half reads its arguments, the narrowed mask among them.
     return [(half, replace(call, name=f"{call.name}.{half}", node=None, call=_masked(
-        call, mask_name, [bool(wanted) and i in items and (items[i] in way) == (half == "input")
-                          for i, wanted in enumerate(mask)])))
-            for half in ("input", "weight")]
+        call, mask_name, [bool(wanted) and i in chosen for i, wanted in enumerate(mask)])))
+            for half, chosen in (("input", on_way), ("weight", weight_only))]
 
 
 def _masked(call: NodeCall, mask_name: str, mask: list[bool]):
-    """The call's `OpCall` computing only the outputs ``mask`` asks for."""
-    produced = [i for i, value in enumerate(call.node.meta["val"]) if value is not None]
-    outputs = tuple(meta for i, meta in zip(produced, call.call.outputs)
-                    if i < len(mask) and mask[i])
-    return replace(call.call, args={**call.call.args, mask_name: mask}, outputs=outputs)
+    """The call's `OpCall` computing only the outputs ``mask`` asks for: its tensor outputs
+    are those of each output in turn (an output may hold several, or none)."""
+    values = call.node.meta.get("val")
+    kept: list = []
+    start = 0
+    for index, value in enumerate(values if isinstance(values, (list, tuple)) else ()):
+        count = sum(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(value))
+        if index < len(mask) and mask[index]:
+            kept += call.call.outputs[start:start + count]
+        start += count
+    return replace(call.call, args={**call.call.args, mask_name: mask}, outputs=tuple(kept))
 
 
 def _item_user(node: torch.fx.Node) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -186,13 +187,51 @@ def phase(node: torch.fx.Node | None) -> str:
 
 
 def recomputed(node: torch.fx.Node) -> bool:
-    """Whether activation checkpointing reruns this node in the backward: AOT autograd's joint
-    graph tags each op of a checkpointed region with its policy (``meta["recompute"]``), and
-    eager checkpointing, what runs without torch.compile, reruns every op a selective policy
-    does not save (``MUST_SAVE``, ``PREFER_SAVE``); FSDP2's capture traces the rerun itself
-    and tags it ``"eager"``."""
+    """Whether activation checkpointing may rerun this node in the backward: AOT autograd's
+    joint graph tags each op of a checkpointed region with its policy (``meta["recompute"]``),
+    and eager checkpointing, what runs without torch.compile, reruns the ops a selective policy
+    does not save (``MUST_SAVE``, ``PREFER_SAVE``); FSDP2's capture traces the rerun itself and
+    tags its ops too."""
     policy = node.meta.get("recompute")
     return policy is not None and getattr(policy, "name", "") not in ("MUST_SAVE", "PREFER_SAVE")
+
+
+def reruns(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    """The forward nodes of a joint graph that eager activation checkpointing reruns in the
+    backward: each checkpointed region's (``meta["ac_graph_id"]``) `recomputed` ops, a region
+    that stops early only up to where it does. torch.utils.checkpoint's ``early_stop`` (its
+    default, non-reentrant) stops the rerun at the last tensor the region's ops saved for the
+    backward: the ops before the last op that saves one rerun, and that op too when it saves
+    its outputs (an op saves its inputs before it computes). What an op saved is what the
+    backward nodes of its autograd node (the same ``meta["seq_nr"]``) read of the forward. A
+    region the capture marks ``meta["checkpoint_whole"]`` (reentrant, or ``early_stop=False``)
+    reruns whole."""
+    regions: dict[Any, list[torch.fx.Node]] = {}
+    saved: dict[Any, set[torch.fx.Node]] = {}  # seq_nr -> the forward values its backward reads
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if phase(node) == "forward" and node.meta.get("ac_graph_id") is not None:
+            regions.setdefault(node.meta["ac_graph_id"], []).append(node)
+        elif phase(node) == "backward" and node.meta.get("seq_nr") is not None:
+            saved.setdefault(node.meta["seq_nr"], set()).update(
+                arg for arg in node.all_input_nodes if phase(arg) == "forward")
+    rerun = []
+    for nodes in regions.values():
+        if not nodes[0].meta.get("checkpoint_whole"):
+            nodes = _until_last_save(nodes, saved)
+        rerun += [node for node in nodes if recomputed(node)]
+    return rerun
+
+
+def _until_last_save(nodes: list[torch.fx.Node], saved: dict) -> list[torch.fx.Node]:
+    """A region's ``nodes`` an early-stopping rerun runs (`reruns`)."""
+    saving = [i for i, node in enumerate(nodes) if saved.get(node.meta.get("seq_nr"))]
+    if not saving:
+        return []
+    last = nodes[saving[-1]]
+    outputs = {last} | {user for user in last.users if user.target is operator.getitem}
+    return nodes[:saving[-1] + bool(outputs & saved[last.meta["seq_nr"]])]
 
 
 def subgraphs(node: torch.fx.Node) -> Iterator[tuple[str, torch.fx.Graph]]:

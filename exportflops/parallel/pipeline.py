@@ -24,10 +24,14 @@ from ..capture.pipeline_split import Stage, as_received, split_stages
 from ..errors import InputError
 from ..records import Collective, Report, TensorSpec
 from ..records.pipeline import PipelineReport, PipelineStage
-from .schedules import SCHEDULES, pipeline_order, timeline
+from .schedules import SCHEDULES, pipeline_order, timeline, with_step_actions
 
 #: Predicted times with this device when none is named (the roofline's table key).
 DEFAULT_DEVICE = "h100-sxm"
+#: The stages torch's pipelining keeps gathered on a rank (``max_active_stages`` of
+#: ``_add_unshard_reshard`` in torch/distributed/pipelining/schedules.py): a rank holding more
+#: reshards and gathers again within a step.
+ACTIVE_STAGES = 3
 
 
 class PipelineAnalysis(NamedTuple):
@@ -130,8 +134,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
     # the times are seconds, run between its ops: added to its action, as if not overlapped.
     timed = link_bytes_per_s is not None and device is not None
-    spent = [_collective_seconds(report, link_bytes_per_s) if timed
-             else dict.fromkeys("FBIW", 0.0) for report in reports]
+    spent = [_collective_seconds(report, link_bytes_per_s, gather_once=v <= ACTIVE_STAGES)
+             if timed else dict.fromkeys("FBIWUR", 0.0) for report in reports]
+    order = with_step_actions(order, m, *({s for s, times in enumerate(spent) if times[kind]}
+                                          for kind in "UR"))
     sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
         index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
@@ -142,7 +148,9 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
         forward_s=times[s]["F"], backward_s=times[s]["B"], backward_input_s=times[s].get("I"),
         backward_weight_s=times[s].get("W"), forward_collectives_s=spent[s]["F"],
         backward_collectives_s=spent[s]["B"], backward_input_collectives_s=spent[s]["I"],
-        backward_weight_collectives_s=spent[s]["W"], sends=sends[s], receives=receives[s],
+        backward_weight_collectives_s=spent[s]["W"], unshard_s=spent[s]["U"],
+        reduce_grad_s=spent[s]["R"],
+        sends=sends[s], receives=receives[s],
         collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
@@ -162,7 +170,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
                      if src == s and isinstance(t, torch.Tensor) and t.requires_grad}
                  for s in range(len(split))}
     actions, ranks, step, bubble, slowest = timeline(
-        order, lambda s, kind: times[s][kind] + spent[s][kind],
+        order, lambda s, kind: times[s].get(kind, 0.0) + spent[s][kind],
         transfer_s if link_bytes_per_s else (lambda src, dst, kind: 0.0), senders, gradients)
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
@@ -357,19 +365,33 @@ def _in_weight_pass(report: Report) -> Report:
                                      "backward_weight": report.backward})
 
 
-def _collective_seconds(report: Report, link_bytes_per_s: float) -> dict[str, float]:
+def _collective_seconds(report: Report, link_bytes_per_s: float, gather_once: bool,
+                        ) -> dict[str, float]:
     """The seconds a stage's own collectives take in each of its actions on the link: its
     forward's in ``F``, its backward's in ``B``, and with the backward in two passes each
-    pass's in ``I`` and ``W``."""
-    spent = dict.fromkeys("FBIW", 0.0)
+    pass's in ``I`` and ``W``. FSDP2's (c10d's in-place ops: tensor parallelism's are
+    functional) run once per step (`with_step_actions`): the reduce-scatters of its gradients
+    in ``R``, and with ``gather_once`` in training its parameters' all-gathers in ``U`` when
+    the backward gathers none again (they stay gathered after the forward: torchtitan's
+    ``reshard_after_forward=False`` under pipelining, and pipelining keeps them through each
+    backward). In a forward-only count, where the backward gathers again, or where a rank
+    holds more stages than torch keeps gathered, each forward gathers (an upper bound)."""
+    spent = dict.fromkeys("FBIWUR", 0.0)
+    fsdp = [c for c in report.collectives if c.torch_op.startswith("c10d.")]
+    kept = gather_once and report.mode == "train" and not any(
+        c.op == "all_gather" and c.phase == "backward" for c in fsdp)
     for c in report.collectives:
         seconds = c.seconds(link_bytes_per_s)
-        if c.phase == "forward":
+        if c in fsdp and c.op == "all_gather" and kept:
+            spent["U"] += seconds
+        elif c.phase == "forward":
             spent["F"] += seconds
-            continue
-        spent["B"] += seconds
-        if c.gradient:
-            spent["I" if c.gradient == "input" else "W"] += seconds
+        elif c in fsdp and c.op == "reduce_scatter":
+            spent["R"] += seconds
+        else:
+            spent["B"] += seconds
+            if c.gradient:
+                spent["I" if c.gradient == "input" else "W"] += seconds
     return spent
 
 

@@ -21,7 +21,7 @@ import torch.fx
 from ..errors import DistributedError, InputError
 from ..formulas.collectives import KINDS, NAMESPACES, message_bytes
 from ..graph.passes import halves, input_way
-from ..graph.walk import NodeCall, phase, recomputed
+from ..graph.walk import NodeCall, phase, recomputed, reruns
 from ..records import Collective
 from ..torch_internals import FakeTensorMode, OpOverload, pytree, require
 
@@ -132,13 +132,14 @@ def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
               split: bool) -> list[RankRun]:
     """What this rank runs of its graph's ``calls``: the forward, and in ``train`` the backward
     (``split``: each op in its pass, `exportflops.graph.passes`) and the forward ops of
-    checkpointed regions again, which eager activation checkpointing reruns in the backward
-    (the joint graph tags them; FSDP2's trace has the rerun itself)."""
+    checkpointed regions eager activation checkpointing reruns in the backward (`reruns`;
+    FSDP2's trace has the rerun itself)."""
     phases = {call.name: phase(call.node) for call in calls}
-    rerun = [call for call in calls if train and phases[call.name] == "forward"
-             and recomputed(call.node)]
-    if split and (rerun or any(recomputed(call.node) for call in calls)):
-        first = (rerun or [c for c in calls if recomputed(c.node)])[0]
+    again = set(reruns(graph)) if train else set()
+    rerun = [call for call in calls if call.node in again]
+    checkpointed = [call for call in calls if recomputed(call.node)]
+    if split and checkpointed:
+        first = checkpointed[0]
         raise InputError(
             f"node {first.name} in module {first.module or '(root)'} is in an activation "
             f"checkpoint: with the backward in two passes torch recomputes a region in each "

@@ -122,9 +122,36 @@ def _computations(actions: list) -> list[tuple]:
     return listed
 
 
-#: The timeline's name for each of torch's computation types (``P``: a paired forward).
+#: The timeline's name for each of torch's computation types (``P``: a paired forward; ``U``
+#: and ``R``: a stage's parameter gathering and gradient reduction, ``UNSHARD`` and
+#: ``REDUCE_GRAD``, once per step).
 ACTION_KINDS = {"F": "forward", "P": "forward", "B": "backward", "I": "backward_input",
-                "W": "backward_weight"}
+                "W": "backward_weight", "U": "unshard", "R": "reduce_grad"}
+
+
+def with_step_actions(order: dict[int, list[tuple[int, str, int | None]]], microbatches: int,
+                      unshard: set[int], reduce: set[int],
+                      ) -> dict[int, list[tuple[int, str, int | None]]]:
+    """``order`` with the once-per-step actions of data-parallel (FSDP2) stages: the gathering
+    of the parameters of the stages of ``unshard``, ``(stage, "U", None)``, first on their
+    rank, and the reduction of the gradients of those of ``reduce``, ``(stage, "R", None)``,
+    right after each one's last backward or weight pass, where torch's runtime places
+    ``UNSHARD`` and ``REDUCE_GRAD`` (``_add_unshard_reshard``, which gathers up to 3 stages
+    ahead, and ``_add_reduce_grad`` in torch/distributed/pipelining/schedules.py): each
+    microbatch's backward runs with gradient sync and resharding off
+    (``backward_maybe_with_nosync``), and the stage reduces once (``perform_reduce_grad``)."""
+    placed: dict[int, list[tuple[int, str, int | None]]] = {}
+    for rank, actions in order.items():
+        held = sorted({stage for stage, _, _ in actions} & unshard)
+        placed[rank] = [(stage, "U", None) for stage in held]
+        backwards: dict[int, int] = {}
+        for stage, kind, mb in actions:
+            placed[rank].append((stage, kind, mb))
+            if stage in reduce and kind in "BW":
+                backwards[stage] = backwards.get(stage, 0) + 1
+                if backwards[stage] == microbatches:
+                    placed[rank].append((stage, "R", None))
+    return placed
 
 
 def _schedule(name: str, stages_per_rank: int) -> Schedule:
@@ -229,6 +256,7 @@ def _ready(stage: int, kind: str, mb: int, senders: dict[int, set[int]],
                   for dst in sorted(gradients[stage])]
     if kind == "W":
         needs.append(((stage, "I", mb), stage))
+    # U and R: their rank's order alone
     away = [(action, src) for action, src in needs if rank_of[src] != rank_of[stage]]
     if any(action not in done for action, _ in needs) or any(
             action in paired and action not in sent for action, _ in away):

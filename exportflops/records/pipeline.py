@@ -68,8 +68,18 @@ class PipelineStage(Record):
     """With a schedule that splits the backward: those of its input-gradient pass (``I``; the
     tensor-parallel reductions of the inputs' gradients)."""
     backward_weight_collectives_s: float = 0.0
-    """With a schedule that splits the backward: those of its weight-gradient pass (``W``;
-    FSDP2's gradient reduce-scatters, a replicated weight's all-reduce)."""
+    """With a schedule that splits the backward: those of its weight-gradient pass (``W``; a
+    replicated weight's gradient all-reduce)."""
+    unshard_s: float = 0.0
+    """Time of FSDP2's all-gathers of its parameters on the link, once per step before its
+    first forward (``UNSHARD``, an ``unshard`` action of the timeline), where they stay
+    gathered through the step (in training, when its backward gathers none again); 0
+    otherwise, the all-gathers then in ``forward_collectives_s``."""
+    reduce_grad_s: float = 0.0
+    """Time of FSDP2's reduce-scatters of its gradients on the link, once per step: torch
+    turns gradient sync off for each microbatch's backward and reduces after the stage's last
+    one (``REDUCE_GRAD``, a ``reduce_grad`` action of the timeline); 0 without FSDP2 or a
+    link."""
     sends: list[Collective]
     """What it sends per microbatch: its outputs to the next stage (``forward``), the gradients
     of its inputs to the stage before (``backward``); ``op`` ``send``."""
@@ -98,12 +108,16 @@ class PipelineAction(Record):
     """The rank that runs it."""
     stage: int
     """The stage it runs."""
-    microbatch: int
-    """The microbatch, 0 to ``microbatches - 1``."""
-    kind: Literal["forward", "backward", "backward_input", "backward_weight"]
+    microbatch: int | None
+    """The microbatch, 0 to ``microbatches - 1``; None for an ``unshard`` or a
+    ``reduce_grad``."""
+    kind: Literal["forward", "backward", "backward_input", "backward_weight", "unshard",
+                  "reduce_grad"]
     """``forward``; ``backward`` (torch's full backward, ``B``); or with a zero-bubble
     schedule, its input-gradient pass ``backward_input`` (``I``) and weight-gradient pass
-    ``backward_weight`` (``W``)."""
+    ``backward_weight`` (``W``); with FSDP2 and a link, once per step, ``unshard`` (its
+    parameters gathered before its first forward, torch's ``UNSHARD``) and ``reduce_grad``
+    (its gradients reduced after its last backward, ``REDUCE_GRAD``)."""
     start_s: float
     """When it starts: once its rank finished the action before it (torch's order) and its
     input arrived (the stage before's forward, the stage after's backward or input pass, plus
@@ -111,7 +125,8 @@ class PipelineAction(Record):
     pass)."""
     end_s: float
     """``start_s`` plus the stage's ``forward_s``, ``backward_s``, ``backward_input_s`` or
-    ``backward_weight_s`` and its collectives' time in that phase."""
+    ``backward_weight_s`` and its collectives' time in that phase, or its ``unshard_s`` or
+    ``reduce_grad_s``."""
 
 
 class PipelineRank(Record):

@@ -26,6 +26,8 @@ COLORS: dict[str, str] = {
     "backward": PALETTE[3],
     "backward_input": PALETTE[6],  # apart from a whole backward: DualPipeV runs both
     "backward_weight": PALETTE[8],
+    "unshard": PALETTE[7],
+    "reduce_grad": PALETTE[9],
     "budget": PALETTE[4],
     "kv_cache": PALETTE[5],
 }

@@ -23,7 +23,8 @@ def pipeline_view(record: PipelineReport, style: Style = Style(), *, rank: int |
         stage_rows.append([
             s.index, _marked(s.rank, rank), _modules(s.modules), style.count(s.params),
             style.count(s.forward.flops), style.count(s.backward.flops),
-            _time(s.forward_s, record, style, s.forward_collectives_s),
+            _time(s.forward_s, record, style, s.forward_collectives_s)
+            + (f"; gather {style.seconds(s.unshard_s)} per step" if s.unshard_s else ""),
             _backward_time(s, record, style) if record.mode == "train" else "-",
             style.count(sent["forward"], "B"), style.count(sent["backward"], "B"),
             *([_ranks(s.stands_for), style.count(sum(c.bytes for c in s.collectives), "B")]
@@ -70,17 +71,19 @@ def _time(value: float, record: PipelineReport, style: Style, collectives_s: flo
 def _backward_time(stage: PipelineStage, record: PipelineReport, style: Style) -> str:
     """A stage's backward time; with a schedule that splits it, its input and weight passes',
     and its whole backward's where the schedule also runs it (DualPipeV) and it differs."""
+    reduce = (f"; reduce {style.seconds(stage.reduce_grad_s)} per step"
+              if stage.reduce_grad_s else "")
     if stage.backward_input_s is None:
-        return _time(stage.backward_s, record, style, stage.backward_collectives_s)
+        return _time(stage.backward_s, record, style, stage.backward_collectives_s) + reduce
     input_pass = _time(stage.backward_input_s, record, style,
                        stage.backward_input_collectives_s)
     weight_pass = _time(stage.backward_weight_s, record, style,
                         stage.backward_weight_collectives_s)
     passes = f"I {input_pass}, W {weight_pass}"
     if stage.backward_s == stage.backward_input_s + stage.backward_weight_s:
-        return passes
+        return passes + reduce
     whole = _time(stage.backward_s, record, style, stage.backward_collectives_s)
-    return f"{passes}; whole {whole}"
+    return f"{passes}; whole {whole}{reduce}"
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -267,7 +267,9 @@ def rank_flops_bars(record: PipelineReport | ExpertParallelReport | ContextParal
 #: Each kind of pipeline action as the timeline's legend names it.
 _ACTIONS = {"forward": "forward", "backward": "backward",
             "backward_input": "backward, input gradients (I)",
-            "backward_weight": "backward, weight gradients (W)"}
+            "backward_weight": "backward, weight gradients (W)",
+            "unshard": "parameters gathered, once per step",
+            "reduce_grad": "gradient reduction, once per step"}
 
 
 def pipeline_timeline(record: PipelineReport) -> Any:
@@ -285,12 +287,13 @@ def pipeline_timeline(record: PipelineReport) -> Any:
             y=[f"rank {a.rank}" for a in actions], base=[a.start_s for a in actions],
             x=[a.end_s - a.start_s for a in actions], orientation="h", name=name,
             marker={"color": COLORS[kind], "line": {"color": "white", "width": 1}},
-            text=[str(a.microbatch) for a in actions], textposition="inside",
-            insidetextanchor="middle",
-            customdata=[[a.stage, a.microbatch, a.start_s, a.end_s] for a in actions],
-            hovertemplate=(f"{name} of stage %{{customdata[0]}} on microbatch "
-                           f"%{{customdata[1]}}<br>%{{customdata[2]:.4g}} to "
-                           f"%{{customdata[3]:.4g}} {unit}<extra>%{{y}}</extra>")))
+            text=[str(a.microbatch) if a.microbatch is not None else "" for a in actions],
+            textposition="inside", insidetextanchor="middle",
+            customdata=[[a.stage, "the step" if a.microbatch is None else
+                         f"microbatch {a.microbatch}", a.start_s, a.end_s] for a in actions],
+            hovertemplate=(f"{name} of stage %{{customdata[0]}} on %{{customdata[1]}}<br>"
+                           f"%{{customdata[2]:.4g}} to %{{customdata[3]:.4g}} {unit}"
+                           f"<extra>%{{y}}</extra>")))
     bubble = _STYLE.percent(record.bubble_fraction, 1)
     figure.update_layout(
         title={"text": f"{record.model}: schedule {record.schedule}, {record.pp} ranks x "

@@ -235,3 +235,38 @@ def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
     (action,) = [a for a in record.timeline if a.stage == 0]
     assert action.end_s - action.start_s == pytest.approx(
         first.forward_s + first.forward_collectives_s)
+
+
+def test_fsdp2_gathers_and_reduces_a_stage_once_per_step_around_its_microbatches():
+    model, args = _build("meta")
+    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=None, fsdp=2,
+                               mode="train", strict=True)
+    record = analyze_pipeline(model, args, stages=2, schedule="gpipe", mode="train",
+                              microbatches=4, count_stage=count, link_bytes_per_s=1e9).record
+    # A stage's units keep their parameters gathered after the forward (torchtitan's
+    # reshard_after_forward=False under pipelining), and torch turns gradient sync and
+    # resharding off for each microbatch's backward: it gathers once before its first forward
+    # and reduce-scatters once after its last backward (stage.py, backward_maybe_with_nosync,
+    # perform_reduce_grad; schedules.py, UNSHARD and REDUCE_GRAD). Each unit's message is its
+    # whole parameters (or gradient), float32: a block's wq 64x64, wk and wv 64x32, wo 64x64,
+    # w1, w2, w3 64x128 and two norms of 64; the first stage's root unit holds the 256x64
+    # embedding, the last's the norm and the 256x64 output. A rank receives (n - 1)/n = 1/2 of
+    # each at n = 2, over 1e9 B/s.
+    block = (64 * 64 * 2 + 64 * 32 * 2 + 64 * 128 * 3 + 2 * 64) * F32
+    roots = (256 * 64 * F32, (64 + 256 * 64) * F32)
+    for stage, root in zip(record.stages, roots):
+        once = (2 * block + root) / 2 / 1e9
+        assert (stage.unshard_s, stage.reduce_grad_s) == (pytest.approx(once),
+                                                          pytest.approx(once))
+        assert (stage.forward_collectives_s, stage.backward_collectives_s) == (0, 0)
+        mine = [a for a in record.timeline if a.stage == stage.index]
+        (gather,) = [a for a in mine if a.kind == "unshard"]
+        (reduce,) = [a for a in mine if a.kind == "reduce_grad"]
+        first = min((a for a in mine if a.kind == "forward"), key=lambda a: a.start_s)
+        last = max((a for a in mine if a.kind == "backward"), key=lambda a: a.end_s)
+        # each rank's first action; the later stage's forward still waits on its input
+        assert (gather.microbatch, gather.start_s) == (None, 0)
+        assert gather.end_s <= first.start_s
+        assert (reduce.microbatch, reduce.start_s) == (None, last.end_s)
+        assert gather.end_s - gather.start_s == pytest.approx(once)
+        assert reduce.end_s - reduce.start_s == pytest.approx(once)

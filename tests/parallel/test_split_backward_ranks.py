@@ -16,6 +16,7 @@ import torch
 
 import exportflops
 from exportflops import Report, fake_process_group
+from exportflops.errors import DistributedError
 from exportflops.torch_internals import FakeTensorMode
 from tests.parallel_models import (BATCH, FFN, HIDDEN, SEQ, Net, NormMLP, TwoBlocks,
                                    tensor_parallel)
@@ -45,9 +46,11 @@ def _pass_macs(report: Report, module: str) -> dict[str, int]:
     return macs
 
 
-def _rank(build: type[torch.nn.Module], split: str, **options) -> Report:
+def _rank(build: type[torch.nn.Module], split: str, given: str = "leaf", **options) -> Report:
     """The rank 0 of 2 of ``build()``: Megatron's split of its block (``tp``), or FSDP2 on
-    each block, then the root, on fake tensors (``fsdp``: it refuses meta parameters)."""
+    each block, then the root, on fake tensors (``fsdp``: it refuses meta parameters). Its
+    input needs a gradient: a leaf (``given="leaf"``), one holding a gradient already
+    (``"leaf-with-grad"``), or computed from one (``"non-leaf"``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -62,8 +65,10 @@ def _rank(build: type[torch.nn.Module], split: str, **options) -> Report:
                     fully_shard(block, mesh=mesh)
                 fully_shard(model, mesh=mesh)
             x = torch.randn(BATCH, SEQ, HIDDEN, requires_grad=True)
-        report = exportflops.analyze(model, (x,), mode="train", **options)
-    assert x.grad is None  # the trace leaves the caller's input as it was
+            held = x.grad = torch.zeros_like(x) if given == "leaf-with-grad" else None
+            fed = x * 1 if given == "non-leaf" else x
+        report = exportflops.analyze(model, (fed,), mode="train", **options)
+    assert x.grad is held  # the trace leaves the caller's input as it was
     return report
 
 
@@ -79,16 +84,60 @@ class Twice(torch.nn.Module):
 
 
 class Checkpointed(torch.nn.Module):
-    """`Net`'s block under non-reentrant activation checkpointing."""
+    """`Net`'s block under activation checkpointing with ``options`` (None: not checkpointed),
+    with ``norm_after`` a LayerNorm after it, outside the checkpoint, which saves the block's
+    output for its own backward."""
+
+    options: dict | None = {"use_reentrant": False}
+    norm_after = False
 
     def __init__(self) -> None:
         super().__init__()
         self.blocks = torch.nn.ModuleList([NormMLP()])
+        self.after = torch.nn.LayerNorm(HIDDEN) if self.norm_after else torch.nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torch.utils.checkpoint import checkpoint
 
-        return checkpoint(self.blocks[0], x, use_reentrant=False)
+        if self.options is None:
+            return self.after(self.blocks[0](x))
+        return self.after(checkpoint(self.blocks[0], x, **self.options))
+
+
+class Reentrant(Checkpointed):
+    options = {"use_reentrant": True}
+
+
+class Unset(Checkpointed):
+    options: dict = {}  # torch 2.13 takes it as reentrant, and warns
+
+
+class NoEarlyStop(Checkpointed):
+    options = {"use_reentrant": False, "early_stop": False}
+
+
+class NormAfter(Checkpointed):
+    norm_after = True
+
+
+class Plain(Checkpointed):
+    options = None
+
+
+class NormAfterPlain(NormAfter):
+    options = None
+
+
+class Selective(Checkpointed):
+    """Checkpointed with a selective policy saving the matmuls."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from functools import partial
+
+        from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+        policy = partial(create_selective_checkpoint_contexts, [torch.ops.aten.mm.default])
+        return checkpoint(self.blocks[0], x, use_reentrant=False, context_fn=policy)
 
 
 @pytest.mark.parametrize("tp", [2, 4], ids=["tp2", "tp4"])
@@ -137,21 +186,24 @@ def test_the_gradients_collectives_run_in_the_input_pass(sequence):
 
 
 def test_without_an_input_needing_a_gradient_all_is_the_weight_pass():
-    # torch's weight pass then is the whole backward (token ids: no input pass to run).
+    # As on one device: with no input gradient to compute there is no input pass, and the
+    # whole backward is counted in the weight half (as a first stage's, which torch runs
+    # whole when the weights' turn comes).
     report = _tensor_parallel_rank(2, input_grad=False)
     assert report.backward_weight == report.backward
     assert {c.gradient for c in report.collectives if c.phase == "backward"} <= {"weight"}
 
 
-def test_fsdp2_reduce_scatters_the_gradients_in_the_weight_pass():
-    report = _rank(TwoBlocks, "fsdp", split_backward=True)
+@pytest.mark.parametrize("given", ["leaf", "leaf-with-grad", "non-leaf"])
+def test_fsdp2_reduce_scatters_the_gradients_in_the_weight_pass(given):
+    report = _rank(TwoBlocks, "fsdp", given, split_backward=True)
     # FSDP2 gathers whole parameters: each linear's two gradients are the single device's.
     whole = BATCH * SEQ * HIDDEN * FFN
     for module in ("blocks.1.up", "blocks.0.down"):
         assert _pass_macs(report, module) == {"input": whole, "weight": whole}
-    # A unit's gradients are reduce-scattered once they are computed: in the weight pass.
-    # Its parameters, resharded after the forward, are gathered again for the input pass,
-    # whose input gradients need them.
+    # A unit's reduce-scatter reads its parameters' gradients: the weight pass's. Its
+    # parameters, resharded after the forward, are gathered again for the input pass, whose
+    # input gradients need them.
     by_op = {}
     for c in report.collectives:
         if c.phase == "backward":
@@ -224,20 +276,46 @@ def test_the_command_runs_dualpipev_on_pp_by_tp_stages_whole_backwards_counted_w
         assert stage.backward_s < stage.backward_input_s + stage.backward_weight_s
 
 
-def test_a_tensor_parallel_rank_reruns_its_checkpointed_forward_in_the_backward():
-    plain, checkpointed = _rank(Net, "tp"), _rank(Checkpointed, "tp")
-    # Eager checkpointing reruns the whole region (here the whole forward) before
-    # differentiating it: the backward grows by the forward, its all-reduce included.
-    forward = plain.total - plain.backward
-    assert checkpointed.backward.flops == plain.backward.flops + forward.flops
+@pytest.mark.filterwarnings("ignore:torch.utils.checkpoint")
+@pytest.mark.parametrize("build, plain, whole", [
+    (Checkpointed, Plain, False), (NormAfter, NormAfterPlain, False),
+    (Reentrant, Plain, True), (Unset, Plain, True), (NoEarlyStop, Plain, True),
+], ids=["non-reentrant", "non-reentrant-then-a-norm", "reentrant", "unset", "no-early-stop"])
+def test_a_tensor_parallel_rank_reruns_its_checkpointed_forward_in_the_backward(
+        build, plain, whole):
+    plain, checkpointed = _rank(plain, "tp"), _rank(build, "tp")
+    forward = (plain.total - plain.backward).flops
+    # the checkpointed block's forward: all but the norm after it
+    block = forward - sum(n.cost.flops for n in plain.nodes
+                          if n.phase == "forward" and n.module.startswith("after"))
     reruns = [n for n in checkpointed.nodes if n.name.endswith(".recompute")]
     assert reruns and all(n.phase == "backward" for n in reruns)
-    added = [(c.op, c.module, c.bytes) for c in checkpointed.collectives
-             if c.phase == "backward" and c.node.endswith(".recompute")]
-    assert added == [("all_reduce", "blocks.0.down", BATCH * SEQ * HIDDEN * F32)]
+    rerun_collectives = [(c.op, c.module, c.bytes) for c in checkpointed.collectives
+                         if c.node.endswith(".recompute")]
+    if whole:
+        # A reentrant checkpoint (torch 2.13's default when use_reentrant is not given), or
+        # one without early stop, reruns its whole function before differentiating it: the
+        # backward grows by the block's forward, the row-parallel all-reduce included.
+        assert checkpointed.backward.flops == plain.backward.flops + block
+        assert rerun_collectives == [("all_reduce", "blocks.0.down", BATCH * SEQ * HIDDEN * F32)]
+        return
+    # A non-reentrant one stops once every tensor the block's ops saved is back
+    # (torch.utils.checkpoint's early stop), whatever reads its output afterwards: the last
+    # saved are down's matmul inputs, packed before it computes, so down's matmul
+    # (B*T x F/tp x H MACs) and its all-reduce do not run.
+    down = 2 * BATCH * SEQ * (FFN // 2) * HIDDEN
+    assert checkpointed.backward.flops == plain.backward.flops + block - down
+    assert rerun_collectives == []
 
 
 @pytest.mark.parametrize("split", ["tp", "fsdp"])
 def test_a_checkpointed_rank_refuses_the_two_passes_as_on_one_device(split):
     with pytest.raises(exportflops.InputError, match="activation checkpoint"):
         _rank(Checkpointed, split, split_backward=True)
+
+
+def test_selective_checkpointing_under_fsdp2_is_refused():
+    # Under make_fx it caches every output instead of rerunning what its policy does not
+    # save: its rerun is not eager's.
+    with pytest.raises(DistributedError, match="selective policy"):
+        _rank(Selective, "fsdp")
