@@ -156,7 +156,7 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
         runs = rank_runs(graph, read.nodes, train=mode == "train", split=split)
         count = _node_counter(read, table, strict=strict, sizes={})
         nodes = [_noted(count(run.call, phase=run.phase, differentiates=run.differentiates),
-                        RECOMPUTED if run.differentiates else "")
+                        RECOMPUTED if run.rerun else "")
                  .model_copy(update={"gradient": run.gradient}) for run in runs]
         tree, tied = module_tree([run.call for run in runs], parameters, model,
                                  qualified_name(type(model)))

@@ -175,14 +175,16 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
     ``meta["recompute"]``."""
     stack: list[tuple[str, tuple[str, type]]] = []
     starts: list[int] = []
-    recomputing: list[int] = []  # the stack depth where a recomputation began
+    # (the stack depth where a recomputation began, the backward's module stack it interrupted)
+    recomputing: list[tuple[int, dict]] = []
     handles = []
 
     def enter(path: str, module: torch.nn.Module):
         def hook(*_):
             if not recomputing and fx_traceback.current_meta.get("partitioner_tag") \
                     == "is_backward":
-                recomputing.append(len(stack))
+                recomputing.append(
+                    (len(stack), fx_traceback.current_meta.get("nn_module_stack") or {}))
                 # torch's own readers of this key take a policy (torch/fx/graph.py)
                 fx_traceback.current_meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
             stack.append((f"L__self___{path.replace('.', '_')}", (path, type(module))))
@@ -198,8 +200,9 @@ def _module_stacks(model: torch.nn.Module, spans: list) -> Iterator[None]:
                 tensor.register_hook(lambda grad, frames=frames: _set_stack(frames))
         stack.pop()
         fx_traceback.current_meta["nn_module_stack"] = dict(stack)
-        if recomputing and len(stack) == recomputing[-1]:
-            recomputing.pop()
+        if recomputing and len(stack) == recomputing[-1][0]:
+            # the backward goes on where the recomputation (stopped early, or done) began
+            fx_traceback.current_meta["nn_module_stack"] = recomputing.pop()[1]
             fx_traceback.current_meta.pop("recompute", None)
 
     for path, module in model.named_modules():

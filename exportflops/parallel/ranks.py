@@ -125,7 +125,10 @@ class RankRun(NamedTuple):
     """The call, renamed where it runs more than once (``.recompute``, a pass of a kernel
     serving both)."""
     differentiates: str = ""
-    """For a forward op rerun in the backward: the op."""
+    """For a forward op the count reruns in the backward: the op."""
+    rerun: bool = False
+    """Whether activation checkpointing reruns it in the backward (an op copied from the
+    forward, or one FSDP2's trace recorded there)."""
 
 
 def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
@@ -146,12 +149,13 @@ def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
             f"pass that unpacks it, which this count does not model; analyze without "
             f"split_backward, or without checkpointing")
     way = input_way(graph) if split else None
-    runs = [RankRun(phases[call.name], half, run) for call in calls
-            if train or phases[call.name] == "forward"
+    runs = [RankRun(phases[call.name], half, run,
+                    rerun=phases[call.name] == "backward" and recomputed(call.node))
+            for call in calls if train or phases[call.name] == "forward"
             for half, run in (halves(call, way) if way is not None
                               and phases[call.name] == "backward" else [("", call)])]
     return runs + [RankRun("backward", "", replace(call, name=f"{call.name}.recompute"),
-                           differentiates=call.name) for call in rerun]
+                           differentiates=call.name, rerun=True) for call in rerun]
 
 
 def rank_fields(runs: list[RankRun]) -> dict:

@@ -319,3 +319,22 @@ def test_selective_checkpointing_under_fsdp2_is_refused():
     # save: its rerun is not eager's.
     with pytest.raises(DistributedError, match="selective policy"):
         _rank(Selective, "fsdp")
+
+
+def test_an_fsdp2_rank_reruns_as_eager_does_and_charges_the_backward_to_its_modules():
+    plain, checkpointed = _rank(Plain, "fsdp"), _rank(Checkpointed, "fsdp")
+    # FSDP2's trace runs eager checkpointing itself: its rerun stops where the tensor-parallel
+    # rank's count stops it (above), before down's matmul, here whole (FSDP2 gathers whole
+    # parameters): B*T x F x H MACs.
+    forward = (plain.total - plain.backward).flops
+    down = 2 * BATCH * SEQ * FFN * HIDDEN
+    assert checkpointed.backward.flops == plain.backward.flops + forward - down
+    assert any(n.note.startswith("recomputed") for n in checkpointed.nodes)
+
+    def gradients(report: Report, module: str) -> int:
+        return sum(n.cost.macs for n in report.nodes if n.phase == "backward"
+                   and n.module == module and not n.note.startswith("recomputed"))
+
+    # After the rerun the backward goes on in the modules it differentiates.
+    for module in ("blocks.0.up", "blocks.0.down"):
+        assert gradients(checkpointed, module) == gradients(plain, module) > 0
