@@ -213,16 +213,17 @@ def timeline(order: dict[int, list[tuple[int, str, int]]], seconds: Callable[[in
         for rank in order:
             while position[rank] < len(order[rank]):
                 stage, kind, mb = order[rank][position[rank]]
-                ready = _ready(stage, "F" if kind == "P" else kind, mb, senders, gradients,
-                               done, sent, paired, rank_of, transfer_s, listed)
+                runs = "F" if kind == "P" else kind  # a paired forward runs as a forward
+                ready = _ready(stage, runs, mb, senders, gradients, done, sent, paired,
+                               rank_of, transfer_s, listed)
                 if ready is None:
                     break
                 start = max(clock[rank], ready)
-                end = start + seconds(stage, "F" if kind == "P" else kind)
+                end = start + seconds(stage, runs)
                 before = order[rank][position[rank] - 1] if position[rank] else None
                 if before is not None and before[1] == "P":  # the pair ends: its forward leaves
                     sent[(before[0], "F", before[2])] = end
-                done[(stage, "F" if kind == "P" else kind, mb)] = clock[rank] = end
+                done[(stage, runs, mb)] = clock[rank] = end
                 actions[rank].append(PipelineAction(
                     rank=rank, stage=stage, microbatch=mb, start_s=start, end_s=end,
                     kind=ACTION_KINDS[kind]))
