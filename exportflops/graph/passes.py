@@ -23,6 +23,7 @@ import torch.fx
 
 from ..errors import InputError
 from ..torch_internals import pytree
+from .opcall import bind_schema
 from .walk import NodeCall, phase, storage_id
 
 Pass = Literal["input", "weight"]
@@ -87,11 +88,9 @@ def _writers(graph: torch.fx.Graph) -> dict[int, list[torch.fx.Node]]:
         schema = getattr(node.target, "_schema", None)
         if node.op != "call_function" or schema is None or not schema.is_mutable:
             continue
-        written = [arg for arg, spec in zip(node.args, schema.arguments)
+        named = bind_schema(schema, node.args, node.kwargs)
+        written = [named[spec.name] for spec in schema.arguments
                    if spec.alias_info is not None and spec.alias_info.is_write]
-        written += [node.kwargs[spec.name] for spec in schema.arguments
-                    if spec.kwarg_only and spec.name in node.kwargs and spec.alias_info is not None
-                    and spec.alias_info.is_write]
         for storage in _storages(pytree.tree_leaves(written)):
             writers.setdefault(storage, []).append(node)
     return writers
