@@ -1,6 +1,8 @@
 """``--ep N``: MODEL's experts sharded over N expert-parallel ranks, each running a batch like
 the example (`exportflops.parallel.experts`); with ``--fsdp F`` those ranks sit inside F FSDP2
 ranks (torchtitan's ep inside fsdp), FSDP2's collectives traced on a fake copy of the model;
+with ``--tp N`` they are the tensor-parallel ranks, each counted as its rank of the model's own
+plan with its MoE layers routing its share of the tokens (`exportflops.parallel.experts_tp`);
 ``--routing`` a histogram of token copies per expert instead of balanced routing; ``--rank R``
 the rank whose all-to-alls (and FSDP2 collectives) are listed."""
 
@@ -20,6 +22,7 @@ def analyze_split(ns: argparse.Namespace):
     from ..parallel.experts import expert_parallel, moe_sizes
     from ..parallel.experts_fsdp import fsdp_collectives
     from ..render.experts import experts_view
+    from .parallel import parallelized
 
     device = device_named(ns.device or "meta")
     model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -28,15 +31,22 @@ def analyze_split(ns: argparse.Namespace):
                       fast=not ns.full_export)
     try:
         sizes = moe_sizes(model, args, kwargs)
-        # The expert-parallel checks first: the FSDP2 trace is the costly part.
-        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **sizes)
-        if ns.fsdp is not None:
+        # The expert-parallel checks first, on the single-device report: the tensor-parallel
+        # rank's count and the FSDP2 trace are the costly parts.
+        over_tp = {"tp": ns.tp, "single_device": report} if ns.tp is not None else {}
+        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
+        if ns.tp is not None:
+            _, rank, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
+                                      experts="experts")
+            record = expert_parallel(rank, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
+        elif ns.fsdp is not None:
             collectives = fsdp_collectives(model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp,
                                            num_experts=sizes["num_experts"], mode=ns.mode)
             record = expert_parallel(report, ep=ns.ep, routing=ns.routing, fsdp=ns.fsdp,
                                      fsdp_collectives=collectives, **sizes)
     except InputError as error:  # the model or the flags do not fit expert parallelism
-        flags = f"--ep {ns.ep}" + (f" --fsdp {ns.fsdp}" if ns.fsdp is not None else "")
+        flags = f"--ep {ns.ep}" + "".join(f" --{name} {getattr(ns, name)}" for name in
+                                          ("fsdp", "tp") if getattr(ns, name) is not None)
         raise UsageError(f"{flags}: {error}") from error
     report = report.model_copy(update={"world_size": record.world_size(), "rank": ns.rank,
                                        "collectives": record.collectives(ns.rank)})

@@ -33,13 +33,16 @@ def analyze_parallelized(ns: argparse.Namespace):
     return report, reprs
 
 
-def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = False):
+def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = False,
+                 experts: str | None = None):
     """(the model as rank ``ns.rank`` holds it, that rank's report, each module's extra_repr)
     of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``. ``shard(spec, model, mesh)`` applies
     FSDP2 (default: each block, then the root); ``inputs(args, kwargs)`` returns the inputs
     to count instead of the example's. Built on meta, then copied onto fake cpu tensors for
     FSDP2 (which refuses meta parameters) or when ``fake`` (on meta, attention is traced as
-    its math decomposition; on cpu as one kernel call, as ring attention needs)."""
+    its math decomposition; on cpu as one kernel call, as ring attention needs). ``experts``:
+    the plan skips the modules of that name, and each MoE layer routes the rank's share of
+    its tokens (`exportflops.parallel.experts_tp`, expert parallelism over the tp ranks)."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -59,7 +62,10 @@ def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = F
             model, args, kwargs = fake_copy(model, args, kwargs or {})
         reprs = extra_reprs(model)
         if ns.tp is not None:
-            _parallelize(ns.model, model, mesh["tp"])
+            _parallelize(ns.model, model, mesh["tp"], skip=experts)
+            if experts is not None:
+                from ..parallel.experts_tp import route_token_shares
+                route_token_shares(model, mesh["tp"], experts=experts)
         if ns.fsdp is not None:
             (shard or _fully_shard)(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
@@ -81,7 +87,9 @@ def _fully_shard(spec: str, model, mesh, reshard_after_forward: bool | None = No
                          f"root, failed: {type(error).__name__}: {error}") from error
 
 
-def _parallelize(spec: str, model, mesh) -> None:
+def _parallelize(spec: str, model, mesh, skip: str | None = None) -> None:
+    """The model's own tensor-parallel plan applied on ``mesh``, without its entries for the
+    modules named ``skip`` and what they hold (a built-in example's plan holds none)."""
     from ..examples.parallel import PARALLELIZE
 
     plan = getattr(model, "tp_plan", None)
@@ -89,10 +97,11 @@ def _parallelize(spec: str, model, mesh) -> None:
         if spec in PARALLELIZE:
             PARALLELIZE[spec](model, mesh)
         elif spec.startswith("hf:") and plan:
-            _hf_tensor_parallel(model, mesh, plan)
+            _hf_tensor_parallel(model, mesh, plan, skip)
         elif isinstance(plan, dict) and plan:
             from torch.distributed.tensor.parallel import parallelize_module
-            parallelize_module(model, mesh, plan)
+            parallelize_module(model, mesh, {path: style for path, style in plan.items()
+                                             if not _under(path, skip)})
         else:
             raise UsageError(
                 f"--tp {mesh.size()}: {spec} has no tensor-parallel plan. Built-in examples "
@@ -107,13 +116,19 @@ def _parallelize(spec: str, model, mesh) -> None:
                          f"{type(error).__name__}: {error}") from error
 
 
-def _hf_tensor_parallel(model, mesh, plan: dict) -> None:
+def _under(path: str, name: str | None) -> bool:
+    """Whether ``path`` is a module named ``name`` or inside one."""
+    return name is not None and name in path.split(".")
+
+
+def _hf_tensor_parallel(model, mesh, plan: dict, skip: str | None = None) -> None:
     """transformers' plan applied as ``from_pretrained(tp_plan="auto")`` applies it, tied weights
     kept tied: ``apply_tensor_parallelism`` looks each planned parameter up by its first name
     only (``named_parameters()``), so a tied one (a head tied to the embedding) is sharded
     once, at that name, by its style, and its other names are pointed at the sharded
     parameter. The embedding's vocabulary-parallel rows and the head's column-parallel
-    outputs shard the tied weight on the same dimension, the vocabulary."""
+    outputs shard the tied weight on the same dimension, the vocabulary. The plan's entries for
+    modules named ``skip``, and inside them, are left out."""
     from transformers.integrations.tensor_parallel import apply_tensor_parallelism
 
     first = {id(p): name for name, p in reversed(list(model.named_parameters(
@@ -121,7 +136,7 @@ def _hf_tensor_parallel(model, mesh, plan: dict) -> None:
     later = {name: first[id(p)] for name, p in model.named_parameters(remove_duplicate=False)
              if first[id(p)] != name}
     expanded = {name: style for name, style in model._expand_parallel_plan(plan).items()
-                if name not in later}
+                if name not in later and not _under(name, skip)}
     apply_tensor_parallelism(model, mesh, expanded)
     for name, counted in later.items():
         owner, _, leaf = name.rpartition(".")

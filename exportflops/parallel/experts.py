@@ -120,14 +120,19 @@ def _tokens(args: tuple, kwargs: dict) -> int | None:
 def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hidden: int,
                     tokens: int, dtype: torch.dtype, routing: list[int] | None = None,
                     experts: str = "experts", fsdp: int | None = None,
-                    fsdp_collectives: list[Collective] = ()) -> ExpertParallelReport:
+                    fsdp_collectives: list[Collective] = (), tp: int | None = None,
+                    single_device: Report | None = None) -> ExpertParallelReport:
     """`analyze_experts` on a report already counted: one batch of ``tokens`` tokens on one
     device, its MoE layers' experts the modules named ``experts``; with ``fsdp``, the FSDP2
     collectives of one rank (`exportflops.parallel.experts_fsdp.fsdp_collectives`), the same
-    sizes on every rank."""
+    sizes on every rank. With ``tp`` (equal to ``ep``), ``report`` is one tensor-parallel rank's
+    with its MoE layers routing its share of the tokens (`exportflops.parallel.experts_tp`),
+    the same on every rank, and ``single_device`` the batch's single-device report."""
     _check_sizes(report, ep, top_k, num_experts, tokens)
     if fsdp is not None:
         check_fsdp(report.model, ep, fsdp)
+    if tp is not None:
+        tokens = _token_share(report.model, ep, tp, fsdp, tokens, single_device)
     layers = _expert_layers(report, experts)
     routed = tokens * top_k  # token copies one batch routes, per MoE layer
     histogram = _histogram(report.model, routing, ep, num_experts, routed)
@@ -149,12 +154,38 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     ranks = [group[rank % ep].model_copy(update={"rank": rank})
              for rank in range(fsdp or ep)]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
+    whole = report if single_device is None else single_device
     return ExpertParallelReport(
-        model=report.model, mode=report.mode, ep=ep, fsdp=fsdp,
+        model=report.model, mode=report.mode, ep=ep, fsdp=fsdp, tp=tp,
+        # A one-dimensional mesh's default group names no dimension: it is the tp ranks'.
+        tp_collectives=[c.model_copy(update={"mesh_dim": c.mesh_dim or "tp"})
+                        for c in report.collectives] if tp is not None else [],
         fsdp_collectives=list(fsdp_collectives), num_experts=num_experts, top_k=top_k,
         tokens=tokens, hidden=hidden, dtype=str(dtype).removeprefix("torch."), layers=layers,
-        routing=histogram, balanced=routing is None, single_device=report.total, ranks=ranks,
-        busiest_rank=busiest, complete=not report.uncounted)
+        routing=histogram, balanced=routing is None, single_device=whole.total, ranks=ranks,
+        busiest_rank=busiest, complete=not (report.uncounted or whole.uncounted))
+
+
+def _token_share(model: str, ep: int, tp: int, fsdp: int | None, tokens: int,
+                 single_device: Report | None) -> int:
+    """The tokens each of ``tp`` ranks routes of a batch of ``tokens``, checked: ``tp`` equal
+    to ``ep``, no ``fsdp``, and the single-device report given."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise InputError(f"{model}: tp must be an int >= 1, got {tp!r}.")
+    if tp != ep or fsdp is not None:
+        raise InputError(f"{model}: expert parallelism over tensor-parallel ranks is laid out "
+                         f"here with ep equal to tp and without fsdp (got ep {ep}, tp {tp}"
+                         f"{'' if fsdp is None else f', fsdp {fsdp}'}): with more ranks "
+                         f"holding the same experts torchtitan shards them with FSDP2 over "
+                         f"them, which is not traced with tensor parallelism; pass ep = tp.")
+    if single_device is None:
+        raise InputError(f"{model}: with tp, pass single_device= the batch's single-device "
+                         f"report; the report given is one tensor-parallel rank's.")
+    if tokens % tp:
+        raise InputError(f"{model}: a batch of {tokens} tokens does not split over {tp} "
+                         f"tensor-parallel ranks: pass a batch x sequence that is a multiple "
+                         f"of tp.")
+    return tokens // tp
 
 
 def _check_sizes(report: Report, ep: int, top_k: int, num_experts: int, tokens: int) -> None:

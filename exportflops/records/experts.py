@@ -35,7 +35,8 @@ class ExpertRank(Record):
     times ``routed_tokens`` (forward and, in train mode, backward)."""
     rest: Cost
     """The work outside the experts on its own batch (attention, router, norms, shared
-    experts, head): one batch's analysis less its experts', the same on every rank."""
+    experts, head): one batch's analysis less its experts', the same on every rank; with
+    ``tp``, its tensor-parallel rank's analysis less its experts'."""
     all_to_alls: list[Collective]
     """The dispatch and combine all-to-alls it issues, per MoE layer and phase, in execution
     order (the backward's in reverse)."""
@@ -64,6 +65,15 @@ class ExpertParallelReport(NotebookRecord):
     """The FSDP2 data-parallel ranks the expert-parallel groups sit inside (ep inside fsdp,
     torchtitan's layout: ``fsdp / ep`` groups of ``ep`` consecutive ranks); None when expert
     parallelism stands alone."""
+    tp: int | None = None
+    """The tensor-parallel ranks the expert-parallel group is laid over (torchtitan's "ep
+    borrows tp", here ``tp == ep``): each rank runs its tensor-parallel share of the dense
+    layers by the model's own plan and routes ``1 / tp`` of the batch's tokens; None without
+    tensor parallelism."""
+    tp_collectives: list[Collective] = []
+    """The tensor-parallel rank's collectives, in the order it issues them, the same sizes on
+    every rank: the model's plan's and the MoE's (the routed output's all-reduce, the router's
+    and the experts' input gradients' all-gathers, ``mesh_dim`` ``tp``). Empty without ``tp``."""
     fsdp_collectives: list[Collective] = []
     """FSDP2's all-gathers and reduce-scatters of one rank, in the order it issues them, the same
     sizes on every rank: ``mesh_dim`` ``fsdp`` for the non-expert parameters (over all ``fsdp``
@@ -74,7 +84,8 @@ class ExpertParallelReport(NotebookRecord):
     top_k: int
     """Experts each token is routed to."""
     tokens: int
-    """Tokens in each rank's batch (the example's), each routed to ``top_k`` experts."""
+    """Tokens each rank routes per MoE layer, each to ``top_k`` experts: its batch's (the
+    example's), or with ``tp`` its ``1 / tp`` share of the batch's."""
     hidden: int
     """Hidden size of a routed token: the all-to-alls carry ``hidden`` values per token copy."""
     dtype: str
@@ -88,7 +99,8 @@ class ExpertParallelReport(NotebookRecord):
     balanced: bool
     """True when no histogram was given: each expert gets ``ep x tokens x top_k / E``."""
     single_device: Cost
-    """One batch on one device: the analysis of the example, every expert included."""
+    """One batch on one device: the analysis of the example, every expert included (with
+    ``tp``, the work its ``tp`` ranks share)."""
     ranks: list[ExpertRank]
     """Each rank, in rank order: the ``ep`` ranks of the group, or inside FSDP2 all ``fsdp``
     ranks."""
@@ -98,7 +110,8 @@ class ExpertParallelReport(NotebookRecord):
     """False when the analysis left ops uncounted: the counts are then lower bounds."""
 
     def world_size(self) -> int:
-        """The ranks reported: ``fsdp`` inside FSDP2, else ``ep``."""
+        """The ranks reported: ``fsdp`` inside FSDP2, else ``ep`` (over the tensor-parallel
+        ranks, ``tp == ep``)."""
         return self.fsdp or self.ep
 
     def ep_group(self, rank: int) -> list[int]:
@@ -113,9 +126,9 @@ class ExpertParallelReport(NotebookRecord):
         return list(range(rank % self.ep, self.world_size(), self.ep))
 
     def collectives(self, rank: int) -> list[Collective]:
-        """Everything ``rank`` issues: FSDP2's collectives and its all-to-alls, the forward's
-        (FSDP2's first) before the backward's."""
-        ordered = [*self.fsdp_collectives, *self.ranks[rank].all_to_alls]
+        """Everything ``rank`` issues: FSDP2's collectives, the tensor-parallel rank's and its
+        all-to-alls, the forward's (FSDP2's first) before the backward's."""
+        ordered = [*self.fsdp_collectives, *self.tp_collectives, *self.ranks[rank].all_to_alls]
         return sorted(ordered, key=lambda c: c.phase == "backward")
 
     def _repr_html_(self) -> str:

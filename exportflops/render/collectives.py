@@ -8,7 +8,7 @@ holds them; a time is the message times its bus-bandwidth factor over the link's
 
 from __future__ import annotations
 
-from ..records import Report
+from ..records import Collective, Report
 from .format import Style
 
 _HEADERS = ["op", "phase", "module", "mesh dim", "group size", "dtype", "bytes",
@@ -62,3 +62,14 @@ def collective_summary_rows(report: Report, style: Style) -> list[list]:
 
 def _phases(report: Report) -> list[str]:
     return [p for p in ("forward", "backward") if any(c.phase == p for c in report.collectives)]
+
+
+def kinds_table(collectives: list[Collective], title: str, style: Style) -> str:
+    """``collectives`` one row per phase, op and dtype: how many, and their bytes."""
+    kinds: dict[tuple, list[int]] = {}
+    for c in collectives:
+        kinds.setdefault((c.phase, c.op, c.dtype), []).append(c.bytes)
+    rows = [[phase, op, dtype, len(sizes), style.count(sum(sizes), "B")]
+            for (phase, op, dtype), sizes in kinds.items()]
+    return style.titled(title, style.table(rows, ["phase", "collective", "dtype", "count",
+                                                  "bytes"], "lllrr"))

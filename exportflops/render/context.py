@@ -4,6 +4,7 @@ traffic per phase and, inside FSDP2, its FSDP2 collectives. Pure: reads the reco
 from __future__ import annotations
 
 from ..records.context import ContextParallelReport, ContextRank
+from .collectives import kinds_table
 from .format import Style
 from .fsdp import fsdp_table
 
@@ -94,16 +95,11 @@ def _members(record: ContextParallelReport, rank: int) -> str:
 
 def _tensor_parallel(record: ContextParallelReport, rank: int, style: Style) -> str:
     """The tensor-parallel plan's collectives of ``rank``, one row per kind and phase."""
-    kinds: dict[tuple, list[int]] = {}
-    for c in record.tp_collectives:
-        kinds.setdefault((c.phase, c.op, c.dtype), []).append(c.bytes)
-    rows = [[phase, op, dtype, len(sizes), style.count(sum(sizes), "B")]
-            for (phase, op, dtype), sizes in kinds.items()]
     first = rank - rank % record.tp
-    return style.titled(
-        f"Tensor-parallel collectives of rank {rank} (its group {first}-{first + record.tp - 1}"
-        f"), on its share of the sequence, the same sizes on every rank",
-        style.table(rows, ["phase", "collective", "dtype", "count", "bytes"], "lllrr"))
+    return kinds_table(record.tp_collectives,
+                       f"Tensor-parallel collectives of rank {rank} (its group {first}-"
+                       f"{first + record.tp - 1}), on its share of the sequence, the same sizes "
+                       f"on every rank", style)
 
 
 def _positions(rank: ContextRank) -> str:

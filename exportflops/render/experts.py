@@ -5,6 +5,7 @@ shown only when the caller names the link's bus bandwidth (`Collective.seconds`)
 from __future__ import annotations
 
 from ..records.experts import ExpertParallelReport, ExpertRank
+from .collectives import kinds_table
 from .format import Style
 from .fsdp import fsdp_table
 
@@ -23,7 +24,7 @@ def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = 
     title = (f"{record.model}: {record.num_experts} experts per layer over {record.ep} "
              f"expert-parallel ranks{_inside(record)}, {len(record.layers)} MoE layer"
              f"{'s' * (len(record.layers) != 1)}, top {record.top_k}, {record.tokens} tokens "
-             f"per rank's batch, {routing} ({record.mode})")
+             f"{_routed_by(record)}, {routing} ({record.mode})")
     fsdp = record.fsdp is not None
     headers = [*_RANK_HEADERS[:1], *(["ep group"] if fsdp else []), *_RANK_HEADERS[1:],
                *(["FSDP2 bytes"] if fsdp else []), ""]
@@ -31,7 +32,11 @@ def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = 
     align = "l" + "l" * fsdp + "lrrrrrrr" + "r" * fsdp + "l"
     parts = [style.titled(title, style.table(rows, headers, align))]
     busiest = record.ranks[record.busiest_rank]
-    if _even(record):
+    if _even(record) and record.tp is not None:
+        parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}, its "
+                     f"tensor-parallel share of one batch's work (the all-to-alls move tokens, "
+                     f"not FLOPs).")
+    elif _even(record):
         parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}: one "
                      f"batch's work on one device (the all-to-alls move tokens, not FLOPs).")
     else:
@@ -42,10 +47,22 @@ def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = 
     parts.append(_all_to_alls(record.ranks[rank], record, style, link_bytes_per_s))
     if fsdp:
         parts.append(_fsdp_collectives(rank, record, style, link_bytes_per_s))
+    if record.tp is not None:
+        parts.append(kinds_table(record.tp_collectives, f"Tensor-parallel collectives of rank "
+                                 f"{rank}: the model's plan's and its MoE layers' (the routed "
+                                 f"output summed, the routed inputs' gradients gathered), the "
+                                 f"same sizes on every rank", style))
     return "\n\n".join(parts) + "\n"
 
 
+def _routed_by(record: ExpertParallelReport) -> str:
+    return "routed by each rank" if record.tp is not None else "per rank's batch"
+
+
 def _inside(record: ExpertParallelReport) -> str:
+    if record.tp is not None:
+        return (f", the {record.tp} tensor-parallel ranks (each routing 1/{record.tp} of a "
+                f"batch's tokens)")
     if record.fsdp is None:
         return ""
     return (f" inside {record.fsdp} FSDP2 ranks ({record.fsdp // record.ep} expert-parallel "

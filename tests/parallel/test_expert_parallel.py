@@ -304,7 +304,7 @@ def test_the_command_on_a_two_layer_mixtral(capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--ep", "2", "--rank", "2"], "--rank one of 0..1"),
     (["--routing", "4,4,20,4"], "pass --ep"),
-    (["--ep", "2", "--tp", "2"], "not with --tp"),
+    (["--ep", "2", "--tp", "2"], "has no tensor-parallel plan"),
     (["--ep", "2", "--routing", "4,x"], "counts >= 0"),
     (["--ep", "2", "--format", "csv"], "as a table, Markdown or JSON"),
     (["--ep", "3"], "cannot hold equally"),

@@ -1,0 +1,127 @@
+"""Expert parallelism over the tensor-parallel ranks, as torchtitan lays it out when sequence
+parallelism is off: the MoE layers route each tensor-parallel rank's share of the tokens.
+
+The layout (torchtitan/models/common/MOE_SHARDING.md and moe_sharding.py, the row "EP on, SP
+off"): the expert-parallel group is laid over the tensor-parallel ranks ("MoE reuses the mesh
+axis named TP for sequence-token sharding", ``_tokens_per_expert_placement``). Each MoE layer
+takes the hidden state replicated over the tp ranks, and on each rank:
+
+- the router computes on the rank's ``1 / tp`` share of the tokens (its input redistributed
+  from replicated to sharded on the tokens: a slice forward, an all-gather of its gradient
+  backward), its weight replicated, so its gradient is a partial sum DTensor reduces;
+- the routed experts take the same share (the same redistribution), run under expert
+  parallelism, and their output, the rank's tokens in place and zeros elsewhere, is summed
+  over the tp ranks (partial to replicated: an all-reduce forward, nothing backward).
+
+Everything else runs by the model's own tensor-parallel plan (what ``--tp`` applies: a Hugging
+Face model's ``base_model_tp_plan``), the plan's entries under the routed experts dropped: the
+experts run whole on the rank's tokens, and `exportflops.parallel.experts` shares their work
+out by the routing. A shared expert runs as the plan says (replicated when it names none).
+
+The experts work per routed token copy at fixed sizes, as expert parallelism alone needs
+(docs/expert-parallel.md); the router is the sibling of each experts module named ``gate`` or
+``router`` (transformers' Mixtral, Qwen-MoE, OLMoE, DeepSeek; GPT-OSS).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from ..errors import InputError
+from ..torch_internals import pytree
+
+#: Names of the router beside each experts module: transformers' (``gate``, GPT-OSS's
+#: ``router``).
+ROUTERS = ("gate", "router")
+
+
+def route_token_shares(model: torch.nn.Module, mesh, *, experts: str = "experts") -> None:
+    """Each MoE layer of ``model`` (the parent of each outermost module named ``experts``)
+    routes this rank's share of its tokens over the one-dimensional tensor-parallel ``mesh``
+    (the module docstring's layout): its router's parameters replicated on ``mesh``, forward
+    hooks on the router and the experts. Call after the model's own plan is applied, on a
+    model built for the analysis (the hooks stay)."""
+    from torch.distributed.tensor import distribute_module
+
+    layers = _moe_layers(model, experts)
+    if not layers:
+        raise InputError(f"{type(model).__name__} has no module named {experts!r}: expert "
+                         f"parallelism over tensor-parallel ranks shares out each MoE layer's "
+                         f"tokens; pass the experts modules' last path component.")
+    for parent, path in layers:
+        router = next((getattr(parent, name) for name in ROUTERS
+                       if isinstance(getattr(parent, name, None), torch.nn.Module)), None)
+        if router is None:
+            raise InputError(f"{type(model).__name__}'s MoE layer {path!r} has no router module "
+                             f"named {' or '.join(ROUTERS)} beside its experts: the tokens "
+                             f"each tensor-parallel rank routes cannot be shared out.")
+        distribute_module(router, mesh)
+        router.register_forward_pre_hook(partial(_shared_input, mesh, path, False),
+                                         with_kwargs=True)
+        router.register_forward_hook(_local_outputs)
+        experts_module = parent.get_submodule(experts)
+        experts_module.register_forward_pre_hook(partial(_shared_input, mesh, path, True),
+                                                 with_kwargs=True)
+        experts_module.register_forward_hook(partial(_summed_output, mesh))
+
+
+def _moe_layers(model: torch.nn.Module, experts: str) -> list[tuple[torch.nn.Module, str]]:
+    """(parent module, its path) of each outermost module named ``experts``."""
+    found: list[str] = []
+    for path, _ in model.named_modules():
+        if path.rpartition(".")[2] == experts and not any(
+                path.startswith(f"{outer}.") for outer in found):
+            found.append(path)
+    return [(model.get_submodule(path.rpartition(".")[0]), path.rpartition(".")[0])
+            for path in found]
+
+
+def _share(mesh, path: str, hidden: torch.Tensor):
+    """This rank's rows of ``hidden`` flattened to (tokens, hidden) as a DTensor sharded on
+    the tokens: a slice forward, an all-gather of its gradient backward."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    if rows.shape[0] % mesh.size():
+        raise InputError(f"MoE layer {path!r} routes {rows.shape[0]} tokens, which "
+                         f"{mesh.size()} tensor-parallel ranks cannot share equally: pass a "
+                         f"batch x sequence that is a multiple of --tp.")
+    return DTensor.from_local(rows, mesh, [Replicate()], run_check=False).redistribute(
+        mesh, [Shard(0)])
+
+
+def _shared_input(mesh, path: str, local: bool, module, args: tuple, kwargs: dict):
+    """The module's hidden states (its first argument, or ``hidden_states``) as this rank's
+    share: a DTensor for the router, whose replicated weight reduces its gradient, a local
+    tensor for the experts."""
+    name = None if args else "hidden_states"
+    if name is not None and name not in kwargs:
+        raise InputError(f"MoE layer {path!r}: {type(module).__name__} takes no positional "
+                         f"argument and no hidden_states=: its tokens cannot be shared out.")
+    shared = _share(mesh, path, args[0] if name is None else kwargs[name])
+    shared = shared.to_local() if local else shared
+    if name is None:
+        return (shared, *args[1:]), kwargs
+    return args, {**kwargs, name: shared}
+
+
+def _local_outputs(module, args, output):
+    from torch.distributed.tensor import DTensor
+
+    return pytree.tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, output)
+
+
+def _summed_output(mesh, module, args, output: torch.Tensor) -> torch.Tensor:
+    """The experts' output for this rank's rows, in place among zeros for the others', summed
+    over the ranks: every rank holds every token's output again."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    rows, width = output.shape[0], output.shape[-1]
+    before = rows * mesh.get_local_rank()
+    after = rows * (mesh.size() - 1 - mesh.get_local_rank())
+    placed = torch.cat([output.new_zeros(before, width), output.reshape(rows, width),
+                        output.new_zeros(after, width)])
+    return DTensor.from_local(placed, mesh, [Partial()], run_check=False).redistribute(
+        mesh, [Replicate()]).to_local()

@@ -1,0 +1,194 @@
+"""Expert parallelism over the tensor-parallel ranks (``--ep N --tp N``,
+`exportflops.parallel.experts_tp`): torchtitan's layout with sequence parallelism off
+(torchtitan/models/common/MOE_SHARDING.md, "EP on, SP off"), each tp rank routing 1/tp of the
+batch's tokens, the rest by the model's own plan. Checked on transformers' Mixtral (its
+default config: hidden 4096, expert FFN 14336, 8 experts, top 2) on meta, 2 layers, one row of
+32 tokens, against sizes derived here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from exportflops.cli import main
+from exportflops.errors import InputError
+from exportflops.records.experts import ExpertParallelReport
+from tests.cli_support import one_paragraph
+
+pytest.importorskip("transformers")
+
+TP = 2
+HIDDEN, FFN, EXPERTS, TOP_K, LAYERS, SEQ = 4096, 14336, 8, 2, 2, 32
+F32 = 4
+#: Tokens each tp rank routes: its half of the row.
+SHARE = SEQ // TP  # 16
+#: Token copies each rank's experts receive under balanced routing: its own share's.
+COPIES = SHARE * TOP_K  # 32
+#: One token copy in one Mixtral expert: gate and up (H -> F each), then down (F -> H).
+MACS_PER_COPY = 3 * HIDDEN * FFN  # 176,160,768
+#: What one all-to-all carries: a rank's 32 copies of a 4096-float32 token.
+MESSAGE = COPIES * HIDDEN * F32  # 524,288
+#: The whole row's hidden state, (32, 4096) float32: what the MoE's all-reduce sums and what
+#: the backward all-gathers its inputs' gradients to.
+ROW = SEQ * HIDDEN * F32  # 524,288
+MIXTRAL = ["hf:mixtral", "--layers", str(LAYERS), "--seq", str(SEQ)]
+
+
+def _split(flags: list[str]):
+    from exportflops.cli.experts import analyze_split
+    from exportflops.cli.options import check, parser
+
+    ns = parser().parse_args(flags)
+    check(ns)
+    return analyze_split(ns)
+
+
+@pytest.fixture(scope="module")
+def train():
+    report, (record, _) = _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--mode", "train",
+                                  "--rank", "1"])
+    return report, record
+
+
+@pytest.fixture(scope="module")
+def forward():
+    return _split([*MIXTRAL, "--ep", "2", "--tp", "2"])[1][0]
+
+
+def test_each_rank_routes_its_half_of_the_tokens_to_its_experts(forward):
+    assert (forward.tp, forward.ep, forward.tokens) == (TP, TP, SHARE)
+    for rank in forward.ranks:
+        assert rank.routed_tokens == COPIES
+        assert rank.expert.macs == LAYERS * COPIES * MACS_PER_COPY
+        assert all(c.bytes == MESSAGE for c in rank.all_to_alls)
+        assert len(rank.all_to_alls) == 2 * LAYERS  # dispatch and combine per layer
+
+
+def test_the_tp_ranks_share_one_batchs_matmuls_exactly(forward, train):
+    """Mixtral's plan shards attention, the embedding and the head; the MoE shares out the
+    tokens: every multiply-accumulate of the batch is done once, on one of the 2 ranks."""
+    for record in (forward, train[1]):
+        assert {r.total.macs for r in record.ranks} == {record.single_device.macs // TP}
+        assert record.single_device.macs % TP == 0
+
+
+def test_the_moe_sums_its_routed_output_and_gathers_its_inputs_gradients(train):
+    _, record = train
+    moe = [(c.op, c.phase, c.module, c.bytes) for c in record.tp_collectives
+           if ".mlp." in c.module]
+    for layer in range(LAYERS):
+        path = f"model.layers.{layer}.mlp"
+        # forward: the experts' output, the rank's rows among zeros, summed over the 2 ranks
+        assert moe.count(("all_reduce", "forward", f"{path}.experts", ROW)) == 1
+        # backward: the router's and the experts' input gradients, gathered to the whole row
+        assert moe.count(("all_gather", "backward", f"{path}.gate", ROW)) == 1
+        assert moe.count(("all_gather", "backward", f"{path}.experts", ROW)) == 1
+    assert len(moe) == 3 * LAYERS
+    assert all(c.mesh_dim == "tp" and c.group_size == TP for c in record.tp_collectives)
+
+
+def test_the_router_runs_on_the_ranks_share(train):
+    """The router (4096 -> 8 experts) on 16 tokens: forward, and in training the input's and
+    the weight's gradients, each as many MACs."""
+    report, record = train
+    assert record.ranks[0].rest.macs + record.ranks[0].expert.macs == record.ranks[0].total.macs
+    from exportflops.cli.options import check, parser
+    from exportflops.cli.parallel import parallelized
+
+    ns = parser().parse_args([*MIXTRAL, "--ep", "2", "--tp", "2", "--mode", "train"])
+    check(ns)
+    _, rank, _ = parallelized(argparse.Namespace(**vars(ns)), experts="experts")
+    assert rank.module("model.layers.0.mlp.gate").inclusive.macs == 3 * SHARE * HIDDEN * EXPERTS
+
+
+def test_a_skewed_routing_names_the_busiest_rank(train):
+    # 64 copies over the group's two shares: experts 0-3 on rank 0 get 10, 4-7 on rank 1 get 54
+    routing = "1,2,3,4,10,14,15,15"
+    _, (record, view) = _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--routing", routing])
+    assert [r.routed_tokens for r in record.ranks] == [10, 54]
+    assert record.busiest_rank == 1
+    assert record.ranks[1].expert.macs == LAYERS * 54 * MACS_PER_COPY
+    assert "Rank 1 is the busiest" in view(record)
+
+
+def test_the_commands_rank_report_carries_every_collective_of_the_rank(train):
+    report, record = train
+    assert (report.world_size, report.rank) == (TP, 1)
+    assert report.collectives == record.collectives(1)
+    assert {c.op for c in report.collectives} == {"all_reduce", "all_gather", "all_to_all"}
+
+
+def test_the_record_round_trips_and_the_view_lists_the_tp_collectives(train):
+    _, record = train
+    assert ExpertParallelReport.model_validate_json(record.model_dump_json()) == record
+    from exportflops.render.experts import experts_view
+
+    text = experts_view(record, rank=1)
+    assert "Tensor-parallel collectives of rank 1" in text
+    assert "tensor-parallel share of one batch's work" in text
+
+
+def test_the_command_writes_the_record(capsys):
+    assert main([*MIXTRAL, "--ep", "2", "--tp", "2", "--format", "json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert (record["tp"], record["tokens"]) == (TP, SHARE)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--ep", "2", "--tp", "4"], "--ep equal to --tp"),
+    (["--ep", "2", "--tp", "2", "--fsdp", "2"], "without --fsdp"),
+    (["--ep", "2", "--tp", "2", "--pp", "2"], "--pp"),
+])
+def test_flags_outside_the_layout_are_usage_errors(flags, message, capsys):
+    assert main([*MIXTRAL, *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and one_paragraph(err)
+
+
+def test_a_token_count_the_ranks_cannot_share_is_refused(capsys):
+    assert main(["hf:mixtral", "--layers", "1", "--seq", "3", "--ep", "2", "--tp", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "multiple of" in err and one_paragraph(err)
+
+
+def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report(forward):
+    from exportflops.parallel.experts import expert_parallel
+
+    report = _split([*MIXTRAL, "--ep", "2"])[0]
+    sizes = dict(top_k=TOP_K, num_experts=EXPERTS, hidden=HIDDEN, tokens=SEQ,
+                 dtype=torch.float32)
+    with pytest.raises(InputError, match="ep equal to tp"):
+        expert_parallel(report, ep=2, tp=4, single_device=report, **sizes)
+    with pytest.raises(InputError, match="single_device="):
+        expert_parallel(report, ep=2, tp=2, **sizes)
+
+
+class _Experts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(4, 8, 8))
+
+
+class _Unrouted(torch.nn.Module):
+    """An MoE layer whose router is named neither gate nor router."""
+
+    def __init__(self):
+        super().__init__()
+        self.experts, self.picker = _Experts(), torch.nn.Linear(8, 4)
+
+
+@pytest.mark.parametrize("model, message", [
+    (torch.nn.Sequential(_Unrouted()), "no router module named gate or router"),
+    (torch.nn.Linear(8, 8), "no module named 'experts'"),
+], ids=["no-router", "no-experts"])
+def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, message):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from exportflops.parallel.experts_tp import route_token_shares
+    from exportflops.parallel.ranks import fake_process_group
+
+    with fake_process_group(2), pytest.raises(InputError, match=message):
+        route_token_shares(model, init_device_mesh("cpu", (2,)))
