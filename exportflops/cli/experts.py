@@ -17,12 +17,11 @@ from .targets import analyzed, build_target, device_named, hf_options
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``, (the `ExpertParallelReport`, its view)). The report is
-    the example batch's single-device count with the rank's all-to-alls: a rank's own counts
-    under the routing are the record's."""
+    the example batch's single-device count (with ``--tp``, its tensor-parallel rank's) with the
+    rank's collectives: a rank's own counts under the routing are the record's."""
     from ..parallel.experts import expert_parallel, moe_sizes
     from ..parallel.experts_fsdp import fsdp_collectives
     from ..render.experts import experts_view
-    from .parallel import parallelized
 
     device = device_named(ns.device or "meta")
     model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -36,9 +35,8 @@ def analyze_split(ns: argparse.Namespace):
         over_tp = {"tp": ns.tp, "single_device": report} if ns.tp is not None else {}
         record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
         if ns.tp is not None:
-            _, rank, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
-                                      experts="experts")
-            record = expert_parallel(rank, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
+            report = _tensor_parallel_rank(ns)
+            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
         elif ns.fsdp is not None:
             collectives = fsdp_collectives(model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp,
                                            num_experts=sizes["num_experts"], mode=ns.mode)
@@ -52,3 +50,17 @@ def analyze_split(ns: argparse.Namespace):
                                        "collectives": record.collectives(ns.rank)})
     link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     return report, (record, partial(experts_view, rank=ns.rank, link_bytes_per_s=link))
+
+
+def _tensor_parallel_rank(ns: argparse.Namespace):
+    """Tensor-parallel rank 0 of MODEL with each MoE layer routing its share of the tokens
+    (`exportflops.parallel.experts_tp`), its routers' gradient all-reduces listed in training."""
+    from ..parallel.experts_tp import router_gradient_reductions
+    from .parallel import parallelized
+
+    model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
+                                    experts="experts")
+    if ns.mode != "train":
+        return report
+    return report.model_copy(update={"collectives": [
+        *report.collectives, *router_gradient_reductions(model, ns.tp)]})

@@ -8,7 +8,8 @@ takes the hidden state replicated over the tp ranks, and on each rank:
 
 - the router computes on the rank's ``1 / tp`` share of the tokens (its input redistributed
   from replicated to sharded on the tokens: a slice forward, an all-gather of its gradient
-  backward), its weight replicated, so its gradient is a partial sum DTensor reduces;
+  backward), its weight replicated, so its gradient is a partial sum over the tp ranks: DTensor
+  leaves it partial, and `router_gradient_reductions` lists the all-reduce that sums it;
 - the routed experts take the same share (the same redistribution), run under expert
   parallelism, and their output, the rank's tokens in place and zeros elsewhere, is summed
   over the tp ranks (partial to replicated: an all-reduce forward, nothing backward).
@@ -30,6 +31,7 @@ from functools import partial
 import torch
 
 from ..errors import InputError
+from ..records import Collective
 from ..torch_internals import pytree
 
 #: Names of the router beside each experts module: transformers' (``gate``, GPT-OSS's
@@ -65,6 +67,25 @@ def route_token_shares(model: torch.nn.Module, mesh, *, experts: str = "experts"
         experts_module.register_forward_pre_hook(partial(_shared_input, mesh, path, True),
                                                  with_kwargs=True)
         experts_module.register_forward_hook(partial(_summed_output, mesh))
+
+
+def router_gradient_reductions(model: torch.nn.Module, tp: int, *,
+                               experts: str = "experts") -> list[Collective]:
+    """The backward's all-reduce of each router parameter's gradient over the ``tp`` ranks, MoE
+    layers last to first: each rank's router saw its own share of the tokens, so its gradient
+    is a partial sum (nccl-tests' all-reduce message: the tensor; bus factor 2 (tp - 1) / tp)."""
+    reductions = []
+    for parent, path in reversed(_moe_layers(model, experts)):
+        name = next(n for n in ROUTERS if isinstance(getattr(parent, n, None), torch.nn.Module))
+        for leaf, p in getattr(parent, name).named_parameters():
+            if p.requires_grad:
+                reductions.append(Collective(
+                    op="all_reduce", bytes=p.numel() * p.element_size(),
+                    dtype=str(p.dtype).removeprefix("torch."), phase="backward", group_size=tp,
+                    group="tp", mesh_dim="tp", module=f"{path}.{name}".lstrip("."),
+                    node=f"{leaf} gradient", torch_op="_c10d_functional.all_reduce.default",
+                    bandwidth_factor=2 * (tp - 1) / tp))
+    return reductions
 
 
 def _moe_layers(model: torch.nn.Module, experts: str) -> list[tuple[torch.nn.Module, str]]:

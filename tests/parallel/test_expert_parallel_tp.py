@@ -86,15 +86,32 @@ def test_the_moe_sums_its_routed_output_and_gathers_its_inputs_gradients(train):
         # backward: the router's and the experts' input gradients, gathered to the whole row
         assert moe.count(("all_gather", "backward", f"{path}.gate", ROW)) == 1
         assert moe.count(("all_gather", "backward", f"{path}.experts", ROW)) == 1
-    assert len(moe) == 3 * LAYERS
+    assert len(moe) == 4 * LAYERS  # and the router's weight gradient's all-reduce (below)
     assert all(c.mesh_dim == "tp" and c.group_size == TP for c in record.tp_collectives)
 
 
-def test_the_router_runs_on_the_ranks_share(train):
+def test_the_routers_gradient_a_partial_sum_over_the_ranks_is_all_reduced(train):
+    """Each rank's router (8 x 4096 float32) saw its own 16 tokens: one backward all-reduce
+    of its weight's gradient per layer, last layer first."""
+    _, record = train
+    reductions = [(c.module, c.bytes, c.phase) for c in record.tp_collectives
+                  if c.node == "weight gradient"]
+    assert reductions == [(f"model.layers.{layer}.mlp.gate", EXPERTS * HIDDEN * F32, "backward")
+                          for layer in reversed(range(LAYERS))]
+
+
+def test_two_rows_are_shared_out_as_one_run_of_tokens():
+    """A batch of 2 rows of 16: each rank routes 16 of the 32 tokens."""
+    _, (record, _) = _split(["hf:mixtral", "--layers", "1", "--batch", "2", "--seq", "16",
+                             "--ep", "2", "--tp", "2"])
+    assert record.tokens == 16
+    assert [r.routed_tokens for r in record.ranks] == [COPIES, COPIES]
+    assert {r.total.macs for r in record.ranks} == {record.single_device.macs // TP}
+
+
+def test_the_router_runs_on_the_ranks_share():
     """The router (4096 -> 8 experts) on 16 tokens: forward, and in training the input's and
     the weight's gradients, each as many MACs."""
-    report, record = train
-    assert record.ranks[0].rest.macs + record.ranks[0].expert.macs == record.ranks[0].total.macs
     from exportflops.cli.options import check, parser
     from exportflops.cli.parallel import parallelized
 
@@ -117,6 +134,7 @@ def test_a_skewed_routing_names_the_busiest_rank(train):
 def test_the_commands_rank_report_carries_every_collective_of_the_rank(train):
     report, record = train
     assert (report.world_size, report.rank) == (TP, 1)
+    assert report.total.macs == record.single_device.macs // TP  # the rank's own count
     assert report.collectives == record.collectives(1)
     assert {c.op for c in report.collectives} == {"all_reduce", "all_gather", "all_to_all"}
 
@@ -154,7 +172,7 @@ def test_a_token_count_the_ranks_cannot_share_is_refused(capsys):
     assert "multiple of" in err and one_paragraph(err)
 
 
-def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report(forward):
+def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
     from exportflops.parallel.experts import expert_parallel
 
     report = _split([*MIXTRAL, "--ep", "2"])[0]
