@@ -35,7 +35,7 @@ def rank_graph(model: torch.nn.Module, args: tuple, kwargs: dict,
     traced = (fsdp_graph(model, args, kwargs, train) if has_fsdp(model)
               else _joint_graph(model, args, kwargs))
     with traced as graph:
-        _user_module_stacks(graph)
+        _user_module_stacks(graph, model)
         yield graph
 
 
@@ -158,10 +158,50 @@ def user_path(source: str) -> str:
     return path.lstrip(".")
 
 
-def _user_module_stacks(graph: torch.fx.Graph) -> None:
+def _user_module_stacks(graph: torch.fx.Graph, model: torch.nn.Module) -> None:
     """Each node's module stack under the user's paths, where the walker reads it. AOT autograd
     gives a backward node the stack of the forward node it differentiates (``fwd_``)."""
+    named = {id(module): path for path, module in model.named_modules()}
+    paths: dict[str, str] = {}
+
+    def path_of(source: str) -> str:
+        if source not in paths:
+            path = user_path(source)
+            if path not in named.values():  # a module reached another way than by attributes
+                path = named.get(id(_module_at(model, source)), path)
+            paths[source] = path
+        return paths[source]
+
     for node in graph.nodes:
         stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
-        node.meta["nn_module_stack"] = {key: (user_path(path), type_)
+        node.meta["nn_module_stack"] = {key: (path_of(path), type_)
                                         for key, (path, type_) in stack.items()}
+
+
+_DIGIT_CHILD = re.compile(r"\.(\d+)(?=[.\[]|$)")
+
+
+class _Locals(dict):
+    """Dynamo's ``L``, the traced frame's locals: the model under any name, or as the first of
+    ``args``."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def __missing__(self, key: str) -> object:
+        return [self.model] if key == "args" else self.model
+
+
+def _module_at(model: torch.nn.Module, source: str) -> object:
+    """The object dynamo's module ``source`` names, or None. A source is a Python expression
+    over the frame's locals ``L`` (torch/_dynamo/source.py, ``Source.name``): a module called
+    from a hook is named through the hook, ``L['self'].mlp.experts._forward_hooks[...]
+    .args[0]``, which no attribute path gives; evaluated here, its object's path is found."""
+    # Dynamo writes a container's child as an attribute of digits (``layers.0``).
+    expression = _DIGIT_CHILD.sub(r"._modules['\1']", source)
+    try:
+        return eval(expression, {"__builtins__": {}, "list": list, "dict": dict},  # noqa: S307
+                    {"L": _Locals(model)})
+    except Exception:  # a source naming more than attributes, items and hooks
+        return None

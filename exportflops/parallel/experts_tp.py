@@ -14,6 +14,10 @@ takes the hidden state replicated over the tp ranks, and on each rank:
   parallelism, and their output, the rank's tokens in place and zeros elsewhere, is summed
   over the tp ranks (partial to replicated: an all-reduce forward, nothing backward).
 
+The sharing and the summing run in two modules added beside the experts, ``token_share`` and
+``token_sum``, so the report charges them (no FLOPs; their bytes and collectives) apart from the
+experts' work, which expert parallelism scales with the routing.
+
 Everything else runs by the model's own tensor-parallel plan (what ``--tp`` applies: a Hugging
 Face model's ``base_model_tp_plan``), the plan's entries under the routed experts dropped: the
 experts run whole on the rank's tokens, and `exportflops.parallel.experts` shares their work
@@ -42,9 +46,11 @@ ROUTERS = ("gate", "router")
 def route_token_shares(model: torch.nn.Module, mesh, *, experts: str = "experts") -> None:
     """Each MoE layer of ``model`` (the parent of each outermost module named ``experts``)
     routes this rank's share of its tokens over the one-dimensional tensor-parallel ``mesh``
-    (the module docstring's layout): its router's parameters replicated on ``mesh``, forward
-    hooks on the router and the experts. Call after the model's own plan is applied, on a
-    model built for the analysis (the hooks stay)."""
+    (the module docstring's layout): its router's parameters replicated on ``mesh``, and two
+    modules beside the experts, ``token_share`` and ``token_sum``, which forward hooks on the
+    router and the experts call, so that the report charges the sharing and the summing to
+    them, not to the experts' work. Call after the model's own plan is applied, on a model
+    built for the analysis (the hooks and modules stay)."""
     from torch.distributed.tensor import distribute_module
 
     layers = _moe_layers(model, experts)
@@ -59,14 +65,60 @@ def route_token_shares(model: torch.nn.Module, mesh, *, experts: str = "experts"
             raise InputError(f"{type(model).__name__}'s MoE layer {path!r} has no router module "
                              f"named {' or '.join(ROUTERS)} beside its experts: the tokens "
                              f"each tensor-parallel rank routes cannot be shared out.")
+        if hasattr(parent, "token_share"):
+            raise InputError(f"{type(model).__name__}'s MoE layer {path!r} already has a "
+                             f"token_share module: route_token_shares runs once per model.")
         distribute_module(router, mesh)
-        router.register_forward_pre_hook(partial(_shared_input, mesh, path, False),
+        parent.token_share, parent.token_sum = TokenShare(mesh, path), TokenSum(mesh)
+        router.register_forward_pre_hook(partial(_shared_input, parent.token_share, False),
                                          with_kwargs=True)
         router.register_forward_hook(_local_outputs)
         experts_module = parent.get_submodule(experts)
-        experts_module.register_forward_pre_hook(partial(_shared_input, mesh, path, True),
-                                                 with_kwargs=True)
-        experts_module.register_forward_hook(partial(_summed_output, mesh))
+        experts_module.register_forward_pre_hook(partial(_shared_input, parent.token_share,
+                                                         True), with_kwargs=True)
+        experts_module.register_forward_hook(partial(_summed_output, parent.token_sum))
+
+
+class TokenShare(torch.nn.Module):
+    """This rank's share of an MoE layer's tokens: the hidden states flattened to (tokens,
+    hidden), redistributed from replicated to sharded on the tokens (a slice forward, an
+    all-gather of its gradient backward); a DTensor, or with ``local`` this rank's rows."""
+
+    def __init__(self, mesh, path: str) -> None:
+        super().__init__()
+        self.mesh, self.path = mesh, path
+
+    def forward(self, hidden: torch.Tensor, local: bool = False):
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        if rows.shape[0] % self.mesh.size():
+            raise InputError(f"MoE layer {self.path!r} routes {rows.shape[0]} tokens, which "
+                             f"{self.mesh.size()} tensor-parallel ranks cannot share equally: "
+                             f"pass a batch x sequence that is a multiple of --tp.")
+        shared = DTensor.from_local(rows, self.mesh, [Replicate()], run_check=False
+                                    ).redistribute(self.mesh, [Shard(0)])
+        return shared.to_local() if local else shared
+
+
+class TokenSum(torch.nn.Module):
+    """The experts' output for this rank's rows, in place among zeros for the others', summed
+    over the ranks (partial to replicated: an all-reduce forward, nothing backward): every
+    rank holds every token's output again."""
+
+    def __init__(self, mesh) -> None:
+        super().__init__()
+        self.mesh = mesh
+
+    def forward(self, output: torch.Tensor) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        rows, width = output.shape[0], output.shape[-1]
+        rank, size = self.mesh.get_local_rank(), self.mesh.size()
+        placed = torch.cat([output.new_zeros(rows * rank, width), output.reshape(rows, width),
+                            output.new_zeros(rows * (size - 1 - rank), width)])
+        return DTensor.from_local(placed, self.mesh, [Partial()], run_check=False
+                                  ).redistribute(self.mesh, [Replicate()]).to_local()
 
 
 def router_gradient_reductions(model: torch.nn.Module, tp: int, *,
@@ -99,30 +151,16 @@ def _moe_layers(model: torch.nn.Module, experts: str) -> list[tuple[torch.nn.Mod
             for path in found]
 
 
-def _share(mesh, path: str, hidden: torch.Tensor):
-    """This rank's rows of ``hidden`` flattened to (tokens, hidden) as a DTensor sharded on
-    the tokens: a slice forward, an all-gather of its gradient backward."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    if rows.shape[0] % mesh.size():
-        raise InputError(f"MoE layer {path!r} routes {rows.shape[0]} tokens, which "
-                         f"{mesh.size()} tensor-parallel ranks cannot share equally: pass a "
-                         f"batch x sequence that is a multiple of --tp.")
-    return DTensor.from_local(rows, mesh, [Replicate()], run_check=False).redistribute(
-        mesh, [Shard(0)])
-
-
-def _shared_input(mesh, path: str, local: bool, module, args: tuple, kwargs: dict):
+def _shared_input(share: TokenShare, local: bool, module, args: tuple, kwargs: dict):
     """The module's hidden states (its first argument, or ``hidden_states``) as this rank's
-    share: a DTensor for the router, whose replicated weight reduces its gradient, a local
-    tensor for the experts."""
+    share: a DTensor for the router, whose replicated weight makes its gradient a partial sum,
+    a local tensor for the experts."""
     name = None if args else "hidden_states"
     if name is not None and name not in kwargs:
-        raise InputError(f"MoE layer {path!r}: {type(module).__name__} takes no positional "
-                         f"argument and no hidden_states=: its tokens cannot be shared out.")
-    shared = _share(mesh, path, args[0] if name is None else kwargs[name])
-    shared = shared.to_local() if local else shared
+        raise InputError(f"MoE layer {share.path!r}: {type(module).__name__} takes no "
+                         f"positional argument and no hidden_states=: its tokens cannot be "
+                         f"shared out.")
+    shared = share(args[0] if name is None else kwargs[name], local)
     if name is None:
         return (shared, *args[1:]), kwargs
     return args, {**kwargs, name: shared}
@@ -134,15 +172,5 @@ def _local_outputs(module, args, output):
     return pytree.tree_map(lambda t: t.to_local() if isinstance(t, DTensor) else t, output)
 
 
-def _summed_output(mesh, module, args, output: torch.Tensor) -> torch.Tensor:
-    """The experts' output for this rank's rows, in place among zeros for the others', summed
-    over the ranks: every rank holds every token's output again."""
-    from torch.distributed.tensor import DTensor, Partial, Replicate
-
-    rows, width = output.shape[0], output.shape[-1]
-    before = rows * mesh.get_local_rank()
-    after = rows * (mesh.size() - 1 - mesh.get_local_rank())
-    placed = torch.cat([output.new_zeros(before, width), output.reshape(rows, width),
-                        output.new_zeros(after, width)])
-    return DTensor.from_local(placed, mesh, [Partial()], run_check=False).redistribute(
-        mesh, [Replicate()]).to_local()
+def _summed_output(summed: TokenSum, module, args, output: torch.Tensor) -> torch.Tensor:
+    return summed(output)

@@ -82,10 +82,9 @@ def test_the_moe_sums_its_routed_output_and_gathers_its_inputs_gradients(train):
     for layer in range(LAYERS):
         path = f"model.layers.{layer}.mlp"
         # forward: the experts' output, the rank's rows among zeros, summed over the 2 ranks
-        assert moe.count(("all_reduce", "forward", f"{path}.experts", ROW)) == 1
+        assert moe.count(("all_reduce", "forward", f"{path}.token_sum", ROW)) == 1
         # backward: the router's and the experts' input gradients, gathered to the whole row
-        assert moe.count(("all_gather", "backward", f"{path}.gate", ROW)) == 1
-        assert moe.count(("all_gather", "backward", f"{path}.experts", ROW)) == 1
+        assert moe.count(("all_gather", "backward", f"{path}.token_share", ROW)) == 2
     assert len(moe) == 4 * LAYERS  # and the router's weight gradient's all-reduce (below)
     assert all(c.mesh_dim == "tp" and c.group_size == TP for c in record.tp_collectives)
 
@@ -109,9 +108,10 @@ def test_two_rows_are_shared_out_as_one_run_of_tokens():
     assert {r.total.macs for r in record.ranks} == {record.single_device.macs // TP}
 
 
-def test_the_router_runs_on_the_ranks_share():
+def test_the_router_and_the_experts_do_only_their_own_work_on_the_ranks_share():
     """The router (4096 -> 8 experts) on 16 tokens: forward, and in training the input's and
-    the weight's gradients, each as many MACs."""
+    the weight's gradients, each as many MACs. The experts' module holds no collective and none
+    of the sharing's ops: those are token_share's and token_sum's."""
     from exportflops.cli.options import check, parser
     from exportflops.cli.parallel import parallelized
 
@@ -119,6 +119,11 @@ def test_the_router_runs_on_the_ranks_share():
     check(ns)
     _, rank, _ = parallelized(argparse.Namespace(**vars(ns)), experts="experts")
     assert rank.module("model.layers.0.mlp.gate").inclusive.macs == 3 * SHARE * HIDDEN * EXPERTS
+    experts = [n for n in rank.nodes if n.module.startswith("model.layers.0.mlp.experts")
+               and n.phase == "forward"]  # (the experts' own backward makes zeros and cats)
+    assert experts and not any(n.op in ("aten.cat.default", "aten.new_zeros.default")
+                               for n in experts)
+    assert not any(c.module.endswith(".experts") for c in rank.collectives)
 
 
 def test_a_skewed_routing_names_the_busiest_rank(train):
