@@ -22,6 +22,7 @@ def analyze_split(ns: argparse.Namespace):
     from ..parallel.experts import expert_parallel, moe_sizes
     from ..parallel.experts_fsdp import fsdp_collectives
     from ..render.experts import experts_view
+    from .parallel import tensor_parallel
 
     device = device_named(ns.device or "meta")
     model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -33,15 +34,19 @@ def analyze_split(ns: argparse.Namespace):
         # The expert-parallel checks first, on the single-device report: the tensor-parallel
         # rank's count and the FSDP2 trace are the costly parts.
         over_tp = {"tp": ns.tp, "single_device": report} if ns.tp is not None else {}
-        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
+        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, fsdp=ns.fsdp, **over_tp,
+                                 **sizes)
+        if ns.fsdp is not None:
+            over_tp["fsdp"] = ns.fsdp
+            over_tp["fsdp_collectives"] = fsdp_collectives(
+                model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp, num_experts=sizes["num_experts"],
+                mode=ns.mode, tp=ns.tp,
+                parallelize=None if ns.tp is None else partial(tensor_parallel, ns.model,
+                                                               experts="experts"))
         if ns.tp is not None:
             report = _tensor_parallel_rank(ns)
+        if ns.fsdp is not None or ns.tp is not None:
             record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
-        elif ns.fsdp is not None:
-            collectives = fsdp_collectives(model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp,
-                                           num_experts=sizes["num_experts"], mode=ns.mode)
-            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, fsdp=ns.fsdp,
-                                     fsdp_collectives=collectives, **sizes)
     except InputError as error:  # the model or the flags do not fit expert parallelism
         flags = f"--ep {ns.ep}" + "".join(f" --{name} {getattr(ns, name)}" for name in
                                           ("fsdp", "tp") if getattr(ns, name) is not None)
@@ -58,7 +63,8 @@ def _tensor_parallel_rank(ns: argparse.Namespace):
     from ..parallel.experts_tp import router_gradient_reductions
     from .parallel import parallelized
 
-    model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
+    # FSDP2 changes no FLOPs: one rank of the tp group alone counts the work.
+    model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0, "fsdp": None}),
                                     experts="experts")
     if ns.mode != "train":
         return report

@@ -62,15 +62,22 @@ def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = F
             model, args, kwargs = fake_copy(model, args, kwargs or {})
         reprs = extra_reprs(model)
         if ns.tp is not None:
-            _parallelize(ns.model, model, mesh["tp"], skip=experts)
-            if experts is not None:
-                from ..parallel.experts_tp import route_token_shares
-                route_token_shares(model, mesh["tp"], experts=experts)
+            tensor_parallel(ns.model, model, mesh["tp"], experts=experts)
         if ns.fsdp is not None:
             (shard or _fully_shard)(ns.model, model, mesh["fsdp"])
         report = analyze(model, args, kwargs, strict=ns.strict, mode=ns.mode,
                          split_backward=ns.split_backward)
     return model, report, reprs
+
+
+def tensor_parallel(spec: str, model, mesh, experts: str | None = None) -> None:
+    """``model`` split on ``mesh`` by its own tensor-parallel plan; with ``experts``, without the
+    plan's entries for the modules of that name, each MoE layer routing the rank's share of its
+    tokens (`exportflops.parallel.experts_tp`)."""
+    _parallelize(spec, model, mesh, skip=experts)
+    if experts is not None:
+        from ..parallel.experts_tp import route_token_shares
+        route_token_shares(model, mesh, experts=experts)
 
 
 def _fully_shard(spec: str, model, mesh, reshard_after_forward: bool | None = None) -> None:

@@ -51,32 +51,35 @@ def _alone(ns: argparse.Namespace, flag: str, what: str, composes: tuple[str, ..
 
 
 def _check_experts(ns: argparse.Namespace) -> None:
-    """--ep N, alone with --rank in 0..N-1, inside --fsdp F (a multiple of N, torchtitan's
-    constraint) with --rank in 0..F-1, or over --tp N ranks (ep = tp) with --rank in 0..N-1, and
-    --routing parsed (counts per expert); refused with what it does not combine with."""
+    """--ep N, alone with --rank in 0..N-1, inside --fsdp F with --rank in 0..F-1, over --tp N
+    ranks with --rank in 0..N-1, or inside --fsdp F over --tp T with --rank in 0..F x T - 1
+    (N dividing the ranks, torchtitan's constraint), and --routing parsed (counts per expert);
+    refused with what it does not combine with."""
     if ns.ep is None:
         if ns.routing is not None:
             raise UsageError("--routing gives the token copies per expert of --ep N: pass --ep.")
         return
-    if ns.fsdp is not None and (ns.fsdp < 1 or ns.ep < 1 or ns.fsdp % ns.ep):
-        raise UsageError(f"--ep {ns.ep} --fsdp {ns.fsdp}: expert parallelism sits inside FSDP2 "
-                         f"as torchtitan lays it out, groups of ep ranks inside the fsdp ranks: "
-                         f"--fsdp must be a multiple of --ep (both >= 1).")
-    if ns.tp is not None and (ns.tp != ns.ep or ns.fsdp is not None):
-        raise UsageError(f"--ep {ns.ep} --tp {ns.tp}"
-                         f"{'' if ns.fsdp is None else f' --fsdp {ns.fsdp}'}: expert parallelism "
-                         f"over tensor-parallel ranks is laid out with --ep equal to --tp and "
-                         f"without --fsdp (torchtitan shards the experts of ranks holding the "
-                         f"same ones with FSDP2, not traced with --tp yet): pass --ep {ns.tp} "
-                         f"--tp {ns.tp}, or --ep with --fsdp.")
-    world = ns.ep if ns.fsdp is None else ns.fsdp
+    tp = ns.tp or 1
+    if ns.fsdp is not None and (ns.fsdp < 1 or ns.ep < 1 or tp < 1 or (ns.fsdp * tp) % ns.ep):
+        over = "fsdp x tp ranks" if ns.tp is not None else "fsdp ranks"
+        raise UsageError(f"--ep {ns.ep} --fsdp {ns.fsdp}"
+                         f"{'' if ns.tp is None else f' --tp {ns.tp}'}: expert parallelism sits "
+                         f"inside FSDP2 as torchtitan lays it out, groups of ep ranks inside the "
+                         f"{over}: --fsdp{' x --tp' if ns.tp is not None else ''} must be a "
+                         f"multiple of --ep (all >= 1).")
+    if ns.tp is not None and ns.fsdp is None and ns.tp != ns.ep:
+        raise UsageError(f"--ep {ns.ep} --tp {ns.tp}: expert parallelism over tensor-parallel "
+                         f"ranks without --fsdp is laid out with --ep equal to --tp (more ranks "
+                         f"holding the same experts are sharded by FSDP2): pass --ep {ns.tp}, "
+                         f"or add --fsdp F.")
+    world = (ns.fsdp or 1) * tp if ns.tp is not None else ns.fsdp or ns.ep
     if ns.ep < 1 or not 0 <= ns.rank < world:
+        ranks = " x ".join(f"{name} {getattr(ns, name)}" for name in ("fsdp", "tp")
+                           if getattr(ns, name) is not None) or "ep"
         raise UsageError(f"--ep takes a degree >= 1 and --rank one of 0..{max(world - 1, 0)} "
-                         f"(the {'fsdp' if ns.fsdp is not None else 'ep'} ranks), got --ep "
-                         f"{ns.ep}{'' if ns.fsdp is None else f' --fsdp {ns.fsdp}'} --rank "
-                         f"{ns.rank}.")
-    _alone(ns, "--ep", "analyzes the experts of a model built here, alone, inside --fsdp or "
-           "over --tp", composes=("--fsdp", "--tp"))
+                         f"(the {ranks} ranks), got --ep {ns.ep} --rank {ns.rank}.")
+    _alone(ns, "--ep", "analyzes the experts of a model built here, alone, inside --fsdp, "
+           "over --tp or both", composes=("--fsdp", "--tp"))
     if ns.routing is not None:
         try:
             ns.routing = [int(part) for part in ns.routing.split(",")]

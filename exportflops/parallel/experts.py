@@ -129,10 +129,10 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     with its MoE layers routing its share of the tokens (`exportflops.parallel.experts_tp`),
     the same on every rank, and ``single_device`` the batch's single-device report."""
     _check_sizes(report, ep, top_k, num_experts, tokens)
-    if fsdp is not None:
-        check_fsdp(report.model, ep, fsdp)
     if tp is not None:
         tokens = _token_share(report.model, ep, tp, fsdp, tokens, single_device)
+    if fsdp is not None:
+        check_fsdp(report.model, ep, fsdp, tp or 1)
     layers = _expert_layers(report, experts)
     routed = tokens * top_k  # token copies one batch routes, per MoE layer
     histogram = _histogram(report.model, routing, ep, num_experts, routed)
@@ -150,9 +150,10 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
                                 last_expert=(rank + 1) * per_rank - 1, routed_tokens=received,
                                 expert=_share(experts_cost, received, routed), rest=rest,
                                 all_to_alls=all_to_alls))
-    # Inside FSDP2, ep innermost: rank r is rank r mod ep of its group (ParallelDims' mesh).
-    ranks = [group[rank % ep].model_copy(update={"rank": rank})
-             for rank in range(fsdp or ep)]
+    # Inside FSDP2 (and over tp), ep innermost: rank r is rank r mod ep of its group
+    # (ParallelDims' sparse mesh).
+    world = (fsdp or 1) * tp if tp is not None else fsdp or ep
+    ranks = [group[rank % ep].model_copy(update={"rank": rank}) for rank in range(world)]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
     whole = report if single_device is None else single_device
     return ExpertParallelReport(
@@ -168,16 +169,15 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
 
 def _token_share(model: str, ep: int, tp: int, fsdp: int | None, tokens: int,
                  single_device: Report | None) -> int:
-    """The tokens each of ``tp`` ranks routes of a batch of ``tokens``, checked: ``tp`` equal
-    to ``ep``, no ``fsdp``, and the single-device report given."""
+    """The tokens each of ``tp`` ranks routes of a batch of ``tokens``, checked: without
+    ``fsdp``, ``tp`` equal to ``ep``; the single-device report given."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InputError(f"{model}: tp must be an int >= 1, got {tp!r}.")
-    if tp != ep or fsdp is not None:
-        raise InputError(f"{model}: expert parallelism over tensor-parallel ranks is laid out "
-                         f"here with ep equal to tp and without fsdp (got ep {ep}, tp {tp}"
-                         f"{'' if fsdp is None else f', fsdp {fsdp}'}): with more ranks "
-                         f"holding the same experts torchtitan shards them with FSDP2 over "
-                         f"them, which is not traced with tensor parallelism; pass ep = tp.")
+    if fsdp is None and tp != ep:
+        raise InputError(f"{model}: expert parallelism over {tp} tensor-parallel ranks without "
+                         f"fsdp is laid out here with ep equal to tp (got ep {ep}): with "
+                         f"{tp} // {ep} ranks holding the same experts torchtitan shards them "
+                         f"over those ranks with FSDP2; pass ep = tp, or fsdp.")
     if single_device is None:
         raise InputError(f"{model}: with tp, pass single_device= the batch's single-device "
                          f"report; the report given is one tensor-parallel rank's.")

@@ -29,6 +29,9 @@ local shapes are alike), so rank 0's trace stands for each rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from ..errors import InputError
@@ -36,26 +39,34 @@ from ..records import Collective
 from .fsdp_trace import traced_fsdp_collectives
 
 
-def check_fsdp(model: str, ep: int, fsdp: int) -> None:
-    """``fsdp`` ranks can hold ``ep``-rank expert-parallel groups: ints >= 1, ep dividing fsdp."""
-    for what, value in (("ep", ep), ("fsdp", fsdp)):
+def check_fsdp(model: str, ep: int, fsdp: int, tp: int = 1) -> None:
+    """``fsdp`` x ``tp`` ranks can hold ``ep``-rank expert-parallel groups: ints >= 1, ep
+    dividing fsdp x tp (``ParallelDims._validate``)."""
+    for what, value in (("ep", ep), ("fsdp", fsdp), ("tp", tp)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{model}: {what} must be an int >= 1, got {value!r}.")
-    if fsdp % ep:
-        raise InputError(f"{model}: fsdp {fsdp} (--fsdp) is not a multiple of ep {ep} (--ep): "
+    if (fsdp * tp) % ep:
+        ranks = f"fsdp {fsdp} x tp {tp}" if tp > 1 else f"fsdp {fsdp} (--fsdp)"
+        raise InputError(f"{model}: {ranks} is not a multiple of ep {ep} (--ep): "
                          f"expert parallelism sits inside FSDP2 as torchtitan lays it out, each "
-                         f"group of ep ranks inside the fsdp ranks (ep must divide fsdp); pass "
-                         f"an fsdp that is a multiple of ep.")
+                         f"group of ep ranks inside the fsdp ranks (ep must divide fsdp"
+                         f"{' x tp' if tp > 1 else ''}); pass an fsdp that is a multiple of ep.")
 
 
 def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
                      ep: int, fsdp: int, num_experts: int, experts: str = "experts",
-                     mode: str = "forward") -> list[Collective]:
+                     mode: str = "forward", tp: int | None = None,
+                     parallelize: Callable[[torch.nn.Module, Any], None] | None = None,
+                     ) -> list[Collective]:
     """FSDP2's all-gathers and reduce-scatters of one rank of ``fsdp`` data-parallel ranks with
     ``model``'s experts sharded over ``ep`` of them (the module docstring's layout), in the order
     the rank issues them; ``mesh_dim`` is ``fsdp`` for the non-expert parameters' and ``efsdp``
-    for the experts'. ``model`` and its inputs may be on meta: a fake copy is traced."""
-    check_fsdp(type(model).__name__, ep, fsdp)
+    for the experts'. ``model`` and its inputs may be on meta: a fake copy is traced. With
+    ``tp``, the world is the mesh (fsdp, tp), tp innermost, ``parallelize(copy, tp mesh)``
+    applies the tensor-parallel layout first, and the experts' ``efsdp`` groups span fsdp x tp
+    / ep ranks (torchtitan's sparse mesh); only FSDP2's collectives are kept."""
+    check_fsdp(type(model).__name__, ep, fsdp, tp or 1)
+    world = fsdp * (tp or 1)
     local = _local_experts(model, experts=experts, ep=ep, num_experts=num_experts)
 
     def local_shape(p: torch.nn.Parameter) -> tuple:
@@ -64,14 +75,14 @@ def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | No
     def shard_experts(fake: torch.nn.Module) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
-        sparse = init_device_mesh("cpu", (fsdp // ep, ep), mesh_dim_names=("efsdp", "ep"))
+        sparse = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep"))
         _shard_experts(fake, sparse["efsdp"], experts=experts,
-                       experts_dim=1 if fsdp > num_experts else 0)
+                       experts_dim=1 if world > num_experts else 0)
 
     return traced_fsdp_collectives(
-        model, args, kwargs, world=fsdp, mode=mode, local_shape=local_shape,
-        shard_inner=shard_experts,
-        units=f"{experts!r} modules on the efsdp mesh ({fsdp // ep} ranks), then its blocks "
+        model, args, kwargs, world=world, mode=mode, local_shape=local_shape,
+        shard_inner=shard_experts, tp=tp, parallelize=parallelize,
+        units=f"{experts!r} modules on the efsdp mesh ({world // ep} ranks), then its blocks "
               f"and root")
 
 

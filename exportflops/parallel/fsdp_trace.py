@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -33,20 +34,29 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
                             kwargs: dict | None = None, *, world: int, mode: str = "forward",
                             local_shape: Callable[[torch.nn.Parameter], tuple] | None = None,
                             shard_inner: Callable[[torch.nn.Module], None] | None = None,
-                            units: str = "blocks and root") -> list[Collective]:
+                            units: str = "blocks and root", tp: int | None = None,
+                            parallelize: Callable[[torch.nn.Module, Any], None] | None = None,
+                            ) -> list[Collective]:
     """FSDP2's collectives of rank 0 of ``world`` ranks sharding ``model``, in the order the rank
     issues them (the module docstring). ``local_shape`` gives a parameter's shape on the rank
     (default its own); ``shard_inner`` shards inner units of the fake copy first, inside the
     fake process group (it may build its own meshes). The collectives over all ``world`` ranks
-    carry ``mesh_dim`` ``fsdp``; ``units`` names what is sharded, for the error message."""
+    carry ``mesh_dim`` ``fsdp``; ``units`` names what is sharded, for the error message. With
+    ``tp``, the world is the mesh (fsdp, tp), tp innermost, ``parallelize(copy, tp mesh)``
+    applies the tensor-parallel layout before FSDP2 shards over the ``fsdp`` ranks of the rank's
+    tp index, and the trace's tensor-parallel collectives are left out."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from ..api import analyze
 
     with fake_process_group(world, rank=0):
-        dense = init_device_mesh("cpu", (world,), mesh_dim_names=(FSDP_DIM,))
+        degrees = {FSDP_DIM: world // (tp or 1), **({"tp": tp} if tp else {})}
+        mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+        dense = mesh[FSDP_DIM] if tp else mesh
         fake, fake_args, fake_kwargs = fake_copy(model, args, kwargs or {}, local_shape)
+        if parallelize is not None:
+            parallelize(fake, mesh["tp"])
         if hasattr(fake, "set_experts_implementation"):
             # transformers' default grouped_mm experts do not run on fake cpu tensors (torch's
             # meta kernel of grouped_mm takes bfloat16 only), its eager ones branch on the
@@ -70,5 +80,6 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
             report = analyze(fake, fake_args, fake_kwargs, mode=mode)
         # The dense mesh spans the world, whose group torch describes as no mesh dimension.
         everyone = dense.get_group().group_name
-    return [c.model_copy(update={"mesh_dim": FSDP_DIM}) if c.group == everyone and not c.mesh_dim
-            else c for c in report.collectives]
+    collectives = [c.model_copy(update={"mesh_dim": FSDP_DIM})
+                   if c.group == everyone and not c.mesh_dim else c for c in report.collectives]
+    return [c for c in collectives if not tp or c.mesh_dim != "tp"]

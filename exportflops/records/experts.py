@@ -15,7 +15,8 @@ class ExpertRank(Record):
     work split into the experts' and the rest, and the all-to-alls it issues."""
 
     rank: int
-    """The rank: 0 .. ep - 1, or inside FSDP2 one of the fsdp data-parallel ranks 0 .. fsdp - 1."""
+    """The rank: 0 .. ep - 1, or inside FSDP2 one of the fsdp data-parallel ranks 0 .. fsdp - 1
+    (with ``tp``, of the fsdp x tp ranks)."""
     ep_rank: int
     """Its index in its expert-parallel group: ``rank mod ep`` (ep innermost, torchtitan's
     mesh), the rank itself when expert parallelism stands alone (a record written before
@@ -66,10 +67,10 @@ class ExpertParallelReport(NotebookRecord):
     torchtitan's layout: ``fsdp / ep`` groups of ``ep`` consecutive ranks); None when expert
     parallelism stands alone."""
     tp: int | None = None
-    """The tensor-parallel ranks the expert-parallel group is laid over (torchtitan's "ep
-    borrows tp", here ``tp == ep``): each rank runs its tensor-parallel share of the dense
-    layers by the model's own plan and routes ``1 / tp`` of the batch's tokens; None without
-    tensor parallelism."""
+    """The tensor-parallel ranks the expert-parallel groups are laid over (torchtitan's sparse
+    mesh spans fsdp x tp, ep innermost; ``tp == ep`` without ``fsdp``): each rank runs its
+    tensor-parallel share of the dense layers by the model's own plan and routes ``1 / tp`` of
+    its batch's tokens; None without tensor parallelism."""
     tp_collectives: list[Collective] = []
     """The tensor-parallel rank's collectives, in the order it issues them, the same sizes on
     every rank: the model's plan's and the MoE's (the routed output's all-reduce, the router's
@@ -77,8 +78,9 @@ class ExpertParallelReport(NotebookRecord):
     fsdp_collectives: list[Collective] = []
     """FSDP2's all-gathers and reduce-scatters of one rank, in the order it issues them, the same
     sizes on every rank: ``mesh_dim`` ``fsdp`` for the non-expert parameters (over all ``fsdp``
-    ranks), ``efsdp`` for the rank's experts (over the ``fsdp / ep`` ranks holding the same
-    experts). Empty without ``fsdp``."""
+    ranks, or with ``tp`` those of the rank's tp index: `fsdp_group`), ``efsdp`` for the rank's
+    experts (over the ``fsdp / ep`` ranks holding the same experts, ``fsdp x tp / ep`` with
+    ``tp``: `efsdp_group`). Empty without ``fsdp``."""
     num_experts: int
     """Experts per MoE layer (E)."""
     top_k: int
@@ -102,7 +104,7 @@ class ExpertParallelReport(NotebookRecord):
     """One batch on one device: the analysis of the example, every expert included (with
     ``tp``, the work its ``tp`` ranks share)."""
     ranks: list[ExpertRank]
-    """Each rank, in rank order: the ``ep`` ranks of the group, or inside FSDP2 all ``fsdp``
+    """Each rank, in rank order: the ``ep`` ranks of the group, or inside FSDP2 all `world_size`
     ranks."""
     busiest_rank: int
     """The rank with the most FLOPs (the lowest such rank on a tie): its time sets the step."""
@@ -110,9 +112,17 @@ class ExpertParallelReport(NotebookRecord):
     """False when the analysis left ops uncounted: the counts are then lower bounds."""
 
     def world_size(self) -> int:
-        """The ranks reported: ``fsdp`` inside FSDP2, else ``ep`` (over the tensor-parallel
-        ranks, ``tp == ep``)."""
+        """The ranks reported: ``fsdp`` inside FSDP2, else ``ep``; with ``tp``, ``fsdp x tp``
+        (or ``tp``, equal to ``ep``, without FSDP2)."""
+        if self.tp is not None:
+            return (self.fsdp or 1) * self.tp
         return self.fsdp or self.ep
+
+    def fsdp_group(self, rank: int) -> list[int]:
+        """The ranks FSDP2 shards the non-expert parameters over with ``rank``: all of them, or
+        with ``tp`` those of its tensor-parallel index (tp innermost, torchtitan's mesh)."""
+        step = self.tp or 1
+        return list(range(rank % step, self.world_size(), step))
 
     def ep_group(self, rank: int) -> list[int]:
         """The ranks of ``rank``'s expert-parallel group, which exchange tokens: ``ep``

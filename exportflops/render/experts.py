@@ -60,13 +60,17 @@ def _routed_by(record: ExpertParallelReport) -> str:
 
 
 def _inside(record: ExpertParallelReport) -> str:
+    world = record.world_size()
+    groups = f"{world // record.ep} expert-parallel groups of {record.ep} consecutive ranks"
+    if record.tp is not None and record.fsdp is not None:
+        return (f" inside {record.fsdp} FSDP2 x {record.tp} tensor-parallel ranks ({groups}; "
+                f"each rank routing 1/{record.tp} of its batch's tokens)")
     if record.tp is not None:
         return (f", the {record.tp} tensor-parallel ranks (each routing 1/{record.tp} of a "
                 f"batch's tokens)")
     if record.fsdp is None:
         return ""
-    return (f" inside {record.fsdp} FSDP2 ranks ({record.fsdp // record.ep} expert-parallel "
-            f"groups of {record.ep} consecutive ranks)")
+    return f" inside {record.fsdp} FSDP2 ranks ({groups})"
 
 
 def _rank_row(r: ExpertRank, record: ExpertParallelReport, style: Style) -> list:
@@ -111,9 +115,13 @@ def _all_to_alls(r: ExpertRank, record: ExpertParallelReport, style: Style,
 
 def _fsdp_collectives(rank: int, record: ExpertParallelReport, style: Style,
                       link_bytes_per_s: float | None) -> str:
-    groups = {"fsdp": f"all {record.fsdp}", "efsdp": ",".join(map(str, record.efsdp_group(rank)))}
+    dense, sparse = record.fsdp_group(rank), record.efsdp_group(rank)
+    groups = {"fsdp": f"all {record.fsdp}" if record.tp is None else ",".join(map(str, dense)),
+              "efsdp": ",".join(map(str, sparse))}
+    over = (f"all {record.fsdp} ranks" if record.tp is None
+            else f"the {record.fsdp} ranks of its tensor-parallel index, their tp shards")
     title = (f"FSDP2 collectives of rank {rank}, the same sizes on every rank (nccl-tests' "
              f"message: the gathered output, the reduce-scattered input): the blocks' other "
-             f"parameters over all {record.fsdp} ranks (fsdp), its experts over the "
-             f"{record.fsdp // record.ep} ranks holding them (efsdp)")
+             f"parameters over {over} (fsdp), its experts over the {len(sparse)} ranks holding "
+             f"them (efsdp)")
     return fsdp_table(record.fsdp_collectives, title, groups, style, link_bytes_per_s)

@@ -191,7 +191,7 @@ def test_python_m_exportflops_runs_ep_inside_fsdp(models_file):
 @pytest.mark.parametrize("flags, message", [
     (["--ep", "2", "--fsdp", "3"], "--fsdp must be a multiple of --ep"),
     (["--ep", "2", "--fsdp", "4", "--rank", "4"], "--rank one of 0..3"),
-    (["--ep", "2", "--fsdp", "4", "--tp", "2"], "without --fsdp"),
+    (["--ep", "2", "--fsdp", "4", "--tp", "2"], "has no tensor-parallel plan"),
 ], ids=["fsdp-not-a-multiple", "rank-past-fsdp", "with-tp"])
 def test_bad_ep_inside_fsdp_flags_are_usage_errors(models_file, capsys, flags, message):
     assert main([f"{models_file}:build", *flags]) == 2

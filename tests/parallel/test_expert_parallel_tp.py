@@ -1,9 +1,10 @@
-"""Expert parallelism over the tensor-parallel ranks (``--ep N --tp N``,
-`exportflops.parallel.experts_tp`): torchtitan's layout with sequence parallelism off
-(torchtitan/models/common/MOE_SHARDING.md, "EP on, SP off"), each tp rank routing 1/tp of the
-batch's tokens, the rest by the model's own plan. Checked on transformers' Mixtral (its
-default config: hidden 4096, expert FFN 14336, 8 experts, top 2) on meta, 2 layers, one row of
-32 tokens, against sizes derived here."""
+"""Expert parallelism over the tensor-parallel ranks (``--ep N --tp N``, and inside FSDP2 ``--ep
+E --tp T --fsdp F``, `exportflops.parallel.experts_tp`): torchtitan's layout with sequence
+parallelism off (torchtitan/models/common/MOE_SHARDING.md, "EP on, SP off"), each tp rank
+routing 1/tp of the batch's tokens, the rest by the model's own plan. Checked on transformers'
+Mixtral (its default config: hidden 4096, expert FFN 14336, 8 experts, top 2, 32 heads of 128,
+8 key/value heads, vocabulary 32000) on meta, 2 layers, one row of 32 tokens, against sizes
+derived here."""
 
 from __future__ import annotations
 
@@ -162,7 +163,7 @@ def test_the_command_writes_the_record(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ep", "2", "--tp", "4"], "--ep equal to --tp"),
-    (["--ep", "2", "--tp", "2", "--fsdp", "2"], "without --fsdp"),
+    (["--ep", "8", "--tp", "2", "--fsdp", "2"], "--fsdp x --tp must be a multiple of --ep"),
     (["--ep", "2", "--tp", "2", "--pp", "2"], "--pp"),
 ])
 def test_flags_outside_the_layout_are_usage_errors(flags, message, capsys):
@@ -185,6 +186,8 @@ def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
                  dtype=torch.float32)
     with pytest.raises(InputError, match="ep equal to tp"):
         expert_parallel(report, ep=2, tp=4, single_device=report, **sizes)
+    with pytest.raises(InputError, match="not a multiple of ep 8"):
+        expert_parallel(report, ep=8, tp=2, fsdp=2, single_device=report, **sizes)
     with pytest.raises(InputError, match="single_device="):
         expert_parallel(report, ep=2, tp=2, **sizes)
 
@@ -215,3 +218,45 @@ def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, 
 
     with fake_process_group(2), pytest.raises(InputError, match=message):
         route_token_shares(model, init_device_mesh("cpu", (2,)))
+
+
+#: Mixtral's plan at tp 2 (q, k, v column-wise, o row-wise): each rank's halves of q and o
+#: (4096 x 4096), of k and v (1024 x 4096); the router (8 x 4096) and two RMSNorm weights whole.
+BLOCK_SHARD = 2 * (4096 * 4096 // 2) + 2 * (1024 * 4096 // 2) + EXPERTS * HIDDEN + 2 * HIDDEN
+#: The root's: the embedding's and the head's halves of the vocabulary (32000 x 4096 each), the
+#: final norm whole.
+ROOT_SHARD = 2 * (32000 // 2 * HIDDEN) + HIDDEN
+#: A rank's 4 experts (8 / ep 2): gate and up stacked (4, 2 x 14336, 4096), down (4, 4096, 14336).
+LOCAL_EXPERTS = 4 * (2 * FFN * HIDDEN + HIDDEN * FFN)
+
+
+@pytest.fixture(scope="module")
+def inside_fsdp():
+    return _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--fsdp", "2", "--mode", "train"])[1][0]
+
+
+def test_inside_fsdp_fsdp2_gathers_each_blocks_tp_shards_and_the_ranks_experts(inside_fsdp):
+    """torchtitan's mesh: (fsdp 2, tp 2) dense, tp innermost; (efsdp 2, ep 2) sparse, ep
+    innermost. FSDP2 shards each block's tensor-parallel shards over the 2 ranks of a tp index,
+    a rank's experts over the 4 / 2 ranks holding them, the root's shards over the fsdp ranks."""
+    gathers = {c.module: (c.bytes, c.mesh_dim, c.group_size)
+               for c in inside_fsdp.fsdp_collectives if c.phase == "forward"}
+    assert gathers == {
+        "": (ROOT_SHARD * F32, "fsdp", 2),                                    # 524,304,384
+        "model.layers.0": (BLOCK_SHARD * F32, "fsdp", 2),                     # 84,049,920
+        "model.layers.1": (BLOCK_SHARD * F32, "fsdp", 2),
+        "model.layers.0.mlp.experts": (LOCAL_EXPERTS * F32, "efsdp", 2),      # 2,818,572,288
+        "model.layers.1.mlp.experts": (LOCAL_EXPERTS * F32, "efsdp", 2)}
+    assert all(c.mesh_dim in ("fsdp", "efsdp") for c in inside_fsdp.fsdp_collectives)
+    assert inside_fsdp.world_size() == 4
+    assert inside_fsdp.fsdp_group(3) == [1, 3] and inside_fsdp.efsdp_group(3) == [1, 3]
+    assert inside_fsdp.ep_group(3) == [2, 3]
+
+
+def test_inside_fsdp_each_rank_does_the_work_of_its_place_over_tp(inside_fsdp, train):
+    """FSDP2 moves parameters, not FLOPs: rank r works as rank r mod ep without FSDP2."""
+    _, alone = train
+    for rank in inside_fsdp.ranks:
+        same = alone.ranks[rank.rank % 2]
+        assert (rank.expert, rank.rest, rank.all_to_alls) == (same.expert, same.rest,
+                                                             same.all_to_alls)
