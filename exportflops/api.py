@@ -37,7 +37,7 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
             formulas: Mapping | FormulaTable | None = None,
             mode: Literal["forward", "train"] = "forward",
             progress: bool | Progress = False, fast: bool = True,
-            split_backward: bool = False) -> Report:
+            split_backward: bool | Callable[[torch.fx.Graph], frozenset] = False) -> Report:
     """Count the FLOPs, MACs and bytes of one call ``model(*args, **kwargs)``.
 
     ``model`` is an ``nn.Module`` (exported here with ``torch.export.export``), an
@@ -54,13 +54,19 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     ``split_backward=True`` (train mode) counts the backward in the two passes torch's
     zero-bubble pipeline schedules run: each backward op says whether it computes the inputs'
     gradients or the parameters' (`NodeRecord.gradient`), and ``report.backward_weight`` sums
-    the second (`exportflops.count.backward.trace_backward`).
+    the second (`exportflops.count.backward.trace_backward`). For a parallelized model's rank
+    it may be a function of the rank's traced graph returning the input pass's backward nodes
+    (`exportflops.graph.passes.stage_input_way`: the stages of a pipeline cut from the rank).
     """
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     if split_backward and mode != "train":
         raise InputError(f"split_backward=True splits the backward: it takes mode='train', "
                          f"got mode={mode!r}")
+    if callable(split_backward) and not is_parallelized(model):
+        raise InputError(f"split_backward as a function picks the input pass's nodes of a "
+                         f"parallelized model's traced rank; {type(model).__name__} is not "
+                         f"parallelized: pass split_backward=True.")
     table = _table(formulas)
     with showing(progress), _grad_mode(mode), collector_paused(), random_state_kept():
         if mode == "train":
@@ -137,7 +143,7 @@ def _with_notes(report: Report, notes: list[str]) -> Report:
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,
-              dynamic_shapes: Any, split: bool = False) -> Report:
+              dynamic_shapes: Any, split: bool | Callable = False) -> Report:
     """A model parallelized with torch.distributed: this rank's report, counted by the same
     tail as any graph (`_node_counter`), with its collectives (`exportflops.parallel`);
     ``split``: its backward in the input and weight passes (`exportflops.graph.passes`),

@@ -56,18 +56,13 @@ def analyze_split(ns: argparse.Namespace):
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
     two_passes = SCHEDULES[schedule].split_backward and ns.mode == "train"
-    if two_passes and composed and ns.model not in COMPOSED:
-        whole = ", ".join(name for name, s in SCHEDULES.items() if not s.split_backward)
-        raise UsageError(f"--schedule {schedule} runs each stage's backward as two passes, "
-                         f"input then weight gradients: a {ns.model} stage on --tp/--fsdp "
-                         f"ranks is cut from the whole model's rank, whose backward is not "
-                         f"split at the stages' inputs. Analyze the built-in llama, drop "
-                         f"--tp/--fsdp, or pick a schedule with a whole backward ({whole}).")
     stages = ns.pp * per_rank
+    ranks: dict = {}  # a whole model's rank, counted once per way of counting its backward
     try:
-        count_stage = _composed_counter(ns, model, stages, two_passes) if composed else None
+        count_stage = _composed_counter(ns, model, stages, two_passes, ranks) \
+            if composed else None
         # for the whole backwards a split schedule also runs (DualPipeV's)
-        count_whole = _composed_counter(ns, model, stages, False) \
+        count_whole = _composed_counter(ns, model, stages, False, ranks) \
             if composed and two_passes else None
         analysis = analyze_pipeline(
             model, args, kwargs, schedule=schedule,
@@ -95,11 +90,12 @@ def analyze_split(ns: argparse.Namespace):
     return rank_report(analysis, ns.rank), (record, partial(pipeline_view, rank=pipeline_rank))
 
 
-def _composed_counter(ns: argparse.Namespace, model, stages: int, split_backward: bool):
+def _composed_counter(ns: argparse.Namespace, model, stages: int, split_backward: bool,
+                      ranks: dict):
     if ns.model not in COMPOSED:
         from ..parallel.pipeline import layer_split_points
 
-        return _sliced_counter(ns, layer_split_points(model, stages))
+        return _sliced_counter(ns, layer_split_points(model, stages), split_backward, ranks)
 
     def build(device):
         built, args, _ = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -158,39 +154,80 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
     return count
 
 
-def _sliced_counter(ns: argparse.Namespace, split_points: list[str]):
+def _sliced_counter(ns: argparse.Namespace, split_points: list[str], split_backward: bool,
+                    ranks: dict):
     """``count_stage`` for a model whose stages are not built from its own modules: one rank
     of the whole model (tensor-parallel and FSDP index 0) counted once, its report cut into
     the stages of the split (`exportflops.parallel.pipeline_slices`), each holding the
     parameters of torch's split stage. FSDP2 is applied as torchtitan applies it to each
     stage: each block, then per stage one unit of its modules outside the blocks (its root's
     parameters: the embedding on the first, the final norm and head on the last), then the
-    root, which holds nothing of its own."""
+    root, which holds nothing of its own. ``split_backward``: the rank counted again with each
+    stage's backward in the zero-bubble schedules' two passes, split at the stage's input
+    (`exportflops.graph.passes.stage_input_way`). ``ranks`` keeps each count of the whole rank
+    (by ``split_backward``) for the counters sharing it."""
     import torch
 
-    from ..parallel.pipeline_slices import held_parameters, node_stages, stage_report
+    from ..parallel.pipeline_slices import held_parameters, stage_report
     from ..records import TensorSpec
     from ..torch_internals import pytree
-    from .parallel import parallelized
 
-    whole: list = []  # (the rank's model, its report, each node's stage), once
     degrees = {name: n for name, n in (("fsdp", ns.fsdp), ("tp", ns.tp)) if n is not None}
 
     def count(index: int, rank: int, stage) -> Report:
-        if not whole:
-            units: list[list[str]] = []  # each stage's unit, as module paths
-            model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0}),
-                                            shard=partial(_stage_units, split_points, units))
-            stage_of = node_stages(report, split_points)
-            _check_units_ran(report, stage_of, units)
-            whole.extend((model, report, stage_of))
-        model, report, stage_of = whole
+        model, report, stage_of = _whole_rank(ns, split_points, split_backward, ranks)
         part = stage_report(report, index, stage_of, held_parameters(model, stage.module))
         inputs = [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves(
             (stage.args, stage.kwargs)) if isinstance(t, torch.Tensor)]
         return _dims_named(part, degrees).model_copy(update={"inputs": inputs})
 
     return count
+
+
+def _whole_rank(ns: argparse.Namespace, split_points: list[str], split_backward: bool,
+                ranks: dict):
+    """(the rank's model, its report, each node's stage) of the whole model, counted once per
+    ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
+    stage's backward depends on, read off the unsplit count's stages."""
+    from ..graph.passes import stage_input_way
+    from ..parallel.pipeline_slices import node_stages
+    from .parallel import parallelized
+
+    if split_backward not in ranks:
+        way = False
+        if split_backward:
+            unsplit, _, stage_of = _whole_rank(ns, split_points, False, ranks)
+            _check_untied(unsplit)
+            way = partial(_stage_way, stage_input_way, stage_of)
+        units: list[list[str]] = []  # each stage's unit, as module paths
+        model, report, _ = parallelized(
+            argparse.Namespace(**{**vars(ns), "rank": 0, "split_backward": way}),
+            shard=partial(_stage_units, split_points, units))
+        stage_of = node_stages(report, split_points)
+        _check_units_ran(report, stage_of, units)
+        ranks[split_backward] = (model, report, stage_of)
+    return ranks[split_backward]
+
+
+def _check_untied(model) -> None:
+    """A parameter under two names (a tied embedding and head) gets its gradient summed from
+    both uses in the whole rank's backward, which would put the head's part in the last
+    stage's input pass: refused with the zero-bubble schedules."""
+    names = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        first = names.setdefault(id(parameter), name)
+        if first != name:
+            raise UsageError(f"--pp with a zero-bubble --schedule on --tp/--fsdp ranks: "
+                             f"{type(model).__name__}'s parameter {first!r} is also {name!r} "
+                             f"(tied), its gradient summed from both uses in the whole rank's "
+                             f"backward; build the model untied (tie_word_embeddings=False), "
+                             f"or pick a schedule with a whole backward.")
+
+
+def _stage_way(stage_input_way, stage_of: dict[str, int], graph):
+    """The input passes of the rank's graph, each node's stage read off an earlier count of
+    the same rank by its name (the trace names its nodes alike each time)."""
+    return stage_input_way(graph, lambda node: stage_of.get(node.name))
 
 
 def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, model,

@@ -14,7 +14,9 @@ The capture marks each node holding an input's gradient with ``meta["input_gradi
 
 from __future__ import annotations
 
+import math
 import operator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Literal
 
@@ -49,6 +51,40 @@ def input_way(graph: torch.fx.Graph) -> frozenset[torch.fx.Node]:
         pending.extend(node.all_input_nodes)
         for storage in _storages(node.all_input_nodes):
             pending.extend(w for w in writers.get(storage, ()) if order[w] < order[node])
+    _check_single_uses(graph, way)
+    return frozenset(way)
+
+
+def stage_input_way(graph: torch.fx.Graph,
+                    stage_of: Callable[[torch.fx.Node], int | None]) -> frozenset[torch.fx.Node]:
+    """The input passes of a whole rank's graph cut into pipeline stages (``stage_of``: a
+    node's stage, None for one outside every stage): a backward node of stage s is in its
+    stage's input pass when a backward node of an earlier stage depends on it, i.e. when the
+    gradient of what stage s received (which the stage before takes) does. A node depends on
+    its arguments and on the earlier nodes writing into a storage it reads, as in `input_way`;
+    nodes outside every stage pass dependencies on."""
+    writers = _writers(graph)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    readers: dict[torch.fx.Node, set[torch.fx.Node]] = {}  # writer -> later readers
+    for node in graph.nodes:
+        for storage in _storages(node.all_input_nodes):
+            for writer in writers.get(storage, ()):
+                if order[writer] < order[node]:
+                    readers.setdefault(writer, set()).add(node)
+    reach: dict[torch.fx.Node, float] = {}  # the earliest stage a backward node's result meets
+    way: set[torch.fx.Node] = set()
+    for node in reversed(graph.nodes):
+        if phase(node) != "backward":
+            continue
+        reached = math.inf
+        for user in (*node.users, *readers.get(node, ())):
+            if phase(user) == "backward":
+                stage = stage_of(user)
+                reached = min(reached, reach[user], math.inf if stage is None else stage)
+        reach[node] = reached
+        stage = stage_of(node)
+        if stage is not None and reached < stage:
+            way.add(node)
     _check_single_uses(graph, way)
     return frozenset(way)
 

@@ -132,11 +132,12 @@ class RankRun(NamedTuple):
 
 
 def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
-              split: bool) -> list[RankRun]:
+              split: bool | Callable[[torch.fx.Graph], frozenset]) -> list[RankRun]:
     """What this rank runs of its graph's ``calls``: the forward, and in ``train`` the backward
-    (``split``: each op in its pass, `exportflops.graph.passes`) and the forward ops of
-    checkpointed regions eager activation checkpointing reruns in the backward (`reruns`;
-    FSDP2's trace has the rerun itself)."""
+    (``split``: each op in its pass, `exportflops.graph.passes`; a function of the graph gives
+    the input pass's nodes, else `input_way`) and the forward ops of checkpointed regions eager
+    activation checkpointing reruns in the backward (`reruns`; FSDP2's trace has the rerun
+    itself)."""
     phases = {call.name: phase(call.node) for call in calls}
     again = set(reruns(graph)) if train else set()
     rerun = [call for call in calls if call.node in again]
@@ -148,7 +149,7 @@ def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
             f"checkpoint: with the backward in two passes torch recomputes a region in each "
             f"pass that unpacks it, which this count does not model; analyze without "
             f"split_backward, or without checkpointing")
-    way = input_way(graph) if split else None
+    way = (split(graph) if callable(split) else input_way(graph)) if split else None
     runs = [RankRun(phases[call.name], half, run,
                     rerun=phases[call.name] == "backward" and recomputed(call.node))
             for call in calls if train or phases[call.name] == "forward"

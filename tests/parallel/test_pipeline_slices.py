@@ -160,11 +160,39 @@ def test_a_tied_head_is_split_with_the_embedding(tmp_path, capsys):
         == 0
 
 
-def test_a_decoder_on_pp_by_tp_refuses_a_schedule_splitting_the_backward(decoder, capsys):
-    # Its stages are cut from one rank of the whole model, whose backward is not split at
-    # the stages' inputs.
-    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--tp", "2", "--mode", "train",
+def _zero_bubble(decoder, capsys, *flags) -> PipelineReport:
+    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--mode", "train", "--schedule",
+            "zbvzerobubble", "--format", "json", *flags]
+    assert main(argv) == 0
+    return PipelineReport.model_validate_json(capsys.readouterr().out)
+
+
+def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder, capsys):
+    """The whole rank's backward cut at each stage's input (what the stage before depends on)
+    against torch's split stages each counted with split_backward on one device: every MAC
+    of each pass is sharded by the plan, so each pass's MACs halve at tp 2."""
+    sharded = _zero_bubble(decoder, capsys, "--tp", "2")
+    alone = _zero_bubble(decoder, capsys)
+    assert [s.modules for s in sharded.stages] == [s.modules for s in alone.stages]
+    for on_tp, single in zip(sharded.stages, alone.stages):
+        assert on_tp.backward_weight.macs * 2 == single.backward_weight.macs
+        assert on_tp.backward.macs * 2 == single.backward.macs
+    # Stage 1 is model.layers.1: its weight pass is each linear's weight gradient, one MAC per
+    # token and parameter of this rank's half (LAYER less its two norms of 64).
+    middle = sharded.stages[1]
+    assert middle.backward_weight.macs == SEQ * (LAYER - 2 * 64) // 2
+    # The plan's all-reduces of the inputs' gradients (after q, k, v and gate, up) are on the
+    # way to the stage's input: its input pass.
+    backward = [c for c in middle.collectives if c.phase == "backward"]
+    assert backward and {(c.op, c.gradient) for c in backward} == {("all_reduce", "input")}
+    assert sharded.stages[0].backward_weight == sharded.stages[0].backward  # torch runs it whole
+
+
+def test_a_tied_decoder_on_pp_by_tp_refuses_a_schedule_splitting_the_backward(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**CONFIG, "model_type": "qwen2", "tie_word_embeddings": True}))  # 4 layers: 4 stages
+    argv = [f"hf:{tmp_path}", "--seq", "16", "--pp", "2", "--tp", "2", "--mode", "train",
             "--schedule", "zbvzerobubble"]
     assert main(argv) == 2
     err = capsys.readouterr().err
-    assert "--schedule zbvzerobubble" in err and "built-in llama" in err
+    assert "tie_word_embeddings=False" in err and "--schedule" in err
