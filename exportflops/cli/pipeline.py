@@ -56,6 +56,8 @@ def analyze_split(ns: argparse.Namespace):
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
     two_passes = SCHEDULES[schedule].split_backward and ns.mode == "train"
+    if two_passes and composed and ns.model not in COMPOSED:
+        _check_untied(model)  # before the whole rank is counted
     stages = ns.pp * per_rank
     ranks: dict = {}  # a whole model's rank, counted once per way of counting its backward
     try:
@@ -196,9 +198,9 @@ def _whole_rank(ns: argparse.Namespace, split_points: list[str], split_backward:
     if split_backward not in ranks:
         way = False
         if split_backward:
-            unsplit, _, stage_of = _whole_rank(ns, split_points, False, ranks)
-            _check_untied(unsplit)
-            way = partial(_stage_way, stage_input_way, stage_of)
+            _, unsplit, stage_of = _whole_rank(ns, split_points, False, ranks)
+            way = partial(_stage_way, stage_input_way, stage_of,
+                          {node.name: node.op for node in unsplit.nodes})
         units: list[list[str]] = []  # each stage's unit, as module paths
         model, report, _ = parallelized(
             argparse.Namespace(**{**vars(ns), "rank": 0, "split_backward": way}),
@@ -224,9 +226,22 @@ def _check_untied(model) -> None:
                              f"or pick a schedule with a whole backward.")
 
 
-def _stage_way(stage_input_way, stage_of: dict[str, int], graph):
+def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], graph):
     """The input passes of the rank's graph, each node's stage read off an earlier count of
-    the same rank by its name (the trace names its nodes alike each time)."""
+    the same rank by its name (the trace names its nodes alike each time: checked, each
+    backward op must have the name of the same op in the first count)."""
+    from torch._ops import OpOverload
+
+    from ..graph.walk import phase
+
+    unnamed = [node.name for node in graph.nodes if node.op == "call_function"
+               and isinstance(node.target, OpOverload) and phase(node) == "backward"
+               and (node.name not in stage_of or ops.get(node.name) != str(node.target))]
+    if unnamed:
+        raise InputError(f"the rank traced again names {len(unnamed)} backward ops otherwise "
+                         f"than the first trace ({', '.join(unnamed[:3])}): their stages are "
+                         f"unknown, so the backward cannot be split at the stages' inputs; "
+                         f"pick a schedule with a whole backward.")
     return stage_input_way(graph, lambda node: stage_of.get(node.name))
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import DistributedError
+from ..errors import DistributedError, InputError
 from ..records import Collective
 from .fsdp_blocks import blocks_of
 from .ranks import fake_copy, fake_process_group
@@ -50,6 +50,10 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
 
     from ..api import analyze
 
+    if (tp or 1) > 1 and parallelize is None or parallelize is not None and tp is None:
+        raise InputError(f"{type(model).__name__}: tp={tp} and parallelize go together: the "
+                         f"tensor-parallel layout parallelize applies on the tp mesh is what "
+                         f"FSDP2 shards; pass both, or neither.")
     with fake_process_group(world, rank=0):
         degrees = {FSDP_DIM: world // (tp or 1), **({"tp": tp} if tp else {})}
         mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))

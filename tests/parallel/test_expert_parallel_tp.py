@@ -247,6 +247,9 @@ def test_inside_fsdp_fsdp2_gathers_each_blocks_tp_shards_and_the_ranks_experts(i
         "model.layers.1": (BLOCK_SHARD * F32, "fsdp", 2),
         "model.layers.0.mlp.experts": (LOCAL_EXPERTS * F32, "efsdp", 2),      # 2,818,572,288
         "model.layers.1.mlp.experts": (LOCAL_EXPERTS * F32, "efsdp", 2)}
+    scatters = {c.module: (c.bytes, c.mesh_dim) for c in inside_fsdp.fsdp_collectives
+                if c.op == "reduce_scatter"}  # each unit's gradients, as it gathered them
+    assert scatters == {module: (size, dim) for module, (size, dim, _) in gathers.items()}
     assert all(c.mesh_dim in ("fsdp", "efsdp") for c in inside_fsdp.fsdp_collectives)
     assert inside_fsdp.world_size() == 4
     assert inside_fsdp.fsdp_group(3) == [1, 3] and inside_fsdp.efsdp_group(3) == [1, 3]
@@ -260,3 +263,26 @@ def test_inside_fsdp_each_rank_does_the_work_of_its_place_over_tp(inside_fsdp, t
         same = alone.ranks[rank.rank % 2]
         assert (rank.expert, rank.rest, rank.all_to_alls) == (same.expert, same.rest,
                                                              same.all_to_alls)
+
+
+def test_inside_fsdp_over_tp_4_the_experts_group_spans_4_ranks_and_the_blocks_2():
+    """ep 2 over fsdp 2 x tp 4: a block's tp-4 shards over the 2 ranks of a tp index, a rank's
+    4 experts over the 8 / 2 ranks holding them."""
+    _, (record, _) = _split(["hf:mixtral", "--layers", "1", "--seq", "32", "--ep", "2", "--tp",
+                             "4", "--fsdp", "2", "--rank", "5"])
+    block = 2 * (4096 * 4096 // 4) + 2 * (1024 * 4096 // 4) + EXPERTS * HIDDEN + 2 * HIDDEN
+    root = 2 * (32000 // 4 * HIDDEN) + HIDDEN
+    gathers = {c.module: (c.bytes, c.mesh_dim, c.group_size) for c in record.fsdp_collectives}
+    assert gathers == {"": (root * F32, "fsdp", 2),                            # 262,160,384
+                       "model.layers.0": (block * F32, "fsdp", 2),             # 42,106,880
+                       "model.layers.0.mlp.experts": (LOCAL_EXPERTS * F32, "efsdp", 4)}
+    assert record.fsdp_group(5) == [1, 5] and record.efsdp_group(5) == [1, 3, 5, 7]
+    assert record.tokens == 32 // 4
+
+
+def test_fsdp_collectives_take_tp_and_its_layout_together():
+    from exportflops.parallel.experts_fsdp import fsdp_collectives
+
+    model = torch.nn.Sequential(_Unrouted())
+    with pytest.raises(InputError, match="go together"):
+        fsdp_collectives(model, (torch.zeros(2, 8),), ep=2, fsdp=2, num_experts=4, tp=2)

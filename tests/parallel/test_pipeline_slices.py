@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import exportflops
 from exportflops.cli import main
@@ -196,3 +197,22 @@ def test_a_tied_decoder_on_pp_by_tp_refuses_a_schedule_splitting_the_backward(tm
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "tie_word_embeddings=False" in err and "--schedule" in err
+
+
+def test_a_decoder_on_pp_by_fsdp_reduces_its_gradients_in_the_weight_pass(decoder, capsys):
+    """FSDP2's reduce-scatters read the parameters' gradients: the weight pass's, on every
+    stage; the stages' two passes together are the whole backward's MACs of the unsplit run."""
+    split = _zero_bubble(decoder, capsys, "--fsdp", "2")
+    for stage in split.stages:
+        scatters = [c for c in stage.collectives if c.op == "reduce_scatter"]
+        assert scatters and {c.gradient for c in scatters} == {"weight"}
+    single = _zero_bubble(decoder, capsys)
+    assert [s.backward_weight.macs for s in split.stages] == \
+        [s.backward_weight.macs for s in single.stages]  # FSDP2 splits no matmul
+
+
+def test_split_backward_as_a_function_takes_a_parallelized_rank():
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(exportflops.errors.InputError, match="not parallelized"):
+        exportflops.analyze(model, (torch.zeros(2, 4),), mode="train",
+                            split_backward=lambda graph: frozenset())
