@@ -270,6 +270,36 @@ def test_dynamos_module_sources_become_the_models_own_paths(source, path):
     assert user_path(source) == path
 
 
+class HookedScale(torch.nn.Module):
+    """A column-parallel linear whose forward hook calls a sibling module, ``scale``: dynamo
+    names that module through the hook (``L['self'].up._forward_hooks[...].args[0]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(8, 16, bias=False)
+        self.scale = torch.nn.Linear(8, 8, bias=False)  # on each rank's 16 / 2 outputs
+
+    def forward(self, x):
+        return self.up(x)
+
+
+def test_a_module_a_hook_calls_is_charged_to_its_own_path():
+    from functools import partial
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+
+    with fake_process_group(2):
+        model = HookedScale()
+        parallelize_module(model, init_device_mesh("cpu", (2,)), {"up": ColwiseParallel()})
+        model.up.register_forward_hook(partial(lambda scale, module, args, out: scale(out),
+                                               model.scale))
+        report = exportflops.analyze(model, (torch.randn(4, 8),))
+    assert report.module("scale").inclusive.macs == 4 * 8 * 8  # 4 rows of this rank's 8
+    assert report.module("up").exclusive.macs == 4 * 8 * 8  # (4, 8) @ (8, 16 / 2)
+    assert not any("hooks" in module.path for module in report.modules)
+
+
 class ShardedThenDecomposed(torch.nn.Module):
     """A column-parallel linear whose local output feeds two ops with no formula of their own,
     counted through torch's decomposition (tests/count/test_decompose.py derives both)."""
