@@ -33,12 +33,11 @@ def analyze_split(ns: argparse.Namespace):
         sizes = moe_sizes(model, args, kwargs)
         # The expert-parallel checks first, on the single-device report: the tensor-parallel
         # rank's count and the FSDP2 trace are the costly parts.
-        over_tp = {"tp": ns.tp, "single_device": report} if ns.tp is not None else {}
-        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, fsdp=ns.fsdp, **over_tp,
-                                 **sizes)
+        layout = {"fsdp": ns.fsdp,
+                  **({"tp": ns.tp, "single_device": report} if ns.tp is not None else {})}
+        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **layout, **sizes)
         if ns.fsdp is not None:
-            over_tp["fsdp"] = ns.fsdp
-            over_tp["fsdp_collectives"] = fsdp_collectives(
+            layout["fsdp_collectives"] = fsdp_collectives(
                 model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp, num_experts=sizes["num_experts"],
                 mode=ns.mode, tp=ns.tp,
                 parallelize=None if ns.tp is None else partial(tensor_parallel, ns.model,
@@ -46,7 +45,7 @@ def analyze_split(ns: argparse.Namespace):
         if ns.tp is not None:
             report = _tensor_parallel_rank(ns)
         if ns.fsdp is not None or ns.tp is not None:
-            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **over_tp, **sizes)
+            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **layout, **sizes)
     except InputError as error:  # the model or the flags do not fit expert parallelism
         flags = f"--ep {ns.ep}" + "".join(f" --{name} {getattr(ns, name)}" for name in
                                           ("fsdp", "tp") if getattr(ns, name) is not None)

@@ -128,6 +128,15 @@ def _under(path: str, name: str | None) -> bool:
     return name is not None and name in path.split(".")
 
 
+def tied_names(model) -> dict[str, str]:
+    """Each later name of a parameter held under several (a head tied to the embedding) -> its
+    first name, the one ``named_parameters()`` gives."""
+    first = {id(p): name for name, p in reversed(list(model.named_parameters(
+        remove_duplicate=False)))}
+    return {name: first[id(p)] for name, p in model.named_parameters(remove_duplicate=False)
+            if first[id(p)] != name}
+
+
 def _hf_tensor_parallel(model, mesh, plan: dict, skip: str | None = None) -> None:
     """transformers' plan applied as ``from_pretrained(tp_plan="auto")`` applies it, tied weights
     kept tied: ``apply_tensor_parallelism`` looks each planned parameter up by its first name
@@ -138,10 +147,7 @@ def _hf_tensor_parallel(model, mesh, plan: dict, skip: str | None = None) -> Non
     modules named ``skip``, and inside them, are left out."""
     from transformers.integrations.tensor_parallel import apply_tensor_parallelism
 
-    first = {id(p): name for name, p in reversed(list(model.named_parameters(
-        remove_duplicate=False)))}
-    later = {name: first[id(p)] for name, p in model.named_parameters(remove_duplicate=False)
-             if first[id(p)] != name}
+    later = tied_names(model)
     expanded = {name: style for name, style in model._expand_parallel_plan(plan).items()
                 if name not in later and not _under(name, skip)}
     apply_tensor_parallelism(model, mesh, expanded)

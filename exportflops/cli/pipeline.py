@@ -215,15 +215,16 @@ def _check_untied(model) -> None:
     """A parameter under two names (a tied embedding and head) gets its gradient summed from
     both uses in the whole rank's backward, which would put the head's part in the last
     stage's input pass: refused with the zero-bubble schedules."""
-    names = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        first = names.setdefault(id(parameter), name)
-        if first != name:
-            raise UsageError(f"--pp with a zero-bubble --schedule on --tp/--fsdp ranks: "
-                             f"{type(model).__name__}'s parameter {first!r} is also {name!r} "
-                             f"(tied), its gradient summed from both uses in the whole rank's "
-                             f"backward; build the model untied (tie_word_embeddings=False), "
-                             f"or pick a schedule with a whole backward.")
+    from .parallel import tied_names
+
+    tied = tied_names(model)
+    if tied:
+        name, first = next(iter(tied.items()))
+        raise UsageError(f"--pp with a zero-bubble --schedule on --tp/--fsdp ranks: "
+                         f"{type(model).__name__}'s parameter {first!r} is also {name!r} "
+                         f"(tied), its gradient summed from both uses in the whole rank's "
+                         f"backward; build the model untied (tie_word_embeddings=False), "
+                         f"or pick a schedule with a whole backward.")
 
 
 def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], graph):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
+from ..records.experts import expert_world
 
 
 def check_splits(ns: argparse.Namespace) -> None:
@@ -72,7 +73,7 @@ def _check_experts(ns: argparse.Namespace) -> None:
                          f"ranks without --fsdp is laid out with --ep equal to --tp (more ranks "
                          f"holding the same experts are sharded by FSDP2): pass --ep {ns.tp}, "
                          f"or add --fsdp F.")
-    world = (ns.fsdp or 1) * tp if ns.tp is not None else ns.fsdp or ns.ep
+    world = expert_world(ns.ep, ns.fsdp, ns.tp)
     if ns.ep < 1 or not 0 <= ns.rank < world:
         ranks = " x ".join(f"{name} {getattr(ns, name)}" for name in ("fsdp", "tp")
                            if getattr(ns, name) is not None) or "ep"

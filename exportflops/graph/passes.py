@@ -39,8 +39,7 @@ def input_way(graph: torch.fx.Graph) -> frozenset[torch.fx.Node]:
     """The backward nodes an input's gradient depends on: the input pass's. A node depends on
     its arguments, and on the earlier nodes writing into the storage of a tensor it reads
     (FSDP2's graph gathers parameters into their unsharded storage in place)."""
-    writers = _writers(graph)
-    order = {node: index for index, node in enumerate(graph.nodes)}
+    written = _written_before(graph)
     way: set[torch.fx.Node] = set()
     pending = [node for node in graph.nodes if node.meta.get("input_gradient")]
     while pending:
@@ -49,8 +48,7 @@ def input_way(graph: torch.fx.Graph) -> frozenset[torch.fx.Node]:
             continue
         way.add(node)
         pending.extend(node.all_input_nodes)
-        for storage in _storages(node.all_input_nodes):
-            pending.extend(w for w in writers.get(storage, ()) if order[w] < order[node])
+        pending.extend(written.get(node, ()))
     _check_single_uses(graph, way)
     return frozenset(way)
 
@@ -63,14 +61,10 @@ def stage_input_way(graph: torch.fx.Graph,
     gradient of what stage s received (which the stage before takes) does. A node depends on
     its arguments and on the earlier nodes writing into a storage it reads, as in `input_way`;
     nodes outside every stage pass dependencies on."""
-    writers = _writers(graph)
-    order = {node: index for index, node in enumerate(graph.nodes)}
     readers: dict[torch.fx.Node, set[torch.fx.Node]] = {}  # writer -> later readers
-    for node in graph.nodes:
-        for storage in _storages(node.all_input_nodes):
-            for writer in writers.get(storage, ()):
-                if order[writer] < order[node]:
-                    readers.setdefault(writer, set()).add(node)
+    for node, writers in _written_before(graph).items():
+        for writer in writers:
+            readers.setdefault(writer, set()).add(node)
     reach: dict[torch.fx.Node, float] = {}  # the earliest stage a backward node's result meets
     way: set[torch.fx.Node] = set()
     for node in reversed(graph.nodes):
@@ -115,6 +109,19 @@ def _check_single_uses(graph: torch.fx.Graph, way: set[torch.fx.Node]) -> None:
                 f"({', '.join(sorted(n.name for n in starts))}): it is used more than once, "
                 f"and torch's weight pass then recomputes the input-gradient ops between "
                 f"them, which split_backward does not model; analyze without split_backward")
+
+
+def _written_before(graph: torch.fx.Graph) -> dict[torch.fx.Node, list[torch.fx.Node]]:
+    """Each node -> the earlier nodes writing in place into a storage it reads."""
+    writers = _writers(graph)
+    order = {node: index for index, node in enumerate(graph.nodes)}
+    written: dict[torch.fx.Node, list[torch.fx.Node]] = {}
+    for node in graph.nodes:
+        earlier = [writer for storage in _storages(node.all_input_nodes)
+                   for writer in writers.get(storage, ()) if order[writer] < order[node]]
+        if earlier:
+            written[node] = earlier
+    return written
 
 
 def _writers(graph: torch.fx.Graph) -> dict[int, list[torch.fx.Node]]:

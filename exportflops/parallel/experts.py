@@ -28,7 +28,8 @@ import torch
 from ..api import analyze
 from ..errors import InputError
 from ..records import Collective, Cost, Report
-from ..records.experts import ExpertParallelReport, ExpertRank
+from ..records.experts import ExpertParallelReport, ExpertRank, expert_world
+from ..records.names import outermost_named
 from .experts_fsdp import check_fsdp, fsdp_collectives
 
 #: The op torchtitan's dispatch and combine issue (``all_to_all_single_autograd``).
@@ -152,8 +153,8 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
                                 all_to_alls=all_to_alls))
     # Inside FSDP2 (and over tp), ep innermost: rank r is rank r mod ep of its group
     # (ParallelDims' sparse mesh).
-    world = (fsdp or 1) * tp if tp is not None else fsdp or ep
-    ranks = [group[rank % ep].model_copy(update={"rank": rank}) for rank in range(world)]
+    ranks = [group[rank % ep].model_copy(update={"rank": rank})
+             for rank in range(expert_world(ep, fsdp, tp))]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
     whole = report if single_device is None else single_device
     return ExpertParallelReport(
@@ -210,11 +211,7 @@ def _check_sizes(report: Report, ep: int, top_k: int, num_experts: int, tokens: 
 def _expert_layers(report: Report, experts: str) -> list[str]:
     """The outermost modules named ``experts`` that ran: one per MoE layer, in the order the
     forward runs them (the module list is ordered by depth, then by name)."""
-    found: list[str] = []
-    for module in report.modules:
-        if (module.path.rpartition(".")[2] == experts and module.calls > 0
-                and not any(module.path.startswith(f"{outer}.") for outer in found)):
-            found.append(module.path)
+    found = outermost_named((m.path for m in report.modules if m.calls > 0), experts)
     if not found:
         raise InputError(f"{report.model} ran no module named {experts!r}: pass experts= the "
                          f"last path component of each MoE layer's experts module.")

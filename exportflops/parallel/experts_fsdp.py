@@ -36,6 +36,7 @@ import torch
 
 from ..errors import InputError
 from ..records import Collective
+from ..records.names import outermost_named
 from .fsdp_trace import traced_fsdp_collectives
 
 
@@ -111,11 +112,6 @@ def _shard_experts(model: torch.nn.Module, efsdp, *, experts: str, experts_dim: 
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import Shard
 
-    outermost: list[str] = []
-    for path, _ in model.named_modules():
-        if path.rpartition(".")[2] == experts and not any(
-                path.startswith(f"{outer}.") for outer in outermost):
-            outermost.append(path)
-    for path in outermost:
+    for path in outermost_named((path for path, _ in model.named_modules()), experts):
         fully_shard(model.get_submodule(path), mesh=efsdp,
                     shard_placement_fn=lambda _, dim=experts_dim: Shard(dim))

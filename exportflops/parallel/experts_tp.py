@@ -36,6 +36,7 @@ import torch
 
 from ..errors import InputError
 from ..records import Collective
+from ..records.names import outermost_named, parent
 from ..torch_internals import pytree
 
 #: Names of the router beside each experts module: transformers' (``gate``, GPT-OSS's
@@ -58,25 +59,25 @@ def route_token_shares(model: torch.nn.Module, mesh, *, experts: str = "experts"
         raise InputError(f"{type(model).__name__} has no module named {experts!r}: expert "
                          f"parallelism over tensor-parallel ranks shares out each MoE layer's "
                          f"tokens; pass the experts modules' last path component.")
-    for parent, path in layers:
-        router = next((getattr(parent, name) for name in ROUTERS
-                       if isinstance(getattr(parent, name, None), torch.nn.Module)), None)
-        if router is None:
+    for layer, path in layers:
+        name = _router_name(layer)
+        if name is None:
             raise InputError(f"{type(model).__name__}'s MoE layer {path!r} has no router module "
                              f"named {' or '.join(ROUTERS)} beside its experts: the tokens "
                              f"each tensor-parallel rank routes cannot be shared out.")
-        if hasattr(parent, "token_share"):
+        if hasattr(layer, "token_share"):
             raise InputError(f"{type(model).__name__}'s MoE layer {path!r} already has a "
                              f"token_share module: route_token_shares runs once per model.")
+        router = getattr(layer, name)
         distribute_module(router, mesh)
-        parent.token_share, parent.token_sum = TokenShare(mesh, path), TokenSum(mesh)
-        router.register_forward_pre_hook(partial(_shared_input, parent.token_share, False),
+        layer.token_share, layer.token_sum = TokenShare(mesh, path), TokenSum(mesh)
+        router.register_forward_pre_hook(partial(_shared_input, layer.token_share, False),
                                          with_kwargs=True)
         router.register_forward_hook(_local_outputs)
-        experts_module = parent.get_submodule(experts)
-        experts_module.register_forward_pre_hook(partial(_shared_input, parent.token_share,
+        experts_module = layer.get_submodule(experts)
+        experts_module.register_forward_pre_hook(partial(_shared_input, layer.token_share,
                                                          True), with_kwargs=True)
-        experts_module.register_forward_hook(partial(_summed_output, parent.token_sum))
+        experts_module.register_forward_hook(partial(_summed_output, layer.token_sum))
 
 
 class TokenShare(torch.nn.Module):
@@ -127,9 +128,9 @@ def router_gradient_reductions(model: torch.nn.Module, tp: int, *,
     layers last to first: each rank's router saw its own share of the tokens, so its gradient
     is a partial sum (nccl-tests' all-reduce message: the tensor; bus factor 2 (tp - 1) / tp)."""
     reductions = []
-    for parent, path in reversed(_moe_layers(model, experts)):
-        name = next(n for n in ROUTERS if isinstance(getattr(parent, n, None), torch.nn.Module))
-        for leaf, p in getattr(parent, name).named_parameters():
+    for layer, path in reversed(_moe_layers(model, experts)):
+        name = _router_name(layer)
+        for leaf, p in getattr(layer, name).named_parameters():
             if p.requires_grad:
                 reductions.append(Collective(
                     op="all_reduce", bytes=p.numel() * p.element_size(),
@@ -140,15 +141,16 @@ def router_gradient_reductions(model: torch.nn.Module, tp: int, *,
     return reductions
 
 
+def _router_name(layer: torch.nn.Module) -> str | None:
+    """The name of the MoE layer's router: its child module named one of `ROUTERS`."""
+    return next((name for name in ROUTERS
+                 if isinstance(getattr(layer, name, None), torch.nn.Module)), None)
+
+
 def _moe_layers(model: torch.nn.Module, experts: str) -> list[tuple[torch.nn.Module, str]]:
     """(parent module, its path) of each outermost module named ``experts``."""
-    found: list[str] = []
-    for path, _ in model.named_modules():
-        if path.rpartition(".")[2] == experts and not any(
-                path.startswith(f"{outer}.") for outer in found):
-            found.append(path)
-    return [(model.get_submodule(path.rpartition(".")[0]), path.rpartition(".")[0])
-            for path in found]
+    return [(model.get_submodule(parent(path)), parent(path)) for path in
+            outermost_named((path for path, _ in model.named_modules()), experts)]
 
 
 def _shared_input(share: TokenShare, local: bool, module, args: tuple, kwargs: dict):

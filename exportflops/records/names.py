@@ -30,3 +30,14 @@ def short_name(dotted: str) -> str:
 def qualified_name(cls: type) -> str:
     """``torch.nn.modules.linear.Linear``: the name the module tree records a class by."""
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def outermost_named(paths, name: str) -> list[str]:
+    """The ``paths`` whose last part is ``name`` and that lie inside no other such path, in
+    the order given (each parent before its children, as ``named_modules()`` and the report's
+    module list give them)."""
+    found: list[str] = []
+    for path in paths:
+        if short_name(path) == name and not any(path.startswith(f"{outer}.") for outer in found):
+            found.append(path)
+    return found

@@ -32,13 +32,11 @@ def experts_view(record: ExpertParallelReport, *, rank: int = 0, style: Style = 
     align = "l" + "l" * fsdp + "lrrrrrrr" + "r" * fsdp + "l"
     parts = [style.titled(title, style.table(rows, headers, align))]
     busiest = record.ranks[record.busiest_rank]
-    if _even(record) and record.tp is not None:
-        parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}, its "
-                     f"tensor-parallel share of one batch's work (the all-to-alls move tokens, "
-                     f"not FLOPs).")
-    elif _even(record):
-        parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}: one "
-                     f"batch's work on one device (the all-to-alls move tokens, not FLOPs).")
+    if _even(record):
+        share = (", its tensor-parallel share of one batch's work" if record.tp is not None
+                 else ": one batch's work on one device")
+        parts.append(f"Every rank computes {style.count(busiest.total.flops, 'FLOPs')}{share} "
+                     f"(the all-to-alls move tokens, not FLOPs).")
     else:
         parts.append(f"Rank {busiest.rank} is the busiest: its "
                      f"{style.count(busiest.total.flops, 'FLOPs')} set the step.")
