@@ -30,6 +30,13 @@ from .stacks import Stack
 
 aten = torch.ops.aten
 
+#: ``scaled_dot_product_attention`` and the kernels a graph may call it as (a rank traced on fake
+#: cpu tensors calls the cpu flash kernel): query, key and value are their first arguments.
+_ATTENTION = frozenset({aten.scaled_dot_product_attention.default,
+                        aten._scaled_dot_product_flash_attention_for_cpu.default,
+                        aten._scaled_dot_product_flash_attention.default,
+                        aten._scaled_dot_product_efficient_attention.default,
+                        aten._scaled_dot_product_cudnn_attention.default})
 #: Ops that move or repeat elements and compute nothing: the steps of a head repeat. A slice is
 #: one when it keeps every element (``x[:, :, None]`` under dynamic shapes slices each dim).
 _REPEAT_STEPS = frozenset({aten.unsqueeze.default, aten.expand.default, aten.reshape.default,
@@ -51,7 +58,7 @@ def eager_inputs(node: torch.fx.Node, stack: Stack, call: OpCall,
     """The (query, key, value) an eager run passes the SDPA call ``node`` (in module ``stack``,
     with the graph's arguments ``call``; ``meta`` reads a node's tensor) where the graph repeats
     transformers' key/value heads (module docstring); empty otherwise."""
-    if node.target != aten.scaled_dot_product_attention.default or not stack:
+    if node.target not in _ATTENTION or not stack:
         return ()
     if not stack[-1].type_name.startswith("transformers.") or call.get("enable_gqa"):
         return ()
