@@ -14,7 +14,8 @@ The repeat is found in the graph, not by the model's name: each of the call's ke
 traced back through ops that only move or repeat elements (`_REPEAT_STEPS`) to the nearest
 tensor of its shape but fewer heads. Only a call inside a transformers module is read so: a
 model whose own code repeats the heads (exportflops' built-in Llama) runs that repeat eagerly
-too.
+too. In transformers 5.24 the integration is the only SDPA call after a head repeat (the models'
+own ``repeat_kv`` feeds their matmul ``eager_attention_forward``).
 """
 
 from __future__ import annotations

@@ -16,7 +16,10 @@ rank attends to as many pairs; without, rank r holds the r-th of cp contiguous b
 last rank attends to the most. Each attention call becomes a ring: the rank's key/value shard
 goes to the next rank cp - 1 times in the forward; in the backward the shard goes round again
 (cp - 1 sends) and the key/value gradients' accumulators go round cp times, back to their
-owner, in float32 (``_templated_ring_attention`` and its backward).
+owner, in float32 (``_templated_ring_attention`` and its backward). The shard is the key and
+value the eager attention call receives, which torch's ``context_parallel`` wraps: where a
+transformers model's graph repeats grouped-query heads that eager passes as they are, the call's
+``eager_inputs`` (`exportflops.graph.eager_heads`).
 
 Inside FSDP2 (``fsdp=F``, as torchtitan lays it out): the world is F x cp ranks, ``cp``
 innermost (``ParallelDims.build_mesh`` unflattens the world into ``("pp", "batch", "cp",
