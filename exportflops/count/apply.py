@@ -10,6 +10,7 @@ import torch
 from .decompose import Decomposer
 from ..errors import CountError, InvalidFormulaError, UncountedOpError
 from ..formulas.registry import FormulaTable, built_in
+from ..graph.eager_heads import NOTE as EAGER_NOTE
 from ..graph.opcall import OpCall, TensorMeta
 from ..records import Cost, NodeRecord, TensorSpec
 from ..graph.walk import NodeCall
@@ -55,6 +56,8 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         cost, status, note = _in_region(node, cost, status, note)
     if strict and status in ("uncounted", "error"):
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    if node.eager_inputs:
+        note = "; ".join(filter(None, (note, EAGER_NOTE)))
     # Every field is built here (the cost is a validated Cost): no validation needed.
     return NodeRecord.model_construct(
         name=node.name,
@@ -67,6 +70,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         note=note,
         phase=phase,
         differentiates=differentiates,
+        eager_inputs=[_spec(t) for t in node.eager_inputs],
     )
 
 
