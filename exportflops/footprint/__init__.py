@@ -1,0 +1,1 @@
+"""Memory of a step."""
