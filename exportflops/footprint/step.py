@@ -40,7 +40,8 @@ class Storage:
     start: int
     """The op that made it (its index in `StepRun.ops`), `BEFORE` for what exists already."""
     module: str
-    """The module running that op (``""``: the root, the loss or the optimizer)."""
+    """The module running that op (``""``: the root, the loss or the optimizer); for an
+    activation, the module whose op saved it for the backward."""
     end: int | None = None
     """The first op after its last reference dropped; None for alive at the step's end."""
 
@@ -151,12 +152,14 @@ def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
 
 @contextlib.contextmanager
 def _saved_as_activations(storages: _Storages) -> Iterator[None]:
-    """A tensor autograd saves in the forward is an activation (unless it is a parameter,
-    buffer or input already); the pack hook returns the tensor itself, so nothing changes."""
+    """A tensor autograd saves in the forward is an activation of the module saving it
+    (unless it is a parameter, buffer or input); the pack hook returns the tensor itself, so
+    nothing changes."""
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         record = storages.kind_of(tensor)
         if record is not None and record.kind == "temporaries" and storages.phase == "forward":
             record.kind = "activations"
+            record.module = storages.module()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -169,13 +172,8 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
     """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
     (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode."""
-    def step() -> torch.Tensor:
-        value = loss(model(*args, **kwargs))
-        value.backward()
-        return value
-
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
-        step()
+        loss(model(*args, **kwargs)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     run = StepRun()
@@ -183,22 +181,29 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
         storages = _Storages(run, running)
         _hold_state(storages, model, args, kwargs, optimizer)
         with storages:
-            if not train:
+            if train:
+                output = _training_step(storages, model, args, kwargs, optimizer, loss)
+            else:
                 with torch.no_grad():
                     output = model(*args, **kwargs)
-                return run
-            with _saved_as_activations(storages):
-                value = loss(model(*args, **kwargs))
-            storages.phase = "backward"
-            value.backward()
-            for parameter in model.parameters():
-                if parameter.grad is not None:
-                    storages.hold(parameter.grad, "gradients", len(run.ops)).kind = "gradients"
-            storages.phase = "optimizer"
-            del value
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        del output  # only now: the caller of a forward holds its output to the step's end
     return run
+
+
+def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
+                   optimizer: torch.optim.Optimizer, loss: Callable[[object], torch.Tensor]
+                   ) -> None:
+    with _saved_as_activations(storages):
+        value = loss(model(*args, **kwargs))
+    storages.phase = "backward"
+    value.backward()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
+    storages.phase = "optimizer"
+    del value
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _hold_state(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
