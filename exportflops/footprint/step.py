@@ -91,7 +91,7 @@ class _Storages(TorchDispatchMode):
         self.alive[key] = (record, weakref.ref(storage, dead))
         return record
 
-    def kind_of(self, tensor: torch.Tensor) -> Storage | None:
+    def record_of(self, tensor: torch.Tensor) -> Storage | None:
         found = self.alive.get(tensor.untyped_storage()._cdata)
         return found[0] if found else None
 
@@ -108,9 +108,10 @@ class _Storages(TorchDispatchMode):
 
 @contextlib.contextmanager
 def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
-    """The path of the module running now: in the forward from hooks on the (fake) modules,
-    in the backward the module whose forward op made the autograd node running (nodes are
-    numbered as they are made; each forward op's number is recorded as it dispatches)."""
+    """The path of the module running now: while a module's forward runs, from hooks on the
+    (fake) modules; otherwise in the backward, the module whose forward op made the autograd
+    node running (nodes are numbered as they are made; each forward op's number is recorded
+    as it dispatches)."""
     get_sequence_nr = require("get_sequence_nr")
     current_node = require("current_autograd_node")
     stack: list[str] = []
@@ -132,7 +133,7 @@ def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
 
     def running() -> str:
         node = current_node()
-        if node is None:
+        if stack or node is None:  # a forward runs (a checkpoint's recomputation too)
             path = stack[-1] if stack else ""
             number = get_sequence_nr()
             if not numbers or number > numbers[-1]:
@@ -156,7 +157,7 @@ def _saved_as_activations(storages: _Storages) -> Iterator[None]:
     (unless it is a parameter, buffer or input); the pack hook returns the tensor itself, so
     nothing changes."""
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        record = storages.kind_of(tensor)
+        record = storages.record_of(tensor)
         if record is not None and record.kind == "temporaries" and storages.phase == "forward":
             record.kind = "activations"
             record.module = storages.module()

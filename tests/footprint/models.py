@@ -24,6 +24,10 @@ class Case:
     """Parameter elements, derived by hand below."""
     tensors: int
     """Parameter tensors (AdamW keeps a 0-dim float32 ``step`` for each)."""
+    inner_leaves: bool = False
+    """Whether the backward makes leaves of its own (reentrant checkpointing reruns each
+    region on detached copies of its inputs), whose ``.grad`` the profiler counts as GRADIENT
+    beside the parameters'."""
 
 
 def summed(output: torch.Tensor) -> torch.Tensor:
@@ -112,34 +116,45 @@ def resnet() -> tuple[nn.Module, tuple, dict]:
 
 
 class CheckpointedMLP(nn.Module):
-    """Four residual MLP blocks, each under torch.utils.checkpoint (non-reentrant): the
-    forward keeps each block's input only, the backward reruns the block."""
+    """An input projection, then four residual MLP blocks, each under torch.utils.checkpoint:
+    the forward keeps each block's input only, the backward reruns the block. The reentrant
+    variant differentiates only a region whose input needs a gradient: the projection's
+    output does."""
 
-    def __init__(self, width: int = 64) -> None:
+    def __init__(self, reentrant: bool, width: int = 64) -> None:
         super().__init__()
+        self.reentrant = reentrant
+        self.proj = nn.Linear(width, width)
         self.blocks = nn.ModuleList(
             nn.Sequential(nn.LayerNorm(width), nn.Linear(width, 4 * width), nn.GELU(),
                           nn.Linear(4 * width, width)) for _ in range(4))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
         for block in self.blocks:
-            x = x + checkpoint(block, x, use_reentrant=False)
+            x = x + checkpoint(block, x, use_reentrant=self.reentrant)
         return x
 
 
 _W = 64
-CHECKPOINTED_PARAMS = 4 * (2 * _W + _W * 4 * _W + 4 * _W + 4 * _W * _W + _W)
-CHECKPOINTED_TENSORS = 4 * 6
+CHECKPOINTED_PARAMS = _W * _W + _W + 4 * (2 * _W + _W * 4 * _W + 4 * _W + 4 * _W * _W + _W)
+CHECKPOINTED_TENSORS = 2 + 4 * 6
 
 
-def checkpointed() -> tuple[nn.Module, tuple, dict]:
-    torch.manual_seed(0)
-    return CheckpointedMLP(), (torch.randn(8, 128, _W),), {}
+def checkpointed(reentrant: bool) -> Callable[[], tuple[nn.Module, tuple, dict]]:
+    def build() -> tuple[nn.Module, tuple, dict]:
+        torch.manual_seed(0)
+        return CheckpointedMLP(reentrant), (torch.randn(8, 128, _W),), {}
+    return build
 
 
 CASES = {
     "gpt2-shaped": Case(gpt, summed, GPT_PARAMS, GPT_TENSORS),
     "llama-4-layers": Case(llama, hf_loss, LLAMA_PARAMS, LLAMA_TENSORS),
     "resnet-shaped-batchnorm": Case(resnet, summed, RESNET_PARAMS, RESNET_TENSORS),
-    "checkpointed-mlp": Case(checkpointed, summed, CHECKPOINTED_PARAMS, CHECKPOINTED_TENSORS),
+    "checkpointed-mlp": Case(checkpointed(reentrant=False), summed, CHECKPOINTED_PARAMS,
+                             CHECKPOINTED_TENSORS),
+    "reentrant-checkpointed-mlp": Case(checkpointed(reentrant=True), summed,
+                                       CHECKPOINTED_PARAMS, CHECKPOINTED_TENSORS,
+                                       inner_leaves=True),
 }
