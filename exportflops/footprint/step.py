@@ -48,7 +48,7 @@ class Storage:
 
 @dataclass(frozen=True)
 class Op:
-    """One ATen op of the step, in the order it ran."""
+    """One ATen op of the step that returns a tensor, in the order it ran."""
 
     name: str
     module: str
@@ -97,12 +97,14 @@ class _Storages(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         result = func(*args, **(kwargs or {}))
+        tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        if not tensors:  # a query (prim.device, a scalar read) allocates nothing
+            return result
         index = len(self.run.ops)
         module = self.module()
         self.run.ops.append(Op(str(func), module, self.phase))
-        for tensor in pytree.tree_leaves(result):
-            if isinstance(tensor, torch.Tensor):
-                self.hold(tensor, "temporaries", index, module)
+        for tensor in tensors:
+            self.hold(tensor, "temporaries", index, module)
         return result
 
 

@@ -36,7 +36,8 @@ class KindBytes(Record):
 
 
 class MemoryPoint(Record):
-    """The live bytes right after one ATen op of the step made its outputs."""
+    """The live bytes right after one ATen op of the step made its outputs (ops that return no
+    tensor, such as ``prim.device``, are not points)."""
 
     index: int
     """The op's position in the step, from 0."""

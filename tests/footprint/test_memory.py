@@ -82,6 +82,32 @@ def test_a_linear_forward_by_hand_exact_and_in_cuda_blocks():
     assert blocks.peak_bytes == 4 * 512
 
 
+def _mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return model, (torch.randn(2, 8),)
+
+
+def test_a_forward_holds_a_layers_input_until_the_next_layer_has_made_its_output():
+    model, args = _mlp()
+    report = exportflops.memory(model, args, mode="forward")
+    params = (8 * 16 + 16 + 16 * 4 + 4) * FP32
+    # At the ReLU: the input (2x8), the first Linear's output (2x16) it reads, its own (2x16);
+    # the first output is freed once Sequential rebinds its variable, before the last Linear.
+    assert report.peak_bytes == params + (2 * 8 + 2 * 16 + 2 * 16) * FP32
+    assert (report.peak_node, report.peak_module) == ("aten.relu.default #2", "1")
+
+
+def test_an_activation_belongs_to_the_module_that_saves_it_first():
+    model, args = _mlp()
+    modules = {m.path: m for m in exportflops.memory(model, args).modules}
+    # ReLU saves its output for threshold_backward; the last Linear saves that same tensor
+    # (its input) and adds nothing; the first Linear's input is the model's input.
+    relu_output = 2 * 16 * FP32
+    assert [modules[path].own_activations for path in ("", "0", "1", "2")] == \
+        [0, 0, relu_output, 0]
+
+
 def test_sgd_with_momentum_keeps_one_buffer_per_parameter_and_without_none():
     model, args = _linear()
     momentum = exportflops.memory(model, args, optimizer="sgd",
