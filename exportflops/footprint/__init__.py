@@ -55,8 +55,7 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
                                              *pytree.tree_leaves((fake_args, fake_kwargs))])
     train = mode == "train"
     with fake_mode:
-        built = (OPTIMIZERS[optimizer](fake_model.parameters(), **(optimizer_options or {}))
-                 if train else None)
+        built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
             run = run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
                            loss=loss or _default_loss(name))
@@ -84,6 +83,16 @@ def _check(model: Any, name: str, mode: str, optimizer: str, allocator: str) -> 
     if allocator not in ALLOCATORS:
         raise InputError(f"allocator={allocator!r} for {name}: choose 'exact' (storage bytes) "
                          f"or 'cuda' (the CUDA caching allocator's 512-byte blocks).")
+
+
+def _optimizer(optimizer: str, options: dict | None, model: torch.nn.Module,
+               name: str) -> torch.optim.Optimizer:
+    kind = OPTIMIZERS[optimizer]
+    try:
+        return kind(model.parameters(), **(options or {}))
+    except (TypeError, ValueError) as error:
+        raise InputError(f"optimizer_options={options!r} for {name}: torch.optim."
+                         f"{kind.__name__} refuses them: {error}") from None
 
 
 def _default_loss(name: str) -> Callable[[Any], torch.Tensor]:

@@ -108,6 +108,16 @@ def test_an_activation_belongs_to_the_module_that_saves_it_first():
         [0, 0, relu_output, 0]
 
 
+def test_a_frozen_layer_has_no_gradient_and_no_optimizer_state():
+    model, args = _mlp()
+    model[0].requires_grad_(False)
+    report = exportflops.memory(model, args)
+    trained = (16 * 4 + 4) * FP32  # the last Linear's weight and bias
+    # AdamW makes state for a parameter with a gradient only: two moments and two `step`s
+    assert (report.max_by_kind.gradients, report.max_by_kind.optimizer) == \
+        (trained, 2 * trained + 2 * FP32)
+
+
 def test_sgd_with_momentum_keeps_one_buffer_per_parameter_and_without_none():
     model, args = _linear()
     momentum = exportflops.memory(model, args, optimizer="sgd",
@@ -164,7 +174,9 @@ def test_the_users_model_is_untouched():
     ({"optimizer": "lion"}, "optimizer='lion' for Linear: memory() knows adam, adamw, sgd"),
     ({"mode": "eval"}, "mode='eval' for Linear"),
     ({"allocator": "xla"}, "allocator='xla' for Linear"),
-], ids=["optimizer", "mode", "allocator"])
+    ({"optimizer_options": {"betas": 0.9}}, "optimizer_options={'betas': 0.9} for Linear: "
+                                            "torch.optim.AdamW refuses them"),
+], ids=["optimizer", "mode", "allocator", "optimizer-options"])
 def test_an_unknown_option_is_an_input_error_naming_the_choices(options, words):
     model, args = _linear()
     with pytest.raises(InputError, match=re.escape(words)):
