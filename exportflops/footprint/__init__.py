@@ -16,7 +16,7 @@ import torch
 
 from .liveness import cuda_blocks, exact
 from .report import memory_report
-from .step import run_step
+from .step import run_step, StepRun
 from ..errors import InputError, ProfileError
 from ..records.memory import MemoryReport
 from ..torch_internals import pytree, require
@@ -45,30 +45,40 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     allocator's 512-byte blocks. Nothing is computed: the step runs on a fake copy of the model
     and its inputs (meta models too); the model is untouched.
     """
-    kwargs = dict(kwargs or {})
     name = type(model).__name__
     _check(model, name, mode, optimizer, allocator)
+    train = mode == "train"
+    run = _run(model, tuple(args), dict(kwargs or {}), name=name, train=train,
+               optimizer=optimizer, optimizer_options=optimizer_options,
+               loss=loss or _default_loss(name))
+    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+                         allocator=allocator, size=ALLOCATORS[allocator])
+
+
+def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train: bool,
+         optimizer: str, optimizer_options: dict | None,
+         loss: Callable[[Any], torch.Tensor]) -> StepRun:
+    """The step on a fake copy of ``model`` and its inputs, under their fake mode."""
+    # Imported here: the parallel package loads every per-rank analysis, which memory needs not.
     from ..parallel.ranks import fake_copy
 
-    fake_model, fake_args, fake_kwargs = fake_copy(model, tuple(args), kwargs)
+    fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
     fake_mode = require("detect_fake_mode")([*fake_model.parameters(), *fake_model.buffers(),
                                              *pytree.tree_leaves((fake_args, fake_kwargs))])
-    train = mode == "train"
     with fake_mode:
         built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
-            run = run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
-                           loss=loss or _default_loss(name))
+            return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
+                            loss=loss)
         except (InputError, ProfileError):
             raise
         except Exception as error:  # the user's forward may raise anything on fake tensors
             raise ProfileError(
-                f"one {mode} step of {name} on fake tensors failed: {type(error).__name__}: "
+                f"one {'training step' if train else 'forward'} of {name} on fake tensors "
+                f"failed: {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}. A forward that reads "
                 f"tensor values (.item(), nonzero: an MoE's routing) cannot run on fake "
                 f"tensors; check the step runs eagerly on these inputs.") from error
-    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                         allocator=allocator, size=ALLOCATORS[allocator])
 
 
 def _check(model: Any, name: str, mode: str, optimizer: str, allocator: str) -> None:

@@ -10,6 +10,7 @@ import torch
 
 import exportflops
 from exportflops import InputError, MemoryReport
+from exportflops.errors import ProfileError
 from tests.footprint.models import CASES, FP32
 from tests.footprint.profiled import Measured, forward_step, profiled, training_step
 
@@ -187,3 +188,18 @@ def test_a_model_with_no_output_needing_a_gradient_asks_for_a_loss():
     model = torch.nn.Embedding(4, 2).requires_grad_(False)
     with pytest.raises(InputError, match="pass loss=, or mode='forward'"):
         exportflops.memory(model, (torch.tensor([1, 2]),))
+
+
+class ReadsAValue(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) if x.sum() > 0 else x
+
+
+def test_a_forward_that_reads_a_value_is_a_profile_error_saying_why():
+    with pytest.raises(ProfileError, match=r"one training step of ReadsAValue on fake tensors "
+                                           r"failed: DataDependentOutputException.*\.item\(\)"):
+        exportflops.memory(ReadsAValue(), (torch.randn(2, 4),))
