@@ -215,6 +215,10 @@ def _hold_state(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs
         storages.hold(parameter, "parameters", BEFORE)
     for buffer in model.buffers():
         storages.hold(buffer, "buffers", BEFORE)
+    for module in model.modules():  # a tensor held as a plain attribute (a mask, a table)
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor):
+                storages.hold(value, "buffers", BEFORE)
     for tensor in pytree.tree_leaves((args, kwargs)):
         if isinstance(tensor, torch.Tensor):
             storages.hold(tensor, "inputs", BEFORE)

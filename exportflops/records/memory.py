@@ -16,7 +16,8 @@ class KindBytes(Record):
     parameters: int = 0
     """The model's parameters (a tied parameter once)."""
     buffers: int = 0
-    """The model's buffers (running statistics, masks), used or not."""
+    """The model's buffers (running statistics, masks), used or not, and the tensors its
+    modules hold as plain attributes."""
     gradients: int = 0
     """The parameters' gradients (``.grad``), from the backward op that makes each."""
     optimizer: int = 0

@@ -119,6 +119,23 @@ def test_a_frozen_layer_has_no_gradient_and_no_optimizer_state():
         (trained, 2 * trained + 2 * FP32)
 
 
+class HoldsATable(torch.nn.Module):
+    """A tensor held as a plain attribute, not registered as a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.ones(100)
+        self.register_buffer("scale", torch.ones(3))
+
+    def forward(self, x):
+        return x * self.scale
+
+
+def test_buffers_and_tensors_held_as_attributes_are_buffers_used_or_not():
+    report = exportflops.memory(HoldsATable(), (torch.randn(2, 3),), mode="forward")
+    assert report.max_by_kind.buffers == (100 + 3) * FP32
+
+
 def test_sgd_with_momentum_keeps_one_buffer_per_parameter_and_without_none():
     model, args = _linear()
     momentum = exportflops.memory(model, args, optimizer="sgd",
