@@ -20,6 +20,10 @@ backward, from every floating output that needs a gradient (seeded with ones, as
 accumulated into ``.grad``). A backward op is charged to the forward op whose autograd node runs
 it, and to that op's modules: autograd numbers its nodes as it creates them
 (``_get_sequence_nr``), and each node's pre-hook, on this run's graph only, says which node runs.
+
+Work the dispatcher never sees (values handed to numpy, Python's arithmetic on an ``.item()``, a
+tensor made from them again) is recorded as a call too, named (``Tensor.numpy``), with why its
+work is missing (`capture.outside`): the count then lists it as uncounted, never as covered.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..records.names import qualified_name
 from ..torch_internals import (OpOverload, TorchDispatchMode, get_sequence_nr, pytree,
                                sequence_nr)
 from .export import run_kept
+from .outside import LIFT_FRESH, HostCalls
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class EagerCall:
     """``backward`` for an op autograd ran to compute gradients (train mode)."""
     differentiates: str = ""
     """For a backward op: the name of the forward op whose autograd node ran it."""
+    outside: str = ""
+    """For a call whose work torch does not see (`capture.outside`): why; its node is named
+    after the call (``Tensor.numpy``), counted as no op."""
 
 
 def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
@@ -62,7 +70,7 @@ def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
     recorder = _Recorder(model)
     with run_kept(model, args, kwargs), _module_calls(model, paths, recorder), \
             torch.enable_grad() if train else torch.no_grad():
-        with recorder:
+        with recorder.recording():
             output = model(*args, **kwargs)
         if train:
             _backward(model, args, kwargs, output, recorder)
@@ -90,27 +98,50 @@ class _Recorder(TorchDispatchMode):
         """Storages of the parameters and buffers: what they and their views hold."""
         self.state: set[int] = set()
         """Storages of buffers an op of the run writes (a running mean): state, not weights."""
+        self.host = HostCalls(self._left_torch, self._where)
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Both halves on: the ops dispatched, and the Python calls that hand values out."""
+        with self.host, self:
+            yield
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         self._written(func, args, kwargs)
-        name = self._name(func)
+        name = self._name(getattr(func, "_opname", None) or op_name(func))
         if self.running is None:
-            stack, phase, differentiates = tuple(self.stack), "forward", ""
             created = get_sequence_nr()
             self.made_by.update(dict.fromkeys(range(self.created, created), name))
             self.created = created
-        else:
-            (stack, differentiates), phase = self.running, "backward"
+        stack, phase, differentiates = self._frame()
+        maker, outside = self.host.made_from_host() if func is LIFT_FRESH else ("", "")
         call = op_call(func, args, kwargs, out, {}, kind_of=self._kind)
-        node = NodeCall(name, func, op_name(func), call, stack)
-        self.calls.append(EagerCall(node, phase, differentiates))
+        node = NodeCall(name, func, maker if outside else op_name(func), call, stack)
+        self.calls.append(EagerCall(node, phase, differentiates, outside))
         return out
 
-    def _name(self, func: OpOverload) -> str:
+    def _frame(self) -> tuple[Stack, str, str]:
+        """The module stack, phase and forward op of what runs now."""
+        if self.running is None:
+            return tuple(self.stack), "forward", ""
+        (stack, differentiates) = self.running
+        return stack, "backward", differentiates
+
+    def _where(self) -> str:
+        stack = self._frame()[0]
+        return f"module {stack[-1].path!r}" if stack and stack[-1].path else "the root module"
+
+    def _left_torch(self, name: str, tensor: torch.Tensor, why: str) -> None:
+        """The call ``name`` (``Tensor.numpy``) handed ``tensor``'s values out of torch."""
+        stack, phase, differentiates = self._frame()
+        call = op_call(name, (tensor,), {}, None, {}, kind_of=self._kind)
+        node = NodeCall(self._name(name.rpartition(".")[2]), name, name, call, stack)
+        self.calls.append(EagerCall(node, phase, differentiates, why))
+
+    def _name(self, base: str) -> str:
         """``addmm``, ``addmm_1``, ...: as export names its nodes."""
-        base = getattr(func, "_opname", None) or op_name(func)
         seen = self.names[base]
         self.names[base] += 1
         return base if seen == 0 else f"{base}_{seen}"
@@ -183,7 +214,7 @@ def _backward(model: torch.nn.Module, args: tuple, kwargs: dict, output,
     handles = [node.register_prehook(functools.partial(_running, recorder, node))
                for node in _graph_nodes(outputs)]
     try:
-        with recorder:
+        with recorder.recording():
             torch.autograd.grad(outputs, wanted, seeds, allow_unused=True)
     finally:
         for handle in handles:

@@ -1,0 +1,101 @@
+"""An eager count never claims work that left torch (`exportflops.capture.outside`): values handed
+to numpy, or to Python as floats, and tensors made again from host values after such a read are
+each an uncounted call, named, in the module where it ran; reads that decide sizes and tensors
+made from constants stay free."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import exportflops
+from exportflops.errors import UncountedOpError
+
+
+class Scores:
+    """A plain result object: torch.export cannot flatten it, so the eager run counts."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class ThroughNumpy(nn.Module):
+    """Doubles its projection in numpy: torch.export refuses ``.numpy()`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.from_numpy(self.proj(x).detach().numpy() * 2)
+
+
+class Head(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how = how
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x, lengths):
+        y = self.proj(x)
+        if self.how == "item":  # Python's arithmetic on a float read out of torch
+            return y * (y.abs().max().item() * 2)
+        if self.how == "tolist":  # a tensor made again from values Python computed
+            return torch.tensor([v * 2 for v in y[0].tolist()])
+        if self.how == "sizes":  # an integer read deciding a size, a tensor of constants
+            return y[:, : int(lengths.max())] * torch.tensor([0.5])
+        raise ValueError(self.how)
+
+
+class Wrapped(nn.Module):
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.head = Head(how)
+
+    def forward(self, x, lengths):
+        return Scores(self.head(x, lengths))
+
+
+def test_a_numpy_round_trip_is_two_uncounted_calls_not_full_coverage():
+    report = exportflops.analyze(ThroughNumpy(), (torch.randn(2, 8),))
+    assert report.capture == "eager"
+    # The linear's addmm is the one op counted (2 * 8 * 8 MACs); the values leaving for numpy
+    # and the tensor made from numpy's result are the two calls torch did not see: 1 / (1 + 2).
+    assert report.total.macs == 2 * 8 * 8
+    assert report.coverage == pytest.approx(1 / 3)
+    assert report.unsupported_ops() == {"Tensor.numpy": 1, "torch.from_numpy": 1}
+    numpy, made = report.uncounted
+    assert numpy.modules == made.modules == [""]
+    assert "float32 tensor left torch (Tensor.numpy)" in numpy.reason
+    assert ("after the run handed values out of torch (Tensor.numpy in the root module)"
+            in made.reason)
+
+
+@pytest.mark.parametrize("how, uncounted", [
+    # .item() of a float: its value left torch for Python's arithmetic.
+    ("item", {"Tensor.item": 1}),
+    # .tolist() of a float, then torch.tensor of what Python computed on it: two crossings.
+    ("tolist", {"Tensor.tolist": 1, "torch.tensor": 1}),
+    # int() of an integer tensor decides a size the ops follow, and torch.tensor([0.5]) holds
+    # a constant: both free.
+    ("sizes", {}),
+], ids=["item", "tolist", "sizes"])
+def test_values_that_leave_for_python_are_uncounted_in_their_module(how, uncounted):
+    x, lengths = torch.randn(2, 8), torch.tensor([3, 5])
+    report = exportflops.analyze(Wrapped(how), (x, lengths))
+    assert report.capture == "eager"
+    assert report.unsupported_ops() == uncounted
+    assert all(u.modules == ["head"] for u in report.uncounted)
+    # The ops counted: "item" the linear's addmm, abs, max and the multiply; "tolist" the
+    # addmm alone (y[0] is a view, Python's doubling unseen); "sizes" the addmm, lengths' max
+    # and the multiply (the slice a view). Coverage is counted / (counted + uncounted calls).
+    counted = {"item": 4, "tolist": 1, "sizes": 3}[how]
+    assert report.coverage == pytest.approx(counted / (counted + sum(uncounted.values())))
+
+
+def test_strict_refuses_values_handed_to_numpy_and_says_what_to_do():
+    with pytest.raises(UncountedOpError, match=r"Could not count Tensor\.numpy \(node 'numpy' "
+                       r"in module '<root>'\): the values of a float32 tensor left torch.*"
+                       r"Compute it with torch ops to count it\. Or analyze with strict=False"):
+        exportflops.analyze(ThroughNumpy(), (torch.randn(2, 8),), strict=True)
