@@ -40,10 +40,10 @@ from ..graph.opcall import ACTIVATION, STATE, WEIGHT
 from ..graph.stacks import ModuleFrame, Stack
 from ..graph.walk import NodeCall, op_call, op_name, storage_id
 from ..records.names import qualified_name
-from ..torch_internals import (OpOverload, TorchDispatchMode, get_sequence_nr, pytree,
+from ..torch_internals import (TorchDispatchMode, get_sequence_nr, pytree,
                                sequence_nr)
 from .export import run_kept
-from .outside import LIFT_FRESH, HostCalls
+from .outside import LIFT_FRESH, UNSEEN_WRITE, HostCalls, Unfilled
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
             torch.enable_grad() if train else torch.no_grad():
         with recorder.recording():
             output = model(*args, **kwargs)
+        recorder.returned(output)
         if train:
             _backward(model, args, kwargs, output, recorder)
     return recorder.calls
@@ -99,6 +100,7 @@ class _Recorder(TorchDispatchMode):
         self.state: set[int] = set()
         """Storages of buffers an op of the run writes (a running mean): state, not weights."""
         self.host = HostCalls(self._left_torch, self._where)
+        self.unfilled = Unfilled()
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -109,13 +111,19 @@ class _Recorder(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self._written(func, args, kwargs)
+        schema = getattr(func, "_schema", None)
+        named = {} if schema is None else dict(
+            zip((a.name for a in schema.arguments), args)) | kwargs
+        self._written(schema, named)
         name = self._name(getattr(func, "_opname", None) or op_name(func))
         if self.running is None:
             created = get_sequence_nr()
             self.made_by.update(dict.fromkeys(range(self.created, created), name))
             self.created = created
         stack, phase, differentiates = self._frame()
+        unwritten = self.unfilled.seen(func, named, out, f"node {name!r} in {self._where()}")
+        if unwritten is not None:
+            self._left_torch(UNSEEN_WRITE, *unwritten)
         maker, outside = self.host.made_from_host() if func is LIFT_FRESH else ("", "")
         call = op_call(func, args, kwargs, out, {}, kind_of=self._kind)
         node = NodeCall(name, func, maker if outside else op_name(func), call, stack)
@@ -134,10 +142,12 @@ class _Recorder(TorchDispatchMode):
         return f"module {stack[-1].path!r}" if stack and stack[-1].path else "the root module"
 
     def _left_torch(self, name: str, tensor: torch.Tensor, why: str) -> None:
-        """The call ``name`` (``Tensor.numpy``) handed ``tensor``'s values out of torch."""
+        """The call ``name`` (``Tensor.numpy``) handed ``tensor``'s values out of torch, or
+        (`UNSEEN_WRITE`) code outside torch wrote them."""
         stack, phase, differentiates = self._frame()
         call = op_call(name, (tensor,), {}, None, {}, kind_of=self._kind)
-        node = NodeCall(self._name(name.rpartition(".")[2]), name, name, call, stack)
+        base = name.rpartition(".")[2].replace(" ", "_")
+        node = NodeCall(self._name(base), name, name, call, stack)
         self.calls.append(EagerCall(node, phase, differentiates, why))
 
     def _name(self, base: str) -> str:
@@ -146,18 +156,24 @@ class _Recorder(TorchDispatchMode):
         self.names[base] += 1
         return base if seen == 0 else f"{base}_{seen}"
 
-    def _written(self, func: OpOverload, args: tuple, kwargs: dict) -> None:
-        """A parameter or buffer the op writes in place (``(a!)`` in its schema) holds state."""
-        schema = getattr(func, "_schema", None)
+    def _written(self, schema, named: dict) -> None:
+        """A parameter or buffer the op writes in place (``(a!)`` in its schema) holds state;
+        ``named``: the op's arguments by schema name."""
         if schema is None:
             return
         written = [argument.name for argument in schema.arguments
                    if argument.alias_info is not None and argument.alias_info.is_write]
-        named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
         for value in pytree.tree_leaves([named.get(name) for name in written]):
             storage = storage_id(value)
             if storage in self.weights:
                 self.state.add(storage)
+
+    def returned(self, output) -> None:
+        """The model returned ``output``: a tensor of it no op wrote was written outside."""
+        for tensor in _tensors(output, set()):
+            if storage_id(tensor) in self.unfilled.allocations:
+                self._left_torch(UNSEEN_WRITE, tensor, self.unfilled.unwritten(
+                    storage_id(tensor), "returned by the model"))
 
     def _kind(self, tensor: torch.Tensor) -> str:
         storage = storage_id(tensor)

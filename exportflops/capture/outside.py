@@ -34,6 +34,9 @@ from collections.abc import Callable
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..graph.walk import storage_id
+from ..torch_internals import pytree
+
 #: Tensor methods that hand a tensor's data to code outside torch, whatever its dtype (1.).
 _TO_FOREIGN = {"numpy", "__array__", "__dlpack__"}
 #: Tensor methods that hand a tensor's values to Python (2.).
@@ -102,3 +105,61 @@ def _hidden(name: str, tensor: torch.Tensor) -> str:
                 f"Python's arithmetic on them is not counted. Keep them in a tensor to count "
                 f"it")
     return ""
+
+
+#: The ops that allocate a tensor and write nothing in it.
+_ALLOCATORS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_like.default,
+               torch.ops.aten.empty_strided.default, torch.ops.aten.new_empty.default,
+               torch.ops.aten.new_empty_strided.default, torch.ops.aten.empty_permuted.default}
+#: Written outside torch: the name of the uncounted entry of an allocation read unwritten.
+UNSEEN_WRITE = "written outside torch"
+
+
+class Unfilled:
+    """The storages the run allocated (``torch.empty``) that no dispatched op has written.
+    Where an op reads one, or the model returns one, code outside the dispatcher filled it
+    (a C extension writing through ``data_ptr``), doing work torch never saw. An argument
+    that the schema marks as aliased (a view's input) or written is no read, nor is the
+    input of an op that reads only its metadata (``empty_like``, ``new_zeros``). Partial
+    writes are not told apart, and an extension writing into a tensor an op filled before is
+    not seen."""
+
+    def __init__(self) -> None:
+        self.allocations: dict[int, tuple[torch.Tensor, str]] = {}
+        """Storage -> the tensor allocated (held: its storage's address is not reused while
+        it is listed) and where its allocation ran: ``node 'empty' in module 'ext'``."""
+
+    def seen(self, func, named: dict, out, where: str) -> tuple[torch.Tensor, str] | None:
+        """Follow one op: ``named`` its arguments by schema name, ``out`` its result, ``where``
+        its node and module. The tensor it reads that hides work and why, else None."""
+        schema = getattr(func, "_schema", None)
+        reads_values = not _metadata_only(getattr(func, "_opname", ""))
+        hidden = None
+        for argument in schema.arguments if schema is not None else ():
+            alias = argument.alias_info
+            for value in _tensors(named.get(argument.name)):
+                storage = storage_id(value)
+                if alias is not None and alias.is_write:
+                    self.allocations.pop(storage, None)
+                elif alias is None and reads_values and storage in self.allocations:
+                    hidden = hidden or (value, self.unwritten(storage, f"read by {where}"))
+        if func in _ALLOCATORS and storage_id(out) is not None:
+            self.allocations[storage_id(out)] = (out, where)
+        return hidden
+
+    def unwritten(self, storage: int, use: str) -> str:
+        """Why ``storage``, allocated and never written by an op, hides work (once each)."""
+        _, allocated = self.allocations.pop(storage)
+        return (f"the tensor allocated at {allocated} is {use} though no op torch dispatched "
+                f"wrote it: code outside torch (a C extension) filled it, and its work is not "
+                f"counted. Make that code a torch custom op (torch.library) with a formula to "
+                f"count it")
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return [leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)]
+
+
+def _metadata_only(name: str) -> bool:
+    """Whether the op named ``name`` reads only its tensor inputs' sizes and dtypes."""
+    return name.endswith("_like") or name.startswith("new_")

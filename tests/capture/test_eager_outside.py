@@ -1,9 +1,12 @@
 """An eager count never claims work that left torch (`exportflops.capture.outside`): values handed
 to numpy, or to Python as floats, and tensors made again from host values after such a read are
-each an uncounted call, named, in the module where it ran; reads that decide sizes and tensors
-made from constants stay free."""
+each an uncounted call, named, in the module where it ran, and so is a buffer ``torch.empty``
+made that something outside torch filled (a C extension); reads that decide sizes, tensors made
+from constants and buffers that ops fill stay free."""
 
 from __future__ import annotations
+
+import ctypes
 
 import pytest
 import torch
@@ -99,3 +102,52 @@ def test_strict_refuses_values_handed_to_numpy_and_says_what_to_do():
                        r"in module '<root>'\): the values of a float32 tensor left torch.*"
                        r"Compute it with torch ops to count it\. Or analyze with strict=False"):
         exportflops.analyze(ThroughNumpy(), (torch.randn(2, 8),), strict=True)
+
+
+class WrittenInC(nn.Module):
+    """Copies its projection into a buffer ``torch.empty_like`` made, through ``ctypes`` (as a
+    C extension writes through ``data_ptr``), then doubles it or returns it."""
+
+    def __init__(self, returned: bool) -> None:
+        super().__init__()
+        self.returned = returned
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.proj(x)
+        out = torch.empty_like(y)
+        ctypes.memmove(out.data_ptr(), y.data_ptr(), y.numel() * y.element_size())
+        return Scores(out if self.returned else out * 2)
+
+
+@pytest.mark.parametrize("returned", [False, True], ids=["read", "returned"])
+def test_a_buffer_written_outside_torch_is_uncounted(returned):
+    report = exportflops.analyze(WrittenInC(returned), (torch.randn(2, 8),))
+    assert report.capture == "eager"
+    assert report.unsupported_ops() == {"written outside torch": 1}
+    [unseen] = report.uncounted
+    use = "returned by the model" if returned else "read by node 'mul' in the root module"
+    assert unseen.reason.startswith(f"the tensor allocated at node 'empty_like' in the root "
+                                    f"module is {use} though no op torch dispatched wrote it")
+    # Counted: the addmm, and the doubling where it runs; one uncounted entry.
+    counted = 1 if returned else 2
+    assert report.coverage == pytest.approx(counted / (counted + 1))
+
+
+class FilledByOps(nn.Module):
+    """Allocations every one of which an op fills before it is read: a copy into a view, an
+    in-place fill, an ``out=``."""
+
+    def forward(self, x):
+        a = torch.empty(4, 4)
+        a.view(16).copy_(torch.arange(16.0))
+        b = torch.empty(3).normal_()
+        c = torch.empty(2, 2)
+        torch.add(x, 1, out=c)
+        return Scores(a.sum() + b.sum() + c.sum() + torch.empty_like(a).fill_(1).sum())
+
+
+def test_allocations_filled_by_dispatched_ops_are_counted_in_full():
+    report = exportflops.analyze(FilledByOps(), (torch.randn(2, 2),))
+    assert report.capture == "eager"
+    assert report.uncounted == [] and report.coverage == 1.0
