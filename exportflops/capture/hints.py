@@ -28,6 +28,10 @@ _HINTS = [
     (READ_ON_META,
      "the model reads a tensor's values (.tolist()) where its tensors are on meta, which hold "
      f"none. Analyze the model on cpu {_ON_CPU}."),
+    ((".numpy()", "__array__"),
+     "the model hands a tensor's values to numpy, which torch.export cannot trace. On cpu "
+     f"{_ON_CPU} exportflops counts one eager run instead, and lists each call where values "
+     "leave torch as uncounted; or compute that part with torch ops."),
     (("Inference tensors", "inference tensor"),
      "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
      "cannot train them. For mode='train', build the model and inputs outside inference_mode."),

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import exportflops
-from exportflops.errors import UncountedOpError
+from exportflops.errors import ExportError, UncountedOpError
 
 
 class Scores:
@@ -151,3 +151,11 @@ def test_allocations_filled_by_dispatched_ops_are_counted_in_full():
     report = exportflops.analyze(FilledByOps(), (torch.randn(2, 2),))
     assert report.capture == "eager"
     assert report.uncounted == [] and report.coverage == 1.0
+
+
+def test_a_numpy_round_trip_on_meta_is_refused_with_the_way_to_count_it():
+    # On meta there are no values for numpy, so no eager run: the refusal says to run on cpu.
+    with pytest.raises(ExportError) as failed:
+        exportflops.analyze(ThroughNumpy().to("meta"), (torch.randn(2, 8, device="meta"),))
+    assert failed.value.hint.startswith("the model hands a tensor's values to numpy, which "
+                                        "torch.export cannot trace. On cpu")
