@@ -23,8 +23,13 @@ which host data becomes a tensor (``aten.lift_fresh``, dispatched by ``torch.ten
    read (``cu_seqlens`` from ``lengths.tolist()``), which export would trace as symbolic
    integer arithmetic, no FLOPs either; it is free.
 
-``Tensor.data_ptr`` is not among them: it reads an address, not values (torch's own RNN
-modules and transformers compare addresses to find shared storage).
+4. A buffer the run allocated (``torch.empty``) that an op reads, or the model returns, with
+   no dispatched op having written it: code outside torch filled it (`Unfilled`).
+
+``Tensor.data_ptr`` is not among the calls: it reads an address, not values (torch's own RNN
+modules and transformers compare addresses to find shared storage); a C extension that writes
+through it into a new buffer is seen by 4. One that writes into a tensor an op filled before,
+or a pybind function that computes and returns plain numbers, is not seen.
 """
 
 from __future__ import annotations
