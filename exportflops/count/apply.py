@@ -155,14 +155,32 @@ def untraced_backward(node: NodeCall, reason: str, *, strict: bool,
                       half: str = "") -> NodeRecord:
     """The record of a forward node whose backward (its ``half`` of it, when split) could not
     be traced: missing, not zero."""
-    note = f"backward not traced: {reason}"
-    if strict:
-        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
     name = f"{node.name}.backward.{half}" if half else f"{node.name}.backward"
-    return NodeRecord(name=name, op=node.op_name, module=node.module,
-                      status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
-                      outputs=[], cost=Cost(), note=note, phase="backward",
-                      differentiates=node.name)
+    return _missing(node, f"backward not traced: {reason}", strict=strict, name=name,
+                    status="error", outputs=[], phase="backward", differentiates=node.name,
+                    formula=True)
+
+
+def outside_torch(node: NodeCall, reason: str, *, strict: bool, phase: str = "forward",
+                  differentiates: str = "") -> NodeRecord:
+    """The record of a call of an eager run whose work torch does not see (values handed to
+    numpy, `capture.outside`): uncounted, not zero, so that coverage says so."""
+    return _missing(node, reason, strict=strict, name=node.name, status="uncounted",
+                    outputs=[_spec(t) for t in node.call.outputs], phase=phase,
+                    differentiates=differentiates, formula=False)
+
+
+def _missing(node: NodeCall, note: str, *, strict: bool, name: str, status: str,
+             outputs: list[TensorSpec], phase: str, differentiates: str,
+             formula: bool) -> NodeRecord:
+    """A record of ``node`` whose cost is missing from every total (``strict`` raises; a
+    formula for its op fixes it where ``formula``)."""
+    if strict:
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note,
+                               formula=formula)
+    return NodeRecord(name=name, op=node.op_name, module=node.module, status=status,
+                      inputs=[_spec(t) for t in node.call.tensor_inputs()], outputs=outputs,
+                      cost=Cost(), note=note, phase=phase, differentiates=differentiates)
 
 
 @functools.lru_cache(maxsize=4096)
