@@ -1,6 +1,7 @@
 """The predicted peak of a step (`exportflops.memory`) against torch's profiler on a real cpu
-step, per model: the models of tests/footprint (GPT-2's shape, a 4-layer Llama, a ResNet's
-shape with batch norm, an MLP under activation checkpointing), train with AdamW and forward.
+step, per model: the models of tests/footprint (GPT-2's shape, a 4-layer Llama, a 2-layer
+Mixtral, a ResNet's shape with batch norm, an MLP under activation checkpointing), train with
+AdamW and forward.
 
 Target (issue 50): predicted / measured within 0.97 .. 1.03. Also printed: the seconds of the
 memory analysis and of the FLOPs analysis (``analyze``) of the same mode.
