@@ -3,7 +3,7 @@ timeline of live bytes. Imports no torch. Definitions: docs/memory.md."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .base import SCHEMA_VERSION, Record
 from ..errors import UnknownDeviceError
@@ -126,6 +126,14 @@ class MemoryReport(Record):
     """Every module, in ``named_modules()`` order."""
     timeline: list[MemoryPoint]
     """The live bytes after every op of the step, in order."""
+
+    def to_pandas(self, rows: Literal["timeline", "modules"] = "timeline") -> Any:
+        """The timeline (one row per op: index, op, module, phase, the live bytes of each kind
+        and their total) or the modules (one row each, the fields of `ModuleMemory`) as a
+        pandas DataFrame (needs ``pip install 'exportflops[pandas]'``), bytes as integers."""
+        from ..render.memory import memory_frame
+
+        return memory_frame(self, rows)
 
     def fits(self, device: str) -> DeviceFit:
         """Whether the peak fits the memory of ``device``, a key of the device table
