@@ -9,7 +9,8 @@ from .collectives import Collective
 from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
-from .memory import DeviceFit, KindBytes, MemoryPoint, MemoryReport, ModuleMemory
+from .memory import (DeviceFit, KindBytes, MemoryOnDevice, MemoryPoint, MemoryReport,
+                     ModuleMemory)
 from .pipeline import PipelineAction, PipelineRank, PipelineReport, PipelineStage
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
@@ -17,11 +18,11 @@ from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 from .training import DocumentFlops, StepFlops, Throughput
 
-__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
-           "ContextRank", "Cost", "Count", "DocumentFlops", "ExpertParallelReport", "ExpertRank",
-           "DeviceFit", "GenerationReport", "KindBytes", "MemoryPoint", "MemoryReport",
-           "ModuleMemory", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
-           "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
-           "PipelineStage", "Record", "Report", "RingSend", "Roofline",
-           "RooflineModule", "RooflineNode", "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord",
-           "StepFlops", "TensorSpec", "Throughput", "TiedParameter", "Timing", "UncountedOp"]
+__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport", "ContextRank",
+           "Cost", "Count", "DeviceFit", "DocumentFlops", "ExpertParallelReport", "ExpertRank",
+           "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
+           "ModuleMemory", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus", "NodeTiming",
+           "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport", "PipelineStage",
+           "Record", "Report", "RingSend", "Roofline", "RooflineModule", "RooflineNode",
+           "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord", "StepFlops", "TensorSpec",
+           "Throughput", "TiedParameter", "Timing", "UncountedOp"]

@@ -153,3 +153,13 @@ class MemoryReport(Record):
         return DeviceFit(device=device, fits=self.peak_bytes <= row.memory_bytes,
                          capacity_bytes=row.memory_bytes, peak_bytes=self.peak_bytes,
                          headroom_bytes=row.memory_bytes - self.peak_bytes, source=row.source)
+
+
+class MemoryOnDevice(Record):
+    """A step's memory and whether it fits a device: what ``exportflops MODEL --memory
+    --device-model KEY`` writes as JSON."""
+
+    memory: MemoryReport
+    """The step's memory."""
+    fit: DeviceFit
+    """``memory.fits(KEY)``."""

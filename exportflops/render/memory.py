@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import optional_module
-from ..records.memory import KindBytes, MemoryReport
+from ..records.memory import DeviceFit, KindBytes, MemoryReport
 from .format import Style
 
 _KIND_HEADERS = ("kind", "at the peak", "share", "own maximum")
@@ -24,6 +24,19 @@ def memory_view(report: MemoryReport, style: Style = Style(), max_depth: int = 3
              f"{report.peak_module or '(root)'}; {_allocator(report)}")
     return "\n\n".join([style.titled(title, _kinds(report, style)),
                         style.titled("Per module", _tree(report, style, max_depth))])
+
+
+def fit_view(fit: DeviceFit, style: Style = Style()) -> str:
+    """One line: whether the peak fits the device, its capacity and the headroom (or what
+    is missing)."""
+    capacity = style.count(fit.capacity_bytes, "B")
+    if fit.fits:
+        return (f"Fits {fit.device}: peak {style.count(fit.peak_bytes, 'B')} of {capacity} "
+                f"(the datasheet's GB as 10^9 B), {style.count(fit.headroom_bytes, 'B')} to "
+                f"spare for what is not tensor storage (CUDA context, workspaces).")
+    return (f"Does not fit {fit.device}: peak {style.count(fit.peak_bytes, 'B')} over its "
+            f"{capacity} (the datasheet's GB as 10^9 B) by "
+            f"{style.count(-fit.headroom_bytes, 'B')}.")
 
 
 def _allocator(report: MemoryReport) -> str:
