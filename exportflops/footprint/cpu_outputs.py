@@ -5,8 +5,9 @@ must not stop a step that runs eagerly on cpu.
 ``aten._grouped_mm``: its meta kernel (``meta_grouped_mm`` in torch/_meta_registrations.py)
 applies the CUDA kernel's rules, bfloat16 only; the cpu kernel also multiplies float32 and
 float16 (transformers' default ``grouped_mm`` experts, a Mixtral's, call it in float32 on cpu,
-routing with ``histc`` and ``cumsum``, no value read). The output is the one torch's meta kernel
-makes, by its own function (``_create_grouped_mm_output_tensor``), in the inputs' dtype.
+routing with ``histc`` and ``cumsum``, no value read). Its other check, a matrix's leading
+stride a multiple of 16 bytes, stands; the output is the one torch's meta kernel makes, by its
+own function (``_create_grouped_mm_output_tensor``), in the inputs' dtype.
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def _grouped_mm(func: Callable[..., torch.Tensor], mat_a: torch.Tensor, mat_b: t
                    and mat_a.dtype == mat_b.dtype and mat_a.dtype in _GROUPED_MM_CPU_DTYPES)
     if not on_cpu_only:  # the meta kernel's checks and errors stand
         return func(mat_a, mat_b, offs, bias, out_dtype)
+    for name, mat in (("mat_a", mat_a), ("mat_b", mat_b)):
+        # The cpu kernel's one check besides the dtype, which the meta kernel also makes.
+        if mat.stride()[-1 if mat.stride()[-1] != 1 else -2] * mat.element_size() % 16:
+            raise RuntimeError(f"_grouped_mm on cpu refuses {name} of strides {mat.stride()} "
+                               f"({mat.dtype}): strides should be multiple of 16 bytes.")
     return require("grouped_mm_output")(mat_a, mat_b, offs, out_dtype)
 
 

@@ -41,6 +41,16 @@ def test_a_float64_grouped_matmul_is_refused_as_the_meta_kernel_refuses_it():
         exportflops.memory(model, (x, offs), mode="forward")
 
 
+def test_rows_no_multiple_of_16_bytes_are_refused_as_the_cpu_kernel_refuses_them():
+    # eager on cpu: torch._grouped_mm of a (6, 6) float32 x raises "strides should be multiple
+    # of 16 bytes" (6 x 4 = 24 bytes a row)
+    model = GroupedLinear(experts=3, width=6, out=16)
+    x, offs = torch.randn(6, 6), torch.tensor([2, 4, 6], dtype=torch.int32)
+    with pytest.raises(ProfileError, match=r"refuses mat_a of strides \(6, 1\) "
+                                           r"\(torch.float32\): strides should be multiple"):
+        exportflops.memory(model, (x, offs), mode="forward")
+
+
 def test_an_eager_experts_loop_reads_the_routing_and_is_a_profile_error_saying_so():
     model, args, kwargs = CASES["mixtral-2-layers"].build()
     model.set_experts_implementation("eager")
