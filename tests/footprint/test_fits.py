@@ -9,7 +9,7 @@ import torch
 
 import exportflops
 from exportflops.errors import UnknownDeviceError
-from exportflops.records import DeviceFit
+from exportflops.records import DeviceFit, MemoryOnDevice
 from tests.footprint.models import FP32
 
 
@@ -53,6 +53,9 @@ def test_a_row_of_boards_with_different_memory_is_refused_naming_total_memory():
         _meta_linear_forward(5, 3).fits("v100-sxm2")
 
 
-def test_the_fit_round_trips_through_json():
-    fit = _meta_linear_forward(5, 3).fits("l4")
+def test_the_fit_and_the_report_with_it_round_trip_through_json():
+    report = _meta_linear_forward(5, 3)
+    fit = report.fits("l4")
     assert DeviceFit.model_validate_json(fit.model_dump_json()) == fit
+    both = MemoryOnDevice(memory=report, fit=fit)
+    assert MemoryOnDevice.model_validate_json(both.model_dump_json()) == both
