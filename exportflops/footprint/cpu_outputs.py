@@ -6,8 +6,9 @@ must not stop a step that runs eagerly on cpu.
 applies the CUDA kernel's rules, bfloat16 only; the cpu kernel also multiplies float32 and
 float16 (transformers' default ``grouped_mm`` experts, a Mixtral's, call it in float32 on cpu,
 routing with ``histc`` and ``cumsum``, no value read). Its other check, a matrix's leading
-stride a multiple of 16 bytes, stands; the output is the one torch's meta kernel makes, by its
-own function (``_create_grouped_mm_output_tensor``), in the inputs' dtype.
+stride a multiple of 16 bytes, stands; the output has the shape torch's meta kernel gives it,
+by its own function (``_create_grouped_mm_output_tensor``), in the inputs' dtype, its rows
+padded to 16 bytes as the cpu kernel pads them.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ def _grouped_mm(func: Callable[..., torch.Tensor], mat_a: torch.Tensor, mat_b: t
         if mat.stride()[-1 if mat.stride()[-1] != 1 else -2] * mat.element_size() % 16:
             raise RuntimeError(f"_grouped_mm on cpu refuses {name} of strides {mat.stride()} "
                                f"({mat.dtype}): strides should be multiple of 16 bytes.")
-    return require("grouped_mm_output")(mat_a, mat_b, offs, out_dtype)
+    out = require("grouped_mm_output")(mat_a, mat_b, offs, out_dtype)  # its shape and dtype
+    # The cpu kernel pads each output row to a multiple of 16 bytes as the CUDA kernel does
+    # (a (6, 5) float32 output has strides (8, 1), 180 bytes); the meta function pads only in
+    # a CUDA build of torch.
+    alignment = 16 // out.element_size()
+    padded = -(-out.shape[-1] // alignment) * alignment
+    strides = (out.shape[-2] * padded, padded, 1) if out.dim() == 3 else (padded, 1)
+    return torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device)
 
 
 _AS_ON_CPU: dict[Any, Callable[..., torch.Tensor]] = {

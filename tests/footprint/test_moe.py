@@ -33,6 +33,24 @@ def test_a_float32_grouped_matmuls_output_is_counted_as_the_cpu_kernel_makes_it(
     assert report.peak_node == "aten._grouped_mm.default #0"
 
 
+class TransposedGroupedLinear(GroupedLinear):
+    """The weight held as ``experts x out x width``, multiplied transposed (as transformers'
+    experts hold theirs), so that its leading stride is ``width``, not ``out``."""
+
+    def forward(self, x: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        return torch._grouped_mm(x, self.weight.transpose(-2, -1), offs=offs)
+
+
+def test_an_output_row_is_padded_to_16_bytes_as_the_cpu_kernel_pads_it():
+    # Eager on cpu, a (6, 5) float32 output of _grouped_mm has strides (8, 1): its storage is
+    # (6 - 1) x 8 + 5 = 45 elements, 180 bytes, not 6 x 5 = 30.
+    model = TransposedGroupedLinear(3, 5, 8)  # weight (3, 5, 8), multiplied as (3, 8, 5)
+    x, offs = torch.randn(6, 8), torch.tensor([2, 4, 6], dtype=torch.int32)
+    report = exportflops.memory(model, (x, offs), mode="forward")
+    output = ((6 - 1) * 8 + 5) * FP32
+    assert report.peak_bytes == (3 * 5 * 8 + 6 * 8) * FP32 + 3 * INT32 + output
+
+
 def test_a_float64_grouped_matmul_is_refused_as_the_meta_kernel_refuses_it():
     # the cpu kernel refuses float64 too ("Expected mat_a to be Float32, BFloat16 or Float16")
     model = GroupedLinear(experts=3, width=8, out=16).double()
