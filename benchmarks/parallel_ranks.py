@@ -39,7 +39,7 @@ def _build(device):
 
 
 def _counter():
-    return stage_rank_counter(_build, "llama", CONFIG.n_layers, PP, tp=TP, fsdp=FSDP,
+    return stage_rank_counter(_build, CONFIG.n_layers, PP, tp=TP, fsdp=FSDP,
                               mode="train")
 
 

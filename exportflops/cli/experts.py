@@ -22,7 +22,7 @@ def analyze_split(ns: argparse.Namespace):
     from ..parallel.experts import expert_parallel, moe_sizes
     from ..parallel.experts_fsdp import fsdp_collectives
     from ..render.experts import experts_view
-    from .parallel import tensor_parallel
+    from ..parallel.parallelize import tensor_parallel
 
     device = device_named(ns.device or "meta")
     model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -40,7 +40,7 @@ def analyze_split(ns: argparse.Namespace):
             layout["fsdp_collectives"] = fsdp_collectives(
                 model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp, num_experts=sizes["num_experts"],
                 mode=ns.mode, tp=ns.tp,
-                parallelize=None if ns.tp is None else partial(tensor_parallel, ns.model,
+                parallelize=None if ns.tp is None else partial(tensor_parallel,
                                                                experts="experts"))
         if ns.tp is not None:
             report = _tensor_parallel_rank(ns)

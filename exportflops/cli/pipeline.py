@@ -104,16 +104,16 @@ def _composed_counter(ns: argparse.Namespace, model, stages: int, split_backward
                                       hf_options=hf_options(ns))
         return built, args
 
-    return stage_rank_counter(build, ns.model, len(model.layers), stages, tp=ns.tp,
+    return stage_rank_counter(build, len(model.layers), stages, tp=ns.tp,
                               fsdp=ns.fsdp, mode=ns.mode, strict=ns.strict,
                               split_backward=split_backward)
 
 
-def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
+def stage_rank_counter(build: Callable, layers: int, stages: int, *,
                        tp: int | None, fsdp: int | None, mode: str = "forward",
                        strict: bool = False, split_backward: bool = False):
     """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
-    ``spec`` (a key of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
+    model (one of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
     as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
     ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
     fake tensors for FSDP2), split by its tensor-parallel plan (``tp``) and FSDP2 (``fsdp``,
@@ -121,34 +121,33 @@ def stage_rank_counter(build: Callable, spec: str, layers: int, stages: int, *,
     (whose backward torch runs whole) counted with its backward in the zero-bubble schedules'
     two passes (`exportflops.graph.passes`)."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
 
     from ..api import analyze
+    from ..parallel.layout import Layout
     from ..parallel.pipeline import stage_layers
     from ..parallel.pipeline_mesh import LlamaStage
-    from ..parallel.ranks import fake_copy, fake_process_group
-    from .parallel import _fully_shard, _parallelize
+    from ..parallel.parallelize import fully_shard_blocks, tensor_parallel
+    from ..parallel.ranks import fake_copy
 
     held = stage_layers(layers, stages)
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
+    layout = Layout(fsdp=fsdp or 1, tp=tp or 1)  # a stage's (fsdp, tp) group
 
     def count(index: int, rank: int, stage) -> Report:
         # The stage's own collectives run in its (fsdp, tp) group: the group's rank 0 stands
         # for the stage, under a process group of that group's ranks. One group for every
         # stage also keeps torch's caches right: DeviceMesh compares equal by layout alone,
         # so a mesh of other process groups would hit the groups cached for the one before.
-        with fake_process_group((fsdp or 1) * (tp or 1), rank=0):
-            mesh = init_device_mesh("cpu", tuple(degrees.values()),
-                                    mesh_dim_names=tuple(degrees))
+        with layout.mesh(*degrees, rank=0) as mesh:
             built, args = build(torch.device("meta"))
             inputs = args if index == 0 else _received(built, args[0], mode)
             if fsdp is not None:  # FSDP2 refuses meta parameters
                 built, inputs, _ = fake_copy(built, inputs, {})
             if tp is not None:
-                _parallelize(spec, built, mesh["tp"])
+                tensor_parallel(built, mesh["tp"])
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
             if fsdp is not None:  # torchtitan's default under pipeline parallelism
-                _fully_shard(spec, part, mesh["fsdp"], reshard_after_forward=False)
+                fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
             report = analyze(part, inputs, None, mode=mode, strict=strict,
                              split_backward=split_backward and index > 0)
         return _dims_named(report, degrees)
@@ -215,7 +214,7 @@ def _check_untied(model) -> None:
     """A parameter under two names (a tied embedding and head) gets its gradient summed from
     both uses in the whole rank's backward, which would put the head's part in the last
     stage's input pass: refused with the zero-bubble schedules."""
-    from .parallel import tied_names
+    from ..parallel.parallelize import tied_names
 
     tied = tied_names(model)
     if tied:
@@ -246,8 +245,7 @@ def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], g
     return stage_input_way(graph, lambda node: stage_of.get(node.name))
 
 
-def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, model,
-                 mesh) -> None:
+def _stage_units(split_points: list[str], paths: list[list[str]], model, mesh) -> None:
     """FSDP2 on ``model`` as torchtitan shards each pipeline stage: its blocks, then each
     stage's modules outside them as one unit (`stage_units`, standing for the stage's root),
     then the whole model's root, which holds none; every unit keeps its parameters gathered
@@ -271,8 +269,9 @@ def _stage_units(split_points: list[str], paths: list[list[str]], spec: str, mod
                 fully_shard(unit, mesh=mesh, reshard_after_forward=False)
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
     except Exception as error:  # FSDP2 refuses the model as built
-        raise BuildError(f"--pp with --fsdp {mesh.size()}: fully_shard on {spec}'s blocks, "
-                         f"then each stage's other modules, then the root, failed: "
+        raise BuildError(f"--pp with --fsdp {mesh.size()}: fully_shard on "
+                         f"{type(model).__name__}'s blocks, then each stage's other modules, "
+                         f"then the root, failed: "
                          f"{type(error).__name__}: {error}") from error
 
 

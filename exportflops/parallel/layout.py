@@ -12,20 +12,20 @@ FSDP2 peers share its tp index. Expert parallelism borrows ranks rather than add
 (world = pp x dp x fsdp x cp x tp): inside FSDP2 its groups sit in the ``fsdp x cp x tp``
 ranks of each (pp, dp) place, the sparse mesh ``(pp, dp, efsdp, ep)`` with ``ep`` innermost and
 ``efsdp = fsdp x cp x tp / ep`` ranks holding the same experts (``ParallelDims._validate``: ep
-divides dp_shard x cp x tp). Without FSDP2 nothing would shard the experts over ranks holding
-the same ones, so the group is every rank of a stage: ``ep = dp x cp x tp``, ``efsdp = 1``
+divides dp_shard x cp x tp). Without FSDP2 the groups sit in the dp x cp x tp ranks of a stage
 (``Layout(dp=4, ep=4)``: four data-parallel ranks, each holding a quarter of the experts).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
+from ..errors import LayoutError
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -53,20 +53,16 @@ class Layout:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InputError(f"Layout: {field.name} is a degree, an int >= 1, got "
+                raise LayoutError(f"Layout: {field.name} is a degree, an int >= 1, got "
                                  f"{field.name}={value!r}.")
-        region = self.fsdp * self.cp * self.tp
-        if self.ep > 1 and self.fsdp > 1 and region % self.ep:
-            raise InputError(
-                f"{self}: fsdp x cp x tp = {region} is not a multiple of ep {self.ep}: expert "
-                f"parallelism sits inside FSDP2 as torchtitan lays it out, each group of ep "
-                f"ranks inside the fsdp x cp x tp ranks; pass an ep dividing {region}.")
-        if self.ep > 1 and self.fsdp == 1 and self.ep != self.dp * self.cp * self.tp:
-            raise InputError(
-                f"{self}: without fsdp the ep ranks are every rank of a stage, ep = dp x cp x "
-                f"tp = {self.dp * self.cp * self.tp}: more ranks holding the same experts are "
-                f"sharded by FSDP2 (pass fsdp), and the ranks of a group must exist (ep "
-                f"{self.ep} alone is Layout(dp={self.ep}, ep={self.ep})).")
+        region = self._expert_region()
+        if region % self.ep:
+            over = "fsdp x cp x tp" if self.fsdp > 1 else "dp x cp x tp (without fsdp)"
+            raise LayoutError(
+                f"{self}: ep {self.ep} does not divide {over} = {region}, the ranks its groups "
+                f"sit in as torchtitan lays them out (ParallelDims: ep divides dp_shard x cp x "
+                f"tp); ep ranks alone, each running its own batch, are "
+                f"Layout(dp={self.ep}, ep={self.ep}).")
 
     def __str__(self) -> str:
         given = [f"{name}={getattr(self, name)}" for name in (f.name for f in fields(self))
@@ -97,16 +93,18 @@ class Layout:
         ``group(r, "tp")`` its tensor-parallel group, ``group(r, "fsdp", "cp")`` the ranks
         FSDP2 shards over with context parallelism, ``group(r, "ep")`` its expert group."""
         mesh = self._mesh_of(dims)
-        at = self._placed(rank, mesh)
-        kept = [name for name in mesh if name not in dims]
-        return [other for other in range(self.world_size)
-                if all(self._placed(other, mesh)[name] == at[name] for name in kept)]
+        sizes, at = self._sizes(mesh), self._placed(rank, mesh)
+        strides = {name: math.prod(sizes[inner] for inner in mesh[i + 1:])
+                   for i, name in enumerate(mesh)}
+        first = rank - sum(at[name] * strides[name] for name in dims)
+        return sorted(first + sum(i * strides[name] for i, name in zip(index, dims))
+                      for index in itertools.product(*(range(sizes[name]) for name in dims)))
 
     def check_rank(self, rank: int) -> None:
         """``rank`` is one of this layout's: an int in 0 .. world_size - 1."""
         if isinstance(rank, bool) or not isinstance(rank, int) \
                 or not 0 <= rank < self.world_size:
-            raise InputError(f"rank {rank!r}: {self} has ranks 0..{self.world_size - 1}.")
+            raise LayoutError(f"rank {rank!r}: {self} has ranks 0..{self.world_size - 1}.")
 
     def device_mesh(self, *dims: str, device_type: str = "cpu") -> DeviceMesh:
         """The DeviceMesh of ``dims`` (default: those split more than once, `degrees`) over the
@@ -136,24 +134,27 @@ class Layout:
         """The mesh holding every one of ``names``: the dense one, else the expert one."""
         unknown = [name for name in names if name not in DENSE + SPARSE]
         if unknown:
-            raise InputError(f"{self}: no mesh dimension {unknown[0]!r}; the dense mesh is "
+            raise LayoutError(f"{self}: no mesh dimension {unknown[0]!r}; the dense mesh is "
                              f"{', '.join(DENSE)}, the expert mesh {', '.join(SPARSE)}.")
         for mesh in (DENSE, SPARSE):
             if all(name in mesh for name in names):
                 return mesh
-        raise InputError(f"{self}: dimensions {', '.join(names)} are not all on one mesh: the "
+        raise LayoutError(f"{self}: dimensions {', '.join(names)} are not all on one mesh: the "
                          f"dense mesh is {', '.join(DENSE)}, the expert mesh "
                          f"{', '.join(SPARSE)}.")
 
+    def _expert_region(self) -> int:
+        """The ranks of a (pp, dp) place an expert group sits in: fsdp x cp x tp, or without
+        FSDP2 every rank of a stage, dp x cp x tp (module docstring)."""
+        return (self.dp if self.fsdp == 1 else self.fsdp) * self.cp * self.tp
+
     def _sizes(self, mesh: tuple[str, ...]) -> dict[str, int]:
-        """{dimension: degree} of ``mesh``; the expert mesh's (module docstring) spans the
-        fsdp x cp x tp ranks of each (pp, dp) place, or without FSDP2 every rank of a stage."""
+        """{dimension: degree} of ``mesh``; the expert mesh spans `_expert_region` in each
+        (pp, dp) place, ep innermost."""
         if mesh == DENSE:
             return {name: getattr(self, name) for name in DENSE}
-        inside = self.fsdp * self.cp * self.tp
-        if self.fsdp > 1 or self.ep == 1:
-            return {"pp": self.pp, "dp": self.dp, "efsdp": inside // self.ep, "ep": self.ep}
-        return {"pp": self.pp, "dp": 1, "efsdp": 1, "ep": self.ep}
+        return {"pp": self.pp, "dp": self.dp if self.fsdp > 1 else 1,
+                "efsdp": self._expert_region() // self.ep, "ep": self.ep}
 
     def _placed(self, rank: int, mesh: tuple[str, ...]) -> dict[str, int]:
         """Global ``rank``'s index along each dimension of ``mesh``, the last innermost."""

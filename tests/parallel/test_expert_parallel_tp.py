@@ -163,7 +163,7 @@ def test_the_command_writes_the_record(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ep", "2", "--tp", "4"], "--ep equal to --tp"),
-    (["--ep", "8", "--tp", "2", "--fsdp", "2"], "--fsdp x --tp must be a multiple of --ep"),
+    (["--ep", "8", "--tp", "2", "--fsdp", "2"], "ep 8 does not divide fsdp x cp x tp = 4"),
     (["--ep", "2", "--tp", "2", "--pp", "2"], "--pp"),
 ])
 def test_flags_outside_the_layout_are_usage_errors(flags, message, capsys):
@@ -186,7 +186,7 @@ def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
                  dtype=torch.float32)
     with pytest.raises(InputError, match="ep equal to tp"):
         expert_parallel(report, ep=2, tp=4, single_device=report, **sizes)
-    with pytest.raises(InputError, match="not a multiple of ep 8"):
+    with pytest.raises(InputError, match="ep 8 does not divide fsdp x cp x tp = 4"):
         expert_parallel(report, ep=8, tp=2, fsdp=2, single_device=report, **sizes)
     with pytest.raises(InputError, match="single_device="):
         expert_parallel(report, ep=2, tp=2, **sizes)

@@ -49,17 +49,19 @@ def test_expert_parallelism_alone_is_ep_data_parallel_ranks_each_its_own_group()
     layout = Layout(dp=4, ep=4)
     assert layout.world_size == 4 and layout.group(2, "ep") == [0, 1, 2, 3]
     assert layout.group(2, "efsdp") == [2]
+    # torchtitan's sparse mesh inside tp 4 without FSDP2: efsdp 4 / 2 = 2 groups of ep 2.
+    assert Layout(tp=4, ep=2).group(3, "ep") == [2, 3]
+    assert Layout(tp=4, ep=2).group(3, "efsdp") == [1, 3]
 
 
 @pytest.mark.parametrize("degrees, words", [
     ({"tp": 0}, "tp is a degree, an int >= 1, got tp=0"),
     ({"fsdp": True}, "fsdp is a degree, an int >= 1, got fsdp=True"),
-    ({"fsdp": 3, "ep": 2}, "fsdp x cp x tp = 3 is not a multiple of ep 2"),
-    ({"fsdp": 2, "tp": 4, "ep": 16}, "fsdp x cp x tp = 8 is not a multiple of ep 16"),
-    ({"tp": 4, "ep": 2}, "without fsdp the ep ranks are every rank of a stage, ep = dp x cp x "
-                         "tp = 4"),
-    ({"ep": 4}, "ep 4 alone is Layout(dp=4, ep=4)"),
-], ids=["zero", "bool", "ep_not_dividing_fsdp", "ep_not_dividing_fsdp_tp", "ep_not_tp",
+    ({"fsdp": 3, "ep": 2}, "ep 2 does not divide fsdp x cp x tp = 3"),
+    ({"fsdp": 2, "tp": 4, "ep": 16}, "ep 16 does not divide fsdp x cp x tp = 8"),
+    ({"tp": 4, "ep": 3}, "ep 3 does not divide dp x cp x tp (without fsdp) = 4"),
+    ({"ep": 4}, "ep ranks alone, each running its own batch, are Layout(dp=4, ep=4)"),
+], ids=["zero", "bool", "ep_not_dividing_fsdp", "ep_not_dividing_fsdp_tp", "ep_not_dividing_tp",
         "ep_without_ranks"])
 def test_a_layout_refuses_degrees_that_do_not_fit_naming_the_field(degrees, words):
     with pytest.raises(InputError, match="Layout") as error:

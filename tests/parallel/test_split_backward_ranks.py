@@ -234,7 +234,7 @@ def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_re
         return llama(device, config, seq_len=seq, batch=batch)
 
     model, args = build("meta")
-    count = stage_rank_counter(build, "llama", 4, 4, tp=tp, fsdp=None, mode="train",
+    count = stage_rank_counter(build, 4, 4, tp=tp, fsdp=None, mode="train",
                                strict=True, split_backward=True)
     analysis = analyze_pipeline(model, args, stages=4, schedule="zbvzerobubble", mode="train",
                                 microbatches=4, count_stage=count, link_bytes_per_s=link,

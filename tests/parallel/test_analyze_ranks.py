@@ -1,0 +1,78 @@
+"""`exportflops.parallel.analyze_ranks`: a rank of tensor parallelism and FSDP2 from Python, the
+numbers the command prints. Expected values derived from `tests.parallel_models.Net`'s shapes
+(Megatron's split, Shoeybi et al. 2019, section 3: up column-parallel, down row-parallel, one
+all-reduce each way)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from exportflops.cli import main
+from exportflops.errors import LayoutError
+from exportflops.parallel import Layout, analyze_ranks
+from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, planned
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="torch built without torch.distributed")
+F32 = 4  # bytes per float32 element
+
+
+def _planned_on(device: torch.device):
+    with device:
+        model, args = planned()
+    return model, args, None
+
+
+def test_a_tensor_parallel_rank_from_python_counts_its_shard_and_its_all_reduces():
+    report = analyze_ranks(_planned_on, layout=Layout(tp=2), rank=1, mode="train")
+    assert (report.world_size, report.rank) == (2, 1)
+    # up is column-parallel: B*T rows x H x F/2 MACs on each rank.
+    up = report.module("blocks.0.up")
+    assert up.inclusive.macs - up.backward.macs == BATCH * SEQ * HIDDEN * (FFN // 2)
+    # down's output and up's input gradient, B x T x H float32: 2 * 8 * 16 * 4 = 1024 bytes.
+    assert BATCH * SEQ * HIDDEN * F32 == 1024
+    assert [(c.op, c.phase, c.module, c.bytes, c.mesh_dim) for c in report.collectives] == [
+        ("all_reduce", "forward", "blocks.0.down", 1024, ""),
+        ("all_reduce", "backward", "blocks.0.up", 1024, "")]
+
+
+@pytest.mark.parametrize("degrees, flags", [
+    ({"tp": 2}, ["--tp", "2", "--rank", "1"]),
+    ({"fsdp": 2, "tp": 2}, ["--fsdp", "2", "--tp", "2", "--rank", "3"]),
+], ids=["tp", "fsdp-x-tp"])
+def test_the_rank_from_python_is_the_report_the_command_prints(degrees, flags, capsys):
+    assert main(["tests.parallel_models:planned", *flags, "--mode", "train",
+                 "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    report = analyze_ranks(_planned_on, layout=Layout(**degrees), rank=int(flags[-1]),
+                           mode="train")
+    assert json.loads(report.model_dump_json()) == printed
+
+
+def test_a_module_given_is_left_as_it_was_and_every_rank_is_listed_without_rank():
+    with torch.device("meta"):
+        model, (x,) = planned()
+    ranks = analyze_ranks(model, (x,), layout=Layout(tp=2))
+    assert [(r.rank, r.world_size) for r in ranks] == [(0, 2), (1, 2)]
+    # each rank holds half of up's columns and down's rows: H x F / 2 each.
+    assert {r.module("blocks.0.up").params for r in ranks} == {HIDDEN * FFN // 2}
+    assert model.blocks[0].up.weight.shape == (FFN, HIDDEN)  # the caller's model, unsplit
+    assert type(model.blocks[0].up.weight) is torch.nn.Parameter
+
+
+@pytest.mark.parametrize("model, layout, options, words", [
+    (_planned_on, Layout(pp=2, tp=2), {}, "for pp use exportflops.parallel.pipeline"),
+    (_planned_on, Layout(), {}, "Layout() splits nothing"),
+    (_planned_on, Layout(tp=2), {"schedule": "1f1b"}, "schedule lay out a pipeline"),
+    (lambda device: (Net().to(device), (torch.randn(BATCH, SEQ, HIDDEN),), None), Layout(tp=2),
+     {}, "Net has no tensor-parallel plan to split it 2 ways"),
+], ids=["pipeline", "no-split", "schedule-without-pp", "no-plan"])
+def test_a_layout_analyze_ranks_cannot_count_is_refused_saying_what_to_call(model, layout,
+                                                                            options, words):
+    with pytest.raises(LayoutError) as error:
+        analyze_ranks(model, layout=layout, rank=0, **options)
+    assert words in str(error.value)
+    assert not torch.distributed.is_initialized()
