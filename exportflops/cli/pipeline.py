@@ -127,7 +127,7 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
     from ..parallel.pipeline import stage_layers
     from ..parallel.pipeline_mesh import LlamaStage
     from ..parallel.parallelize import fully_shard_blocks, tensor_parallel
-    from ..parallel.ranks import fake_copy
+    from ..count.ranks import fake_copy
 
     held = stage_layers(layers, stages)
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}

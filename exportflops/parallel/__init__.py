@@ -10,6 +10,6 @@ analysis; the captures themselves are ``capture.dtensor`` and ``capture.fsdp``.
 
 from .layout import Layout
 from .per_rank import analyze_ranks
-from .ranks import fake_process_group
+from ..count.ranks import fake_process_group
 
 __all__ = ["Layout", "analyze_ranks", "fake_process_group"]

@@ -122,7 +122,7 @@ class Layout:
         """`device_mesh` of ``dims`` as ``rank`` of them (a rank of their own product, not a
         global rank): with ``fake``, inside `exportflops.fake_process_group` of that many
         ranks, destroyed on exit; else over the process group already set up."""
-        from .ranks import fake_process_group
+        from ..count.ranks import fake_process_group
 
         if not fake:
             yield self.device_mesh(*dims, device_type=device_type)

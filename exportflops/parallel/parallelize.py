@@ -9,7 +9,7 @@ expanded per layer, as ``from_pretrained(tp_plan="auto")`` applies it); any othe
 
 What FSDP2 shards: the usual recipe (torchtitan's ``apply_fsdp``; transformers' FSDP wrapping by
 ``_no_split_modules``): ``fully_shard`` on each block (`blocks_of`), then on the root. FSDP2
-refuses meta parameters: shard a copy on fake tensors (`exportflops.parallel.ranks.fake_copy`).
+refuses meta parameters: shard a copy on fake tensors (`exportflops.count.ranks.fake_copy`).
 With both, the mesh is (fsdp, tp), tensor parallel inner, as torchtitan lays it out: the plan
 is applied on ``mesh["tp"]``, then FSDP2 on ``mesh["fsdp"]``.
 """

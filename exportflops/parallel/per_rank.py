@@ -21,7 +21,7 @@ from ..errors import InputError, LayoutError
 from ..records import Report
 from .layout import Layout
 from .parallelize import parallelize
-from .ranks import fake_copy
+from ..count.ranks import fake_copy
 
 #: A model given as a function of the device to build it on: (model, args, kwargs).
 Builder = Callable[[torch.device], tuple]

@@ -35,7 +35,7 @@ from ..errors import InputError
 from ..records import Report
 from ..records.names import ancestors
 from .fsdp_blocks import blocks_of
-from .ranks import local_parameters
+from ..count.ranks import local_parameters
 
 
 def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:

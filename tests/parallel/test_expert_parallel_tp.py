@@ -214,7 +214,7 @@ def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, 
     from torch.distributed.device_mesh import init_device_mesh
 
     from exportflops.parallel.experts_tp import route_token_shares
-    from exportflops.parallel.ranks import fake_process_group
+    from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):
         route_token_shares(model, init_device_mesh("cpu", (2,)))
