@@ -17,7 +17,7 @@ from .targets import build_target, hf_options
 def analyze_parallelized(ns: argparse.Namespace):
     """(report of rank ``ns.rank``, each module's extra_repr) of MODEL at ``--tp ns.tp`` and
     ``--fsdp ns.fsdp`` (`exportflops.parallel.analyze_ranks`)."""
-    from ..parallel.per_rank import analyze_ranks
+    from ..parallel.entry import analyze_ranks
     from .splits import split_flags, split_layout
 
     reprs: dict = {}

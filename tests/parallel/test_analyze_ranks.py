@@ -65,14 +65,42 @@ def test_a_module_given_is_left_as_it_was_and_every_rank_is_listed_without_rank(
 
 @pytest.mark.parametrize("model, layout, options, words", [
     (_planned_on, Layout(pp=2, tp=2), {}, "for pp use exportflops.parallel.pipeline"),
+    (_planned_on, Layout(tp=2), {"routing": [1, 2]}, "routing gives the token copies per "
+                                                     "expert of ep ranks: pass ep"),
     (_planned_on, Layout(), {}, "Layout() splits nothing"),
     (_planned_on, Layout(tp=2), {"schedule": "1f1b"}, "schedule lay out a pipeline"),
     (lambda device: (Net().to(device), (torch.randn(BATCH, SEQ, HIDDEN),), None), Layout(tp=2),
      {}, "Net has no tensor-parallel plan to split it 2 ways"),
-], ids=["pipeline", "no-split", "schedule-without-pp", "no-plan"])
+], ids=["pipeline", "routing-without-ep", "no-split", "schedule-without-pp", "no-plan"])
 def test_a_layout_analyze_ranks_cannot_count_is_refused_saying_what_to_call(model, layout,
                                                                             options, words):
     with pytest.raises(LayoutError) as error:
         analyze_ranks(model, layout=layout, rank=0, **options)
     assert words in str(error.value)
     assert not torch.distributed.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def moe_file(tmp_path_factory):
+    from tests.parallel.test_expert_parallel import written_models
+
+    return written_models(tmp_path_factory.mktemp("moe_layout"))
+
+
+@pytest.mark.parametrize("degrees, flags", [
+    ({"dp": 2, "ep": 2}, ["--ep", "2"]),
+    ({"fsdp": 4, "ep": 2}, ["--ep", "2", "--fsdp", "4"]),
+], ids=["ep", "ep-inside-fsdp"])
+def test_the_expert_layout_from_python_is_the_record_the_command_prints(moe_file, degrees,
+                                                                        flags, capsys):
+    from tests.parallel.test_expert_parallel import loaded_models
+
+    assert main([f"{moe_file}:build", *flags, "--mode", "train", "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    model, args = loaded_models(moe_file).build(torch.device("meta"))
+    record = analyze_ranks(model, args, layout=Layout(**degrees), mode="train")
+    assert json.loads(record.model_dump_json()) == printed
+    # rank 1's report lists what it issues: FSDP2's collectives and its own all-to-alls.
+    rank = analyze_ranks(model, args, layout=Layout(**degrees), mode="train", rank=1)
+    assert (rank.world_size, rank.rank, rank.collectives) == (
+        record.world_size(), 1, record.collectives(1))

@@ -1,0 +1,75 @@
+"""One Python entry point for a model split over ranks: `analyze_ranks` on a `Layout`, the
+record the command prints for the layout (or one rank's report of it).
+
+Tensor parallelism and FSDP2 count the rank asked (`exportflops.parallel.per_rank`); expert
+parallelism, alone, inside FSDP2 or over tp, every rank from the single-device count
+(`exportflops.parallel.experts_layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import LayoutError
+from ..records import Report
+from ..records.experts import ExpertParallelReport
+from .experts_layout import analyze_expert_ranks, expert_rank_report
+from .layout import Layout
+from .per_rank import Builder, rank_of
+
+
+def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
+                  *, layout: Layout, mode: str = "forward", rank: int | None = None,
+                  schedule: str | None = None, microbatches: int | None = None,
+                  routing: list[int] | None = None, **analyze_options: Any
+                  ) -> Report | list[Report] | ExpertParallelReport:
+    """Rank ``rank`` of ``model`` split by ``layout``: its `Report` (its work and every
+    collective it issues); without ``rank``, the all-ranks view: with ``ep``, the
+    `ExpertParallelReport` (``routing``: token copies per expert, as `analyze_experts` takes
+    it); with ``fsdp`` and ``tp`` alone, every rank's report, in rank order (each counted).
+
+    ``model`` is a module with its example ``args``/``kwargs``, or a function ``device ->
+    (model, args, kwargs)`` for a model that must be built for each rank (it is called with
+    the meta device inside the rank's process group). ``analyze_options`` go to
+    `exportflops.analyze` (``strict``, ``split_backward``). ``pp`` and ``cp`` go through
+    `analyze_pipeline` and `analyze_context` for now (``schedule`` and ``microbatches`` are
+    the pipeline's)."""
+    _check_layout(layout, schedule, microbatches)
+    if rank is not None:
+        layout.check_rank(rank)
+    if layout.ep > 1:
+        record, report = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                              routing=routing, **analyze_options)
+        return record if rank is None else expert_rank_report(record, report, rank)
+    if routing is not None:
+        raise LayoutError(f"{layout}: routing gives the token copies per expert of ep ranks: "
+                          f"pass ep.")
+    if rank is not None:
+        return rank_of(model, args, kwargs, layout, rank=rank, mode=mode,
+                       **analyze_options)[1]
+    return [rank_of(model, args, kwargs, layout, rank=r, mode=mode, **analyze_options)[1]
+            for r in range(layout.world_size)]
+
+
+def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None) -> None:
+    """A layout analyze_ranks counts: one that splits, by fsdp, tp and ep (this milestone)."""
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"analyze_ranks takes layout=exportflops.parallel.Layout(...), got "
+                          f"{type(layout).__name__}.")
+    others = [name for name in ("pp", "cp") if getattr(layout, name) > 1]
+    if layout.dp > 1 and layout.ep == 1:
+        others.append("dp")
+    if others:
+        raise LayoutError(f"{layout}: analyze_ranks splits by fsdp, tp and ep; for "
+                          f"{', '.join(others)} use exportflops.parallel.pipeline."
+                          f"analyze_pipeline or .context.analyze_context.")
+    given = [name for name, value in (("schedule", schedule), ("microbatches", microbatches))
+             if value is not None]
+    if given:
+        raise LayoutError(f"{layout}: {', '.join(given)} lay out a pipeline: pass them with "
+                          f"pp.")
+    if layout.world_size == 1:
+        raise LayoutError(f"{layout} splits nothing: pass a degree > 1 (Layout(tp=2)), or "
+                          f"count the model on one device with exportflops.analyze.")
