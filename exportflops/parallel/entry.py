@@ -3,7 +3,9 @@ record the command prints for the layout (or one rank's report of it).
 
 Tensor parallelism and FSDP2 count the rank asked (`exportflops.parallel.per_rank`); expert
 parallelism, alone, inside FSDP2 or over tp, every rank from the single-device count
-(`exportflops.parallel.experts_layout`).
+(`exportflops.parallel.experts_layout`); context parallelism, alone or with fsdp and tp, every
+rank from the symbolic count (`exportflops.parallel.context_layout`). Pipelines go through
+`exportflops.parallel.pipeline.analyze_pipeline` for now.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import torch
 
 from ..errors import LayoutError
 from ..records import Report
+from ..records.context import ContextParallelReport
 from ..records.experts import ExpertParallelReport
+from .context_layout import analyze_context_ranks, context_rank_report
 from .experts_layout import analyze_expert_ranks, expert_rank_report
 from .layout import Layout
 from .per_rank import Builder, rank_of
@@ -24,21 +28,26 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
                   *, layout: Layout, mode: str = "forward", rank: int | None = None,
                   schedule: str | None = None, microbatches: int | None = None,
                   routing: list[int] | None = None, **analyze_options: Any
-                  ) -> Report | list[Report] | ExpertParallelReport:
+                  ) -> Report | list[Report] | ExpertParallelReport | ContextParallelReport:
     """Rank ``rank`` of ``model`` split by ``layout``: its `Report` (its work and every
-    collective it issues); without ``rank``, the all-ranks view: with ``ep``, the
-    `ExpertParallelReport` (``routing``: token copies per expert, as `analyze_experts` takes
-    it); with ``fsdp`` and ``tp`` alone, every rank's report, in rank order (each counted).
+    collective it issues); without ``rank``, the all-ranks view: with ``cp``, the
+    `ContextParallelReport` (``load_balance`` in ``analyze_options``, as `analyze_context`
+    takes it); with ``ep``, the `ExpertParallelReport` (``routing``: token copies per expert,
+    as `analyze_experts` takes it); with ``fsdp`` and ``tp`` alone, every rank's report, in
+    rank order (each counted).
 
     ``model`` is a module with its example ``args``/``kwargs``, or a function ``device ->
     (model, args, kwargs)`` for a model that must be built for each rank (it is called with
     the meta device inside the rank's process group). ``analyze_options`` go to
-    `exportflops.analyze` (``strict``, ``split_backward``). ``pp`` and ``cp`` go through
-    `analyze_pipeline` and `analyze_context` for now (``schedule`` and ``microbatches`` are
-    the pipeline's)."""
+    `exportflops.analyze` (``strict``, ``split_backward``). ``pp`` goes through
+    `analyze_pipeline` for now (``schedule`` and ``microbatches`` are the pipeline's)."""
     _check_layout(layout, schedule, microbatches)
     if rank is not None:
         layout.check_rank(rank)
+    if layout.cp > 1:
+        record, fpb = analyze_context_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                            rank=rank or 0, **analyze_options)
+        return record if rank is None else context_rank_report(record, fpb, rank)
     if layout.ep > 1:
         record, report = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
                                               routing=routing, **analyze_options)
@@ -54,17 +63,18 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
 
 
 def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None) -> None:
-    """A layout analyze_ranks counts: one that splits, by fsdp, tp and ep (this milestone)."""
+    """A layout analyze_ranks counts: one that splits, by fsdp, tp, cp and ep (this
+    milestone)."""
     if not isinstance(layout, Layout):
         raise LayoutError(f"analyze_ranks takes layout=exportflops.parallel.Layout(...), got "
                           f"{type(layout).__name__}.")
-    others = [name for name in ("pp", "cp") if getattr(layout, name) > 1]
+    others = [name for name in ("pp",) if getattr(layout, name) > 1]
     if layout.dp > 1 and layout.ep == 1:
         others.append("dp")
     if others:
-        raise LayoutError(f"{layout}: analyze_ranks splits by fsdp, tp and ep; for "
+        raise LayoutError(f"{layout}: analyze_ranks splits by fsdp, tp, cp and ep; for "
                           f"{', '.join(others)} use exportflops.parallel.pipeline."
-                          f"analyze_pipeline or .context.analyze_context.")
+                          f"analyze_pipeline.")
     given = [name for name, value in (("schedule", schedule), ("microbatches", microbatches))
              if value is not None]
     if given:

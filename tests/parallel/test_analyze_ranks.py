@@ -104,3 +104,49 @@ def test_the_expert_layout_from_python_is_the_record_the_command_prints(moe_file
     rank = analyze_ranks(model, args, layout=Layout(**degrees), mode="train", rank=1)
     assert (rank.world_size, rank.rank, rank.collectives) == (
         record.world_size(), 1, record.collectives(1))
+
+
+CONTEXT_MODELS = """
+import torch
+from tests.parallel.test_context_parallel import CausalAttention, ids
+from tests.parallel.test_context_parallel_tp import SplitAttention
+
+
+def causal(device):
+    return CausalAttention().to(device), (ids().to(device),)
+
+
+def split(device):
+    return SplitAttention().to(device), (torch.zeros(1, 16, dtype=torch.long, device=device),)
+"""
+
+
+@pytest.fixture(scope="module")
+def context_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cp_layout") / "cp_layout_models.py"
+    path.write_text(CONTEXT_MODELS)
+    return path
+
+
+@pytest.mark.parametrize("build, degrees, flags", [
+    ("causal", {"cp": 2}, ["--cp", "2"]),
+    ("causal", {"fsdp": 2, "cp": 2}, ["--cp", "2", "--fsdp", "2"]),
+    ("split", {"cp": 2, "tp": 2}, ["--cp", "2", "--tp", "2"]),
+], ids=["cp", "fsdp-x-cp", "cp-x-tp"])
+def test_the_context_layout_from_python_is_the_record_the_command_prints(context_file, build,
+                                                                         degrees, flags, capsys):
+    import importlib.util
+
+    assert main([f"{context_file}:{build}", *flags, "--rank", "1", "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    spec = importlib.util.spec_from_file_location("cp_layout_models", context_file)
+    models = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(models)
+    model, args = getattr(models, build)(torch.device("meta"))
+    layout = Layout(**degrees)
+    record = analyze_ranks(model, args, layout=layout)
+    assert json.loads(record.model_dump_json()) == printed
+    # rank 1 sits at its cp coordinate of its ring and sends to the ring's next rank.
+    place, ring = layout.coordinates(1)["cp"], layout.group(1, "cp")
+    assert record.ranks[1].cp_rank == place
+    assert record.ranks[1].sends[0].to_rank == ring[(place + 1) % layout.cp]
