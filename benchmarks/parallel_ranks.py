@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from exportflops.cli.pipeline import stage_rank_counter
+from exportflops.parallel.pipeline_layout import stage_rank_counter
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel.pipeline_mesh import llama_stages, on_mesh

@@ -1,7 +1,8 @@
 """A pipeline on the mesh (pp, fsdp, tp): each stage's rank standing for its (fsdp, tp) group,
 a global rank's report, and the built-in Llama's stages built from its own modules, so that a
 tensor-parallel plan or FSDP2 applied to the model holds in each stage
-(`exportflops.parallel.pipeline` splits and counts; `exportflops.cli.pipeline` composes).
+(`exportflops.parallel.pipeline` splits and counts; `exportflops.parallel.pipeline_layout`
+composes).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class LlamaStage(torch.nn.Module):
     what the stage of torch's split takes: the tokens (stage 0), else the hidden state and the
     rotary tables, and returns what it sends on (stage 0 the rotary tables too)."""
 
-    #: The blocks FSDP2 shards one by one before the stage (`exportflops.cli.parallel`'s rule).
+    #: The blocks FSDP2 shards one by one before the stage (`exportflops.parallel.parallelize`).
     _no_split_modules = ["TransformerBlock"]
 
     def __init__(self, model: torch.nn.Module, held: range, first: bool, last: bool) -> None:

@@ -1,6 +1,6 @@
 """One rank's report of a whole model cut into the pipeline stages torch's split makes: how a
 tensor-parallel rank of each stage is counted for a model whose stages are not built from its
-own modules (a Hugging Face decoder: `exportflops.cli.pipeline`).
+own modules (a Hugging Face decoder: `exportflops.parallel.pipeline_layout`).
 
 torch's ``pipeline()`` traces fixed head counts into its stage graphs, so a tensor-parallel plan
 cannot be applied to them; the plan is applied to the whole model instead, one rank of it is

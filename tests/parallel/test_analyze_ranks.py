@@ -64,14 +64,14 @@ def test_a_module_given_is_left_as_it_was_and_every_rank_is_listed_without_rank(
 
 
 @pytest.mark.parametrize("model, layout, options, words", [
-    (_planned_on, Layout(pp=2, tp=2), {}, "for pp use exportflops.parallel.pipeline"),
+    (_planned_on, Layout(dp=2), {}, "replicated data-parallel ranks each count as one device"),
     (_planned_on, Layout(tp=2), {"routing": [1, 2]}, "routing gives the token copies per "
                                                      "expert of ep ranks: pass ep"),
     (_planned_on, Layout(), {}, "Layout() splits nothing"),
     (_planned_on, Layout(tp=2), {"schedule": "1f1b"}, "schedule lay out a pipeline"),
     (lambda device: (Net().to(device), (torch.randn(BATCH, SEQ, HIDDEN),), None), Layout(tp=2),
      {}, "Net has no tensor-parallel plan to split it 2 ways"),
-], ids=["pipeline", "routing-without-ep", "no-split", "schedule-without-pp", "no-plan"])
+], ids=["replicas", "routing-without-ep", "no-split", "schedule-without-pp", "no-plan"])
 def test_a_layout_analyze_ranks_cannot_count_is_refused_saying_what_to_call(model, layout,
                                                                             options, words):
     with pytest.raises(LayoutError) as error:
@@ -150,3 +150,35 @@ def test_the_context_layout_from_python_is_the_record_the_command_prints(context
     place, ring = layout.coordinates(1)["cp"], layout.group(1, "cp")
     assert record.ranks[1].cp_rank == place
     assert record.ranks[1].sends[0].to_rank == ring[(place + 1) % layout.cp]
+
+
+LLAMA_MODELS = """
+from exportflops.examples.llama import LlamaConfig, llama
+
+
+def small(device):  # tests/parallel/test_composition.py's small Llama
+    config = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                         head_dim=16, ffn_dim=128, max_seq_len=64)
+    return llama(device, config, seq_len=16, batch=2)
+"""
+
+
+def test_the_pipeline_layout_from_python_is_the_record_the_command_prints(tmp_path, capsys):
+    path = tmp_path / "llama_layout_models.py"
+    path.write_text(LLAMA_MODELS)
+    assert main([f"{path}:small", "--pp", "2", "--tp", "2", "--rank", "3", "--format",
+                 "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    from exportflops.examples.llama import LlamaConfig, llama
+
+    config = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
+                         head_dim=16, ffn_dim=128, max_seq_len=64)
+    model, args = llama("meta", config, seq_len=16, batch=2)
+    layout = Layout(pp=2, tp=2)
+    record = analyze_ranks(model, args, layout=layout)
+    assert json.loads(record.model_dump_json()) == printed
+    # rank 3 = pipeline rank 1, tp index 1: its stage's report, sending back to rank 1.
+    assert layout.coordinates(3)["pp"] == 1
+    rank = analyze_ranks(model, args, layout=layout, rank=3)
+    assert (rank.world_size, rank.rank) == (4, 3)
+    assert {c.peer for c in rank.collectives if c.mesh_dim == "pp"} == {1}

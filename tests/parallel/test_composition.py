@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from exportflops.cli import main
-from exportflops.cli.pipeline import stage_rank_counter
+from exportflops.parallel.pipeline_layout import stage_rank_counter
 from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel import Layout
