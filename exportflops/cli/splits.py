@@ -130,8 +130,9 @@ def _check_pipeline(ns: argparse.Namespace, world: int) -> None:
             raise UsageError("--schedule and --microbatches lay out a pipeline: add --pp N.")
         return
     if (ns.microbatches is not None and ns.microbatches < 1) or not 0 <= ns.rank < world:
-        raise UsageError(f"--pp takes --microbatches M >= 1 and --rank one of the {world} "
-                         f"ranks of pp x fsdp x tp, 0..{world - 1}.")
+        raise UsageError(f"{split_flags(ns)}: --pp takes --microbatches M >= 1 and --rank one "
+                         f"of the {world} ranks of pp x fsdp x tp, 0..{world - 1}; got "
+                         f"--rank {ns.rank}.")
     if ns.ep is not None or ns.cp is not None:
         raise UsageError("--pp composes with --tp and --fsdp, not with --ep or --cp yet: "
                          "analyze those alone.")

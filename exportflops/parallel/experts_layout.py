@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..api import analyze
 from ..errors import LayoutError
 from ..records import Report
 from ..records.experts import ExpertParallelReport
@@ -44,8 +45,6 @@ def analyze_expert_ranks(model: torch.nn.Module | Builder, args: Any = (),
         raise LayoutError(f"{layout}: expert parallelism takes ep > 1 with fsdp and tp, not "
                           f"with pp or cp.")
     if single_device is None:
-        from ..api import analyze
-
         single_device = analyze(built, args, kwargs, mode=mode, **analyze_options)
     sizes = moe_sizes(built, args, kwargs, experts=experts)
     split = {"fsdp": fsdp, **({"tp": tp, "single_device": single_device} if tp else {})}

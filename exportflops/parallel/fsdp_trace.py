@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
+from ..count.ranks import fake_copy
 from ..errors import DistributedError, InputError
 from ..records import Collective
 from .fsdp_blocks import blocks_of
 from .layout import Layout
-from ..count.ranks import fake_copy
 
 #: The mesh dimension FSDP2's world-spanning collectives are labelled with: torchtitan's name
 #: for the flattened data-parallel shard ranks (``dp_shard x cp``, ``ParallelDims``).

@@ -18,11 +18,12 @@ from typing import Any
 
 import torch
 
+from ..api import analyze
+from ..count.ranks import fake_copy
 from ..errors import InputError
 from ..records import Report
 from .layout import Layout
 from .parallelize import parallelize
-from ..count.ranks import fake_copy
 
 #: A model given as a function of the device to build it on: (model, args, kwargs).
 Builder = Callable[[torch.device], tuple]
@@ -35,12 +36,11 @@ def rank_of(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, la
             inputs: Callable[[tuple, dict | None], tuple] | None = None,
             **analyze_options: Any) -> tuple[torch.nn.Module, Report]:
     """(the model as ``rank`` holds it, its report) on ``layout``'s mesh of ``dims`` (default:
-    ``fsdp`` and ``tp`` where split; ``rank`` is a rank of those dimensions). ``fake``: copied
+    ``fsdp`` and ``tp`` where split; ``rank`` is a rank of those dimensions). The caller's
+    model is left as it was (module docstring). ``fake``: copied
     onto fake cpu tensors even without FSDP2 (on meta, attention is traced as its math
     decomposition; on cpu as one kernel call, as ring attention needs). ``experts``, ``shard``:
     as `parallelize` takes them; ``inputs(args, kwargs)`` gives the inputs to count instead."""
-    from ..api import analyze  # api counts every rank with .ranks, which imports this package
-
     if dims is None:
         dims = tuple(name for name in ("fsdp", "tp") if getattr(layout, name) > 1)
     with layout.mesh(*dims, rank=rank) as mesh:

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..api import analyze
+from ..count.ranks import fake_copy
 from ..errors import BuildError, InputError
 from ..examples.llama import Llama
 from ..records import Report
@@ -109,8 +111,6 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
     on the stage's blocks, then the stage). ``split_backward``: each stage but the first
     (whose backward torch runs whole) counted with its backward in the zero-bubble schedules'
     two passes (`exportflops.graph.passes`)."""
-    from ..api import analyze  # api counts every rank with count.ranks, below this package
-    from ..count.ranks import fake_copy
     from .parallelize import fully_shard_blocks, tensor_parallel
     from .pipeline import stage_layers
     from .pipeline_mesh import LlamaStage

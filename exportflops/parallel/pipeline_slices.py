@@ -31,11 +31,11 @@ import torch
 
 from ..aggregate import build_report
 from ..attribution import ModuleInfo, module_tree
+from ..count.ranks import local_parameters
 from ..errors import InputError
 from ..records import Report
 from ..records.names import ancestors
 from .fsdp_blocks import blocks_of
-from ..count.ranks import local_parameters
 
 
 def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:
