@@ -30,29 +30,6 @@ def analyze_parallelized(ns: argparse.Namespace):
     return report, reprs
 
 
-def parallelized(ns: argparse.Namespace, shard=None, inputs=None, fake: bool = False,
-                 experts: str | None = None):
-    """(the model as rank ``ns.rank`` holds it, that rank's report, each module's extra_repr)
-    of MODEL at ``--tp ns.tp`` and ``--fsdp ns.fsdp``, on the mesh of the flags given
-    (`exportflops.parallel.per_rank.rank_of`, whose ``shard``, ``inputs``, ``fake`` and
-    ``experts`` these are)."""
-    from ..parallel.layout import Layout
-    from ..parallel.per_rank import rank_of
-    from .splits import split_flags
-
-    reprs: dict = {}
-    dims = tuple(name for name in ("fsdp", "tp") if getattr(ns, name) is not None)
-    try:
-        model, report = rank_of(partial(_build, ns, reprs), (), None,
-                                Layout(fsdp=ns.fsdp or 1, tp=ns.tp or 1), rank=ns.rank,
-                                dims=dims, fake=fake, experts=experts, shard=shard,
-                                inputs=inputs, strict=ns.strict, mode=ns.mode,
-                                split_backward=ns.split_backward)
-    except LayoutError as error:  # the model has no plan to split it by
-        raise UsageError(f"{split_flags(ns)}: {error}") from error
-    return model, report, reprs
-
-
 def _build(ns: argparse.Namespace, reprs: dict, device):
     """MODEL built on ``device`` (model, args, kwargs), its modules' extra_repr into
     ``reprs``."""

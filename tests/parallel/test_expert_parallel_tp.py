@@ -8,7 +8,6 @@ derived here."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -114,11 +113,18 @@ def test_the_router_and_the_experts_do_only_their_own_work_on_the_ranks_share():
     the weight's gradients, each as many MACs. The experts' module holds no collective and none
     of the sharing's ops: those are token_share's and token_sum's."""
     from exportflops.cli.options import check, parser
-    from exportflops.cli.parallel import parallelized
+    from exportflops.cli.targets import build_target, hf_options
+    from exportflops.parallel import Layout
+    from exportflops.parallel.per_rank import rank_of
 
     ns = parser().parse_args([*MIXTRAL, "--ep", "2", "--tp", "2", "--mode", "train"])
     check(ns)
-    _, rank, _ = parallelized(argparse.Namespace(**vars(ns)), experts="experts")
+
+    def build(device):
+        return build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
+                            hf_options=hf_options(ns))
+
+    _, rank = rank_of(build, (), None, Layout(tp=TP), rank=0, experts="experts", mode="train")
     assert rank.module("model.layers.0.mlp.gate").inclusive.macs == 3 * SHARE * HIDDEN * EXPERTS
     experts = [n for n in rank.nodes if n.module.startswith("model.layers.0.mlp.experts")
                and n.phase == "forward"]  # (the experts' own backward makes zeros and cats)
