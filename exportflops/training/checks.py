@@ -58,15 +58,19 @@ def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
     return tightest.positions, tightest.holds()
 
 
-def check_step(sizes: dict[str, int], rows: list[list[int]], *, seq: str | None,
-               packed: bool, limit: tuple[int, str] | None, model: str) -> None:
-    """Items 2 and 3 of the module's docstring, on the sizes and each row's documents."""
+def check_sizes(sizes: dict[str, int], model: str) -> None:
+    """Item 2 of the module's docstring on the sizes, before any value is read."""
     empty = next((name for name, size in sizes.items() if size < 1), None)
     if empty is not None:
         raise InputError(
             f"the batch's {empty} is {sizes[empty]}: a step of no {empty} runs nothing "
             f"{model} would train on (seqlens=[0, ...] is refused for the same reason). Drop "
             f"the empty batch before counting it.")
+
+
+def check_rows(sizes: dict[str, int], rows: list[list[int]], *, seq: str | None,
+               packed: bool, limit: tuple[int, str] | None, model: str) -> None:
+    """Items 2 and 3 of the module's docstring on each row's documents."""
     for index, row in enumerate(rows):
         if not row or any(length < 1 for length in row):
             raise InputError(f"row {index} of the batch has no tokens ({row}): drop it from "

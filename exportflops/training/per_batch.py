@@ -29,7 +29,7 @@ from ..records.symbolic import parse_count, size_symbol
 from ..records.training import DocumentFlops, StepFlops
 from ..torch_internals import pytree
 from .batches import VARLEN_KEYWORDS, packs_documents, rows_of
-from .checks import check_dtype, check_step, dtype_kind, position_limit
+from .checks import check_dtype, check_rows, check_sizes, dtype_kind, position_limit
 from .terms import step_count
 
 #: The dynamic sizes `flops_per_batch` makes, and the names it reads a step's sizes by.
@@ -138,13 +138,14 @@ class FlopsPerBatch:
         else:
             arguments, varlen = without_varlen(self._signature, self._bound(args, kwargs))
             sizes = self._sizes(arguments)
+            check_sizes(sizes, self.report.model)
             if self.seq is None:
                 rows, packed = [[1]] * sizes[self.batch], False
             else:
                 arguments = {**arguments, **varlen}
                 rows = rows_of(arguments, sizes[self.batch], sizes[self.seq])
                 packed = packs_documents(arguments)
-        check_step(sizes, rows, seq=self.seq, packed=packed, limit=self._positions,
+        check_rows(sizes, rows, seq=self.seq, packed=packed, limit=self._positions,
                    model=self.report.model)
         return sizes, rows
 
