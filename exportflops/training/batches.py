@@ -79,7 +79,7 @@ def padding_mask(value: Any, batch: int, seq: int) -> list[list[int]] | None:
     tokens. Its per-row sums and its smallest and largest value come to the host in one copy."""
     if value.dim() != 2:
         return None  # a 4-D additive mask: the shapes say what runs
-    if value.is_floating_point() or value.is_complex():
+    if value.dtype.is_floating_point or value.dtype.is_complex:
         raise InputError(
             f"attention_mask is {str(value.dtype).removeprefix('torch.')}; fpb reads a padding "
             f"mask of 0 and 1 as integers or bools (what tokenizers return): pass "
@@ -95,8 +95,8 @@ def padding_mask(value: Any, batch: int, seq: int) -> list[list[int]] | None:
                 f"attention_mask holds values from {low} to {high}; a padding mask is 1 for a "
                 f"token and 0 for padding. Pass the tokenizer's mask (or mask != 0 as "
                 f"integers).")
-    empty = [row for row, count in enumerate(counts) if count == 0]
-    if empty:
+    if 0 in counts:
+        empty = [row for row, count in enumerate(counts) if count == 0]
         raise InputError(
             f"attention_mask marks no token in row(s) {empty[:8]}: a sequence of zero tokens "
             f"is refused as seqlens=[0, ...] is. Drop the empty rows from the batch.")
@@ -106,18 +106,19 @@ def padding_mask(value: Any, batch: int, seq: int) -> list[list[int]] | None:
 def rows_of(arguments: dict[str, Any], batch: int, seq: int) -> list[list[int]]:
     """Each row's documents: packed documents where an argument marks them, each trimmed to
     the row's tokens where a padding mask marks them; else every row whole."""
-    rows = [[seq] for _ in range(batch)]
+    packed = None
     for name in _PACKING:
         if arguments.get(name) is not None:
             packed = ROW_READERS[name](arguments[name], batch, seq)
             if packed is not None:
-                rows = packed
                 break
     mask = arguments.get("attention_mask")
-    tokens = ROW_READERS["attention_mask"](mask, batch, seq) if mask is not None else None
+    tokens = None if mask is None else ROW_READERS["attention_mask"](mask, batch, seq)
     if tokens is None:
-        return rows
-    return [_trimmed(row, count) for row, (count,) in zip(rows, tokens)]
+        return packed if packed is not None else [[seq] for _ in range(batch)]
+    if packed is None:
+        return tokens  # an unpacked row is its tokens, trimmed
+    return [_trimmed(row, count) for row, (count,) in zip(packed, tokens)]
 
 
 def packs_documents(arguments: dict[str, Any]) -> bool:

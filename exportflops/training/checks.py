@@ -37,15 +37,14 @@ def dtype_kind(tensor: torch.Tensor) -> str:
     return FLOATING if tensor.is_floating_point() else INTEGER
 
 
-def check_dtype(where: str, tensor: torch.Tensor, example_kind: str) -> None:
-    kind = dtype_kind(tensor)
-    if kind != example_kind:
-        raise InputError(
-            f"{where} of the batch is {str(tensor.dtype).removeprefix('torch.')}, a {kind} "
-            f"dtype, where the example's was {example_kind}: the model runs other code on it "
-            f"(an embedding refuses float ids). Pass {where} as the example had it "
-            f"({'.long()' if example_kind == INTEGER else '.float()'}), or analyze an example "
-            f"of these batches.")
+def dtype_error(where: str, tensor: torch.Tensor, example_kind: str) -> InputError:
+    """Item 1 of the module's docstring: ``tensor`` is of another kind than the example's."""
+    return InputError(
+        f"{where} of the batch is {str(tensor.dtype).removeprefix('torch.')}, a "
+        f"{dtype_kind(tensor)} dtype, where the example's was {example_kind}: the model runs "
+        f"other code on it (an embedding refuses float ids). Pass {where} as the example had "
+        f"it ({'.long()' if example_kind == INTEGER else '.float()'}), or analyze an example "
+        f"of these batches.")
 
 
 def position_limit(model: torch.nn.Module) -> tuple[int, str] | None:
@@ -71,10 +70,10 @@ def check_sizes(sizes: dict[str, int], model: str) -> None:
 def check_rows(sizes: dict[str, int], rows: list[list[int]], *, seq: str | None,
                packed: bool, limit: tuple[int, str] | None, model: str) -> None:
     """Items 2 and 3 of the module's docstring on each row's documents."""
-    for index, row in enumerate(rows):
-        if not row or any(length < 1 for length in row):
-            raise InputError(f"row {index} of the batch has no tokens ({row}): drop it from "
-                             f"the batch, as seqlens=[0, ...] is refused.")
+    if not all(rows) or min(map(min, rows)) < 1:
+        index = next(i for i, row in enumerate(rows) if not row or min(row) < 1)
+        raise InputError(f"row {index} of the batch has no tokens ({rows[index]}): drop it "
+                         f"from the batch, as seqlens=[0, ...] is refused.")
     if seq is None or limit is None:
         return
     positions, held_by = limit

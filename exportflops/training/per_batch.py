@@ -9,9 +9,9 @@ is exported, hooked or run in the step.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
-from functools import partial
 from typing import Any, Literal
 
 import sympy
@@ -29,7 +29,7 @@ from ..records.symbolic import parse_count, size_symbol
 from ..records.training import DocumentFlops, StepFlops
 from ..torch_internals import pytree
 from .batches import VARLEN_KEYWORDS, packs_documents, rows_of
-from .checks import check_dtype, check_rows, check_sizes, dtype_kind, position_limit
+from .checks import check_rows, check_sizes, dtype_error, dtype_kind, position_limit
 from .terms import step_count
 
 #: The dynamic sizes `flops_per_batch` makes, and the names it reads a step's sizes by.
@@ -53,6 +53,7 @@ class FlopsPerBatch:
         self._dims = dims
         self._tensor_arguments = {name for name, *_ in dims}
         self._positions = positions
+        self._var_keyword = var_keyword_of(signature)
         self._named = {name for name, p in signature.parameters.items()
                        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         # Recompute the graph records (reentrant checkpointing, the checkpoint higher-order
@@ -121,7 +122,7 @@ class FlopsPerBatch:
                     leaf = leaf.narrow(dim, 0, sizes[symbol])
             return leaf.clone()
 
-        cut_arguments = {name: pytree.tree_map_with_path(partial(cut, name), value)
+        cut_arguments = {name: pytree.tree_map_with_path(functools.partial(cut, name), value)
                          for name, value in self._bound(args, kwargs).items()}
         return _as_called(self._signature, cut_arguments, len(args), kwargs)
 
@@ -136,7 +137,8 @@ class FlopsPerBatch:
             sizes, rows = self._packed(seqlens, args, kwargs)
             packed = True
         else:
-            arguments, varlen = without_varlen(self._signature, self._bound(args, kwargs))
+            arguments, varlen = without_varlen(self._var_keyword,
+                                              self._bound(args, kwargs))
             sizes = self._sizes(arguments)
             check_sizes(sizes, self.report.model)
             if self.seq is None:
@@ -179,8 +181,7 @@ class FlopsPerBatch:
                              f"forward takes (fpb(**batch) for a dict).") from None
 
     def _sizes(self, arguments: dict[str, Any]) -> dict[str, int]:
-        given = {name for name, value in arguments.items()
-                 if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))}
+        given = {name for name, value in arguments.items() if _holds_tensor(value)}
         if given != self._tensor_arguments:
             missing, extra = self._tensor_arguments - given, given - self._tensor_arguments
             raise InputError(
@@ -197,7 +198,8 @@ class FlopsPerBatch:
                 value = None if value is None else key.get(value)
             if not isinstance(value, torch.Tensor):
                 continue
-            check_dtype(_where(name, path), value, kind)
+            if dtype_kind(value) != kind:
+                raise dtype_error(_where(name, path), value, kind)
             if value.dim() != len(dims):
                 raise InputError(f"{_where(name, path)} of the batch has {value.dim()} dims "
                                  f"where the example's had {len(dims)}.")
@@ -240,13 +242,13 @@ def _as_called(signature: inspect.Signature, arguments: dict[str, Any], position
                          for key in kwargs}
 
 
-def without_varlen(signature: inspect.Signature,
+def without_varlen(var_keyword: str | None,
                    arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """``arguments`` without the varlen keywords (`batches.VARLEN_KEYWORDS`) that the
-    forward's ``**kwargs`` took, and those keywords apart."""
-    var_keyword = next((name for name, p in signature.parameters.items()
-                        if p.kind is p.VAR_KEYWORD), None)
-    extra = arguments.get(var_keyword) or {}
+    forward's ``**kwargs`` (named ``var_keyword``) took, and those keywords apart."""
+    extra = arguments.get(var_keyword) if var_keyword is not None else None
+    if not extra:
+        return arguments, {}
     varlen = {key: extra[key] for key in VARLEN_KEYWORDS if key in extra}
     if not varlen:
         return arguments, {}
@@ -255,6 +257,18 @@ def without_varlen(signature: inspect.Signature,
     if rest:
         arguments[var_keyword] = rest
     return arguments, varlen
+
+
+def var_keyword_of(signature: inspect.Signature) -> str | None:
+    """The name of the forward's ``**kwargs``, if it has one."""
+    return next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD),
+                None)
+
+
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
 
 
 def _summed(costs: list, field: str) -> sympy.Expr:
@@ -317,7 +331,8 @@ def _without_flash_metadata(model: torch.nn.Module, signature: inspect.Signature
     """The example's keywords without the varlen ones (``cu_seq_lens_q``, ...) that only a
     flash-attention kernel reads (`exportflops.training.batches`): the graph is the same
     without them, and each batch's are read for its documents."""
-    _, varlen = without_varlen(signature, signature.bind_partial(**kwargs).arguments)
+    _, varlen = without_varlen(var_keyword_of(signature),
+                               signature.bind_partial(**kwargs).arguments)
     if not varlen:
         return kwargs
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
