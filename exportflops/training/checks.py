@@ -32,9 +32,10 @@ INTEGER, FLOATING, COMPLEX = "integer", "floating", "complex"
 
 def dtype_kind(tensor: torch.Tensor) -> str:
     """``integer`` (bool included: a mask may be either), ``floating`` or ``complex``."""
-    if tensor.is_complex():
+    dtype = tensor.dtype
+    if dtype.is_complex:
         return COMPLEX
-    return FLOATING if tensor.is_floating_point() else INTEGER
+    return FLOATING if dtype.is_floating_point else INTEGER
 
 
 def dtype_error(where: str, tensor: torch.Tensor, example_kind: str) -> InputError:

@@ -200,11 +200,11 @@ class FlopsPerBatch:
                 continue
             if dtype_kind(value) != kind:
                 raise dtype_error(_where(name, path), value, kind)
-            if value.dim() != len(dims):
-                raise InputError(f"{_where(name, path)} of the batch has {value.dim()} dims "
+            shape = value.shape
+            if len(shape) != len(dims):
+                raise InputError(f"{_where(name, path)} of the batch has {len(shape)} dims "
                                  f"where the example's had {len(dims)}.")
-            for dim, (size, symbol) in enumerate(dims):
-                actual = value.shape[dim]
+            for dim, (actual, (size, symbol)) in enumerate(zip(shape, dims)):
                 if symbol is None:
                     if actual != size:
                         raise InputError(
