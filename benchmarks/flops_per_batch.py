@@ -36,6 +36,16 @@ BATCH, SEQ = 4, 256
 
 
 
+def _cpu_seconds(function, repeat: int) -> float:
+    """The fewest of ``repeat`` measures of this process's CPU seconds in ``function()``."""
+    times = []
+    for _ in range(repeat):
+        start = time.process_time()
+        function()
+        times.append(time.process_time() - start)
+    return min(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
@@ -70,6 +80,11 @@ def main() -> None:
     masked["attention_mask"][0, SEQ // 2:] = 0  # one row half padding: rows of two lengths
     per_masked_call = median_seconds(lambda: [fpb_masked(**masked) for _ in range(calls)],
                                      ns.repeat) / calls
+    # This process's CPU time per call: on a machine other jobs share, wall time also counts
+    # theirs.
+    cpu_plain, cpu_masked = (
+        _cpu_seconds(lambda: [count(**inputs) for _ in range(calls)], ns.repeat) / calls
+        for count, inputs in ((fpb, batch), (fpb_masked, masked)))
     matmul = fpb.step(**batch).matmul_flops
     theirs = counted_step()
     print(f"GPT-2-shaped (4 layers, 256 wide, vocab 8192), batch {BATCH} x seq {SEQ}, cpu, "
@@ -81,6 +96,8 @@ def main() -> None:
     print(f"  fpb(batch) per call             {per_call * 1e6:10.2f} us")
     print(f"  fpb.step(batch) per call        {per_step_record * 1e6:10.2f} us")
     print(f"  fpb(**batch) with a mask, call  {per_masked_call * 1e6:10.2f} us (target <= 30 us)")
+    print(f"  the same, this process's cpu    {cpu_plain * 1e6:10.2f} us without a mask, "
+          f"{cpu_masked * 1e6:.2f} us with")
     print(f"  FlopCounterMode step / fpb call {under_counter / per_call:10.0f}x "
           f"(target >= 1000x); its overhead alone / fpb call "
           f"{max(under_counter - plain, 0) / per_call:.0f}x")

@@ -14,6 +14,7 @@ made without them and they are read here, as the documents of the one packed row
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -138,3 +139,47 @@ def _trimmed(documents: list[int], tokens: int) -> list[int]:
         kept.append(min(length, left))
         left -= kept[-1]
     return kept
+
+
+def without_varlen(var_keyword: str | None,
+                   arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``arguments`` without the varlen keywords (`VARLEN_KEYWORDS`) that the
+    forward's ``**kwargs`` (named ``var_keyword``) took, and those keywords apart."""
+    extra = arguments.get(var_keyword) if var_keyword is not None else None
+    if not extra:
+        return arguments, {}
+    varlen = {key: extra[key] for key in VARLEN_KEYWORDS if key in extra}
+    if not varlen:
+        return arguments, {}
+    rest = {key: value for key, value in extra.items() if key not in varlen}
+    arguments = {key: value for key, value in arguments.items() if key != var_keyword}
+    if rest:
+        arguments[var_keyword] = rest
+    return arguments, varlen
+
+
+def var_keyword_of(signature: inspect.Signature) -> str | None:
+    """The name of the forward's ``**kwargs``, if it has one."""
+    return next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD),
+                None)
+
+
+def without_flash_metadata(model: torch.nn.Module, signature: inspect.Signature,
+                           kwargs: dict) -> dict:
+    """The example's keywords without the varlen ones (``cu_seq_lens_q``, ...) that only a
+    flash-attention kernel reads (the module's docstring): the graph is the same without
+    them, and each batch's are read for its documents."""
+    _, varlen = without_varlen(var_keyword_of(signature),
+                               signature.bind_partial(**kwargs).arguments)
+    if not varlen:
+        return kwargs
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
+    if "flash" in attention:
+        raise InputError(
+            f"{type(model).__name__} runs attention with {attention} "
+            f"(config._attn_implementation), which reads {', '.join(varlen)} in a CUDA kernel "
+            f"that flops_per_batch cannot export here. Analyze the same model with SDPA "
+            f"attention (from_pretrained(..., attn_implementation='sdpa')) and the same "
+            f"example: each batch's {next(iter(varlen))} still gives its documents, each "
+            f"counted as varlen attention runs it, and the count runs on cpu.")
+    return {key: value for key, value in kwargs.items() if key not in varlen}

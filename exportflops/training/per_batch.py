@@ -28,7 +28,8 @@ from ..records.names import ancestors
 from ..records.symbolic import parse_count, size_symbol
 from ..records.training import DocumentFlops, StepFlops
 from ..torch_internals import pytree
-from .batches import VARLEN_KEYWORDS, packs_documents, rows_of
+from .batches import (
+    packs_documents, rows_of, var_keyword_of, without_flash_metadata, without_varlen)
 from .checks import check_rows, check_sizes, dtype_error, dtype_kind, position_limit
 from .terms import step_count
 
@@ -242,29 +243,6 @@ def _as_called(signature: inspect.Signature, arguments: dict[str, Any], position
                          for key in kwargs}
 
 
-def without_varlen(var_keyword: str | None,
-                   arguments: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``arguments`` without the varlen keywords (`batches.VARLEN_KEYWORDS`) that the
-    forward's ``**kwargs`` (named ``var_keyword``) took, and those keywords apart."""
-    extra = arguments.get(var_keyword) if var_keyword is not None else None
-    if not extra:
-        return arguments, {}
-    varlen = {key: extra[key] for key in VARLEN_KEYWORDS if key in extra}
-    if not varlen:
-        return arguments, {}
-    rest = {key: value for key, value in extra.items() if key not in varlen}
-    arguments = {key: value for key, value in arguments.items() if key != var_keyword}
-    if rest:
-        arguments[var_keyword] = rest
-    return arguments, varlen
-
-
-def var_keyword_of(signature: inspect.Signature) -> str | None:
-    """The name of the forward's ``**kwargs``, if it has one."""
-    return next((name for name, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD),
-                None)
-
-
 def _holds_tensor(value: Any) -> bool:
     if isinstance(value, torch.Tensor):
         return True
@@ -301,7 +279,7 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
                          f"a saved or exported program has no batch to read sizes from.")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
     signature = inspect.signature(model.forward)
-    kwargs = _without_flash_metadata(model, signature, dict(example_kwargs or {}))
+    kwargs = without_flash_metadata(model, signature, dict(example_kwargs or {}))
     if dynamic_shapes is None:
         args, kwargs, dynamic_shapes, has_seq = _marked(model, signature, args, kwargs)
         batch_dim, seq_dim = BATCH, (SEQ if has_seq else None)
@@ -324,27 +302,6 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
                       f"(StepFlops.complete is False).", stacklevel=2)
     return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed,
                          checkpointed=checkpointed, positions=position_limit(model))
-
-
-def _without_flash_metadata(model: torch.nn.Module, signature: inspect.Signature,
-                            kwargs: dict) -> dict:
-    """The example's keywords without the varlen ones (``cu_seq_lens_q``, ...) that only a
-    flash-attention kernel reads (`exportflops.training.batches`): the graph is the same
-    without them, and each batch's are read for its documents."""
-    _, varlen = without_varlen(var_keyword_of(signature),
-                               signature.bind_partial(**kwargs).arguments)
-    if not varlen:
-        return kwargs
-    attention = getattr(getattr(model, "config", None), "_attn_implementation", None) or ""
-    if "flash" in attention:
-        raise InputError(
-            f"{type(model).__name__} runs attention with {attention} "
-            f"(config._attn_implementation), which reads {', '.join(varlen)} in a CUDA kernel "
-            f"that flops_per_batch cannot export here. Analyze the same model with SDPA "
-            f"attention (from_pretrained(..., attn_implementation='sdpa')) and the same "
-            f"example: each batch's {next(iter(varlen))} still gives its documents, each "
-            f"counted as varlen attention runs it, and the count runs on cpu.")
-    return {key: value for key, value in kwargs.items() if key not in varlen}
 
 
 def _marked(model, signature, args: tuple, kwargs: dict):
