@@ -219,11 +219,7 @@ def build(config, device, transformers, *, whole: bool = False):
 
 
 def _auto_class(config, transformers, *, whole: bool = False):
-    autos = {}
-    for name in dir(transformers):
-        mapping = getattr(getattr(transformers, name, None), "_model_mapping", None)
-        if name.startswith("AutoModel") and mapping is not None:
-            autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
+    autos = _auto_tables(transformers)
     multimodal = any(getattr(config, tower, None) is not None for tower in TOWERS)
     first = ((SEQ2SEQ_AUTO if getattr(config, "is_encoder_decoder", False) else ())
              + PREFERRED_AUTO[:1] + (MULTIMODAL_AUTO if multimodal else ()) + PREFERRED_AUTO[1:])
@@ -233,6 +229,21 @@ def _auto_class(config, transformers, *, whole: bool = False):
         if config.model_type in autos.get(name, ()):
             return getattr(transformers, name)
     return None
+
+
+def _auto_tables(transformers) -> dict[str, dict[str, Any]]:
+    """Each ``AutoModel*`` class transformers exports and its table, model type to class name
+    (the ``MODEL_FOR_*_MAPPING_NAMES`` its ``_LazyAutoMapping`` reads). The name is read before
+    the attribute: transformers imports each name it exports on first access, so reading every
+    one imports every model family it has (some 15 s) to find one auto class; the auto classes
+    all live in ``models.auto.modeling_auto``, which imports no family."""
+    autos = {}
+    for name in dir(transformers):
+        mapping = (getattr(getattr(transformers, name, None), "_model_mapping", None)
+                   if name.startswith("AutoModel") else None)
+        if mapping is not None:
+            autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
+    return autos
 
 
 def _declaring_class(config):

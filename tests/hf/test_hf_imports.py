@@ -1,0 +1,44 @@
+"""``hf:`` imports the one model family it builds: transformers' top level exports every
+family's classes (some 2,500) and imports each on first access, so a search through them all
+costs some 15 s of imports before any model is built."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+# What a fresh interpreter imports while building each model type: the family's modeling
+# modules that were not loaded before it.
+_CHILD = """
+import json, sys
+import torch, transformers
+from exportflops.hf.models import hf_model
+
+new = {}
+for model_type in sys.argv[1:]:
+    before = set(sys.modules)
+    hf_model(model_type, torch.device("meta"), None, layers=1)
+    new[model_type] = sorted(m for m in set(sys.modules) - before
+                             if m.startswith("transformers.models.") and ".modeling_" in m)
+print(json.dumps(new))
+"""
+
+# Each type's family, the folder transformers keeps it in; both classes come from the auto
+# tables (AutoModelForCausalLM's, AutoModel's for CLIP's text tower).
+FAMILIES = {"llama": "llama", "clip_text_model": "clip"}
+
+
+def test_building_a_model_type_imports_its_own_family_and_no_other():
+    child = subprocess.run([sys.executable, "-c", _CHILD, *FAMILIES], capture_output=True,
+                           text=True, timeout=300, check=True)
+    imported = json.loads(child.stdout.strip().splitlines()[-1])
+    auto = "transformers.models.auto.modeling_auto"
+    assert {model_type: [m for m in modules if m != auto]
+            for model_type, modules in imported.items()} == {
+        model_type: [f"transformers.models.{family}.modeling_{family}"]
+        for model_type, family in FAMILIES.items()}
