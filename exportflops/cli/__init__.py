@@ -33,7 +33,10 @@ from ..errors import BuildError, InputError, MissingExtraError, UsageError  # no
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
 from .options import check, parser  # noqa: E402
-from .targets import analyzed, build_target, device_named, hf_options  # noqa: E402
+from .splits import check_split_sizes  # noqa: E402
+from .targets import (  # noqa: E402
+    analyzed, build_target, config_sizes, device_named, hf_options,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +141,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode,
                                    split_backward=ns.split_backward), None)
         return _with_roofline(ns, _with_sweep(ns, outcome))
+    if ns.pp is not None or ns.cp is not None:
+        check_split_sizes(ns, **config_sizes(ns))
     for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
         if getattr(ns, flag) is not None:
             # Each returns (a representative rank's report, (its record, the record's view)).

@@ -1,5 +1,6 @@
 """The checks of the flags that split a model over ranks: --tp, --fsdp, --pp, --ep, --cp and
---rank (`options.check` calls `check_splits`)."""
+--rank (`options.check` calls `check_splits`), and their sizes against the model's, before it
+is built (`check_split_sizes`)."""
 
 from __future__ import annotations
 
@@ -149,3 +150,54 @@ def _check_pipeline(ns: argparse.Namespace) -> None:
         raise UsageError("--pp with --tp/--fsdp counts each stage rank on fake tensors under a "
                          "fake process group: nothing runs, so not with --profile or --device "
                          "cpu/cuda; measure the stages with --pp alone.")
+
+
+def check_split_sizes(ns: argparse.Namespace, *, layers: int | None = None,
+                      tokens: int | None = None) -> None:
+    """The split flags against what they split, before the model is built (building and
+    counting a model takes seconds to minutes): --schedule and --microbatches against torch's
+    schedule, whose order needs the ranks, the stages per rank and the microbatches alone;
+    --pp's stages against the ``layers`` of MODEL's one stack; --cp's chunks against the
+    ``tokens`` of its example. ``layers`` or ``tokens`` None: known once MODEL is built, and
+    checked then."""
+    if ns.pp is not None:
+        _check_schedule(ns, layers)
+    if ns.cp is not None and tokens is not None:
+        pieces = ns.cp if ns.no_load_balance else 2 * ns.cp
+        if tokens % pieces:
+            flags = f"--cp {ns.cp}" + "".join(f" --{name} {getattr(ns, name)}" for name in
+                                              ("fsdp", "tp") if getattr(ns, name) is not None)
+            halves = "" if ns.no_load_balance else "2 x --cp: each rank holds a chunk from " \
+                                                   "each end, torch's load balancing, "
+            raise UsageError(f"{flags}: {ns.model}'s example has {tokens} tokens, which do not "
+                             f"split into {pieces} equal chunks ({halves}or --no-load-balance "
+                             f"for --cp chunks); pass --seq N with N a multiple of {pieces}.")
+
+
+def _check_schedule(ns: argparse.Namespace, layers: int | None) -> None:
+    from ..errors import InputError
+    from ..parallel.schedules import SCHEDULES, pipeline_order
+
+    schedule = ns.schedule or "1f1b"
+    if schedule not in SCHEDULES:
+        raise UsageError(f"--schedule {schedule}: the schedules are {', '.join(SCHEDULES)} "
+                         f"(docs/pipeline.md).")
+    # --pp N is the ranks; a looped schedule runs two stages on each.
+    per_rank = 2 if SCHEDULES[schedule].looped else 1
+    try:
+        pipeline_order(schedule, ns.pp, ns.microbatches or ns.pp, per_rank)
+    except InputError as error:
+        raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
+    stages = ns.pp * per_rank
+    if layers is not None and stages > layers:
+        fixes = [f"--pp {layers // per_rank} or less"] if layers >= per_rank else []
+        if ns.layers == layers:  # the cap, not the config, holds it to that depth
+            fixes.append(f"--layers {stages}")
+        if per_rank > 1:
+            fixes.append("a schedule with one stage per rank")
+        looped = f" ({per_rank} on each of --pp {ns.pp} ranks)" if per_rank > 1 else ""
+        capped = f" (--layers {ns.layers})" if ns.layers == layers else ""
+        raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {ns.model} has {layers} "
+                         f"layers{capped}, and a stage holds whole layers: {stages} "
+                         f"stages{looped} need {stages} layers or more; pass "
+                         f"{', or '.join(fixes)}.")

@@ -17,6 +17,7 @@ from ..errors import BuildError, ExportError, UsageError
 from ..capture.hints import first_lines, meta_only
 from .inputs import UnknownInputError, hf_inputs
 from .layers import cap_layers, layer_counts, sub_configs
+from .modalities import text_length
 from .needs import innermost, needed_input, raised_by
 from .parent import (
     held_in_composite, modeling_module, module_name, parent_inputs, takes_config_alone,
@@ -65,6 +66,34 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
     model, args, inputs = _model_and_inputs(config, device, transformers, layers=layers,
                                             batch=batch, seq=seq, use_cache=use_cache)
     return model, args, inputs | (kwargs or {})
+
+
+def split_sizes(spec: str, *, layers: int | None = None, seq: int | None = None
+                ) -> tuple[int | None, int | None]:
+    """What the flags that split ``hf:spec`` over ranks split, read from its config capped at
+    ``layers`` and its model class (nothing is built): the layers of its one stack, where the
+    class names one module the pipeline splits between (`parallel.pipeline.layer_split_points`
+    splits between the modules of each name in ``_no_split_modules``: BERT's also name its
+    embeddings, Mamba's a block's mixer); and the tokens of its example (``seq``, or the
+    default `text_length`) where it is a causal LM of text alone. None where the config alone
+    does not say (an encoder and a decoder, a vision tower, inputs other than text)."""
+    transformers = _transformers(spec)
+    config = hf_config(spec, transformers)
+    if layers is not None:
+        cap_layers(config, layers)
+    auto = _auto_class(config, transformers)
+    try:  # the family's modeling module is imported here, as building the model would
+        model_class = auto._model_mapping[type(config)] if auto is not None else None
+    except KeyError:  # a config class the table does not map by itself: told once built
+        model_class = None
+    counts = [n for config_ in (config, *sub_configs(config))
+              for n in layer_counts(config_).values()]
+    one_stack = len(counts) == 1 and len(set(
+        getattr(model_class, "_no_split_modules", None) or ())) == 1
+    text = (auto is transformers.AutoModelForCausalLM
+            and not any(getattr(config, tower, None) is not None for tower in TOWERS))
+    return (counts[0] if one_stack else None,
+            text_length(config.get_text_config(), seq) if text else None)
 
 
 def _model_and_inputs(config, device, transformers, *, layers: int | None, batch: int,
