@@ -61,7 +61,7 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
     """The model ``hf:spec`` names, at most ``layers`` layers deep, built on ``device``; its
     example positional args and keyword args (``kwargs`` added last). ``use_cache`` keeps the
     KV cache on (generation analyzes it); otherwise it is turned off (`NO_CACHE`)."""
-    transformers = _transformers(spec)
+    transformers = import_transformers(spec)
     config = hf_config(spec, transformers)
     model, args, inputs = _model_and_inputs(config, device, transformers, layers=layers,
                                             batch=batch, seq=seq, use_cache=use_cache)
@@ -77,7 +77,7 @@ def split_sizes(spec: str, *, layers: int | None = None, seq: int | None = None
     embeddings, Mamba's a block's mixer); and the tokens of its example (``seq``, or the
     default `text_length`) where it is a causal LM of text alone. None where the config alone
     does not say (an encoder and a decoder, a vision tower, inputs other than text)."""
-    transformers = _transformers(spec)
+    transformers = import_transformers(spec)
     config = hf_config(spec, transformers)
     if layers is not None:
         cap_layers(config, layers)
@@ -152,7 +152,9 @@ def _device_type(device) -> str:
     return getattr(device, "type", str(device).split(":")[0])
 
 
-def _transformers(spec: str):
+def import_transformers(spec: str):
+    """The transformers module, imported reading the local cache only; ``spec`` names the model
+    that needs it in the error where it is not installed."""
     # Before transformers (and huggingface_hub) read it: the cache only, never the network.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
