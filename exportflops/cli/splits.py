@@ -165,13 +165,17 @@ def check_split_sizes(ns: argparse.Namespace, *, layers: int | None = None,
     if ns.cp is not None and tokens is not None:
         pieces = ns.cp if ns.no_load_balance else 2 * ns.cp
         if tokens % pieces:
-            flags = f"--cp {ns.cp}" + "".join(f" --{name} {getattr(ns, name)}" for name in
-                                              ("fsdp", "tp") if getattr(ns, name) is not None)
-            halves = "" if ns.no_load_balance else "2 x --cp: each rank holds a chunk from " \
-                                                   "each end, torch's load balancing, "
-            raise UsageError(f"{flags}: {ns.model}'s example has {tokens} tokens, which do not "
-                             f"split into {pieces} equal chunks ({halves}or --no-load-balance "
-                             f"for --cp chunks); pass --seq N with N a multiple of {pieces}.")
+            chunks = ("--cp chunks, --no-load-balance" if ns.no_load_balance else
+                      "2 x --cp: torch's load balancing gives each rank a chunk from each end")
+            raise UsageError(f"{context_flags(ns)}: {ns.model}'s example has {tokens} "
+                             f"tokens, which do not split into {pieces} equal chunks "
+                             f"({chunks}); pass --seq N with N a multiple of {pieces}.")
+
+
+def context_flags(ns: argparse.Namespace) -> str:
+    """--cp and the degrees of the mesh it sits on, as given: what an error of theirs names."""
+    return f"--cp {ns.cp}" + "".join(f" --{name} {getattr(ns, name)}" for name in
+                                     ("fsdp", "tp") if getattr(ns, name) is not None)
 
 
 def _check_schedule(ns: argparse.Namespace, layers: int | None) -> None:

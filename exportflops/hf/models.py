@@ -84,8 +84,8 @@ def split_sizes(spec: str, *, layers: int | None = None, seq: int | None = None
     auto = _auto_class(config, transformers)
     try:  # the family's modeling module is imported here, as building the model would
         model_class = auto._model_mapping[type(config)] if auto is not None else None
-    except KeyError:  # a config class the table does not map by itself: told once built
-        model_class = None
+    except (KeyError, ImportError):  # not mapped by its class, or a package missing: the
+        model_class = None  # build that follows says which
     counts = [n for config_ in (config, *sub_configs(config))
               for n in layer_counts(config_).values()]
     one_stack = len(counts) == 1 and len(set(
