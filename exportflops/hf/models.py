@@ -43,6 +43,11 @@ CPU_REBUILD_BYTES = 2 * 2**30
 #: values can make the sizes they decide explode (LightGlue's detector finds a keypoint at
 #: each pixel of a blank image and matches every pair: some 24 GiB).
 CPU_RUN_BYTES = 8 * 2**30
+#: The most layers (all stacks together) of a model built on meta that `_probe` runs as it is:
+#: building a twin one layer deep costs about as much as a fake run of 8 layers (Llama and
+#: Qwen2-MoE at 128 tokens: a twin built in 0.8-1.1 s, a fake run 0.1-0.2 s a layer, on two
+#: busy cores), so a shallower model is probed itself.
+PROBE_TWIN_PAST = 8
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
@@ -133,12 +138,12 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
 
 def _probe(model, config, device, transformers, *, whole: bool = False):
     """The model `hf_inputs` runs under fake tensors to find the inputs forward needs: on meta,
-    a twin one layer deep (which inputs a forward needs does not depend on its depth, and a
-    fake run of every layer of a large model costs about a second); else ``model`` itself, as
-    the inputs are made on its device."""
-    if _device_type(device) != "meta" or all(
-            value <= 1 for config_ in (config, *sub_configs(config))
-            for value in layer_counts(config_).values()):
+    a twin one layer deep where ``model`` holds more than `PROBE_TWIN_PAST` layers (which
+    inputs a forward needs does not depend on its depth, and a fake run of every layer of a
+    large model costs seconds); else ``model`` itself, as the inputs are made on its device."""
+    if _device_type(device) != "meta" or sum(
+            value for config_ in (config, *sub_configs(config))
+            for value in layer_counts(config_).values()) <= PROBE_TWIN_PAST:
         return model
     twin = copy.deepcopy(config)
     cap_layers(twin, 1)

@@ -1,6 +1,7 @@
-"""``hf:`` imports the one model family it builds: transformers' top level exports every
-family's classes (some 2,500) and imports each on first access, so a search through them all
-costs some 15 s of imports before any model is built."""
+"""What ``hf:`` does before the count, and no more: it imports the one model family it builds
+(transformers' top level exports every family's classes, some 2,500, and imports each on first
+access: a search through them all cost some 15 s), and builds a twin to probe the inputs on
+only where the model is deep enough for the twin to save time."""
 
 from __future__ import annotations
 
@@ -42,3 +43,25 @@ def test_building_a_model_type_imports_its_own_family_and_no_other():
             for model_type, modules in imported.items()} == {
         model_type: [f"transformers.models.{family}.modeling_{family}"]
         for model_type, family in FAMILIES.items()}
+
+
+@pytest.mark.parametrize(("layers", "builds"), [(2, 1), (None, 2)], ids=["2 layers", "12"])
+def test_a_shallow_model_is_probed_itself_and_a_deep_one_through_a_twin(
+        monkeypatch, layers, builds):
+    """GPT-2's default config holds 12 layers, past PROBE_TWIN_PAST (8): its inputs are found
+    on a twin one layer deep, built beside it; at 2 layers a twin would cost more than the
+    layer it saves, and the model is built once."""
+    import torch
+
+    import exportflops.hf.models as hf_models
+
+    built = []
+
+    def build(config, *args, **kwargs):
+        built.append(config.n_layer)
+        return builder(config, *args, **kwargs)
+
+    builder = hf_models.build
+    monkeypatch.setattr(hf_models, "build", build)
+    hf_models.hf_model("gpt2", torch.device("meta"), None, layers=layers)
+    assert built == [layers or 12, 1][:builds]
