@@ -268,18 +268,16 @@ def _auto_class(config, transformers, *, whole: bool = False):
 
 
 def _auto_tables(transformers) -> dict[str, dict[str, Any]]:
-    """Each ``AutoModel*`` class transformers exports and its table, model type to class name
-    (the ``MODEL_FOR_*_MAPPING_NAMES`` its ``_LazyAutoMapping`` reads). The name is read before
-    the attribute: transformers imports each name it exports on first access, so reading every
-    one imports every model family it has (some 15 s) to find one auto class; the auto classes
-    all live in ``models.auto.modeling_auto``, which imports no family."""
-    autos = {}
-    for name in dir(transformers):
-        mapping = (getattr(getattr(transformers, name, None), "_model_mapping", None)
-                   if name.startswith("AutoModel") else None)
-        if mapping is not None:
-            autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
-    return autos
+    """Each ``AutoModel*`` class transformers has and its table, model type to class name (the
+    ``MODEL_FOR_*_MAPPING_NAMES`` its ``_LazyAutoMapping`` reads), from ``models.auto.
+    modeling_auto``, which defines them all and imports no model family. Not from every name
+    the top level exports: transformers imports each on first access, so reading them all
+    imports every family it has (some 15 s) to find one auto class."""
+    modeling_auto = transformers.models.auto.modeling_auto
+    return {name: value._model_mapping._model_mapping
+            for name, value in vars(modeling_auto).items()
+            if name.startswith("AutoModel") and isinstance(value, type)
+            and getattr(value, "_model_mapping", None) is not None}
 
 
 def _declaring_class(config):

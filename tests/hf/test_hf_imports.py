@@ -65,3 +65,14 @@ def test_a_shallow_model_is_probed_itself_and_a_deep_one_through_a_twin(
     monkeypatch.setattr(hf_models, "build", build)
     hf_models.hf_model("gpt2", torch.device("meta"), None, layers=layers)
     assert built == [layers or 12, 1][:builds]
+
+
+def test_the_auto_tables_hold_every_auto_model_class_transformers_exports():
+    """The tables are read from modeling_auto alone: a transformers that defined an auto class
+    elsewhere would leave its table out."""
+    import transformers
+
+    from exportflops.hf.models import _auto_tables
+
+    exported = {name for name in dir(transformers) if name.startswith("AutoModel")}
+    assert set(_auto_tables(transformers)) == exported
