@@ -21,6 +21,7 @@ _HOMES = {
     "profile": "runtime",
     "fake_process_group": "parallel",
     "flops_per_batch": "training",
+    "memory": "footprint",
     # DeepSpeed's and fvcore's names for the same analysis
     "get_model_profile": "compat",
     "FlopCountAnalysis": "compat",
@@ -34,6 +35,7 @@ _HOMES = {
     # the records a user reads
     "Report": "records",
     "GenerationReport": "records",
+    "MemoryReport": "records",
     "Roofline": "records",
     "Cost": "records",
     "ModuleRecord": "records",

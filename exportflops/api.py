@@ -19,7 +19,7 @@ from .parallel.ranks import (check_process_group, is_parallelized, local_paramet
                              rank_fields, rank_runs)
 from .errors import ExportError, InputError
 from .count.backward import RECOMPUTED, trace_backward
-from .count.apply import count_node, untraced_backward
+from .count.apply import count_node, outside_torch, untraced_backward
 from .count.decompose import Decomposer
 from .capture.fastpath import Expansion, NotRepeated, fast_capture
 from .formulas import FORMULAS, FormulaTable
@@ -120,7 +120,9 @@ def _eager(model: torch.nn.Module, args: Any, kwargs: dict | None, table: Formul
         raise refusal from refusal.__cause__
     count = functools.partial(count_node, table=table, strict=strict, sizes={},
                               decomposer=Decomposer(None, {}))
-    nodes = [count(call.node, phase=call.phase, differentiates=call.differentiates)
+    nodes = [outside_torch(call.node, call.outside, strict=strict, phase=call.phase,
+                           differentiates=call.differentiates) if call.outside
+             else count(call.node, phase=call.phase, differentiates=call.differentiates)
              for call in calls]
     forward = [call.node for call in calls if call.phase == "forward"]
     tree, tied = module_tree(forward, model.named_parameters(remove_duplicate=False), model,

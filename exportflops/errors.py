@@ -42,15 +42,19 @@ class ExportError(ExportFlopsError):
 
 
 class UncountedOpError(ExportFlopsError):
-    """``strict=True`` met an op with no formula."""
+    """``strict=True`` met an op with no formula, or (``formula=False``) a call whose work no
+    formula can count, whose ``reason`` says what to do (values handed to numpy in an eager
+    run)."""
 
-    def __init__(self, node: str, op: str, module: str, reason: str) -> None:
+    def __init__(self, node: str, op: str, module: str, reason: str, *,
+                 formula: bool = True) -> None:
         self.node, self.op, self.module, self.reason = node, op, module, reason
+        fix = (f"Give it a working formula with @exportflops.register_formula("
+               f"torch.ops.{_op_path(op)}, replace=True) or analyze(..., formulas={{op: fn}}), "
+               f"or analyze" if formula else "Or analyze")
         super().__init__(
             f"Could not count {op} (node {node!r} in module {module or '<root>'!r}): {reason}. "
-            f"Give it a working formula with @exportflops.register_formula("
-            f"torch.ops.{_op_path(op)}, replace=True) or analyze(..., formulas={{op: fn}}), or "
-            f"analyze with strict=False to list it as uncounted and count the rest."
+            f"{fix} with strict=False to list it as uncounted and count the rest."
         )
 
 

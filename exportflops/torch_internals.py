@@ -93,6 +93,8 @@ _feature("tracing", "torch._guards:tracing",
          "per-rank capture of a tensor-parallel (DTensor) model")
 _feature("detect_fake_mode", "torch._guards:detect_fake_mode", "per-rank capture under FSDP2")
 _feature("get_sequence_nr", "torch.autograd:_get_sequence_nr", "per-rank capture under FSDP2")
+_feature("current_autograd_node", "torch._C:_current_autograd_node",
+         "memory: the module of a backward op")
 _feature("resolve_process_group", "torch.distributed.distributed_c10d:_resolve_process_group",
          "the collectives of a tensor-parallel rank")
 _feature("prims", "torch._prims", "deciding branches by values")

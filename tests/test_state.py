@@ -90,6 +90,12 @@ def _generation(*, fails: bool):
     return lambda: exportflops.analyze_generation(model, prompt, new_tokens=2)
 
 
+def _memory(*, fails: bool):
+    model = BranchOnValue() if fails else nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+    args = (torch.randn(2, 8),)
+    return lambda: exportflops.memory(model, args)
+
+
 @pytest.mark.parametrize("prepare, fails", [
     (lambda: _analyze("forward", fails=False), False),
     (lambda: _analyze("train", fails=False), False),
@@ -103,9 +109,11 @@ def _generation(*, fails: bool):
     (lambda: _profile(fails=True), True),
     (lambda: _generation(fails=False), False),
     (lambda: _generation(fails=True), True),
+    (lambda: _memory(fails=False), False),
+    (lambda: _memory(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
-        "profile-fails", "generation", "generation-fails"])
+        "profile-fails", "generation", "generation-fails", "memory", "memory-fails"])
 def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
     torch.manual_seed(0)
     call = prepare()

@@ -20,6 +20,10 @@ backward, from every floating output that needs a gradient (seeded with ones, as
 accumulated into ``.grad``). A backward op is charged to the forward op whose autograd node runs
 it, and to that op's modules: autograd numbers its nodes as it creates them
 (``_get_sequence_nr``), and each node's pre-hook, on this run's graph only, says which node runs.
+
+Work the dispatcher never sees (values handed to numpy, Python's arithmetic on an ``.item()``, a
+tensor made from them again) is recorded as a call too, named (``Tensor.numpy``), with why its
+work is missing (`capture.outside`): the count then lists it as uncounted, never as covered.
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ from ..graph.opcall import ACTIVATION, STATE, WEIGHT
 from ..graph.stacks import ModuleFrame, Stack
 from ..graph.walk import NodeCall, op_call, op_name, storage_id
 from ..records.names import qualified_name
-from ..torch_internals import (OpOverload, TorchDispatchMode, get_sequence_nr, pytree,
+from ..torch_internals import (TorchDispatchMode, get_sequence_nr, pytree,
                                sequence_nr)
 from .export import run_kept
+from .outside import LIFT_FRESH, UNSEEN_WRITE, HostCalls, Unfilled
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class EagerCall:
     """``backward`` for an op autograd ran to compute gradients (train mode)."""
     differentiates: str = ""
     """For a backward op: the name of the forward op whose autograd node ran it."""
+    outside: str = ""
+    """For a call whose work torch does not see (`capture.outside`): why; its node is named
+    after the call (``Tensor.numpy``), counted as no op."""
 
 
 def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
@@ -62,8 +70,9 @@ def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
     recorder = _Recorder(model)
     with run_kept(model, args, kwargs), _module_calls(model, paths, recorder), \
             torch.enable_grad() if train else torch.no_grad():
-        with recorder:
+        with recorder.recording():
             output = model(*args, **kwargs)
+        recorder.returned(output)
         if train:
             _backward(model, args, kwargs, output, recorder)
     return recorder.calls
@@ -90,43 +99,81 @@ class _Recorder(TorchDispatchMode):
         """Storages of the parameters and buffers: what they and their views hold."""
         self.state: set[int] = set()
         """Storages of buffers an op of the run writes (a running mean): state, not weights."""
+        self.host = HostCalls(self._left_torch, self._where)
+        self.unfilled = Unfilled()
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Both halves on: the ops dispatched, and the Python calls that hand values out."""
+        with self.host, self:
+            yield
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        self._written(func, args, kwargs)
-        name = self._name(func)
+        schema = getattr(func, "_schema", None)
+        named = {} if schema is None else dict(
+            zip((a.name for a in schema.arguments), args)) | kwargs
+        self._written(schema, named)
+        name = self._name(getattr(func, "_opname", None) or op_name(func))
         if self.running is None:
-            stack, phase, differentiates = tuple(self.stack), "forward", ""
             created = get_sequence_nr()
             self.made_by.update(dict.fromkeys(range(self.created, created), name))
             self.created = created
-        else:
-            (stack, differentiates), phase = self.running, "backward"
+        stack, phase, differentiates = self._frame()
+        unwritten = self.unfilled.seen(func, named, out, f"node {name!r} in {self._where()}")
+        if unwritten is not None:
+            self._left_torch(UNSEEN_WRITE, *unwritten)
+        maker, outside = self.host.made_from_host() if func is LIFT_FRESH else ("", "")
         call = op_call(func, args, kwargs, out, {}, kind_of=self._kind)
-        node = NodeCall(name, func, op_name(func), call, stack)
-        self.calls.append(EagerCall(node, phase, differentiates))
+        node = NodeCall(name, func, maker if outside else op_name(func), call, stack)
+        self.calls.append(EagerCall(node, phase, differentiates, outside))
         return out
 
-    def _name(self, func: OpOverload) -> str:
+    def _frame(self) -> tuple[Stack, str, str]:
+        """The module stack, phase and forward op of what runs now."""
+        if self.running is None:
+            return tuple(self.stack), "forward", ""
+        (stack, differentiates) = self.running
+        return stack, "backward", differentiates
+
+    def _where(self) -> str:
+        stack = self._frame()[0]
+        return f"module {stack[-1].path!r}" if stack and stack[-1].path else "the root module"
+
+    def _left_torch(self, name: str, tensor: torch.Tensor, why: str) -> None:
+        """The call ``name`` (``Tensor.numpy``) handed ``tensor``'s values out of torch, or
+        (`UNSEEN_WRITE`) code outside torch wrote them."""
+        stack, phase, differentiates = self._frame()
+        call = op_call(name, (tensor,), {}, None, {}, kind_of=self._kind)
+        base = name.rpartition(".")[2].replace(" ", "_")
+        node = NodeCall(self._name(base), name, name, call, stack)
+        self.calls.append(EagerCall(node, phase, differentiates, why))
+
+    def _name(self, base: str) -> str:
         """``addmm``, ``addmm_1``, ...: as export names its nodes."""
-        base = getattr(func, "_opname", None) or op_name(func)
         seen = self.names[base]
         self.names[base] += 1
         return base if seen == 0 else f"{base}_{seen}"
 
-    def _written(self, func: OpOverload, args: tuple, kwargs: dict) -> None:
-        """A parameter or buffer the op writes in place (``(a!)`` in its schema) holds state."""
-        schema = getattr(func, "_schema", None)
+    def _written(self, schema, named: dict) -> None:
+        """A parameter or buffer the op writes in place (``(a!)`` in its schema) holds state;
+        ``named``: the op's arguments by schema name."""
         if schema is None:
             return
         written = [argument.name for argument in schema.arguments
                    if argument.alias_info is not None and argument.alias_info.is_write]
-        named = dict(zip((a.name for a in schema.arguments), args)) | kwargs
         for value in pytree.tree_leaves([named.get(name) for name in written]):
             storage = storage_id(value)
             if storage in self.weights:
                 self.state.add(storage)
+
+    def returned(self, output) -> None:
+        """The model returned ``output``: a tensor of it no op wrote was written outside."""
+        for tensor in _tensors(output, set()):
+            if storage_id(tensor) in self.unfilled.allocations:
+                self._left_torch(UNSEEN_WRITE, tensor, self.unfilled.unwritten(
+                    storage_id(tensor), "returned by the model"))
 
     def _kind(self, tensor: torch.Tensor) -> str:
         storage = storage_id(tensor)
@@ -183,7 +230,7 @@ def _backward(model: torch.nn.Module, args: tuple, kwargs: dict, output,
     handles = [node.register_prehook(functools.partial(_running, recorder, node))
                for node in _graph_nodes(outputs)]
     try:
-        with recorder:
+        with recorder.recording():
             torch.autograd.grad(outputs, wanted, seeds, allow_unused=True)
     finally:
         for handle in handles:

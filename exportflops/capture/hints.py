@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import Any
 
 import torch
 
 from ..torch_internals import pytree
+from .placement import input_name
 
 #: The words of torch's errors for a branch on a tensor's value that shapes cannot decide.
 DATA_DEPENDENT = ("GuardOnDataDependentSymNode", "data-dependent", "data dependent")
@@ -25,6 +28,10 @@ _HINTS = [
     (READ_ON_META,
      "the model reads a tensor's values (.tolist()) where its tensors are on meta, which hold "
      f"none. Analyze the model on cpu {_ON_CPU}."),
+    ((".numpy()", "__array__"),
+     "the model hands a tensor's values to numpy, which torch.export cannot trace. On cpu "
+     f"{_ON_CPU} exportflops counts one eager run instead, and lists each call where values "
+     "leave torch as uncounted; or compute that part with torch ops."),
     (("Inference tensors", "inference tensor"),
      "the model's parameters (or inputs) were created under torch.inference_mode(), and autograd "
      "cannot train them. For mode='train', build the model and inputs outside inference_mode."),
@@ -57,6 +64,9 @@ def hint(error: Exception, model: torch.nn.Module, inputs: Any = ()) -> str:
         return (f"the model holds eager-mode quantized modules ({', '.join(quantized)}), whose "
                 f"packed weights torch.export cannot trace. Analyze the float model before "
                 f"quantize_dynamic: an int8 matmul does the same MACs as the float one.")
+    strided = _strides_hint(error, model, inputs)
+    if strided:
+        return strided
     weights = {t.device.type for t in (*model.parameters(), *model.buffers())}
     given = {t.device.type for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
     if _says(error, MADE_ON_CPU) and len(weights) == 1 and given - weights:
@@ -69,6 +79,43 @@ def hint(error: Exception, model: torch.nn.Module, inputs: Any = ()) -> str:
             return advice
     return ("see torch.export's message below; torch.export.draft_export(model, args) lists "
             "every problem at once.")
+
+
+def _strides_hint(error: Exception, model: torch.nn.Module, inputs: Any) -> str:
+    """The hint where ``error`` is about the strides of an input that is not contiguous (a
+    slice of a larger tensor, a transpose): torch names it as forward's parameter (``L['x']``,
+    in a guard a dynamic size cannot meet: a slice of a dataset with 33 columns is contiguous
+    only where its length is 33) or by its strides (a ``view`` they do not allow); else
+    empty. Not mended by a contiguous copy: the copies a model's own ``contiguous`` or
+    ``reshape`` then makes (or not) would change the bytes counted."""
+    message = str(error)
+    try:
+        bound = inspect.signature(model.forward).bind(*inputs[0], **inputs[1]).arguments
+    except (TypeError, ValueError, IndexError):
+        bound = {}
+    parameters = {id(value): name for name, value in bound.items()}
+    for path, leaf in pytree.tree_leaves_with_path(inputs):
+        if not isinstance(leaf, torch.Tensor) or leaf.is_contiguous():
+            continue
+        strides = tuple(leaf.stride())
+        parameter = parameters.get(id(leaf))
+        if f"strides {strides}" in message or (
+                parameter is not None and _size_against_stride(message, parameter, strides)):
+            name = input_name(path)
+            return (f"{name}{f' ({parameter})' if parameter else ''} is not contiguous: its "
+                    f"strides {strides} (shape {list(leaf.shape)}) are those of a slice of a "
+                    f"larger tensor or a transpose, and torch.export's checks follow from "
+                    f"them. Pass {name}.contiguous(), whose FLOPs are the same (they depend on "
+                    f"sizes, not strides).")
+    return ""
+
+
+def _size_against_stride(message: str, parameter: str, strides: tuple[int, ...]) -> bool:
+    """Whether torch's ``message`` holds a guard comparing a size of forward's ``parameter``
+    with one of its ``strides`` (``L['x'].size()[1] != 33`` for strides ``(33, 1)``)."""
+    guards = re.findall(rf"L\['{re.escape(parameter)}'\]\.size\(\)\[\d+\]\s*[!=]=\s*(\d+)",
+                        message)
+    return any(int(value) in strides for value in guards if int(value) > 1)
 
 
 def first_lines(error: BaseException, limit: int = 12) -> str:

@@ -10,6 +10,7 @@ import torch
 from .decompose import Decomposer
 from ..errors import CountError, InvalidFormulaError, UncountedOpError
 from ..formulas.registry import FormulaTable, built_in
+from ..graph.eager_heads import NOTE as EAGER_NOTE
 from ..graph.opcall import OpCall, TensorMeta
 from ..records import Cost, NodeRecord, TensorSpec
 from ..graph.walk import NodeCall
@@ -55,6 +56,8 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         cost, status, note = _in_region(node, cost, status, note)
     if strict and status in ("uncounted", "error"):
         raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
+    if node.eager_inputs:
+        note = "; ".join(filter(None, (note, EAGER_NOTE)))
     # Every field is built here (the cost is a validated Cost): no validation needed.
     return NodeRecord.model_construct(
         name=node.name,
@@ -67,6 +70,7 @@ def count_node(node: NodeCall, table: FormulaTable, *, strict: bool, phase: str 
         note=note,
         phase=phase,
         differentiates=differentiates,
+        eager_inputs=[_spec(t) for t in node.eager_inputs],
     )
 
 
@@ -151,14 +155,32 @@ def untraced_backward(node: NodeCall, reason: str, *, strict: bool,
                       half: str = "") -> NodeRecord:
     """The record of a forward node whose backward (its ``half`` of it, when split) could not
     be traced: missing, not zero."""
-    note = f"backward not traced: {reason}"
-    if strict:
-        raise UncountedOpError(node.name, node.op_name, node.module, reason=note)
     name = f"{node.name}.backward.{half}" if half else f"{node.name}.backward"
-    return NodeRecord(name=name, op=node.op_name, module=node.module,
-                      status="error", inputs=[_spec(t) for t in node.call.tensor_inputs()],
-                      outputs=[], cost=Cost(), note=note, phase="backward",
-                      differentiates=node.name)
+    return _missing(node, f"backward not traced: {reason}", strict=strict, name=name,
+                    status="error", outputs=[], phase="backward", differentiates=node.name,
+                    formula=True)
+
+
+def outside_torch(node: NodeCall, reason: str, *, strict: bool, phase: str = "forward",
+                  differentiates: str = "") -> NodeRecord:
+    """The record of a call of an eager run whose work torch does not see (values handed to
+    numpy, `capture.outside`): uncounted, not zero, so that coverage says so."""
+    return _missing(node, reason, strict=strict, name=node.name, status="uncounted",
+                    outputs=[_spec(t) for t in node.call.outputs], phase=phase,
+                    differentiates=differentiates, formula=False)
+
+
+def _missing(node: NodeCall, note: str, *, strict: bool, name: str, status: str,
+             outputs: list[TensorSpec], phase: str, differentiates: str,
+             formula: bool) -> NodeRecord:
+    """A record of ``node`` whose cost is missing from every total (``strict`` raises; a
+    formula for its op fixes it where ``formula``)."""
+    if strict:
+        raise UncountedOpError(node.name, node.op_name, node.module, reason=note,
+                               formula=formula)
+    return NodeRecord(name=name, op=node.op_name, module=node.module, status=status,
+                      inputs=[_spec(t) for t in node.call.tensor_inputs()], outputs=outputs,
+                      cost=Cost(), note=note, phase=phase, differentiates=differentiates)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -18,6 +18,7 @@ import sympy
 import torch
 import torch.fx
 
+from .eager_heads import eager_inputs
 from .flex_blocks import with_skipped_pairs
 from .kinds import subgraph_kinds, tensor_kinds
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
@@ -56,6 +57,9 @@ class NodeCall:
     backward autograd would run is the Function's own, not that of these ops."""
     node: torch.fx.Node | None = None
     """The graph node itself, for the backward tracer (None for an op autograd dispatched)."""
+    eager_inputs: tuple[TensorMeta, ...] = ()
+    """The tensors an eager run passes the op where the graph passes others
+    (`eager_heads.eager_inputs`); empty when they are the same."""
 
     @property
     def module(self) -> str:
@@ -123,12 +127,14 @@ def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope:
         batch = vmap.runs(node)
         region = scope.region if batch == 1 else ", ".join(filter(None, (scope.region, "vmap")))
         runs = None if scope.repeat is None else scope.repeat * batch
-        yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target),
-                       with_skipped_pairs(node, op_call(
-                           node.target, node.args, node.kwargs, node.meta.get("val"), renames,
-                           read, kinds, kinds.get(node, ACTIVATION))),
+        call = with_skipped_pairs(node, op_call(node.target, node.args, node.kwargs,
+                                                node.meta.get("val"), renames, read, kinds,
+                                                kinds.get(node, ACTIVATION)))
+        yield NodeCall(scope.prefix + node.name, node.target, op_name(node.target), call,
                        stack, region, runs,
-                       _autograd_function(node.meta.get("stack_trace"), forwards), node)
+                       _autograd_function(node.meta.get("stack_trace"), forwards), node,
+                       eager_inputs(node, stack, call,
+                                    lambda arg: _meta(arg, renames, read, kinds)))
         times = _iterations(node, renames)
         for attr, subgraph in subgraphs(node):
             repeat = None if times is None or runs is None else times * runs

@@ -17,6 +17,7 @@ from ..errors import BuildError, ExportError, UsageError
 from ..capture.hints import first_lines, meta_only
 from .inputs import UnknownInputError, hf_inputs
 from .layers import cap_layers, layer_counts, sub_configs
+from .kernels import check_pools
 from .modalities import text_length
 from .needs import innermost, needed_input, raised_by
 from .parent import (
@@ -113,6 +114,7 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
             if hasattr(config_, key):
                 setattr(config_, key, value)
     model = build(config, device, transformers, whole=whole)
+    check_pools(model)
     model.eval()
     from .session import session_class, tracked_frame  # torch, imported when it is needed
 

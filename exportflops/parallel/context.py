@@ -16,7 +16,10 @@ rank attends to as many pairs; without, rank r holds the r-th of cp contiguous b
 last rank attends to the most. Each attention call becomes a ring: the rank's key/value shard
 goes to the next rank cp - 1 times in the forward; in the backward the shard goes round again
 (cp - 1 sends) and the key/value gradients' accumulators go round cp times, back to their
-owner, in float32 (``_templated_ring_attention`` and its backward).
+owner, in float32 (``_templated_ring_attention`` and its backward). The shard is the key and
+value the eager attention call receives, which torch's ``context_parallel`` wraps: where a
+transformers model's graph repeats grouped-query heads that eager passes as they are, the call's
+``eager_inputs`` (`exportflops.graph.eager_heads`).
 
 Inside FSDP2 (``fsdp=F``, as torchtitan lays it out): the world is F x cp ranks, ``cp``
 innermost (``ParallelDims.build_mesh`` unflattens the world into ``("pp", "batch", "cp",
@@ -224,14 +227,16 @@ def _causal_pairs(start: int, stop: int) -> int:
 
 def ring_sends(calls: list, local: dict[str, int], mode: str, cp: int) -> list[RingSend]:
     """Per attention call (its node, the key and value its inputs 1 and 2 at the sizes
-    ``local``): the key/value shard sent cp - 1 times in the forward; in train mode cp - 1 times
-    again in the backward, and its gradients cp times (module docstring). Peers as rank 0's:
-    `mesh_ranks` sets each rank's."""
+    ``local``, as an eager run passes them where the graph repeats their heads: the call's
+    ``eager_inputs``): the key/value shard sent cp - 1 times in the forward; in train mode
+    cp - 1 times again in the backward, and its gradients cp times (module docstring). Peers
+    as rank 0's: `mesh_ranks` sets each rank's."""
     sizes = Evaluator(local)
     peers = {"to_rank": 1 % cp, "from_rank": (-1) % cp}
     sends = []
     for call in calls:
-        key, value = call.inputs[1], call.inputs[2]
+        # torch's ring sends what the eager call receives (its SDPA hook wraps that call).
+        key, value = (call.eager_inputs or call.inputs)[1:3]
         elements = sum(_numel(spec.shape, sizes) for spec in (key, value))
         shard = {"module": call.module, "dtype": key.dtype,
                  "bytes": elements * _itemsize(key.dtype), **peers}

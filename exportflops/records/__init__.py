@@ -9,6 +9,7 @@ from .collectives import Collective
 from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
+from .memory import KindBytes, MemoryPoint, MemoryReport, ModuleMemory
 from .pipeline import PipelineAction, PipelineRank, PipelineReport, PipelineStage
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
@@ -18,7 +19,8 @@ from .training import DocumentFlops, StepFlops, Throughput
 
 __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
            "ContextRank", "Cost", "Count", "DocumentFlops", "ExpertParallelReport", "ExpertRank",
-           "GenerationReport", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
+           "GenerationReport", "KindBytes", "MemoryPoint", "MemoryReport", "ModuleMemory",
+           "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
            "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
            "PipelineStage", "Record", "Report", "RingSend", "Roofline",
            "RooflineModule", "RooflineNode", "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord",

@@ -43,12 +43,21 @@ class NodeRecord(Record):
     ``input`` when it runs in the pass that computes the inputs' gradients (torch's
     zero-bubble ``I`` action, ``stage_backward_input``), ``weight`` in the pass that computes
     the parameters' (``W``, ``stage_backward_weight``); empty otherwise."""
+    eager_inputs: list[TensorSpec] = []
+    """The tensor arguments an eager run passes the op, in schema order, where the exported
+    graph passes others (a branch the model's code takes only when traced); empty when they
+    are the same. Set on transformers' sdpa attention, whose graph repeats grouped-query
+    attention's key/value heads and passes a mask, where an eager call on a batch without
+    padding passes query and the key/value heads as they are (``enable_gqa=True``)
+    (`exportflops.graph.eager_heads`). The cost is the graph's; context parallelism's ring
+    sends these key/value."""
 
     def evaluated(self, sizes: Evaluator) -> NodeRecord:
         return self.model_copy(update={
             "cost": self.cost.evaluated(sizes),
             "inputs": [t.evaluated(sizes) for t in self.inputs],
             "outputs": [t.evaluated(sizes) for t in self.outputs],
+            "eager_inputs": [t.evaluated(sizes) for t in self.eager_inputs],
         })
 
 

@@ -1,0 +1,228 @@
+"""One step of the model run on a fake copy of it, each tensor storage recorded from the op that
+makes it to the moment its last reference drops.
+
+The step is the user's own eager code (the forward, the loss, autograd's backward and
+``torch.optim``'s step) on fake tensors, so what frees a storage is what frees it in a real
+run: Python dropping a function's arguments on return, autograd releasing a node's saved
+tensors once the node has run, ``AccumulateGrad`` keeping the first gradient it receives as
+``.grad`` without a copy. A liveness walk over a graph's last uses would free a module's input
+while its forward still holds it; the profiler, and the allocator, see the eager lifetimes.
+
+A storage is seen where an ATen op returns it (a `TorchDispatchMode` above the fake mode); it
+dies when its Python storage object is collected (a weak reference's callback, as torch's
+``MemTracker`` in torch/distributed/_tools/mem_tracker.py tracks it). Hooks go on the fake copy
+only, removed on exit; the user's model is untouched.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from ..torch_internals import pytree, require, sequence_nr, TorchDispatchMode
+
+#: Before the step's first op: parameters, buffers, inputs and optimizer states.
+BEFORE = -1
+
+
+@dataclass
+class Storage:
+    """One tensor storage of the step."""
+
+    nbytes: int
+    kind: str
+    """parameters, buffers, inputs, optimizer, activations, gradients or temporaries."""
+    start: int
+    """The op that made it (its index in `StepRun.ops`), `BEFORE` for what exists already."""
+    module: str
+    """The module running that op (``""``: the root, the loss or the optimizer); for an
+    activation, the module whose op saved it for the backward."""
+    end: int | None = None
+    """The first op after its last reference dropped; None for alive at the step's end."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One ATen op of the step that returns a tensor, in the order it ran."""
+
+    name: str
+    module: str
+    phase: str
+    """forward (the loss included), backward or optimizer."""
+
+
+@dataclass
+class StepRun:
+    """What the step ran and every storage it held."""
+
+    ops: list[Op] = field(default_factory=list)
+    storages: list[Storage] = field(default_factory=list)
+
+
+class _Storages(TorchDispatchMode):
+    """Records each op and the storages its outputs bring into being, and when each dies."""
+
+    def __init__(self, run: StepRun, module: Callable[[], str]) -> None:
+        super().__init__()
+        self.run = run
+        self.module = module
+        self.phase = "forward"
+        self.alive: dict[int, tuple[Storage, weakref.ref]] = {}
+        """A live storage's address -> its record and the weak reference that sees it die."""
+
+    def hold(self, tensor: torch.Tensor, kind: str, start: int, module: str = "") -> Storage:
+        """The record of ``tensor``'s storage, made on first sight."""
+        storage = tensor.untyped_storage()
+        key = storage._cdata  # the C++ storage's address: one for a tensor and its views
+        if key in self.alive:
+            return self.alive[key][0]
+        record = Storage(storage.nbytes(), kind, start, module)
+        self.run.storages.append(record)
+
+        def dead(_, record=record, key=key) -> None:
+            record.end = len(self.run.ops)
+            self.alive.pop(key, None)
+
+        self.alive[key] = (record, weakref.ref(storage, dead))
+        return record
+
+    def record_of(self, tensor: torch.Tensor) -> Storage | None:
+        found = self.alive.get(tensor.untyped_storage()._cdata)
+        return found[0] if found else None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+        if not tensors:  # a query (prim.device, a scalar read) allocates nothing
+            return result
+        index = len(self.run.ops)
+        module = self.module()
+        self.run.ops.append(Op(str(func), module, self.phase))
+        for tensor in tensors:
+            self.hold(tensor, "temporaries", index, module)
+        return result
+
+
+@contextlib.contextmanager
+def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
+    """The path of the module running now: while a module's forward runs, from hooks on the
+    (fake) modules; otherwise in the backward, the module whose forward op made the autograd
+    node running (nodes are numbered as they are made; each forward op's number is recorded
+    as it dispatches)."""
+    get_sequence_nr = require("get_sequence_nr")
+    current_node = require("current_autograd_node")
+    stack: list[str] = []
+    numbers: list[int] = []
+    paths: list[str] = []
+    handles = []
+
+    def enter(path: str):
+        def hook(*_):
+            stack.append(path)
+        return hook
+
+    def leave(*_):
+        stack.pop()
+
+    for path, module in model.named_modules():
+        handles.append(module.register_forward_pre_hook(enter(path)))
+        handles.append(module.register_forward_hook(leave, always_call=True))
+
+    def running() -> str:
+        node = current_node()
+        if stack or node is None:  # a forward runs (a checkpoint's recomputation too)
+            path = stack[-1] if stack else ""
+            number = get_sequence_nr()
+            if not numbers or number > numbers[-1]:
+                numbers.append(number)
+                paths.append(path)
+            return path
+        # The forward op that made node n dispatched when the next number was n + 1.
+        at = bisect.bisect_right(numbers, sequence_nr(node))
+        return paths[at] if at < len(paths) else ""
+
+    try:
+        yield running
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def _saved_as_activations(storages: _Storages) -> Iterator[None]:
+    """A tensor autograd saves in the forward is an activation of the module saving it
+    (unless it is a parameter, buffer or input); the pack hook returns the tensor itself, so
+    nothing changes."""
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        record = storages.record_of(tensor)
+        if record is not None and record.kind == "temporaries" and storages.phase == "forward":
+            record.kind = "activations"
+            record.module = storages.module()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield
+
+
+def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
+             optimizer: torch.optim.Optimizer | None,
+             loss: Callable[[object], torch.Tensor]) -> StepRun:
+    """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
+    ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
+    (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode."""
+    if train:  # step 1: the optimizer's states exist after it, and gradients are none again
+        loss(model(*args, **kwargs)).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    run = StepRun()
+    with _module_paths(model) as running:
+        storages = _Storages(run, running)
+        _hold_state(storages, model, args, kwargs, optimizer)
+        with storages:
+            if train:
+                output = _training_step(storages, model, args, kwargs, optimizer, loss)
+            else:
+                with torch.no_grad():
+                    output = model(*args, **kwargs)
+        del output  # only now: the caller of a forward holds its output to the step's end
+    return run
+
+
+def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
+                   optimizer: torch.optim.Optimizer, loss: Callable[[object], torch.Tensor]
+                   ) -> None:
+    with _saved_as_activations(storages):
+        value = loss(model(*args, **kwargs))
+    storages.phase = "backward"
+    value.backward()
+    for parameter in model.parameters():
+        if parameter.grad is not None:
+            storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
+    storages.phase = "optimizer"
+    del value
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _hold_state(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
+                optimizer: torch.optim.Optimizer | None) -> None:
+    for parameter in model.parameters():
+        storages.hold(parameter, "parameters", BEFORE)
+    for buffer in model.buffers():
+        storages.hold(buffer, "buffers", BEFORE)
+    for module in model.modules():  # a tensor held as a plain attribute (a mask, a table)
+        for value in vars(module).values():
+            if isinstance(value, torch.Tensor):
+                storages.hold(value, "buffers", BEFORE)
+    for tensor in pytree.tree_leaves((args, kwargs)):
+        if isinstance(tensor, torch.Tensor):
+            storages.hold(tensor, "inputs", BEFORE)
+    for state in (optimizer.state.values() if optimizer is not None else ()):
+        for tensor in pytree.tree_leaves(state):
+            if isinstance(tensor, torch.Tensor):
+                storages.hold(tensor, "optimizer", BEFORE)

@@ -1,0 +1,110 @@
+"""Where the memory of one step goes: the peak, what holds it, per module, and the step's
+timeline of live bytes. Imports no torch. Definitions: docs/memory.md."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from .base import SCHEMA_VERSION, Record
+
+Phase = Literal["forward", "backward", "optimizer"]
+
+
+class KindBytes(Record):
+    """Bytes of live tensor storage, by what the storage holds."""
+
+    parameters: int = 0
+    """The model's parameters (a tied parameter once)."""
+    buffers: int = 0
+    """The model's buffers (running statistics, masks), used or not, and the tensors its
+    modules hold as plain attributes."""
+    gradients: int = 0
+    """The parameters' gradients (``.grad``), from the backward op that makes each."""
+    optimizer: int = 0
+    """The optimizer's states (AdamW: ``exp_avg``, ``exp_avg_sq`` and the 0-dim ``step`` per
+    parameter; SGD: the momentum buffer)."""
+    activations: int = 0
+    """Tensors the forward made that autograd saved for the backward."""
+    temporaries: int = 0
+    """Every other tensor the step makes: the forward's intermediates and outputs, the
+    backward's gradients of activations and its intermediates, the optimizer's."""
+    inputs: int = 0
+    """The tensors passed to the model."""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, kind) for kind in type(self).model_fields)
+
+
+class MemoryPoint(Record):
+    """The live bytes right after one ATen op of the step made its outputs (ops that return no
+    tensor, such as ``prim.device``, are not points)."""
+
+    index: int
+    """The op's position in the step, from 0."""
+    op: str
+    """The ATen op (``aten.mm.default``)."""
+    module: str
+    """Path of the module the op ran in (in the backward: the module whose forward op made
+    the autograd node running it); ``""``: the root, the loss or the optimizer."""
+    phase: Phase
+    """forward (the loss included), backward or optimizer."""
+    live: KindBytes
+    """Bytes live at this point, by kind."""
+
+
+class ModuleMemory(Record):
+    """What one module of the model holds over the step."""
+
+    path: str
+    """Path as ``named_modules()`` names it; ``""`` is the root."""
+    type: str
+    """Qualified class name."""
+    depth: int
+    """0 for the root, 1 for its children, ..."""
+    activations: int
+    """Bytes the module and its children save for the backward."""
+    own_activations: int
+    """The part of ``activations`` saved by ops of the module itself, not a child's."""
+    largest_temporary: int
+    """The largest temporary (one storage) made in the module or its children, forward or
+    backward."""
+    largest_temporary_op: str = ""
+    """The op that made it, with its phase (``aten.bmm.default (backward)``)."""
+
+
+class MemoryReport(Record):
+    """The memory of one step of a model: its peak, what holds it, and its timeline.
+
+    ``mode="train"``: step 2 of a loop of forward, loss, backward, ``optimizer.step()``,
+    ``optimizer.zero_grad(set_to_none=True)``; ``mode="forward"``: one forward under no_grad.
+    Bytes are storage sizes (a view or an in-place result shares its base's storage).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record layout."""
+    model: str
+    """The analyzed model's class."""
+    mode: Literal["train", "forward"]
+    """What the step runs."""
+    optimizer: str = ""
+    """The optimizer of a training step (``adamw``, ``adam``, ``sgd``); ``""`` in forward."""
+    allocator: Literal["exact", "cuda"]
+    """``exact``: each storage's bytes; ``cuda``: rounded up to whole 512-byte blocks as the CUDA
+    caching allocator hands them out."""
+    peak_bytes: int
+    """The most bytes of live tensor storage at any point of the step."""
+    peak_phase: Phase
+    """The phase the peak is in."""
+    peak_node: str
+    """The op at the peak, with its position in the step (``aten.mm.default #412``)."""
+    peak_module: str
+    """Path of the module that op ran in."""
+    by_kind: KindBytes
+    """The live bytes at the peak, by kind (they sum to ``peak_bytes``)."""
+    max_by_kind: KindBytes
+    """Each kind's own most bytes over the step (at different points)."""
+    modules: list[ModuleMemory]
+    """Every module, in ``named_modules()`` order."""
+    timeline: list[MemoryPoint]
+    """The live bytes after every op of the step, in order."""
