@@ -12,6 +12,7 @@ import argparse
 from functools import partial
 
 from ..errors import InputError, UsageError
+from .splits import context_flags
 from .targets import build_target, device_named, hf_options
 
 
@@ -42,9 +43,7 @@ def analyze_split(ns: argparse.Namespace):
     except InputError as error:
         # The example cannot be split as asked (no sequence, a length that is no multiple of
         # 2 x cp, no attention call, equal batch and sequence sizes): the message names the fix.
-        flags = f"--cp {ns.cp}" + "".join(f" --{name} {getattr(ns, name)}" for name in
-                                          ("fsdp", "tp") if getattr(ns, name) is not None)
-        raise UsageError(f"{flags}: {error}") from error
+        raise UsageError(f"{context_flags(ns)}: {error}") from error
     report = fpb.report.evaluate(**{fpb.batch: record.batch, fpb.seq: record.seq_len})
     report = report.model_copy(update={"world_size": record.world_size(), "rank": ns.rank,
                                        "collectives": record.collectives(ns.rank)})

@@ -48,10 +48,7 @@ def analyze_split(ns: argparse.Namespace):
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes,
                                        kwargs=ns.kwargs, hf_options=hf_options(ns))
-    schedule = ns.schedule or "1f1b"
-    if schedule not in SCHEDULES:
-        raise UsageError(f"--schedule {schedule}: the schedules are {', '.join(SCHEDULES)} "
-                         f"(docs/pipeline.md).")
+    schedule = ns.schedule or "1f1b"  # a schedule of SCHEDULES (`check_splits`)
     # --pp N is the ranks; a looped schedule runs two stages on each.
     per_rank = 2 if SCHEDULES[schedule].looped else 1
     composed = ns.tp is not None or ns.fsdp is not None
