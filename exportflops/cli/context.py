@@ -21,7 +21,7 @@ def analyze_split(ns: argparse.Namespace):
     `exportflops.parallel.context_layout` on the flags' `Layout`."""
     from ..parallel.context_layout import analyze_context_ranks, context_rank_report
     from ..render.context import context_view
-    from .splits import split_flags, split_layout
+    from .splits import context_flags, split_layout
 
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
@@ -34,6 +34,6 @@ def analyze_split(ns: argparse.Namespace):
     except InputError as error:
         # The example cannot be split as asked (no sequence, a length that is no multiple of
         # 2 x cp, no attention call, equal batch and sequence sizes): the message names the fix.
-        raise UsageError(f"{split_flags(ns)}: {error}") from error
+        raise UsageError(f"{context_flags(ns)}: {error}") from error
     return context_rank_report(record, fpb, ns.rank), \
         (record, partial(context_view, rank=ns.rank))

@@ -1,5 +1,6 @@
 """The checks of the flags that split a model over ranks: --tp, --fsdp, --pp, --ep, --cp and
---rank (`options.check` calls `check_splits`)."""
+--rank (`options.check` calls `check_splits`), and their sizes against the model's, before it
+is built (`check_split_sizes`)."""
 
 from __future__ import annotations
 
@@ -146,8 +147,75 @@ def _check_pipeline(ns: argparse.Namespace, world: int) -> None:
     if ns.profile and ns.device_model is not None:
         raise UsageError("--pp with --profile measures each stage where it runs: not with "
                          "--device-model, whose roofline it replaces.")
+    _check_schedule(ns)
     if (ns.tp is not None or ns.fsdp is not None) and (ns.profile or ns.device not in
                                                         (None, "meta")):
         raise UsageError("--pp with --tp/--fsdp counts each stage rank on fake tensors under a "
                          "fake process group: nothing runs, so not with --profile or --device "
                          "cpu/cuda; measure the stages with --pp alone.")
+
+
+def check_split_sizes(ns: argparse.Namespace, *, layers: int | None = None,
+                      tokens: int | None = None) -> None:
+    """The split flags against the sizes of what they split, before the model is built
+    (building and counting a model takes seconds to minutes): --pp's stages against the
+    ``layers`` of MODEL's one stack, --cp's chunks against the ``tokens`` of its example.
+    ``layers`` or ``tokens`` None: known once MODEL is built, and checked then."""
+    if ns.pp is not None and layers is not None:
+        _check_stages(ns, layers)
+    if ns.cp is not None and tokens is not None:
+        pieces = ns.cp if ns.no_load_balance else 2 * ns.cp
+        if tokens % pieces:
+            chunks = ("--cp chunks, --no-load-balance" if ns.no_load_balance else
+                      "2 x --cp: torch's load balancing gives each rank a chunk from each end")
+            raise UsageError(f"{context_flags(ns)}: {ns.model}'s example has {tokens} "
+                             f"tokens, which do not split into {pieces} equal chunks "
+                             f"({chunks}); pass --seq N with N a multiple of {pieces}.")
+
+
+def context_flags(ns: argparse.Namespace) -> str:
+    """--cp and the degrees of the mesh it sits on, as given: what an error of theirs names."""
+    return f"--cp {ns.cp}" + "".join(f" --{name} {getattr(ns, name)}" for name in
+                                     ("fsdp", "tp") if getattr(ns, name) is not None)
+
+
+def _check_schedule(ns: argparse.Namespace) -> None:
+    """--schedule a schedule of the table, and with --microbatches one torch lays out: its
+    order needs the ranks, the stages per rank and the microbatches alone."""
+    from ..errors import InputError
+    from ..parallel.schedules import SCHEDULES, pipeline_order
+
+    schedule = ns.schedule or "1f1b"
+    if schedule not in SCHEDULES:
+        raise UsageError(f"--schedule {schedule}: the schedules are {', '.join(SCHEDULES)} "
+                         f"(docs/pipeline.md).")
+    try:
+        pipeline_order(schedule, ns.pp, ns.microbatches or ns.pp, _per_rank(schedule))
+    except InputError as error:
+        raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {error}") from error
+
+
+def _per_rank(schedule: str) -> int:
+    """The stages on each of --pp's ranks: a looped schedule runs two."""
+    from ..parallel.schedules import SCHEDULES
+
+    return 2 if SCHEDULES[schedule].looped else 1
+
+
+def _check_stages(ns: argparse.Namespace, layers: int) -> None:
+    """--pp's stages, each of whole layers, no more than MODEL's ``layers``."""
+    schedule = ns.schedule or "1f1b"
+    per_rank = _per_rank(schedule)
+    stages = ns.pp * per_rank
+    if stages > layers:
+        fixes = [f"--pp {layers // per_rank} or less"] if layers >= per_rank else []
+        if ns.layers == layers:  # the cap, not the config, holds it to that depth
+            fixes.append(f"--layers {stages}")
+        if per_rank > 1:
+            fixes.append("a schedule with one stage per rank")
+        looped = f" ({per_rank} on each of --pp {ns.pp} ranks)" if per_rank > 1 else ""
+        capped = f" (--layers {ns.layers})" if ns.layers == layers else ""
+        raise UsageError(f"--pp {ns.pp} --schedule {schedule}: {ns.model} has {layers} "
+                         f"layers{capped}, and a stage holds whole layers: {stages} "
+                         f"stages{looped} need {stages} layers or more; pass "
+                         f"{', or '.join(fixes)}.")
