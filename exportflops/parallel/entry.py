@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from ..api import analyze
 from ..errors import LayoutError
 from ..records import Report
 from ..records.context import ContextParallelReport
@@ -22,7 +23,7 @@ from ..records.pipeline import PipelineReport
 from .context_layout import analyze_context_ranks, context_rank_report
 from .experts_layout import analyze_expert_ranks, expert_rank_report
 from .layout import Layout
-from .per_rank import Builder, rank_of
+from .per_rank import Builder, built_model, rank_of
 from .pipeline_layout import analyze_pipeline_ranks
 from .pipeline_mesh import rank_report
 
@@ -65,6 +66,10 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
     if routing is not None:
         raise LayoutError(f"{layout}: routing gives the token copies per expert of ep ranks: "
                           f"pass ep.")
+    if layout.world_size == 1:  # one rank holds the whole model: the single-device count
+        built, args, kwargs = built_model(model, args, kwargs)
+        report = analyze(built, args, kwargs, mode=mode, **analyze_options)
+        return report if rank is not None else [report]
     if rank is not None:
         return rank_of(model, args, kwargs, layout, rank=rank, mode=mode,
                        **analyze_options)[1]
@@ -73,7 +78,7 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
 
 
 def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None) -> None:
-    """A layout analyze_ranks counts: one that splits (dp only where expert groups sit)."""
+    """A layout analyze_ranks counts (dp only where expert groups sit)."""
     if not isinstance(layout, Layout):
         raise LayoutError(f"analyze_ranks takes layout=exportflops.parallel.Layout(...), got "
                           f"{type(layout).__name__}.")
@@ -86,6 +91,3 @@ def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None
     if given and layout.pp == 1:
         raise LayoutError(f"{layout}: {', '.join(given)} lay out a pipeline: pass them with "
                           f"pp.")
-    if layout.world_size == 1:
-        raise LayoutError(f"{layout} splits nothing: pass a degree > 1 (Layout(tp=2)), or "
-                          f"count the model on one device with exportflops.analyze.")

@@ -67,17 +67,24 @@ def test_a_module_given_is_left_as_it_was_and_every_rank_is_listed_without_rank(
     (_planned_on, Layout(dp=2), {}, "replicated data-parallel ranks each count as one device"),
     (_planned_on, Layout(tp=2), {"routing": [1, 2]}, "routing gives the token copies per "
                                                      "expert of ep ranks: pass ep"),
-    (_planned_on, Layout(), {}, "Layout() splits nothing"),
     (_planned_on, Layout(tp=2), {"schedule": "1f1b"}, "schedule lay out a pipeline"),
     (lambda device: (Net().to(device), (torch.randn(BATCH, SEQ, HIDDEN),), None), Layout(tp=2),
      {}, "Net has no tensor-parallel plan to split it 2 ways"),
-], ids=["replicas", "routing-without-ep", "no-split", "schedule-without-pp", "no-plan"])
+], ids=["replicas", "routing-without-ep", "schedule-without-pp", "no-plan"])
 def test_a_layout_analyze_ranks_cannot_count_is_refused_saying_what_to_call(model, layout,
                                                                             options, words):
     with pytest.raises(LayoutError) as error:
         analyze_ranks(model, layout=layout, rank=0, **options)
     assert words in str(error.value)
     assert not torch.distributed.is_initialized()
+
+
+def test_a_layout_of_one_rank_is_the_single_device_count():
+    # tp 1 holds every column: up is B*T rows x H x F MACs, and no rank talks to another.
+    report = analyze_ranks(_planned_on, layout=Layout(tp=1), rank=0)
+    assert report.module("blocks.0.up").inclusive.macs == BATCH * SEQ * HIDDEN * FFN
+    assert report.collectives == [] and (report.world_size, report.rank) == (1, 0)
+    assert len(analyze_ranks(_planned_on, layout=Layout())) == 1
 
 
 @pytest.fixture(scope="module")
