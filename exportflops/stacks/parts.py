@@ -32,7 +32,8 @@ PARTS: dict[str, str] = {
     "elementwise": "work outside matmuls (norm statistics, softmax, activations, residuals, "
                    "rotary, loss, the embedding's gradient scatter) that no formula counts",
     "recompute": "activation-checkpoint recompute, which MFU leaves out",
-    "padding": "padded positions the graph runs but does not count as useful",
+    "padding": "work on padded positions: the other parts are the graph as it runs (padded), "
+               "the exact count leaves padding out",
 }
 
 #: Last module-name segments that are attention modules themselves: a matmul there (not in a

@@ -21,7 +21,7 @@ from ..records import Report
 from ..records.conventions import Conventions, StackCount, StackTerm
 from ..training.per_batch import FlopsPerBatch
 from ..training.throughput import DEFAULT_DTYPE, dense_peak
-from . import configured, dense  # noqa: F401  (registers their formulas)
+from . import dense, configured  # noqa: F401, I001  (registers their formulas, in this order)
 from .parts import PARTS, graph_parts, param_groups
 from .registry import STACKS, ModelFacts, NotCovered, StackFormula
 

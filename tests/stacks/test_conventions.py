@@ -271,3 +271,71 @@ def test_verl_logs_zero_for_a_model_type_it_lacks():
 def test_a_report_without_the_config_is_an_error_that_names_config(case):
     with pytest.raises(InputError, match="config=model.config"):
         conventions(case.report)
+
+
+def test_the_view_s_term_rows_add_up_to_each_stack_s_total_row(case):
+    from exportflops.render.conventions import conventions_view
+
+    text = conventions_view(case.result, note_width=None)
+    for count in case.result.stacks:
+        if not count.covered:
+            assert f"{count.stack} - graph" not in text
+            continue
+        block = text.split(f"{count.stack} - graph, by part\n")[1].split("\n\n")[0]
+        rows = [line.split() for line in block.splitlines()[2:]]
+        *terms, total = rows
+        number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
+        for column in (1, 2, 3):
+            assert sum(number(r[column]) for r in terms) == number(total[column])
+        assert number(total[3]) == count.difference_flops
+
+
+@pytest.fixture(scope="module")
+def padded():
+    """A Llama FlopsPerBatch and a batch whose rows keep 20, 12 and 5 of 20 positions."""
+    from exportflops import flops_per_batch
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_llama())
+    ids = torch.randint(0, VOCAB, (B, T))
+    fpb = flops_per_batch(model, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                      "labels": ids}, mode="train")
+    mask = torch.ones(3, 20, dtype=torch.long)
+    mask[1, 12:] = 0
+    mask[2, 5:] = 0
+    batch = {"input_ids": torch.randint(0, VOCAB, (3, 20)), "attention_mask": mask,
+             "labels": torch.randint(0, VOCAB, (3, 20))}
+    return SimpleNamespace(model=model, fpb=fpb, batch=batch,
+                           result=conventions(fpb, batch, config=model.config))
+
+
+def test_with_padding_the_graph_count_is_the_batch_s_useful_flops(padded):
+    step = padded.fpb.step(**padded.batch)
+    assert padded.result.graph_flops == step.model_flops
+    assert padded.result.tokens == 20 + 12 + 5
+
+
+def test_the_padding_term_is_what_the_graph_runs_on_padded_positions(padded):
+    step = padded.fpb.step(**padded.batch)
+    for count in padded.result.stacks:
+        if count.covered:
+            assert _term(padded.result, count.stack, "padding") == (
+                step.executed_flops - step.model_flops)
+            assert sum(t.difference_flops for t in count.terms) == count.difference_flops
+
+
+def test_the_hf_trainer_counts_padded_positions_as_transformers_does(padded):
+    trainer = SimpleNamespace(model=padded.model)
+    expected = transformers.Trainer.floating_point_ops(trainer, padded.batch)
+    hf = padded.result.stack("hf-trainer")
+    assert hf.flops == expected and hf.tokens == 3 * 20
+
+
+def test_verl_counts_the_tokens_of_the_mask_and_their_squares(padded):
+    verl = padded.result.stack("verl")
+    config = padded.model.config
+    hd = WIDTH // 4
+    attention = 6 * (20 ** 2 + 12 ** 2 + 5 ** 2) * hd * 4 * LAYERS  # _estimate_qwen2_flops
+    assert verl.tokens == 37
+    assert next(t.theirs_flops for t in verl.terms if t.part == "attention") == attention
+    assert config.model_type == "llama"  # verl's ESTIMATE_FUNC maps it to _estimate_qwen2_flops
