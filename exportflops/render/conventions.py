@@ -17,7 +17,7 @@ def _exact(value: int | None, style: Style, sign: bool = False) -> str | int | N
 def _mfu(value: float | None, style: Style) -> str | float | None:
     if value is None:
         return "-" if style.as_string else None
-    return f"{100 * value:.2f}%" if style.as_string else value
+    return f"{100 * value:.3g}%" if style.as_string else value
 
 
 def _summary(result: Conventions, style: Style, note_width: int) -> str:
