@@ -339,3 +339,23 @@ def test_verl_counts_the_tokens_of_the_mask_and_their_squares(padded):
     assert verl.tokens == 37
     assert next(t.theirs_flops for t in verl.terms if t.part == "attention") == attention
     assert config.model_type == "llama"  # verl's ESTIMATE_FUNC maps it to _estimate_qwen2_flops
+
+
+def test_the_command_s_conventions_view_prints_torchtitan_s_own_figure(tmp_path, capsys):
+    from exportflops.cli import main
+
+    config = _llama()
+    config.save_pretrained(tmp_path)
+    model = transformers.LlamaForCausalLM(config)
+    assert main([f"hf:{tmp_path}", "--mode", "train", "--conventions", "--batch", str(B),
+                 "--seq", str(T)]) == 0
+    expected = TOKENS * _titan_flops_per_token(model, config)
+    assert f"torchtitan {expected:,}" in " ".join(capsys.readouterr().out.split())
+
+
+def test_the_command_refuses_conventions_of_a_forward(tmp_path, capsys):
+    from exportflops.cli import main
+
+    _llama().save_pretrained(tmp_path)
+    assert main([f"hf:{tmp_path}", "--conventions"]) == 2
+    assert "pass --mode train" in capsys.readouterr().err
