@@ -28,8 +28,10 @@ class StackCount(Record):
 
     stack: str
     """The stack, e.g. ``torchtitan``, ``megatron-lm``, ``hf-trainer``."""
+    repository: str
+    """Where the formula is published: ``owner/name@commit``, a release, or a paper."""
     source: str
-    """Repository, file and function (and commit) of the formula transcribed."""
+    """File and function (or section) of the formula transcribed."""
     covered: bool
     """False when the stack's formula does not handle this model (``reason`` says what the
     stack itself does then); its counts are then None and it has no terms."""

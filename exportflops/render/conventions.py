@@ -45,7 +45,8 @@ def _terms(result: Conventions, count: StackCount, style: Style, note_width: int
                  _exact(count.difference_flops, style, sign=True), ""])
     body = table(rows, ["part", count.stack, "graph", "difference", "what it is"], "lrrrl",
                  tablefmt=style.tablefmt, maxcolwidths=[None, None, None, None, note_width])
-    return style.titled(f"{count.stack} - graph, by part", body)
+    return style.titled(f"{count.stack} - graph, by part ({count.repository} {count.source})",
+                        body)
 
 
 def conventions_view(result: Conventions, *, style: Style = Style(),

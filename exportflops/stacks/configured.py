@@ -52,9 +52,9 @@ def _megatron_attention(config, tokens: int, squares: int) -> dict[str, int]:
             "attention": layers * squares * core}
 
 
-@stack("megatron-lm", tokens="padded",
-       source=f"{MEGATRON} megatron/training/training.py num_floating_point_operations "
-              f"(transformer_flops)")
+@stack("megatron-lm", tokens="padded", repository=MEGATRON,
+       source="megatron/training/training.py num_floating_point_operations "
+              "(transformer_flops)")
 def megatron(facts: ModelFacts) -> dict[str, int]:
     """Every GEMM 3 x 2 x its weights per token: SwiGLU MLPs (3 matrices), routed experts at
     ``moe_router_topk``, shared experts, the logit layer at the vocabulary; the router left
@@ -88,9 +88,9 @@ VERL_LISTED = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "minicpmv",
                "gemma3_text", "seed_oss", "apertus", "glm4v", "gpt_oss", "mimo"}
 
 
-@stack("verl", tokens="real",
-       source=f"{VERL} verl/utils/flops_counter.py FlopsCounter.estimate_flops, "
-              f"_estimate_qwen2_flops, _estimate_qwen2_moe_flops, _estimate_deepseek_v3_flops")
+@stack("verl", tokens="real", repository=VERL,
+       source="verl/utils/flops_counter.py FlopsCounter.estimate_flops, _estimate_qwen2_flops, "
+              "_estimate_qwen2_moe_flops, _estimate_deepseek_v3_flops")
 def verl(facts: ModelFacts) -> dict[str, int]:
     """6 x tokens x (projection weights + embedding and output layer, V d each, tied or not)
     + attention over the causal half of sum(L^2), L each row's tokens without padding."""
@@ -141,8 +141,8 @@ def _verl_deepseek_v3(config, tokens: int, squares: int) -> dict[str, int]:
     }
 
 
-@stack("trl", tokens="real",
-       source=f"{TRL} trl/trainer/utils.py compute_flops_per_token")
+@stack("trl", tokens="real", repository=TRL,
+       source="trl/trainer/utils.py compute_flops_per_token")
 def trl(facts: ModelFacts) -> dict[str, int]:
     """3 x the forward per token: Q/K/V/O projections, attention over the full sequence
     (non-causal), SwiGLU MLPs or top-k experts and the router, the embedding as a V x h
@@ -177,9 +177,9 @@ def trl(facts: ModelFacts) -> dict[str, int]:
     return {part: 3 * value * facts.real_tokens for part, value in per_token.items()}
 
 
-@stack("deepspeed", tokens="padded",
-       source=f"{DEEPSPEED} deepspeed/profiling/flops_profiler/profiler.py "
-              f"FlopsProfiler.print_model_profile, _patch_functionals")
+@stack("deepspeed", tokens="padded", repository=DEEPSPEED,
+       source="deepspeed/profiling/flops_profiler/profiler.py "
+              "FlopsProfiler.print_model_profile, _patch_functionals")
 def deepspeed(facts: ModelFacts) -> dict[str, int]:
     """DeepSpeed's profiler has no formula of the config: it counts the calls a forward run
     makes to the torch.nn.functional and torch functions it patches, and logs the step as

@@ -29,9 +29,9 @@ def _top_k(facts: ModelFacts) -> tuple[int, int]:
     return config.num_experts_per_tok, experts
 
 
-@stack("torchtitan", tokens="padded",
-       source=f"{TORCHTITAN} torchtitan/models/utils.py get_dense_model_nparams_and_flops, "
-              f"get_moe_model_nparams_and_flops")
+@stack("torchtitan", tokens="padded", repository=TORCHTITAN,
+       source="torchtitan/models/utils.py get_dense_model_nparams_and_flops, "
+              "get_moe_model_nparams_and_flops")
 def torchtitan(facts: ModelFacts) -> dict[str, int]:
     """6 N + 6 L H head_dims T per token, head_dims the sum of the query-key and value head
     dims (12 L H Q T for one head dim Q); N every parameter but the embedding (with tied
@@ -56,8 +56,8 @@ def torchtitan(facts: ModelFacts) -> dict[str, int]:
             "output_layer": 6 * tokens * p.head_width, "attention": tokens * per_token_attention}
 
 
-@stack("hf-trainer", tokens="padded",
-       source="transformers 5.24 trainer.py Trainer.floating_point_ops, modeling_utils.py "
+@stack("hf-trainer", tokens="padded", repository="transformers 5.24",
+       source="trainer.py Trainer.floating_point_ops, modeling_utils.py "
               "num_parameters(exclude_embeddings=True)")
 def hf_trainer(facts: ModelFacts) -> dict[str, int]:
     """6 x input_ids.numel() x the parameters outside nn.Embedding modules: every expert,
@@ -69,8 +69,8 @@ def hf_trainer(facts: ModelFacts) -> dict[str, int]:
             "output_layer": 6 * tokens * p.output_layer}
 
 
-@stack("palm", tokens="padded", source="Chowdhery et al. 2022 (PaLM), arXiv:2204.02311, "
-                                       "appendix B; exportflops.budgets.palm")
+@stack("palm", tokens="padded", repository="Chowdhery et al. 2022 (PaLM), arXiv:2204.02311",
+       source="appendix B; exportflops.budgets.palm")
 def palm(facts: ModelFacts) -> dict[str, int]:
     """6 N + 12 L H Q T per token, N every parameter but a gathered-only embedding
     (`exportflops.budgets.palm`); for dense models with one head dim Q."""

@@ -68,8 +68,10 @@ class StackFormula:
 
     name: str
     """The stack, e.g. ``torchtitan``."""
+    repository: str
+    """Where the formula is published: ``owner/name@commit``, a release, or a paper."""
     source: str
-    """Repository, file and function, at the commit transcribed."""
+    """File and function (or section) of the formula transcribed."""
     tokens: TokenCount
     """The tokens its per-token figure divides by."""
     formula: Formula
@@ -89,14 +91,15 @@ class StackFormula:
 STACKS: dict[str, StackFormula] = {}
 
 
-def stack(name: str, *, source: str, tokens: TokenCount) -> Callable[[Formula], Formula]:
+def stack(name: str, *, repository: str, source: str,
+          tokens: TokenCount) -> Callable[[Formula], Formula]:
     """Decorator: register the formula of stack ``name``; a second formula of one name is an
     error, not a silent replacement."""
 
     def decorate(formula: Formula) -> Formula:
         if name in STACKS:
             raise ValueError(f"stack {name!r} is registered twice")
-        STACKS[name] = StackFormula(name, source, tokens, formula)
+        STACKS[name] = StackFormula(name, repository, source, tokens, formula)
         return formula
 
     return decorate

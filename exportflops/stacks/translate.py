@@ -114,14 +114,16 @@ def _stack_count(formula: StackFormula, facts: ModelFacts, graph: dict[str, int]
     try:
         theirs = formula.parts(facts)
     except NotCovered as why:
-        return StackCount(stack=formula.name, source=formula.source, covered=False,
+        return StackCount(stack=formula.name, repository=formula.repository,
+                          source=formula.source, covered=False,
                           reason=str(why), flops=None, tokens=tokens, flops_per_token=None,
                           difference_flops=None)
     flops = sum(theirs.values())
     terms = [StackTerm(part=part, theirs_flops=theirs.get(part, 0), ours_flops=graph[part],
                        difference_flops=theirs.get(part, 0) - graph[part], reason=reason)
              for part, reason in PARTS.items() if theirs.get(part, 0) or graph[part]]
-    return StackCount(stack=formula.name, source=formula.source, covered=True, flops=flops,
+    return StackCount(stack=formula.name, repository=formula.repository, source=formula.source,
+                      covered=True, flops=flops,
                       tokens=tokens, flops_per_token=flops / tokens,
                       difference_flops=flops - ours, terms=terms,
                       mfu=None if rate is None else rate(flops))

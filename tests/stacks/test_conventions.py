@@ -281,8 +281,10 @@ def test_the_view_s_term_rows_add_up_to_each_stack_s_total_row(case):
         if not count.covered:
             assert f"{count.stack} - graph" not in text
             continue
-        block = text.split(f"{count.stack} - graph, by part\n")[1].split("\n\n")[0]
-        rows = [line.split() for line in block.splitlines()[2:]]
+        block = text.split(f"{count.stack} - graph, by part")[1].split("\n", 1)[1]
+        block = block.split("\n\n")[0]
+        rows = [line.split() for line in block.splitlines()[2:]  # below the header and rule
+                if not line.startswith(" ")]  # a wrapped note's second line
         *terms, total = rows
         number = lambda cell: int(cell.replace(",", ""))  # noqa: E731
         for column in (1, 2, 3):
