@@ -56,11 +56,12 @@ def _megatron_attention(config, tokens: int, squares: int) -> dict[str, int]:
        source="megatron/training/training.py num_floating_point_operations "
               "(transformer_flops)")
 def megatron(facts: ModelFacts) -> dict[str, int]:
-    """Every GEMM 3 x 2 x its weights per token: SwiGLU MLPs (3 matrices), routed experts at
-    ``moe_router_topk``, shared experts, the logit layer at the vocabulary; the router left
-    out; attention over the causal half (``/ 2``) of sum(L^2). Read from a transformers
-    config as Megatron's converters set its arguments (``padded_vocab_size`` = the config's
-    vocabulary, no MTP layers); the BSHD defaults: B x T tokens, B T^2 squares."""
+    """megatron/training/training.py ``num_floating_point_operations`` (its ``transformer_flops``):
+    every GEMM 3 x 2 x its weights per token: SwiGLU MLPs (3 matrices), routed experts at
+    ``moe_router_topk``, shared experts, the logit layer at the vocabulary; the router left out;
+    attention over the causal half (``/ 2``) of sum(L^2). Read from a transformers config as
+    Megatron's converters set its arguments (``padded_vocab_size`` = the config's vocabulary, no
+    MTP layers); the BSHD defaults: B x T tokens, B T^2 squares."""
     config = facts.config
     tokens, squares = facts.padded_tokens, facts.rows * facts.seq ** 2
     moe = _moe_layers(config)
@@ -92,7 +93,9 @@ VERL_LISTED = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "minicpmv",
        source="verl/utils/flops_counter.py FlopsCounter.estimate_flops, _estimate_qwen2_flops, "
               "_estimate_qwen2_moe_flops, _estimate_deepseek_v3_flops")
 def verl(facts: ModelFacts) -> dict[str, int]:
-    """6 x tokens x (projection weights + embedding and output layer, V d each, tied or not)
+    """verl/utils/flops_counter.py ``_estimate_qwen2_flops``, ``_estimate_qwen2_moe_flops``,
+    ``_estimate_deepseek_v3_flops`` by ``ESTIMATE_FUNC``: 6 x tokens x (projection weights +
+    embedding and output layer, V d each, tied or not)
     + attention over the causal half of sum(L^2), L each row's tokens without padding."""
     config = facts.config
     kind = VERL_TRANSCRIBED.get(config.model_type)
@@ -144,7 +147,8 @@ def _verl_deepseek_v3(config, tokens: int, squares: int) -> dict[str, int]:
 @stack("trl", tokens="real", repository=TRL,
        source="trl/trainer/utils.py compute_flops_per_token")
 def trl(facts: ModelFacts) -> dict[str, int]:
-    """3 x the forward per token: Q/K/V/O projections, attention over the full sequence
+    """trl/trainer/utils.py ``compute_flops_per_token``: 3 x the forward per token: Q/K/V/O
+    projections, attention over the full sequence
     (non-causal), SwiGLU MLPs or top-k experts and the router, the embedding as a V x h
     matmul, the output layer unless tied; per token at the padded length T, times the
     tokens of ``attention_mask``. Fields are read in TRL's order, so a config lacking one is
@@ -181,9 +185,10 @@ def trl(facts: ModelFacts) -> dict[str, int]:
        source="deepspeed/profiling/flops_profiler/profiler.py "
               "FlopsProfiler.print_model_profile, _patch_functionals")
 def deepspeed(facts: ModelFacts) -> dict[str, int]:
-    """DeepSpeed's profiler has no formula of the config: it counts the calls a forward run
-    makes to the torch.nn.functional and torch functions it patches, and logs the step as
-    (3 + recompute_fwd_factor) x that forward."""
+    """deepspeed/profiling/flops_profiler/profiler.py (``_patch_functionals``,
+    ``FlopsProfiler.print_model_profile``): DeepSpeed's profiler has no formula of the config: it
+    counts the calls a forward run makes to the torch.nn.functional and torch functions it
+    patches, and logs the step as (3 + recompute_fwd_factor) x that forward."""
     raise NotCovered("DeepSpeed's flops profiler counts a forward run of patched "
                      "torch.nn.functional calls (x 3 + recompute_fwd_factor for the step), not "
                      "a formula of the config; exportflops.get_model_profile answers the same "

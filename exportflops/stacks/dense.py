@@ -33,11 +33,12 @@ def _top_k(facts: ModelFacts) -> tuple[int, int]:
        source="torchtitan/models/utils.py get_dense_model_nparams_and_flops, "
               "get_moe_model_nparams_and_flops")
 def torchtitan(facts: ModelFacts) -> dict[str, int]:
-    """6 N + 6 L H head_dims T per token, head_dims the sum of the query-key and value head
-    dims (12 L H Q T for one head dim Q); N every parameter but the embedding (with tied
-    weights the embedding counts: it is the output layer's matmul), routed experts as
-    ``experts * top_k // num_experts``; attention over the whole T x T square ("we do not
-    account for sparsity in causal attention")."""
+    """torchtitan/models/utils.py, ``get_dense_model_nparams_and_flops`` and
+    ``get_moe_model_nparams_and_flops``: 6 N + 6 L H head_dims T per token, head_dims the sum of
+    the query-key and value head dims (12 L H Q T for one head dim Q); N every parameter but the
+    embedding (with tied weights the embedding counts: it is the output layer's matmul), routed
+    experts as ``experts * top_k // num_experts``; attention over the whole T x T square ("we do
+    not account for sparsity in causal attention")."""
     config, p = facts.config, facts.params
     head_dims = TORCHTITAN_HEAD_DIMS.get(config.model_type)
     if head_dims is None:
@@ -60,7 +61,9 @@ def torchtitan(facts: ModelFacts) -> dict[str, int]:
        source="trainer.py Trainer.floating_point_ops, modeling_utils.py "
               "num_parameters(exclude_embeddings=True)")
 def hf_trainer(facts: ModelFacts) -> dict[str, int]:
-    """6 x input_ids.numel() x the parameters outside nn.Embedding modules: every expert,
+    """transformers' trainer.py ``Trainer.floating_point_ops`` (modeling_utils.py
+    ``num_parameters(exclude_embeddings=True)``): 6 x input_ids.numel() x the parameters
+    outside nn.Embedding modules: every expert,
     norms; no attention term; a tied output layer is the embedding's table, excluded with
     it; padded positions count."""
     p, tokens = facts.params, facts.padded_tokens
@@ -72,7 +75,9 @@ def hf_trainer(facts: ModelFacts) -> dict[str, int]:
 @stack("palm", tokens="padded", repository="Chowdhery et al. 2022 (PaLM), arXiv:2204.02311",
        source="appendix B; exportflops.budgets.palm")
 def palm(facts: ModelFacts) -> dict[str, int]:
-    """6 N + 12 L H Q T per token, N every parameter but a gathered-only embedding
+    """PaLM (arXiv:2204.02311) appendix B, through `exportflops.budgets.palm`'s
+    ``model_flops_per_token``: 6 N + 12 L H Q T per token, N every parameter but a
+    gathered-only embedding
     (`exportflops.budgets.palm`); for dense models with one head dim Q."""
     config, p = facts.config, facts.params
     if p.experts:
