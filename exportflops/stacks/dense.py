@@ -22,6 +22,11 @@ TORCHTITAN_HEAD_DIMS = {
 }
 
 
+def _six_n(tokens: int, **params: int) -> dict[str, int]:
+    """6 FLOPs per parameter per token (2 forward, 4 backward), each part's parameters."""
+    return {part: 6 * tokens * n for part, n in params.items()}
+
+
 def _top_k(facts: ModelFacts) -> tuple[int, int]:
     """(experts routed to, routed experts) of an MoE config."""
     config = facts.config
@@ -52,9 +57,9 @@ def torchtitan(facts: ModelFacts) -> dict[str, int]:
         active = p.experts * k // experts
     per_token_attention = 6 * config.num_hidden_layers * config.num_attention_heads \
         * head_dims(config) * facts.seq
-    return {"projections": 6 * tokens * p.projections, "router": 6 * tokens * p.router,
-            "experts": 6 * tokens * active, "norms_and_biases": 6 * tokens * p.norms,
-            "output_layer": 6 * tokens * p.head_width, "attention": tokens * per_token_attention}
+    return {**_six_n(tokens, projections=p.projections, router=p.router, experts=active,
+                     norms_and_biases=p.norms + p.biases, output_layer=p.head_width),
+            "attention": tokens * per_token_attention}
 
 
 @stack("hf-trainer", tokens="padded", repository="transformers 5.24",
@@ -66,10 +71,10 @@ def hf_trainer(facts: ModelFacts) -> dict[str, int]:
     outside nn.Embedding modules: every expert,
     norms; no attention term; a tied output layer is the embedding's table, excluded with
     it; padded positions count."""
-    p, tokens = facts.params, facts.padded_tokens
-    return {"projections": 6 * tokens * p.projections, "router": 6 * tokens * p.router,
-            "experts": 6 * tokens * p.experts, "norms_and_biases": 6 * tokens * p.norms,
-            "output_layer": 6 * tokens * p.output_layer}
+    p = facts.params
+    return _six_n(facts.padded_tokens, projections=p.projections, router=p.router,
+                  experts=p.experts, norms_and_biases=p.norms + p.biases,
+                  output_layer=p.output_layer)
 
 
 @stack("palm", tokens="padded", repository="Chowdhery et al. 2022 (PaLM), arXiv:2204.02311",
@@ -89,6 +94,6 @@ def palm(facts: ModelFacts) -> dict[str, int]:
                          "query-key and value head dims differ")
     budget = TransformerConfig.from_llama(config, seq_len=facts.seq, batch=facts.rows)
     tokens = facts.padded_tokens
-    return {"projections": 6 * tokens * p.projections, "norms_and_biases": 6 * tokens * p.norms,
-            "output_layer": 6 * tokens * p.head_width,
+    return {**_six_n(tokens, projections=p.projections, norms_and_biases=p.norms + p.biases,
+                     output_layer=p.head_width),
             "attention": tokens * model_flops_per_token(budget, params=0)}

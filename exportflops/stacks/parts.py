@@ -14,6 +14,7 @@ fused expert weights), routers (a module named ``gate``) and the rest, the proje
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..count.backward import RECOMPUTED
@@ -22,10 +23,11 @@ from ..records import FLOPS_PER_MAC, NodeRecord, Report
 #: Every part, with what a difference in it means (the reason a term row prints).
 PARTS: dict[str, str] = {
     "projections": "the blocks' projection weights (attention in/out, dense MLPs, shared "
-                   "experts; biases too, as matmul weights)",
+                   "experts)",
     "router": "the MoE router's matmul",
     "experts": "routed experts: active (top-k of E) vs total experts",
-    "norms_and_biases": "norm weights counted as matmul parameters, 6 FLOPs per token each",
+    "norms_and_biases": "norm weights and projection biases counted as matmul parameters, 6 "
+                        "FLOPs per token each",
     "embedding": "the token embedding: a gather, counted by some stacks as a matmul",
     "output_layer": "the output layer (LM head), tied or not",
     "attention": "attention's q.k and p.v matmuls: causal attention counted whole or half",
@@ -54,19 +56,21 @@ class ParamGroups:
     """The output layer multiplies by the embedding's table."""
     norms: int
     """Weights (and biases) of norm modules."""
+    biases: int
+    """Biases of the projections (a linear node's third input, once per module)."""
     experts: int
     """Routed experts' weights, every expert."""
     router: int
     """MoE routers' weights."""
     projections: int
-    """Every other parameter: the blocks' projections and their biases, shared experts."""
+    """Every other parameter: the blocks' projection weights, shared experts."""
     head_width: int
     """V x d of the output layer, tied or not: what its matmul multiplies by."""
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.output_layer + self.norms + self.experts + self.router
-                + self.projections)
+        return (self.embedding + self.output_layer + self.norms + self.biases + self.experts
+                + self.router + self.projections)
 
 
 def _kind(path: str, type_name: str, head: str) -> str:
@@ -101,9 +105,23 @@ def param_groups(report: Report) -> ParamGroups:
                           "projections"), 0)
     for module in report.modules:
         sums[_kind(module.path, module.type, head)] += module.own_params
+    biases = _projection_biases(report, head)
+    sums["projections"] -= biases
     tied = any(t.name.startswith(f"{head}.") for t in report.tied_parameters)
     width = sums["embedding"] if tied else sums["output_layer"]
-    return ParamGroups(**sums, output_tied=tied, head_width=width)
+    return ParamGroups(**sums, biases=biases, output_tied=tied, head_width=width)
+
+
+def _projection_biases(report: Report, head: str) -> int:
+    """Elements of the bias each projection's linear node adds (its third input), once per
+    module: a module's record counts its parameters, not which of them is a bias."""
+    seen: dict[str, int] = {}
+    for node in report.nodes:
+        if (node.phase == "forward" and node.op.startswith("aten.linear") and len(node.inputs) == 3
+                and node.module not in seen):
+            seen[node.module] = math.prod(node.inputs[2].shape)
+    kinds = {m.path: _kind(m.path, m.type, head) for m in report.modules}
+    return sum(n for module, n in seen.items() if kinds.get(module) == "projections")
 
 
 def _node_part(node: NodeRecord, head: str) -> str:

@@ -370,3 +370,31 @@ def test_the_command_refuses_conventions_of_a_forward(tmp_path, capsys):
     _llama().save_pretrained(tmp_path)
     assert main([f"hf:{tmp_path}", "--conventions"]) == 2
     assert "pass --mode train" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def biased():
+    """Qwen2: biases on the query, key and value projections (transformers' Qwen2Attention)."""
+    torch.manual_seed(0)
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=FFN, num_hidden_layers=LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    ids = torch.randint(0, VOCAB, (B, T))
+    report = analyze(model, (), {"input_ids": ids, "labels": ids}, mode="train")
+    return SimpleNamespace(model=model, ids=ids, result=conventions(report, config=model))
+
+
+def test_the_hf_trainer_counts_projection_biases_as_matmul_parameters(biased):
+    trainer = SimpleNamespace(model=biased.model)
+    hf = biased.result.stack("hf-trainer")
+    assert hf.flops == transformers.Trainer.floating_point_ops(trainer, {"input_ids": biased.ids})
+    norms = (2 * LAYERS + 1) * WIDTH
+    biases = LAYERS * (WIDTH + 2 * 2 * 16)  # q: 4 heads x 16, k and v: 2 heads x 16 each
+    assert _term(biased.result, "hf-trainer", "norms_and_biases") == 6 * TOKENS * (norms + biases)
+    assert _term(biased.result, "hf-trainer", "projections") == 0
+
+
+def test_torchtitan_has_no_qwen2_and_says_so(biased):
+    titan = biased.result.stack("torchtitan")
+    assert not titan.covered and "no model of type 'qwen2'" in titan.reason
