@@ -33,7 +33,8 @@ PARTS: dict[str, str] = {
     "attention": "attention's q.k and p.v matmuls: causal attention counted whole or half",
     "elementwise": "work outside matmuls (norm statistics, softmax, activations, residuals, "
                    "rotary, loss, the embedding's gradient scatter) that no formula counts",
-    "recompute": "activation-checkpoint recompute, which MFU leaves out",
+    "recompute": "the nodes the report records as recomputed (reentrant activation "
+                 "checkpointing), which MFU leaves out",
     "padding": "work on padded positions: the other parts are the graph as it runs (padded), "
                "the exact count leaves padding out",
 }

@@ -398,3 +398,22 @@ def test_the_hf_trainer_counts_projection_biases_as_matmul_parameters(biased):
 def test_torchtitan_has_no_qwen2_and_says_so(biased):
     titan = biased.result.stack("torchtitan")
     assert not titan.covered and "no model of type 'qwen2'" in titan.reason
+
+
+def test_recompute_is_its_own_term_and_leaves_the_others_as_without_it(case):
+    """Reentrant activation checkpointing reruns each block's forward in the backward: the
+    report's total grows by the recomputed nodes, which MFU (and every stack) leaves out."""
+    if case.name != "llama":
+        pytest.skip("one dense model shows it")
+    model = transformers.AutoModelForCausalLM.from_config(case.config)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    model.train()
+    report = analyze(model, (), {"input_ids": case.ids, "labels": case.ids}, mode="train")
+    rerun = report.total.flops - case.report.total.flops
+    assert rerun > 0
+    with_recompute = conventions(report, config=model).stack("torchtitan")
+    without = case.result.stack("torchtitan")
+    assert with_recompute.flops == without.flops
+    terms = {t.part: t.difference_flops for t in with_recompute.terms}
+    assert terms.pop("recompute") == -rerun
+    assert terms == {t.part: t.difference_flops for t in without.terms}
