@@ -19,7 +19,7 @@ _HOMES = {
     "analyze": "api",
     "analyze_generation": "generation",
     "profile": "runtime",
-    "fake_process_group": "parallel",
+    "fake_process_group": "count.ranks",
     "flops_per_batch": "training",
     "memory": "footprint",
     "conventions": "stacks",

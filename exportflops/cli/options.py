@@ -228,6 +228,10 @@ def parser() -> argparse.ArgumentParser:
     general.add_argument("-h", "--help", action="help",
                          help="show this help message and exit")
     general.add_argument("--debug", action="store_true", help="print tracebacks")
+    general.add_argument("--progress", action="store_true",
+                         help="write each stage (imports, build, export, count, render) and "
+                              "the seconds since the start to stderr, one line each, also in "
+                              "a pipe or CI (on a terminal it is one line, shown by default)")
     general.add_argument("--version", action="version", version=versions_text(),
                          help="print the versions of exportflops, torch and transformers, "
                               "and whether the suite runs on this torch")
