@@ -169,6 +169,9 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
     if ns.tp is not None or ns.fsdp is not None:
         from .parallel import analyze_parallelized
         return _Outcome(*analyze_parallelized(ns))
+    if ns.conventions and (ns.mode != "train" or not ns.model.startswith("hf:")):
+        raise UsageError("--conventions compares training steps of a Hugging Face model: "
+                         "pass --mode train and an hf: MODEL (its config holds the sizes).")
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
@@ -215,6 +218,10 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
     outcome = _Outcome(report, reprs)
+    if ns.conventions:
+        from ..render.conventions import conventions_view
+        from ..stacks import conventions
+        outcome.view = (conventions(report, config=model), conventions_view)
     if ns.budget:
         from ..budgets import compare
         from .workflows import BUDGETS, budget_config

@@ -155,6 +155,9 @@ def parser() -> argparse.ArgumentParser:
                           help="one row packing documents of these lengths: the step's FLOPs "
                                "per document and in total (exportflops.flops_per_batch; with "
                                "--mode train, the training step's)")
+    training.add_argument("--conventions", action="store_true",
+                          help="--mode train, hf: models: the step's FLOPs by each stack's "
+                               "convention beside the graph's (exportflops.conventions)")
 
     parallel = parser.add_argument_group("parallelism")
     parallel.add_argument("--tp", type=int, default=None, metavar="N",

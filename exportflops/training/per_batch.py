@@ -104,6 +104,12 @@ class FlopsPerBatch:
             documents=[self._document(sizes, length) for row in rows for length in row]
             if packed else [])
 
+    def rows(self, *args: Any, seqlens: list[int] | None = None,
+             **kwargs: Any) -> tuple[dict[str, int], list[list[int]]]:
+        """The batch's dynamic sizes, and each row's documents' lengths (one per unpacked
+        row: its tokens without padding), as ``step`` reads them."""
+        return self._read(args, kwargs, seqlens)
+
     def resized(self, args: tuple, kwargs: dict, **sizes: int) -> tuple[tuple, dict]:
         """The batch ``args``/``kwargs`` cut to ``sizes`` (``seq=512``): each tensor's first
         positions along its dims of these sizes, as the forward takes them; a size is no
