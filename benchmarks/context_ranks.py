@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from exportflops.cli.context import analyze_split
 from exportflops.cli.options import check, parser
-from exportflops.cli.parallel import parallelized
+from exportflops.parallel import Layout, analyze_ranks
 from timing import median_seconds
 
 DIM, HEADS, LAYERS, BATCH, SEQ = 64, 4, 4, 2, 256
@@ -85,7 +85,8 @@ def all_ranks():
 
 
 def one_rank():
-    return parallelized(_namespace("--tp", "2", "--fsdp", "4"))[1]
+    model, args = decoder("meta")
+    return analyze_ranks(model, args, layout=Layout(fsdp=4, tp=2), rank=0, mode="train")
 
 
 

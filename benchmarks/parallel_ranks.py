@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 
-from exportflops.cli.pipeline import stage_rank_counter
+from exportflops.parallel.pipeline_layout import stage_rank_counter
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel.pipeline_mesh import llama_stages, on_mesh
@@ -39,7 +39,7 @@ def _build(device):
 
 
 def _counter():
-    return stage_rank_counter(_build, "llama", CONFIG.n_layers, PP, tp=TP, fsdp=FSDP,
+    return stage_rank_counter(_build, CONFIG.n_layers, PP, tp=TP, fsdp=FSDP,
                               mode="train")
 
 

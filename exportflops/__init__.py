@@ -19,9 +19,10 @@ _HOMES = {
     "analyze": "api",
     "analyze_generation": "generation",
     "profile": "runtime",
-    "fake_process_group": "parallel",
+    "fake_process_group": "count.ranks",
     "flops_per_batch": "training",
     "memory": "footprint",
+    "conventions": "stacks",
     # DeepSpeed's and fvcore's names for the same analysis
     "get_model_profile": "compat",
     "FlopCountAnalysis": "compat",
@@ -64,7 +65,7 @@ __all__ = ["__version__", *sorted(_HOMES)]
 #: The packages a user reaches by attribute (``exportflops.roofline.roofline(report, device)``,
 #: ``exportflops.hf.build("llama")``), imported on first use like the names above.
 _PACKAGES = {"budgets", "examples", "formulas", "generation", "hf", "parallel", "records",
-             "render", "roofline", "runtime", "training"}
+             "render", "roofline", "runtime", "stacks", "training"}
 
 
 def __getattr__(name: str) -> Any:

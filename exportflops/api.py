@@ -15,7 +15,7 @@ from .attribution import module_tree, program_parameters
 from .capture.dtensor import rank_graph
 from .capture.eager import eager_calls
 from .capture.export import as_args, capture, counted_eagerly, without_cache
-from .parallel.ranks import (check_process_group, is_parallelized, local_parameters,
+from .count.ranks import (check_process_group, is_parallelized, local_parameters,
                              rank_fields, rank_runs)
 from .errors import ExportError, InputError
 from .count.backward import RECOMPUTED, trace_backward

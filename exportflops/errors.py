@@ -81,6 +81,11 @@ class InputError(ExportFlopsError, ValueError):
     shapes a saved program was exported for, a dim that does not exist."""
 
 
+class LayoutError(InputError):
+    """A parallel layout cannot be used as given: degrees that do not divide as torchtitan lays
+    them out, a rank outside it, a split the model has no plan for (`exportflops.parallel`)."""
+
+
 class ProfileError(ExportFlopsError):
     """The graph cannot be run as asked: no data (meta), devices that disagree, no CUDA, a
     report without its graph, inputs the program was not exported for; or `FlopsProfiler` has

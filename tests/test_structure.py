@@ -101,8 +101,40 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The graph of the package's top-level parts (a folder, or a module beside the folders:
+    ``api``, ``compat``): an edge where any module of one imports a module of the other."""
+    def part(module: str) -> str:
+        names = module.split(".")
+        return names[1] if len(names) > 1 else names[0]
+
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        packages.setdefault(part(module), set()).update(
+            part(dep) for dep in imported if part(dep) != part(module))
+    return packages
+
+
 def test_no_import_cycle_between_modules_of_the_package():
     assert _cycle(_graph()) is None
+
+
+def test_no_import_cycle_between_packages_of_the_package():
+    assert _cycle(_packages(_graph())) is None
+
+
+def test_the_package_cycle_check_finds_a_cycle_that_no_module_closes(tmp_path):
+    # api counts with parallel's rank module; parallel's analyses call api: no module cycle,
+    # but the packages depend on each other (issue 49's {api, parallel}).
+    root = tmp_path / "pkg"
+    (root / "parallel").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "parallel" / "__init__.py").write_text("")
+    (root / "parallel" / "ranks.py").write_text("rank = 0\n")
+    (root / "parallel" / "experts.py").write_text("from ..api import analyze\n")
+    (root / "api.py").write_text("from .parallel.ranks import rank\nanalyze = 1\n")
+    assert _cycle(_graph(root)) is None
+    assert _cycle(_packages(_graph(root))) == ["api", "parallel", "api"]
 
 
 def test_the_cycle_check_finds_a_cycle():

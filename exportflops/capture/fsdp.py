@@ -9,7 +9,7 @@ the backward the all-gathers again (parameters resharded after forward) and the 
 of the gradients, as ``c10d`` ops. Module paths come from forward hooks held only while tracing;
 a backward op gets the module stack of the forward op that created its autograd node (the
 sequence number AOT autograd pairs them by); ``partitioner_tag`` marks the backward, as in the
-joint graph of `exportflops.parallel.ranks`. FSDP2's own steps (the all-gathers, their copies, the
+joint graph of `exportflops.count.ranks`. FSDP2's own steps (the all-gathers, their copies, the
 gradients' reduce-scatter) belong to the FSDP unit whose parameters they carry, which is not
 always the module running: the backward prefetches the next unit's all-gather inside the
 current one's, and the root's final callback reduce-scatters the gradients of a unit whose

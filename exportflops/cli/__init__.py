@@ -32,19 +32,29 @@ with warnings.catch_warnings():
 from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
+from ..hf.models import import_transformers  # noqa: E402
 from .options import check, parser  # noqa: E402
-from .targets import analyzed, build_target, device_named, hf_options  # noqa: E402
+from .splits import check_split_sizes  # noqa: E402
+from .targets import (  # noqa: E402
+    analyzed, build_target, config_sizes, device_named, hf_options,
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     ns = parser().parse_args(argv)
-    # Bound to the terminal before _quiet_torch takes stderr over; nothing in a pipe or in CI.
-    ns.progress = Progress(sys.stderr) if sys.stderr.isatty() else False
+    # Bound to the terminal before _quiet_torch takes stderr over; in a pipe or in CI only
+    # with --progress.
+    ns.progress = Progress(sys.stderr) if ns.progress or sys.stderr.isatty() else False
     try:
         with _quiet_torch(ns.debug), showing(ns.progress):
-            stage("build")
             check(ns)
+            if ns.model.startswith("hf:"):
+                stage("imports")  # transformers: a second or two, the first time
+                import_transformers(ns.model.removeprefix("hf:"))
+            stage("build")
             outcome = _analyze(ns)
+            stage("render")
+            text, unrendered = _rendered(ns, outcome)
     except UsageError as error:
         return _fail(ns, f"exportflops: error: {error}", 2)
     except BuildError as error:
@@ -63,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                              f"folder.", 2)
         print(f"exportflops: wrote {ns.trace}", file=sys.stderr)
     try:
-        text = _render(ns, outcome)
+        if unrendered is not None:
+            raise unrendered
     except MissingExtraError as error:  # a package to install: the command cannot run as is
         return _fail(ns, f"exportflops: error: {error}", 2)
     except Exception as error:  # the counts are fine; the view asked for could not be drawn
@@ -81,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
                          f"or leave --output out to print the report.", 2)
     print(f"exportflops: wrote {ns.output}", file=sys.stderr)
     return 0
+
+
+def _rendered(ns: argparse.Namespace, outcome: _Outcome) -> tuple[str | None, Exception | None]:
+    """The report's text, or why it could not be drawn: reported once the progress line is
+    gone (`_fail` writes to the same terminal)."""
+    try:
+        return _render(ns, outcome), None
+    except Exception as error:  # noqa: BLE001 - raised again by main, after the progress
+        return None, error
 
 
 @dataclass
@@ -138,6 +158,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode,
                                    split_backward=ns.split_backward), None)
         return _with_roofline(ns, _with_sweep(ns, outcome))
+    if ns.pp is not None or ns.cp is not None:
+        check_split_sizes(ns, **config_sizes(ns))
     for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
         if getattr(ns, flag) is not None:
             # Each returns (a representative rank's report, (its record, the record's view)).
@@ -150,6 +172,9 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
     if ns.tp is not None or ns.fsdp is not None:
         from .parallel import analyze_parallelized
         return _Outcome(*analyze_parallelized(ns))
+    if ns.conventions and (ns.mode != "train" or not ns.model.startswith("hf:")):
+        raise UsageError("--conventions compares training steps of a Hugging Face model: "
+                         "pass --mode train and an hf: MODEL (its config holds the sizes).")
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
@@ -196,6 +221,10 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
     outcome = _Outcome(report, reprs)
+    if ns.conventions:
+        from ..render.conventions import conventions_view
+        from ..stacks import conventions
+        outcome.view = (conventions(report, config=model), conventions_view)
     if ns.budget:
         from ..budgets import compare
         from .workflows import BUDGETS, budget_config

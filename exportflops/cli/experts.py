@@ -16,13 +16,13 @@ from .targets import analyzed, build_target, device_named, hf_options
 
 
 def analyze_split(ns: argparse.Namespace):
-    """(the report of rank ``ns.rank``, (the `ExpertParallelReport`, its view)). The report is
-    the example batch's single-device count (with ``--tp``, its tensor-parallel rank's) with the
-    rank's collectives: a rank's own counts under the routing are the record's."""
-    from ..parallel.experts import expert_parallel, moe_sizes
-    from ..parallel.experts_fsdp import fsdp_collectives
+    """(the report of rank ``ns.rank``, (the `ExpertParallelReport`, its view)), by
+    `exportflops.parallel.experts_layout` on the flags' `Layout`. The report is the example
+    batch's single-device count (with ``--tp``, its tensor-parallel rank's) with the rank's
+    collectives: a rank's own counts under the routing are the record's."""
+    from ..parallel.experts_layout import analyze_expert_ranks, expert_rank_report
     from ..render.experts import experts_view
-    from .parallel import tensor_parallel
+    from .splits import split_flags, split_layout
 
     device = device_named(ns.device or "meta")
     model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
@@ -30,42 +30,12 @@ def analyze_split(ns: argparse.Namespace):
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
                       fast=not ns.full_export)
     try:
-        sizes = moe_sizes(model, args, kwargs)
-        # The expert-parallel checks first, on the single-device report: the tensor-parallel
-        # rank's count and the FSDP2 trace are the costly parts.
-        layout = {"fsdp": ns.fsdp,
-                  **({"tp": ns.tp, "single_device": report} if ns.tp is not None else {})}
-        record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **layout, **sizes)
-        if ns.fsdp is not None:
-            layout["fsdp_collectives"] = fsdp_collectives(
-                model, args, kwargs, ep=ns.ep, fsdp=ns.fsdp, num_experts=sizes["num_experts"],
-                mode=ns.mode, tp=ns.tp,
-                parallelize=None if ns.tp is None else partial(tensor_parallel, ns.model,
-                                                               experts="experts"))
-        if ns.tp is not None:
-            report = _tensor_parallel_rank(ns)
-        if ns.fsdp is not None or ns.tp is not None:
-            record = expert_parallel(report, ep=ns.ep, routing=ns.routing, **layout, **sizes)
+        record, report = analyze_expert_ranks(
+            model, args, kwargs, layout=split_layout(ns), mode=ns.mode, routing=ns.routing,
+            single_device=report, strict=ns.strict, split_backward=ns.split_backward)
     except InputError as error:  # the model or the flags do not fit expert parallelism
-        flags = f"--ep {ns.ep}" + "".join(f" --{name} {getattr(ns, name)}" for name in
-                                          ("fsdp", "tp") if getattr(ns, name) is not None)
-        raise UsageError(f"{flags}: {error}") from error
-    report = report.model_copy(update={"world_size": record.world_size(), "rank": ns.rank,
-                                       "collectives": record.collectives(ns.rank)})
+        raise UsageError(f"{split_flags(ns)}: {error}") from error
     link = None if ns.link_gbps is None else ns.link_gbps * 1e9
-    return report, (record, partial(experts_view, rank=ns.rank, link_bytes_per_s=link))
+    return expert_rank_report(record, report, ns.rank), \
+        (record, partial(experts_view, rank=ns.rank, link_bytes_per_s=link))
 
-
-def _tensor_parallel_rank(ns: argparse.Namespace):
-    """Tensor-parallel rank 0 of MODEL with each MoE layer routing its share of the tokens
-    (`exportflops.parallel.experts_tp`), its routers' gradient all-reduces listed in training."""
-    from ..parallel.experts_tp import router_gradient_reductions
-    from .parallel import parallelized
-
-    # FSDP2 changes no FLOPs: one rank of the tp group alone counts the work.
-    model, report, _ = parallelized(argparse.Namespace(**{**vars(ns), "rank": 0, "fsdp": None}),
-                                    experts="experts")
-    if ns.mode != "train":
-        return report
-    return report.model_copy(update={"collectives": [
-        *report.collectives, *router_gradient_reductions(model, ns.tp)]})

@@ -162,6 +162,9 @@ def parser() -> argparse.ArgumentParser:
                           help="one row packing documents of these lengths: the step's FLOPs "
                                "per document and in total (exportflops.flops_per_batch; with "
                                "--mode train, the training step's)")
+    training.add_argument("--conventions", action="store_true",
+                          help="--mode train, hf: models: the step's FLOPs by each stack's "
+                               "convention beside the graph's (exportflops.conventions)")
 
     parallel = parser.add_argument_group("parallelism")
     parallel.add_argument("--tp", type=int, default=None, metavar="N",
@@ -232,6 +235,10 @@ def parser() -> argparse.ArgumentParser:
     general.add_argument("-h", "--help", action="help",
                          help="show this help message and exit")
     general.add_argument("--debug", action="store_true", help="print tracebacks")
+    general.add_argument("--progress", action="store_true",
+                         help="write each stage (imports, build, export, count, render) and "
+                              "the seconds since the start to stderr, one line each, also in "
+                              "a pipe or CI (on a terminal it is one line, shown by default)")
     general.add_argument("--version", action="version", version=versions_text(),
                          help="print the versions of exportflops, torch and transformers, "
                               "and whether the suite runs on this torch")

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import hf
 from ..errors import BuildError, ExportError, UsageError
-from ..hf.models import CpuRunError
+from ..hf.models import CpuRunError, split_sizes
 from ..hf.needs import innermost
 
 #: The hf library's arguments its errors name, and the command's flag for each (``args=`` is
@@ -40,6 +40,18 @@ def analyzed(ns, model, args, kwargs, **options):
               if ns.device is None else None)
     with in_flags():
         return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
+
+
+def config_sizes(ns) -> dict:
+    """What `splits.check_split_sizes` checks the split flags against, from an hf: MODEL's
+    config (`hf.models.split_sizes`: nothing is built): its one stack's layers and, unless
+    --input gives the inputs, its example's tokens; nothing for another MODEL."""
+    if not ns.model.startswith("hf:"):
+        return {}
+    with in_flags():
+        layers, tokens = split_sizes(ns.model.removeprefix("hf:"), layers=ns.layers,
+                                     seq=ns.seq)
+    return {"layers": layers, "tokens": None if ns.shapes else tokens}
 
 
 def device_named(name: str):

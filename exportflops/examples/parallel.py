@@ -44,5 +44,5 @@ def parallelize_llama(model: Llama, mesh) -> Llama:
     return model
 
 
-#: Built-in example name -> its ``parallelize(model, mesh)``.
-PARALLELIZE: dict[str, Callable[[nn.Module, object], nn.Module]] = {"llama": parallelize_llama}
+#: Built-in example class -> its ``parallelize(model, mesh)``.
+PARALLELIZE: dict[type, Callable[[nn.Module, object], nn.Module]] = {Llama: parallelize_llama}

@@ -61,7 +61,7 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train:
          loss: Callable[[Any], torch.Tensor]) -> StepRun:
     """The step on a fake copy of ``model`` and its inputs, under their fake mode."""
     # Imported here: the parallel package loads every per-rank analysis, which memory needs not.
-    from ..parallel.ranks import fake_copy
+    from ..count.ranks import fake_copy
 
     fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
     fake_mode = require("detect_fake_mode")([*fake_model.parameters(), *fake_model.buffers(),

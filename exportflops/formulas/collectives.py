@@ -1,5 +1,5 @@
 """Collectives of a parallelized model (torch's ``_c10d_functional`` ops): no arithmetic here;
-their message sizes and bandwidth factors, which `exportflops.parallel.ranks` lists per rank in
+their message sizes and bandwidth factors, which `exportflops.count.ranks` lists per rank in
 ``report.collectives``.
 
 Message sizes and factors are nccl-tests' (github.com/NVIDIA/nccl-tests, doc/PERFORMANCE.md):

@@ -72,7 +72,7 @@ def check_request(model: Any, prompt_len: int, new_tokens: int,
                     f"but the last), and {limit.holds()}. Generate at most "
                     f"{limit.positions} new tokens.")
         return
-    for limit in _decoder_limits(model):
+    for limit in decoder_position_limits(model):
         _refuse_prompt(name, prompt_len, limit)
         needed = prompt_len + new_tokens - 1
         if needed > limit.positions:
@@ -92,7 +92,8 @@ def _refuse_prompt(name: str, prompt_len: int, limit: _Limit) -> None:
             f"{limit.positions} tokens.")
 
 
-def _decoder_limits(model: Any) -> list[_Limit]:
+def decoder_position_limits(model: Any) -> list[_Limit]:
+    """The limits of a decoder-only model's positions (items 1 and 2 of the module's docstring)."""
     from ..examples.llama import Llama
 
     if isinstance(model, Llama):

@@ -18,6 +18,7 @@ from ..capture.hints import first_lines, meta_only
 from .inputs import UnknownInputError, hf_inputs
 from .layers import cap_layers, layer_counts, sub_configs
 from .kernels import check_pools
+from .modalities import text_length
 from .needs import innermost, needed_input, raised_by
 from .parent import (
     held_in_composite, modeling_module, module_name, parent_inputs, takes_config_alone,
@@ -43,6 +44,11 @@ CPU_REBUILD_BYTES = 2 * 2**30
 #: values can make the sizes they decide explode (LightGlue's detector finds a keypoint at
 #: each pixel of a blank image and matches every pair: some 24 GiB).
 CPU_RUN_BYTES = 8 * 2**30
+#: The most layers (all stacks together) of a model built on meta that `_probe` runs as it is:
+#: building a twin one layer deep costs about as much as a fake run of 8 layers (Llama and
+#: Qwen2-MoE at 128 tokens: a twin built in 0.8-1.1 s, a fake run 0.1-0.2 s a layer, on two
+#: busy cores), so a shallower model is probed itself.
+PROBE_TWIN_PAST = 8
 #: The sub-configs that make a config multimodal where they are set.
 TOWERS = ("vision_config", "audio_config")
 #: What the analysis turns off in every config that has it: the KV cache does not export
@@ -61,11 +67,39 @@ def hf_model(spec: str, device, kwargs: dict | None, *, layers: int | None = Non
     """The model ``hf:spec`` names, at most ``layers`` layers deep, built on ``device``; its
     example positional args and keyword args (``kwargs`` added last). ``use_cache`` keeps the
     KV cache on (generation analyzes it); otherwise it is turned off (`NO_CACHE`)."""
-    transformers = _transformers(spec)
+    transformers = import_transformers(spec)
     config = hf_config(spec, transformers)
     model, args, inputs = _model_and_inputs(config, device, transformers, layers=layers,
                                             batch=batch, seq=seq, use_cache=use_cache)
     return model, args, inputs | (kwargs or {})
+
+
+def split_sizes(spec: str, *, layers: int | None = None, seq: int | None = None
+                ) -> tuple[int | None, int | None]:
+    """What the flags that split ``hf:spec`` over ranks split, read from its config capped at
+    ``layers`` and its model class (nothing is built): the layers of its one stack, where the
+    class names one module the pipeline splits between (`parallel.pipeline.layer_split_points`
+    splits between the modules of each name in ``_no_split_modules``: BERT's also name its
+    embeddings, Mamba's a block's mixer); and the tokens of its example (``seq``, or the
+    default `text_length`) where it is a causal LM of text alone. None where the config alone
+    does not say (an encoder and a decoder, a vision tower, inputs other than text)."""
+    transformers = import_transformers(spec)
+    config = hf_config(spec, transformers)
+    if layers is not None:
+        cap_layers(config, layers)
+    auto = _auto_class(config, transformers)
+    try:  # the family's modeling module is imported here, as building the model would
+        model_class = auto._model_mapping[type(config)] if auto is not None else None
+    except (KeyError, ImportError):  # not mapped by its class, or a package missing: the
+        model_class = None  # build that follows says which
+    counts = [n for config_ in (config, *sub_configs(config))
+              for n in layer_counts(config_).values()]
+    one_stack = len(counts) == 1 and len(set(
+        getattr(model_class, "_no_split_modules", None) or ())) == 1
+    text = (auto is transformers.AutoModelForCausalLM
+            and not any(getattr(config, tower, None) is not None for tower in TOWERS))
+    return (counts[0] if one_stack else None,
+            text_length(config.get_text_config(), seq) if text else None)
 
 
 def _model_and_inputs(config, device, transformers, *, layers: int | None, batch: int,
@@ -106,12 +140,12 @@ def _model_and_inputs(config, device, transformers, *, layers: int | None, batch
 
 def _probe(model, config, device, transformers, *, whole: bool = False):
     """The model `hf_inputs` runs under fake tensors to find the inputs forward needs: on meta,
-    a twin one layer deep (which inputs a forward needs does not depend on its depth, and a
-    fake run of every layer of a large model costs about a second); else ``model`` itself, as
-    the inputs are made on its device."""
-    if _device_type(device) != "meta" or all(
-            value <= 1 for config_ in (config, *sub_configs(config))
-            for value in layer_counts(config_).values()):
+    a twin one layer deep where ``model`` holds more than `PROBE_TWIN_PAST` layers (which
+    inputs a forward needs does not depend on its depth, and a fake run of every layer of a
+    large model costs seconds); else ``model`` itself, as the inputs are made on its device."""
+    if _device_type(device) != "meta" or sum(
+            value for config_ in (config, *sub_configs(config))
+            for value in layer_counts(config_).values()) <= PROBE_TWIN_PAST:
         return model
     twin = copy.deepcopy(config)
     cap_layers(twin, 1)
@@ -125,7 +159,9 @@ def _device_type(device) -> str:
     return getattr(device, "type", str(device).split(":")[0])
 
 
-def _transformers(spec: str):
+def import_transformers(spec: str):
+    """The transformers module, imported reading the local cache only; ``spec`` names the model
+    that needs it in the error where it is not installed."""
     # Before transformers (and huggingface_hub) read it: the cache only, never the network.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -221,11 +257,7 @@ def build(config, device, transformers, *, whole: bool = False):
 
 
 def _auto_class(config, transformers, *, whole: bool = False):
-    autos = {}
-    for name in dir(transformers):
-        mapping = getattr(getattr(transformers, name, None), "_model_mapping", None)
-        if name.startswith("AutoModel") and mapping is not None:
-            autos[name] = mapping._model_mapping  # the MODEL_FOR_*_MAPPING_NAMES table
+    autos = _auto_tables(transformers)
     multimodal = any(getattr(config, tower, None) is not None for tower in TOWERS)
     first = ((SEQ2SEQ_AUTO if getattr(config, "is_encoder_decoder", False) else ())
              + PREFERRED_AUTO[:1] + (MULTIMODAL_AUTO if multimodal else ()) + PREFERRED_AUTO[1:])
@@ -235,6 +267,19 @@ def _auto_class(config, transformers, *, whole: bool = False):
         if config.model_type in autos.get(name, ()):
             return getattr(transformers, name)
     return None
+
+
+def _auto_tables(transformers) -> dict[str, dict[str, Any]]:
+    """Each ``AutoModel*`` class transformers has and its table, model type to class name (the
+    ``MODEL_FOR_*_MAPPING_NAMES`` its ``_LazyAutoMapping`` reads), from ``models.auto.
+    modeling_auto``, which defines them all and imports no model family. Not from every name
+    the top level exports: transformers imports each on first access, so reading them all
+    imports every family it has (some 15 s) to find one auto class."""
+    modeling_auto = transformers.models.auto.modeling_auto
+    return {name: value._model_mapping._model_mapping
+            for name, value in vars(modeling_auto).items()
+            if name.startswith("AutoModel") and isinstance(value, type)
+            and getattr(value, "_model_mapping", None) is not None}
 
 
 def _declaring_class(config):

@@ -47,6 +47,7 @@ from ..records.symbolic import Evaluator, parse_count
 from ..training.per_batch import BATCH, SEQ, FlopsPerBatch, flops_per_batch
 from ..training.terms import PER_DOCUMENT, StepCount, step_count
 from .fsdp_trace import traced_fsdp_collectives
+from .layout import Layout
 
 #: torch's ring backward accumulates and sends the key/value gradients in float32
 #: (``_ContextParallelOptions.convert_to_f32``, True by default).
@@ -121,7 +122,7 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
     other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
     ring = ring_ranks(per_pair, other, ring_sends(calls, local, mode, cp), rows=rows, cp=cp,
                       seq_len=seq_len, load_balance=load_balance)
-    ranks = mesh_ranks(ring, cp * (fsdp or 1))
+    ranks = mesh_ranks(ring, Layout(fsdp=fsdp or 1, cp=cp))
     whole = Evaluator(sizes)
     return ContextParallelReport(
         model=name, mode=mode, cp=cp, fsdp=fsdp, fsdp_collectives=list(fsdp_collectives),
@@ -162,19 +163,19 @@ def ring_ranks(per_pair: dict[tuple[str, str], int], other: dict[tuple[str, str]
     return ring
 
 
-def mesh_ranks(ring: list[ContextRank], world_size: int, tp: int = 1) -> list[ContextRank]:
-    """The ``world_size`` ranks of the mesh (fsdp, cp, tp), tp innermost (torchtitan's): global
-    rank r does the work of place ``(r div tp) mod cp`` of ``ring`` (`ring_ranks`)."""
-    cp = len(ring)
-    return [_placed(ring[rank // tp % cp], rank, cp, tp) for rank in range(world_size)]
+def mesh_ranks(ring: list[ContextRank], layout: Layout) -> list[ContextRank]:
+    """The ranks of ``layout``'s mesh (fsdp, cp, tp), tp innermost (torchtitan's): each does the
+    work of its ``cp`` place on ``ring`` (`ring_ranks`)."""
+    return [_placed(ring, rank, layout) for rank in range(layout.world_size)]
 
 
-def _placed(ring_rank: ContextRank, rank: int, cp: int, tp: int) -> ContextRank:
-    """``ring_rank``'s work as global ``rank``: its sends go to the next rank of its own ring,
-    ``tp`` ranks on, and come from the previous."""
-    first = rank - rank // tp % cp * tp
-    place = rank // tp % cp
-    peers = {"to_rank": first + (place + 1) % cp * tp, "from_rank": first + (place - 1) % cp * tp}
+def _placed(ring: list[ContextRank], rank: int, layout: Layout) -> ContextRank:
+    """``rank``'s place on ``ring`` as global ``rank``: its sends go to the next rank of its own
+    ring (`Layout.group` along ``cp``) and come from the previous."""
+    place, peers_on_ring = layout.coordinates(rank)["cp"], layout.group(rank, "cp")
+    ring_rank, cp = ring[place], len(ring)
+    peers = {"to_rank": peers_on_ring[(place + 1) % cp],
+             "from_rank": peers_on_ring[(place - 1) % cp]}
     return ring_rank.model_copy(update={
         "rank": rank, "sends": [s.model_copy(update=peers) for s in ring_rank.sends]})
 

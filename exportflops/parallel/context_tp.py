@@ -33,6 +33,7 @@ from ..records.report import Report
 from ..records.symbolic import parse_count, size_symbol
 from ..training.per_batch import FlopsPerBatch
 from .context import mesh_ranks, ring_ranks, ring_sends
+from .layout import Layout
 
 #: The lengths of the rank's sequence counted: L - k u for these k.
 _STEPS = range(4)
@@ -86,14 +87,13 @@ def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
     ring = ring_ranks(per_pair, other, ring_sends(calls, {}, record.mode, record.cp),
                       rows=record.batch, cp=record.cp, seq_len=record.seq_len,
                       load_balance=record.load_balanced)
-    world = (fsdp or 1) * record.cp * tp
     fsdp_collectives, tp_collectives = _collectives(local, record.model, fsdp)
     return record.model_copy(update={
         "tp": tp, "fsdp": fsdp,
         "fsdp_collectives": fsdp_collectives, "tp_collectives": tp_collectives,
         "flops_per_pair": per_pair["flops", "forward"] + per_pair["flops", "backward"],
         "macs_per_pair": per_pair["macs", "forward"] + per_pair["macs", "backward"],
-        "ranks": mesh_ranks(ring, world, tp)})
+        "ranks": mesh_ranks(ring, Layout(fsdp=fsdp or 1, cp=record.cp, tp=tp))})
 
 
 def _check_terms(fpb: FlopsPerBatch) -> None:

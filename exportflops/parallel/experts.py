@@ -28,9 +28,9 @@ import torch
 from ..api import analyze
 from ..errors import InputError
 from ..records import Collective, Cost, Report
-from ..records.experts import ExpertParallelReport, ExpertRank, expert_world
+from ..records.experts import ExpertParallelReport, ExpertRank
 from ..records.names import outermost_named
-from .experts_fsdp import check_fsdp, fsdp_collectives
+from .experts_fsdp import expert_layout, fsdp_collectives
 
 #: The op torchtitan's dispatch and combine issue (``all_to_all_single_autograd``).
 _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
@@ -132,8 +132,7 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     _check_sizes(report, ep, top_k, num_experts, tokens)
     if tp is not None:
         tokens = _token_share(report.model, ep, tp, fsdp, tokens, single_device)
-    if fsdp is not None:
-        check_fsdp(report.model, ep, fsdp, tp or 1)
+    layout = expert_layout(report.model, ep, fsdp, tp)
     layers = _expert_layers(report, experts)
     routed = tokens * top_k  # token copies one batch routes, per MoE layer
     histogram = _histogram(report.model, routing, ep, num_experts, routed)
@@ -154,7 +153,7 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     # Inside FSDP2 (and over tp), ep innermost: rank r is rank r mod ep of its group
     # (ParallelDims' sparse mesh).
     ranks = [group[rank % ep].model_copy(update={"rank": rank})
-             for rank in range(expert_world(ep, fsdp, tp))]
+             for rank in range(layout.world_size)]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
     whole = report if single_device is None else single_device
     return ExpertParallelReport(

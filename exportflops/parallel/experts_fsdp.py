@@ -34,24 +34,22 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, LayoutError
 from ..records import Collective
 from ..records.names import outermost_named
 from .fsdp_trace import traced_fsdp_collectives
+from .layout import Layout
 
 
-def check_fsdp(model: str, ep: int, fsdp: int, tp: int = 1) -> None:
-    """``fsdp`` x ``tp`` ranks can hold ``ep``-rank expert-parallel groups: ints >= 1, ep
-    dividing fsdp x tp (``ParallelDims._validate``)."""
-    for what, value in (("ep", ep), ("fsdp", fsdp), ("tp", tp)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InputError(f"{model}: {what} must be an int >= 1, got {value!r}.")
-    if (fsdp * tp) % ep:
-        ranks = f"fsdp {fsdp} x tp {tp}" if tp > 1 else f"fsdp {fsdp} (--fsdp)"
-        raise InputError(f"{model}: {ranks} is not a multiple of ep {ep} (--ep): "
-                         f"expert parallelism sits inside FSDP2 as torchtitan lays it out, each "
-                         f"group of ep ranks inside the fsdp ranks (ep must divide fsdp"
-                         f"{' x tp' if tp > 1 else ''}); pass an fsdp that is a multiple of ep.")
+def expert_layout(model: str, ep: int, fsdp: int | None = None, tp: int | None = None) -> Layout:
+    """The `Layout` of ``ep``-rank expert-parallel groups inside ``fsdp`` FSDP2 ranks and over
+    ``tp`` tensor-parallel ranks (None: not split that way): without either, ``ep``
+    data-parallel ranks; its checks' errors name ``model``."""
+    try:
+        return Layout(dp=ep if fsdp is None and tp is None else 1, fsdp=fsdp or 1, tp=tp or 1,
+                      ep=ep)
+    except LayoutError as error:
+        raise LayoutError(f"{model}: {error}") from error
 
 
 def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
@@ -66,17 +64,15 @@ def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | No
     ``tp``, the world is the mesh (fsdp, tp), tp innermost, ``parallelize(copy, tp mesh)``
     applies the tensor-parallel layout first, and the experts' ``efsdp`` groups span fsdp x tp
     / ep ranks (torchtitan's sparse mesh); only FSDP2's collectives are kept."""
-    check_fsdp(type(model).__name__, ep, fsdp, tp or 1)
-    world = fsdp * (tp or 1)
+    layout = expert_layout(type(model).__name__, ep, fsdp, tp)
+    world = layout.world_size
     local = _local_experts(model, experts=experts, ep=ep, num_experts=num_experts)
 
     def local_shape(p: torch.nn.Parameter) -> tuple:
         return (num_experts // ep, *p.shape[1:]) if id(p) in local else tuple(p.shape)
 
     def shard_experts(fake: torch.nn.Module) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
-
-        sparse = init_device_mesh("cpu", (world // ep, ep), mesh_dim_names=("efsdp", "ep"))
+        sparse = layout.device_mesh("efsdp", "ep")
         _shard_experts(fake, sparse["efsdp"], experts=experts,
                        experts_dim=1 if world > num_experts else 0)
 

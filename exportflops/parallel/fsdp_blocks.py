@@ -1,6 +1,6 @@
 """The modules FSDP2 shards one by one before the root, by the usual recipe (torchtitan's
 ``apply_fsdp``; transformers' FSDP wrapping by ``_no_split_modules``): shared by ``--fsdp``
-(`exportflops.cli.parallel`) and expert parallelism inside FSDP2
+(`exportflops.parallel.parallelize`) and expert parallelism inside FSDP2
 (`exportflops.parallel.experts_fsdp`)."""
 
 from __future__ import annotations

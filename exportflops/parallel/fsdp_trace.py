@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from ..count.ranks import fake_copy
 from ..errors import DistributedError, InputError
 from ..records import Collective
 from .fsdp_blocks import blocks_of
-from .ranks import fake_copy, fake_process_group
+from .layout import Layout
 
 #: The mesh dimension FSDP2's world-spanning collectives are labelled with: torchtitan's name
 #: for the flattened data-parallel shard ranks (``dp_shard x cp``, ``ParallelDims``).
@@ -45,7 +46,6 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
     ``tp``, the world is the mesh (fsdp, tp), tp innermost, ``parallelize(copy, tp mesh)``
     applies the tensor-parallel layout before FSDP2 shards over the ``fsdp`` ranks of the rank's
     tp index, and the trace's tensor-parallel collectives are left out."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     from ..api import analyze
@@ -54,9 +54,8 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
         raise InputError(f"{type(model).__name__}: tp={tp} and parallelize go together: the "
                          f"tensor-parallel layout parallelize applies on the tp mesh is what "
                          f"FSDP2 shards; pass both, or neither.")
-    with fake_process_group(world, rank=0):
-        degrees = {FSDP_DIM: world // (tp or 1), **({"tp": tp} if tp else {})}
-        mesh = init_device_mesh("cpu", tuple(degrees.values()), mesh_dim_names=tuple(degrees))
+    layout = Layout(fsdp=world // (tp or 1), tp=tp or 1)
+    with layout.mesh(FSDP_DIM, *(["tp"] if tp else [])) as mesh:
         dense = mesh[FSDP_DIM] if tp else mesh
         fake, fake_args, fake_kwargs = fake_copy(model, args, kwargs or {}, local_shape)
         if parallelize is not None:

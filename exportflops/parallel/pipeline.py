@@ -67,8 +67,10 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
-    another way than ``analyze(stage.module, ...)`` (`exportflops.cli.pipeline.stage_rank_counter`
-    counts one tensor-parallel/FSDP rank of it); its collectives stay in the stage's report.
+    another way than ``analyze(stage.module, ...)``
+    (`exportflops.parallel.pipeline_layout.stage_rank_counter` counts one tensor-parallel/FSDP
+    rank of it; `analyze_pipeline_ranks` takes a `Layout` and passes it); its collectives stay
+    in the stage's report.
     Under a schedule splitting the backward its reports are counted with ``split_backward``
     (but stage 0's, which torch runs whole), and ``count_whole``, taking the same arguments,
     counts a stage with its backward whole for the whole backwards DualPipeV also runs

@@ -1,7 +1,8 @@
 """A pipeline on the mesh (pp, fsdp, tp): each stage's rank standing for its (fsdp, tp) group,
 a global rank's report, and the built-in Llama's stages built from its own modules, so that a
 tensor-parallel plan or FSDP2 applied to the model holds in each stage
-(`exportflops.parallel.pipeline` splits and counts; `exportflops.cli.pipeline` composes).
+(`exportflops.parallel.pipeline` splits and counts; `exportflops.parallel.pipeline_layout`
+composes).
 """
 
 from __future__ import annotations
@@ -12,16 +13,10 @@ from typing import Any
 import torch
 
 from ..capture.pipeline_split import Stage, as_received
-from ..errors import InputError
 from ..records import Report
 from ..records.pipeline import PipelineReport
+from .layout import Layout
 from .pipeline import PipelineAnalysis, stage_layers
-
-
-def mesh_coordinates(rank: int, fsdp: int, tp: int) -> tuple[int, int, int]:
-    """(pp, fsdp, tp) index of global ``rank`` on the mesh (pp, fsdp, tp), tp innermost as
-    torchtitan lays it out: ``rank = (pp_index * fsdp + fsdp_index) * tp + tp_index``."""
-    return rank // (fsdp * tp), rank // tp % fsdp, rank % tp
 
 
 def on_mesh(analysis: PipelineAnalysis, fsdp: int, tp: int) -> PipelineAnalysis:
@@ -46,11 +41,9 @@ def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
     stage, as its representative counted it (the same work), its sends and receives going to
     the ranks of its own fsdp and tp index on the other stages."""
     record = analysis.record
-    if not 0 <= rank < record.world_size():
-        raise InputError(f"rank {rank}: the mesh pp {record.pp} x fsdp {record.fsdp} x tp "
-                         f"{record.tp} has ranks 0..{record.world_size() - 1}")
+    layout = Layout(pp=record.pp, fsdp=record.fsdp, tp=record.tp)
     width = record.fsdp * record.tp
-    stage = record.ranks[mesh_coordinates(rank, record.fsdp, record.tp)[0]].stages[0]
+    stage = record.ranks[layout.coordinates(rank)["pp"]].stages[0]
     return _as_rank(analysis.stage_reports[stage], record, rank,
                     lambda peer: peer // width * width + rank % width)
 
@@ -93,7 +86,7 @@ class LlamaStage(torch.nn.Module):
     what the stage of torch's split takes: the tokens (stage 0), else the hidden state and the
     rotary tables, and returns what it sends on (stage 0 the rotary tables too)."""
 
-    #: The blocks FSDP2 shards one by one before the stage (`exportflops.cli.parallel`'s rule).
+    #: The blocks FSDP2 shards one by one before the stage (`exportflops.parallel.parallelize`).
     _no_split_modules = ["TransformerBlock"]
 
     def __init__(self, model: torch.nn.Module, held: range, first: bool, last: bool) -> None:

@@ -6,6 +6,7 @@ saved report renders and queries without the model.
 
 from .base import FLOPS_PER_MAC, SCHEMA_VERSION, Count, Cost, Record, TensorSpec
 from .collectives import Collective
+from .conventions import Conventions, StackCount, StackTerm
 from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
@@ -18,11 +19,14 @@ from .roofline import Roofline, RooflineModule, RooflineNode
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 from .training import DocumentFlops, StepFlops, Throughput
 
-__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport", "ContextRank",
-           "Cost", "Count", "DeviceFit", "DocumentFlops", "ExpertParallelReport", "ExpertRank",
+__all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
+           "ContextRank", "Conventions", "Cost", "Count", "DeviceFit", "DocumentFlops",
+           "ExpertParallelReport", "ExpertRank",
            "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
-           "ModuleMemory", "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus", "NodeTiming",
-           "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport", "PipelineStage",
-           "Record", "Report", "RingSend", "Roofline", "RooflineModule", "RooflineNode",
-           "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord", "StepFlops", "TensorSpec",
-           "Throughput", "TiedParameter", "Timing", "UncountedOp"]
+           "ModuleMemory",
+           "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
+           "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
+           "PipelineStage", "Record", "Report", "RingSend", "Roofline",
+           "RooflineModule", "RooflineNode", "RuntimeProfile", "SequenceChunk", "SizeSymbolRecord",
+           "StackCount", "StackTerm", "StepFlops", "TensorSpec", "Throughput", "TiedParameter",
+           "Timing", "UncountedOp"]

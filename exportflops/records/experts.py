@@ -10,14 +10,6 @@ from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record, read_as_rank
 from .collectives import Collective
 
 
-def expert_world(ep: int, fsdp: int | None, tp: int | None) -> int:
-    """The ranks of an expert-parallel layout: ``fsdp x tp`` over the tensor-parallel ranks
-    (``tp``, equal to ``ep``, without FSDP2), else ``fsdp`` inside FSDP2, else ``ep``."""
-    if tp is not None:
-        return (fsdp or 1) * tp
-    return fsdp or ep
-
-
 class ExpertRank(Record):
     """One rank of the expert-parallel group: its experts, the token copies routed to them, its
     work split into the experts' and the rest, and the all-to-alls it issues."""
@@ -121,8 +113,9 @@ class ExpertParallelReport(NotebookRecord):
 
     def world_size(self) -> int:
         """The ranks reported: ``fsdp`` inside FSDP2, else ``ep``; with ``tp``, ``fsdp x tp``
-        (or ``tp``, equal to ``ep``, without FSDP2)."""
-        return expert_world(self.ep, self.fsdp, self.tp)
+        (or ``tp``, equal to ``ep``, without FSDP2): every rank is listed
+        (`exportflops.parallel.Layout` lays them out)."""
+        return len(self.ranks)
 
     def fsdp_group(self, rank: int) -> list[int]:
         """The ranks FSDP2 shards the non-expert parameters over with ``rank``: all of them, or

@@ -17,7 +17,10 @@ close.
 The CPU has no datasheet row: `cpu_peak` derives an *estimate* from the thread count, the clock
 and the vector width, and says so in its source.
 
-`mfu_peak` is the policy: which of these peaks the MFU of a measured report is taken against.
+`device_peak` is the one rule for a peak nobody gave, used by every MFU (`exportflops.profile`,
+the trainers' helpers in `exportflops.training`): a CUDA device's row, the CPU's estimate
+(labelled ``estimated`` wherever the MFU is shown), and for any other device an
+`UnknownDeviceError` naming ``peak_flop_per_s=``. `mfu_peak` applies it to a measured report.
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ class Peak(NamedTuple):
     flop_per_s: float
     source: str
     """The row (or the derivation, for an estimate) the figure comes from."""
+    estimated: bool = False
+    """True for the CPU's estimate (`cpu_peak`): derived here, not read from a datasheet."""
+    device: str = "user"
+    """The table's key of the row (``h100-sxm``), ``cpu`` for the estimate, ``user`` for a
+    figure given."""
 
 
 DEVICES: tuple[Device, ...] = (
@@ -284,7 +292,8 @@ def gpu_peak(device_name: str, dtype: str) -> Peak:
             f"peak_flop_per_s=False to measure latency without MFU."
         )
     tflops = device.dense_tflops[dtype]
-    return Peak(tflops * TERA, f"{device.key} {dtype} dense {tflops:g} TFLOP/s, {device.source}")
+    return Peak(tflops * TERA, f"{device.key} {dtype} dense {tflops:g} TFLOP/s, {device.source}",
+                device=device.key)
 
 
 # fp32 lanes of one vector register per torch CPU capability. Two FMA units per core and 2 FLOPs
@@ -313,7 +322,7 @@ def cpu_peak(dtype: str, *, threads: int, capability: str, ghz: float | None,
     lane_dtype = "float64" if dtype == "float64" else "float32"
     per_cycle = lanes * _FMA_UNITS * _FLOPS_PER_FMA
     flop_per_s = threads * ghz * 1e9 * per_cycle
-    return Peak(flop_per_s, (
+    return Peak(flop_per_s, estimated=True, device="cpu", source=(
         f"estimate, not a datasheet figure: {threads} threads x {ghz:g} GHz ({ghz_source}) x "
         f"{per_cycle} FLOP/cycle ({capability}: {lanes} {lane_dtype} lanes x {_FMA_UNITS} FMA "
         f"units (assumed) x {_FLOPS_PER_FMA}) = "
@@ -342,21 +351,33 @@ def cpu_clock_ghz() -> tuple[float | None, str]:
 def mfu_peak(peak_flop_per_s: float | bool | None, run_on: torch.device,
              report: Report) -> Peak | None:
     """The dense peak that the MFU of ``report``, run on ``run_on``, is measured against: the
-    user's figure (checked by the caller), none for ``False``, else the table's row for a GPU or
-    the estimate for the CPU, in the dtype that does most of the work (`compute_dtype`)."""
+    user's figure (checked by the caller), none for ``False``, else `device_peak` in the dtype
+    that does most of the work (`compute_dtype`)."""
     if peak_flop_per_s is False:
         return None
     if peak_flop_per_s is not None:
         return Peak(float(peak_flop_per_s), "user")
-    dtype = compute_dtype(report)
+    # float32 matmuls run on TF32 tensor cores unless the precision is "highest".
+    tf32 = torch.get_float32_matmul_precision() != "highest"
+    return device_peak(run_on, matmul_dtype(compute_dtype(report), tf32=tf32))
+
+
+def device_peak(run_on: torch.device, dtype: str) -> Peak:
+    """The dense peak of the device a run is on, for a table dtype key (`matmul_dtype`): the
+    table's row of a CUDA device's name, the estimate for the CPU (``estimated``: float32
+    contractions have no TF32 there), and for any other device an `UnknownDeviceError`."""
     if run_on.type == "cuda":
-        # float32 matmuls run on TF32 tensor cores unless the precision is "highest".
-        tf32 = torch.get_float32_matmul_precision() != "highest"
-        return gpu_peak(torch.cuda.get_device_name(run_on), matmul_dtype(dtype, tf32=tf32))
-    ghz, ghz_source = cpu_clock_ghz()
-    return cpu_peak(matmul_dtype(dtype, tf32=False), threads=torch.get_num_threads(),
-                    capability=torch.backends.cpu.get_cpu_capability(), ghz=ghz,
-                    ghz_source=ghz_source)
+        return gpu_peak(torch.cuda.get_device_name(run_on), dtype)
+    if run_on.type == "cpu":
+        ghz, ghz_source = cpu_clock_ghz()
+        return cpu_peak("float32" if dtype == "tf32" else dtype,
+                        threads=torch.get_num_threads(),
+                        capability=torch.backends.cpu.get_cpu_capability(), ghz=ghz,
+                        ghz_source=ghz_source)
+    raise UnknownDeviceError(
+        f"No dense peak FLOP/s is known for a {run_on.type} device: the table holds CUDA "
+        f"devices, and the CPU's peak is estimated. Pass peak_flop_per_s=<dense FLOP/s from "
+        f"its datasheet>, or peak_flop_per_s=False for the rate without MFU.")
 
 
 def compute_dtype(report: Report) -> str:

@@ -9,10 +9,15 @@ to "subclass and override this method", which `ExactFlopsMixin` does: each micro
 counted by `FlopsPerBatch` from its tensors' sizes (no export, nothing run), so gradient
 accumulation is counted micro-batch by micro-batch as the Trainer calls it.
 
+Before the first step (``on_train_begin``) the collator's batch of the dataset's first example
+is counted once, so that a collator whose batches differ from the analyzed example (a missing
+``labels``, float ids) fails before the run rather than at its first micro-batch.
+
 The same mixin times each optimizer step with a callback (``on_step_begin`` at the first
 micro-batch, ``on_step_end`` after the optimizer; CUDA synchronized at both) and, in
 ``Trainer.log``, adds to a training log the window since the previous one: ``window_flops``,
-``achieved_tflop_per_s`` and ``mfu``. It adds them in ``log`` rather than a callback's
+``achieved_tflop_per_s`` and ``mfu`` (``mfu_estimated`` where the peak is the CPU's estimate,
+`exportflops.roofline.devices.device_peak`). It adds them in ``log`` rather than a callback's
 ``on_log`` because ``log`` appends to ``state.log_history`` and hands the same dict to every
 reporting callback (TensorBoard, W&B); an ``on_log`` that edits it runs after them.
 
@@ -26,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..errors import optional_module
+from ..errors import InputError, optional_module
 from .throughput import DensePeak, StepTimer, dense_peak
 
 transformers = optional_module("transformers", needed_by=__name__, extra="trainers")
@@ -60,6 +65,32 @@ class StepClock(transformers.TrainerCallback):
         return window
 
 
+class FirstBatchCheck(transformers.TrainerCallback):
+    """Counts the collator's batch of the dataset's first example at ``on_train_begin``: the
+    batch checks of ``flops_per_batch`` (its arguments, dtypes, ranks, mask) run before the
+    first step. The collator runs under a forked RNG, so a random collator (masked language
+    modelling) draws nothing from the run's stream."""
+
+    def __init__(self, flops_per_batch: Callable[..., int]) -> None:
+        self.flops_per_batch = flops_per_batch
+
+    def on_train_begin(self, args, state, control, train_dataloader=None, **kwargs) -> None:
+        dataset = getattr(train_dataloader, "dataset", None)
+        collate = getattr(train_dataloader, "collate_fn", None)
+        if collate is None or not hasattr(dataset, "__getitem__"):
+            return  # an iterable dataset: its first batch is the run's own
+        with torch.random.fork_rng(devices=[]):
+            batch = collate([dataset[0]])
+        try:
+            self.flops_per_batch(**batch)
+        except InputError as error:
+            raise InputError(
+                f"the Trainer's collator gives batches flops_per_batch cannot count (checked "
+                f"on the dataset's first example, before the first step): {error} Make the "
+                f"collator give the batches the analyzed example had, or analyze one of its "
+                f"batches: flops_per_batch(model, (), batch).") from None
+
+
 class ExactFlopsMixin:
     """Put before a ``Trainer`` class (``class MyTrainer(ExactFlopsMixin, SFTTrainer)``) to
     count each micro-batch with ``flops_per_batch`` and log MFU; `ExactFlopsTrainer` is the
@@ -71,8 +102,9 @@ class ExactFlopsMixin:
     ``labels`` when the model computes its loss) so that the loss is counted too.
 
     The peak: ``peak_flop_per_s=`` (``False``: no ``mfu``), ``device=`` (a key of the device
-    table), or the CUDA device's row; ``dtype`` defaults to ``bfloat16`` with ``args.bf16``,
-    ``float16`` with ``args.fp16``, else the model's parameters' dtype.
+    table), or the peak of the Trainer's device (``args.device``: a CUDA device's row, the
+    CPU's estimate, logged as ``mfu_estimated``); ``dtype`` defaults to ``bfloat16`` with
+    ``args.bf16``, ``float16`` with ``args.fp16``, else the model's parameters' dtype.
     """
 
     def __init__(self, *args: Any, flops_per_batch: Callable[..., int],
@@ -80,10 +112,13 @@ class ExactFlopsMixin:
                  dtype: str | torch.dtype | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.flops_per_batch = flops_per_batch
+        if device is None and peak_flop_per_s is None:
+            device = self.args.device  # the device the Trainer runs on
         self.peak: DensePeak = dense_peak(peak_flop_per_s=peak_flop_per_s, device=device,
                                           dtype=dtype or _training_dtype(self))
         self.step_clock = StepClock()
         self._window_flops = 0
+        self.add_callback(FirstBatchCheck(flops_per_batch))
         self.add_callback(self.step_clock)
 
     def floating_point_ops(self, inputs: Mapping[str, Any]) -> int:
@@ -101,7 +136,7 @@ class ExactFlopsMixin:
             logs = {**logs, "window_flops": rate.flops,
                     "achieved_tflop_per_s": rate.achieved_flop_per_s / 1e12}
             if rate.mfu is not None:
-                logs["mfu"] = rate.mfu
+                logs["mfu_estimated" if self.peak.estimated else "mfu"] = rate.mfu
             self._window_flops = 0
         super().log(logs, *args, **kwargs)
 

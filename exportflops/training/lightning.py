@@ -10,7 +10,9 @@ with two changes and nothing else:
   (a `FlopsPerBatch` read off the batch's sizes: no export, nothing run), through the one
   attribute the monitor documents reading (``flops_per_batch``) on a small stand-in for the
   module, so nothing is set on the user's module;
-- its MFU is over the dense peak of `exportflops.roofline.devices` (`dense_peak`).
+- its MFU is over the dense peak of `exportflops.roofline.devices` (`dense_peak`), of the
+  Trainer's device unless told: on a CPU that peak is an estimate, and the MFU is logged as
+  ``train/device/mfu_estimated`` instead of ``train/device/mfu``.
 
 Lightning computes rates over a window of ``window_size`` batches (default 100; the first
 metrics appear once it is full), and logs ``train/device/flops_per_sec`` and
@@ -33,6 +35,8 @@ from .throughput import DensePeak, dense_peak
 
 pl = optional_module("lightning.pytorch", needed_by=__name__, extra="trainers")
 _monitor = optional_module("lightning.pytorch.callbacks", needed_by=__name__, extra="trainers")
+_fabric = optional_module("lightning.fabric.utilities.throughput", needed_by=__name__,
+                          extra="trainers")
 
 #: Lightning's precision names (``Trainer(precision=...)``) by their leading part, and the dtype
 #: their matmuls run in: ``bf16-mixed``, ``bf16-true``, ``16-mixed``, ``32-true``, ``64-true``.
@@ -71,12 +75,17 @@ class ExactThroughputMonitor(_monitor.ThroughputMonitor):
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        self.peak = dense_peak(**self._peak_arguments,
+        arguments = dict(self._peak_arguments)
+        if arguments == {"peak_flop_per_s": None, "device": None}:
+            arguments["device"] = trainer.strategy.root_device
+        self.peak = dense_peak(**arguments,
                                dtype=self._dtype or _precision_dtype(trainer.precision))
         # Lightning's Throughput takes no MFU at all when the peak is falsy (None).
         self.available_flops = self.peak.flop_per_s
-        for meter in self._throughputs.values():
-            meter.available_flops = self.peak.flop_per_s
+        meter = _EstimatedMfu if self.peak.estimated else _fabric.Throughput
+        self._throughputs = {
+            stage: meter(available_flops=self.peak.flop_per_s, world_size=trainer.world_size,
+                         **self.kwargs) for stage in self._throughputs}
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            outputs: Any, batch: Any, *args: Any) -> None:
@@ -100,6 +109,17 @@ class ExactThroughputMonitor(_monitor.ThroughputMonitor):
 
     def _eval_flops(self, batch: Any) -> _BatchFlops:
         return _BatchFlops(None if self.eval_flops_fn is None else self.eval_flops_fn(batch))
+
+
+class _EstimatedMfu(_fabric.Throughput):
+    """Lightning's meter whose MFU, over an estimated peak, is named ``mfu_estimated``."""
+
+    def compute(self) -> dict[str, int | float]:
+        metrics = super().compute()
+        mfu = f"device{self.separator}mfu"
+        if mfu in metrics:
+            metrics[f"{mfu}_estimated"] = metrics.pop(mfu)
+        return metrics
 
 
 def _precision_dtype(precision: str) -> torch.dtype:

@@ -9,9 +9,9 @@ is exported, hooked or run in the step.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
-from functools import partial
 from typing import Any, Literal
 
 import sympy
@@ -28,7 +28,9 @@ from ..records.names import ancestors
 from ..records.symbolic import parse_count, size_symbol
 from ..records.training import DocumentFlops, StepFlops
 from ..torch_internals import pytree
-from .batches import rows_of
+from .batches import (
+    packs_documents, rows_of, var_keyword_of, without_flash_metadata, without_varlen)
+from .checks import check_rows, check_sizes, dtype_error, dtype_kind, position_limit
 from .terms import step_count
 
 #: The dynamic sizes `flops_per_batch` makes, and the names it reads a step's sizes by.
@@ -43,13 +45,18 @@ class FlopsPerBatch:
 
     def __init__(self, report: Report, signature: inspect.Signature,
                  dims: list[tuple[str, tuple, int, str]], *, batch: str, seq: str | None,
-                 routed: dict[str, Any], checkpointed: frozenset[str] = frozenset()) -> None:
+                 routed: dict[str, Any], checkpointed: frozenset[str] = frozenset(),
+                 positions: tuple[int, str] | None = None) -> None:
         self.report = report
         """The analysis, symbolic in the sizes: per module and operator detail lives here."""
         self.batch, self.seq = batch, seq
         self._signature = signature
         self._dims = dims
         self._tensor_arguments = {name for name, *_ in dims}
+        self._positions = positions
+        self._var_keyword = var_keyword_of(signature)
+        self._named = {name for name, p in signature.parameters.items()
+                       if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
         # Recompute the graph records (reentrant checkpointing, the checkpoint higher-order
         # ops), and the forward of regions a non-reentrant checkpoint reruns, which it does not.
         recorded = [n.cost for n in report.nodes if n.note.startswith(RECOMPUTED)]
@@ -97,12 +104,18 @@ class FlopsPerBatch:
             documents=[self._document(sizes, length) for row in rows for length in row]
             if packed else [])
 
+    def rows(self, *args: Any, seqlens: list[int] | None = None,
+             **kwargs: Any) -> tuple[dict[str, int], list[list[int]]]:
+        """The batch's dynamic sizes, and each row's documents' lengths (one per unpacked
+        row: its tokens without padding), as ``step`` reads them."""
+        return self._read(args, kwargs, seqlens)
+
     def resized(self, args: tuple, kwargs: dict, **sizes: int) -> tuple[tuple, dict]:
         """The batch ``args``/``kwargs`` cut to ``sizes`` (``seq=512``): each tensor's first
         positions along its dims of these sizes, as the forward takes them; a size is no
         larger than the batch's."""
         kwargs = kwargs or {}
-        marked = {(name, path): dims for name, path, dims in self._dims}
+        marked = {(name, path): dims for name, path, dims, _ in self._dims}
 
         def cut(name, path, leaf):
             dims = marked.get((name, tuple(path)))
@@ -116,7 +129,7 @@ class FlopsPerBatch:
                     leaf = leaf.narrow(dim, 0, sizes[symbol])
             return leaf.clone()
 
-        cut_arguments = {name: pytree.tree_map_with_path(partial(cut, name), value)
+        cut_arguments = {name: pytree.tree_map_with_path(functools.partial(cut, name), value)
                          for name, value in self._bound(args, kwargs).items()}
         return _as_called(self._signature, cut_arguments, len(args), kwargs)
 
@@ -125,14 +138,25 @@ class FlopsPerBatch:
             sizes, length, self.batch, self.seq))
 
     def _read(self, args: tuple, kwargs: dict, seqlens: list[int] | None):
-        """The batch's sizes, and each row's documents' lengths."""
+        """The batch's sizes, and each row's documents' lengths, checked
+        (`exportflops.training.checks`) whichever way the batch came in."""
         if seqlens is not None:
-            return self._packed(seqlens, args, kwargs)
-        arguments = self._bound(args, kwargs)
-        sizes = self._sizes(arguments)
-        if self.seq is None:
-            return sizes, [[1]] * sizes[self.batch]
-        return sizes, rows_of(arguments, sizes[self.batch], sizes[self.seq])
+            sizes, rows = self._packed(seqlens, args, kwargs)
+            packed = True
+        else:
+            arguments, varlen = without_varlen(self._var_keyword,
+                                              self._bound(args, kwargs))
+            sizes = self._sizes(arguments)
+            check_sizes(sizes, self.report.model)
+            if self.seq is None:
+                rows, packed = [[1]] * sizes[self.batch], False
+            else:
+                arguments = {**arguments, **varlen}
+                rows = rows_of(arguments, sizes[self.batch], sizes[self.seq])
+                packed = packs_documents(arguments)
+        check_rows(sizes, rows, seq=self.seq, packed=packed, limit=self._positions,
+                   model=self.report.model)
+        return sizes, rows
 
     def _packed(self, seqlens: list[int], args: tuple, kwargs: dict):
         if args or kwargs:
@@ -144,8 +168,8 @@ class FlopsPerBatch:
         lengths = list(seqlens)
         if not lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1
                               for n in lengths):
-            raise InputError(f"seqlens must be a non-empty list of positive ints, "
-                             f"got {seqlens!r}")
+            raise InputError(f"seqlens must be a non-empty list of positive ints (a document "
+                             f"of no tokens runs nothing), got {seqlens!r}")
         sizes = {self.batch: 1, self.seq: sum(lengths)}
         missing = self._size_names - sizes.keys()
         if missing:
@@ -154,6 +178,8 @@ class FlopsPerBatch:
         return sizes, [lengths]
 
     def _bound(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        if not args and self._named.issuperset(kwargs):
+            return kwargs  # fpb(**batch) of named arguments: nothing to bind
         try:
             return self._signature.bind_partial(*args, **kwargs).arguments
         except TypeError as error:
@@ -162,8 +188,7 @@ class FlopsPerBatch:
                              f"forward takes (fpb(**batch) for a dict).") from None
 
     def _sizes(self, arguments: dict[str, Any]) -> dict[str, int]:
-        given = {name for name, value in arguments.items()
-                 if any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))}
+        given = {name for name, value in arguments.items() if _holds_tensor(value)}
         if given != self._tensor_arguments:
             missing, extra = self._tensor_arguments - given, given - self._tensor_arguments
             raise InputError(
@@ -174,17 +199,19 @@ class FlopsPerBatch:
                 f"forward runs other code with other inputs (labels add the loss): analyze "
                 f"with an example of the batches you train on.")
         sizes: dict[str, int] = {}
-        for name, path, dims in self._dims:
+        for name, path, dims, kind in self._dims:
             value = arguments.get(name)
             for key in path:
                 value = None if value is None else key.get(value)
             if not isinstance(value, torch.Tensor):
                 continue
-            if value.dim() != len(dims):
-                raise InputError(f"{_where(name, path)} of the batch has {value.dim()} dims "
+            if dtype_kind(value) != kind:
+                raise dtype_error(_where(name, path), value, kind)
+            shape = value.shape
+            if len(shape) != len(dims):
+                raise InputError(f"{_where(name, path)} of the batch has {len(shape)} dims "
                                  f"where the example's had {len(dims)}.")
-            for dim, (size, symbol) in enumerate(dims):
-                actual = value.shape[dim]
+            for dim, (actual, (size, symbol)) in enumerate(zip(shape, dims)):
                 if symbol is None:
                     if actual != size:
                         raise InputError(
@@ -222,6 +249,12 @@ def _as_called(signature: inspect.Signature, arguments: dict[str, Any], position
                          for key in kwargs}
 
 
+def _holds_tensor(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return any(isinstance(leaf, torch.Tensor) for leaf in pytree.tree_leaves(value))
+
+
 def _summed(costs: list, field: str) -> sympy.Expr:
     return sum((parse_count(getattr(cost, field)) for cost in costs), sympy.Integer(0))
 
@@ -251,8 +284,8 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
         raise InputError(f"flops_per_batch takes an nn.Module, got {type(model).__name__}: "
                          f"a saved or exported program has no batch to read sizes from.")
     args = example_args if isinstance(example_args, tuple) else (example_args,)
-    kwargs = dict(example_kwargs or {})
     signature = inspect.signature(model.forward)
+    kwargs = without_flash_metadata(model, signature, dict(example_kwargs or {}))
     if dynamic_shapes is None:
         args, kwargs, dynamic_shapes, has_seq = _marked(model, signature, args, kwargs)
         batch_dim, seq_dim = BATCH, (SEQ if has_seq else None)
@@ -274,7 +307,7 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
                       f"(report.uncounted): flops_per_batch's counts are lower bounds "
                       f"(StepFlops.complete is False).", stacklevel=2)
     return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed,
-                         checkpointed=checkpointed)
+                         checkpointed=checkpointed, positions=position_limit(model))
 
 
 def _marked(model, signature, args: tuple, kwargs: dict):
@@ -329,8 +362,8 @@ def _shared_dims(shapes: dict) -> dict:
 
 
 def _dims(arguments: dict, dynamic_shapes: Any, names: set[str]) -> list:
-    """For each tensor of the example: (argument, key path inside it, and per dim its example
-    size and the dynamic size's name, None where the analysis fixed it)."""
+    """For each tensor of the example: (argument, key path inside it, per dim its example
+    size and the dynamic size's name (None where the analysis fixed it), its dtype's kind)."""
     if not isinstance(dynamic_shapes, dict):
         dynamic_shapes = dict(zip(arguments, dynamic_shapes))
     is_spec = lambda v: v is None or isinstance(v, dict) and all(isinstance(k, int) for k in v)  # noqa: E731
@@ -343,7 +376,7 @@ def _dims(arguments: dict, dynamic_shapes: Any, names: set[str]) -> list:
                 named = {dim % leaf.dim(): getattr(d, "__name__", None) for dim, d in spec.items()}
                 found.append((name, tuple(path), [
                     (size, named.get(dim) if named.get(dim) in names else None)
-                    for dim, size in enumerate(leaf.shape)]))
+                    for dim, size in enumerate(leaf.shape)], dtype_kind(leaf)))
     return found
 
 

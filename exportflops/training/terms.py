@@ -55,6 +55,12 @@ class StepCount:
     """The size names the count depends on."""
     executed: Callable[..., int]
     groups: tuple[TermGroup, ...]
+    powers: tuple[tuple[str, str, int], ...] = ()
+    """For each row and document group: the name standing for its power sum in `summed`, its
+    scaling and its degree in the sequence size."""
+    summed: Callable[..., int] | None = None
+    """The count with each row or document group's ``batch * seq**d`` replaced by its power
+    sum: the useful count, evaluated once (`useful`)."""
 
     def at(self, sizes: dict[str, int]) -> int:
         """The count as the graph runs it at these sizes."""
@@ -63,18 +69,20 @@ class StepCount:
     def useful(self, sizes: dict[str, int], rows: list[list[int]], batch: str,
                seq: str | None) -> int:
         """The count at each row's own documents' lengths: ``rows`` holds each row's
-        documents (one per unpacked row: its length without padding)."""
-        total = 0
-        for group in self.groups:
-            if group.scaling == PER_STEP or seq is None:
-                total += group.evaluate(**self._sized(sizes))
-            elif group.scaling == PER_ROW:
-                total += sum(group.evaluate(**self._sized(sizes, {batch: 1, seq: sum(row)}))
-                             for row in rows)
-            else:
-                total += sum(group.evaluate(**self._sized(sizes, {batch: 1, seq: length}))
-                             for row in rows for length in row)
-        return total
+        documents (one per unpacked row: its length without padding).
+
+        A row or document group is linear in ``batch`` and a sum of terms ``c * seq**d`` of
+        one degree ``d``, so its sum over the rows (or documents) of lengths ``L_i`` is
+        ``c * sum(L_i ** d)``: `summed` holds each group with its ``batch * seq**d`` replaced
+        by that power sum, one evaluation in exact integers however many rows there are."""
+        if seq is None or self.summed is None:
+            return self.at(sizes)
+        units = {PER_ROW: [sum(row) for row in rows],
+                 PER_DOCUMENT: [length for row in rows for length in row]}
+        values = self._sized(sizes)
+        for name, scaling, degree in self.powers:
+            values[name] = sum(length ** degree for length in units[scaling])
+        return self.summed(**values)
 
     def document(self, sizes: dict[str, int], length: int, batch: str, seq: str) -> int:
         """A document's own work: its per-token and attention terms at its length."""
@@ -99,7 +107,20 @@ def step_count(expression: int | str | sympy.Expr, batch: str, seq: str | None) 
         by_scaling[key] = by_scaling.get(key, 0) + term
     groups = tuple(TermGroup(scaling, degree, _compiled(part, symbols, names))
                    for (scaling, degree), part in by_scaling.items())
-    return StepCount(names, _compiled(expr, symbols, names), groups)
+    executed = _compiled(expr, symbols, names)
+    if seq is None:
+        return StepCount(names, executed, groups)
+    powers, stand_ins, summed = [], [], sympy.Integer(0)
+    for (scaling, degree), part in by_scaling.items():
+        if scaling != PER_STEP:
+            # Not an identifier, so no dynamic size has this name; a Dummy, so no symbol is it.
+            powers.append((f"{scaling} power {degree}", scaling, degree))
+            stand_ins.append(sympy.Dummy(powers[-1][0], integer=True))
+            part = part.subs({size_symbol(batch): stand_ins[-1], size_symbol(seq): 1})
+        summed += part
+    every = names + tuple(name for name, _, _ in powers)
+    return StepCount(names, executed, groups, tuple(powers),
+                     _compiled(summed, symbols + stand_ins, every))
 
 
 def _scaling(term: sympy.Expr, batch: sympy.Symbol, seq: sympy.Symbol | None) -> tuple[str, int]:

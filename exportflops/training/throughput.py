@@ -4,13 +4,17 @@ MFU (model FLOPs utilization, PaLM: Chowdhery et al. 2022, arXiv:2204.02311, app
 ``model FLOPs / seconds / peak``: the model FLOPs of the step (`FlopsPerBatch`'s count, no
 activation-checkpoint recompute) over the device's *dense* peak in the dtype the matmuls run in.
 
-The peak comes from the sourced table of `exportflops.roofline.devices`, never from a guess:
+The peak comes from `exportflops.roofline.devices`, by the rule `exportflops.profile` follows
+too (`devices.device_peak`), never from a guess:
 
 1. ``peak_flop_per_s=`` given: that figure (``False``: no MFU, the achieved rate only);
-2. ``device=`` given: the table's row of that key (``h100-sxm``, ``a100-sxm-80gb``, ...);
-3. otherwise the CUDA device's name, matched whole against the table (`devices.lookup`). No
-   CUDA, or a name the table lacks, is an `UnknownDeviceError` naming ``peak_flop_per_s=`` and
-   ``device=``; never a fallback to a row that looks close (an A100's).
+2. ``device=`` a key of the table: that row (``h100-sxm``, ``a100-sxm-80gb``, ...);
+3. ``device=`` a torch device (``"cuda:1"``, ``torch.device("cpu")``), else the CUDA device
+   here, else the CPU: a CUDA device's name matched whole against the table (`devices.lookup`;
+   a name the table lacks is an `UnknownDeviceError` naming ``peak_flop_per_s=`` and
+   ``device=``, never a fallback to a row that looks close), the CPU's *estimate* (threads x
+   clock x vector width: ``DensePeak.estimated``, and its source says so), and any other
+   device an `UnknownDeviceError`.
 
 Every table figure is dense: NVIDIA prints Hopper, Ada and Ampere tensor-core peaks with 2:4
 sparsity (H100 SXM bf16 "1,979 teraFLOPS*", https://www.nvidia.com/en-us/data-center/h100/),
@@ -49,6 +53,8 @@ class DensePeak:
     source: str
     device: str
     dtype: str
+    estimated: bool = False
+    """True for the CPU's estimate: an MFU against it is labelled so where it is logged."""
 
     def throughput(self, flops: int, seconds: float) -> Throughput:
         """The `Throughput` of ``flops`` done in ``seconds`` against this peak."""
@@ -64,10 +70,13 @@ class DensePeak:
             device=self.device, dtype=self.dtype, peak_source=self.source)
 
 
-def dense_peak(*, peak_flop_per_s: float | bool | None = None, device: str | None = None,
+def dense_peak(*, peak_flop_per_s: float | bool | None = None,
+               device: str | torch.device | None = None,
                dtype: str | torch.dtype = DEFAULT_DTYPE) -> DensePeak:
     """The dense peak for MFU: ``peak_flop_per_s`` if given (``False``: none), else the row of
-    the device table ``device`` names, else the row of the CUDA device here.
+    the device table ``device`` names, else the peak of the device ``device`` is (by default
+    the CUDA device here, else the CPU, whose peak is an estimate): the rule of the module's
+    docstring.
 
     ``dtype`` is the dtype the step's matmuls run in (``"bfloat16"``, ``torch.float16``, ...);
     float32 reads the TF32 peak unless torch's float32 matmul precision is ``"highest"``, as
@@ -82,15 +91,17 @@ def dense_peak(*, peak_flop_per_s: float | bool | None = None, device: str | Non
         return DensePeak(None, "none: peak_flop_per_s=False", "none", key)
     if peak is not None:
         return DensePeak(float(peak), "user", "user", key)
-    row = devices.device_row(device) if device is not None else _this_cuda_device()
-    if key not in row.dense_tflops:
-        raise UnknownDeviceError(
-            f"The device table has no dense {key} peak for {row.key} (it lists "
-            f"{', '.join(row.dense_tflops)}). Pass dtype= one of those, or "
-            f"peak_flop_per_s=<dense FLOP/s from the datasheet>.")
-    tflops = row.dense_tflops[key]
-    return DensePeak(tflops * devices.TERA, f"{row.key} {key} dense {tflops:g} TFLOP/s, "
-                                            f"{row.source} ({row.dated})", row.key, key)
+    if isinstance(device, str) and device in _TABLE_KEYS:
+        return _row_peak(devices.device_row(device), key)
+    run_on = _run_on(device)
+    try:
+        found = devices.device_peak(run_on, key)
+    except UnknownDeviceError as error:
+        if run_on.type != "cuda":
+            raise
+        raise UnknownDeviceError(f"{error} Or name a row of the table: device='h100-sxm'.") \
+            from None
+    return DensePeak(found.flop_per_s, found.source, found.device, key, found.estimated)
 
 
 def throughput_of(flops: int, seconds: float, *, peak_flop_per_s: float | bool | None = None,
@@ -113,18 +124,32 @@ def _dtype_key(dtype: str | torch.dtype) -> str:
     return key
 
 
-def _this_cuda_device() -> devices.Device:
-    known = ", ".join(d.key for d in devices.DEVICES)
-    if not torch.cuda.is_available():
+#: The device table's keys: ``device=`` names a row by one of them.
+_TABLE_KEYS = frozenset(d.key for d in devices.DEVICES)
+
+
+def _row_peak(row: devices.Device, key: str) -> DensePeak:
+    if key not in row.dense_tflops:
         raise UnknownDeviceError(
-            f"No CUDA device here to read a dense peak for. Pass peak_flop_per_s=<dense FLOP/s "
-            f"from its datasheet> or device=<a row of the device table: {known}>, or "
-            f"peak_flop_per_s=False for the achieved FLOP/s without MFU.")
+            f"The device table has no dense {key} peak for {row.key} (it lists "
+            f"{', '.join(row.dense_tflops)}). Pass dtype= one of those, or "
+            f"peak_flop_per_s=<dense FLOP/s from the datasheet>.")
+    tflops = row.dense_tflops[key]
+    return DensePeak(tflops * devices.TERA, f"{row.key} {key} dense {tflops:g} TFLOP/s, "
+                                            f"{row.source} ({row.dated})", row.key, key)
+
+
+def _run_on(device: str | torch.device | None) -> torch.device:
+    """The device ``device`` names (a torch device or its string), by default the CUDA
+    device here, else the CPU; a string that is neither a device nor a table key is an
+    `UnknownDeviceError` listing the keys."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        return devices.lookup(torch.cuda.get_device_name())
-    except UnknownDeviceError as error:
-        raise UnknownDeviceError(f"{error} Or name a row of the table: device='h100-sxm'.") \
-            from None
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        devices.device_row(str(device))  # raises, listing the table's keys
+        raise
 
 
 class StepTimer:

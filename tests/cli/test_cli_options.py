@@ -74,7 +74,7 @@ GROUPS = {
     "parallelism": ["--tp", "--fsdp", "--pp", "--schedule", "--microbatches", "--ep", "--routing",
                     "--cp", "--no-load-balance", "--rank", "--link-gbps"],
     "output": ["--view", "--depth", "--top", "--group-by", "--format", "--output"],
-    "general": ["-h", "--help", "--debug", "--version"],
+    "general": ["-h", "--help", "--debug", "--progress", "--version"],
 }
 
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 import pytest
 
 from exportflops.cli import main
-from exportflops.cli.pipeline import stage_rank_counter
+from exportflops.parallel.pipeline_layout import stage_rank_counter
 from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
-from exportflops.parallel.pipeline_mesh import mesh_coordinates, on_mesh, rank_report
+from exportflops.parallel import Layout
+from exportflops.parallel.pipeline_mesh import on_mesh, rank_report
 from exportflops.records.pipeline import PipelineReport
 
 F32 = 4  # bytes per float32 element
@@ -34,7 +35,7 @@ def _build(device):
 def composed():
     """The small Llama in 2 stages, each counted as one rank of tp 2 (forward)."""
     model, args = _build("meta")
-    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=TP, fsdp=None,
+    count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="forward", strict=True)
     single = analyze_pipeline(model, args, stages=2, mode="forward", device=None, strict=True)
     split = analyze_pipeline(model, args, stages=2, mode="forward", device=None, strict=True,
@@ -126,7 +127,8 @@ def test_a_ranks_report_sends_to_the_rank_of_its_own_tp_index(composed):
     (3, 2, 1, (1, 1, 0)),   # pp x fsdp: 3 = 1 * 2 + 1
 ], ids=["first", "pp1-tp1", "pp1-fsdp1", "last", "pp-x-tp", "pp-x-fsdp"])
 def test_a_global_rank_maps_to_its_pipeline_fsdp_and_tp_index(rank, fsdp, tp, coordinates):
-    assert mesh_coordinates(rank, fsdp, tp) == coordinates
+    at = Layout(pp=4, fsdp=fsdp, tp=tp).coordinates(rank)
+    assert (at["pp"], at["fsdp"], at["tp"]) == coordinates
 
 
 # Llama 3 8B (the command's llama), one rank's parameters of the last of 2 stages (layers
@@ -208,7 +210,7 @@ def test_the_command_refuses_what_it_does_not_compose(argv, capsys):
 
 def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products():
     model, args = _build("meta")
-    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=TP, fsdp=None,
+    count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="train", strict=True)
     split = on_mesh(analyze_pipeline(model, args, stages=2, mode="train", device=None,
                                      strict=True, count_stage=count), fsdp=1, tp=TP)
@@ -223,7 +225,7 @@ def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products(
 
 def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
     model, args = _build("meta")
-    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=TP, fsdp=None,
+    count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="forward")
     record = analyze_pipeline(model, args, stages=2, mode="forward", microbatches=1,
                               count_stage=count, link_bytes_per_s=1e9).record
@@ -239,7 +241,7 @@ def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
 
 def test_fsdp2_gathers_and_reduces_a_stage_once_per_step_around_its_microbatches():
     model, args = _build("meta")
-    count = stage_rank_counter(_build, "llama", SMALL.n_layers, 2, tp=None, fsdp=2,
+    count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=None, fsdp=2,
                                mode="train", strict=True)
     record = analyze_pipeline(model, args, stages=2, schedule="gpipe", mode="train",
                               microbatches=4, count_stage=count, link_bytes_per_s=1e9).record

@@ -215,7 +215,7 @@ def test_python_m_exportflops_runs_cp_inside_fsdp(models_file):
 
 @pytest.mark.parametrize("flags, message", [
     (["--cp", "2", "--fsdp", "2", "--rank", "4"], "--rank one of 0..3 (the fsdp x cp ranks)"),
-    (["--cp", "2", "--fsdp", "0"], "--fsdp takes a degree >= 1"),
+    (["--cp", "2", "--fsdp", "0"], "--fsdp 0 --cp 2: Layout: fsdp is a degree, an int >= 1"),
     (["--cp", "2", "--fsdp", "2", "--tp", "2", "--rank", "8"],
      "--rank one of 0..7 (the fsdp x cp x tp ranks)"),
 ], ids=["rank-past-fsdp-x-cp", "fsdp-zero", "rank-past-fsdp-x-cp-x-tp"])

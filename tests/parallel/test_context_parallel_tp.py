@@ -197,7 +197,7 @@ def test_the_command_prints_json_of_every_rank(models_file, capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--cp", "2", "--tp", "2", "--rank", "4"], "--rank one of 0..3 (the cp x tp ranks)"),
-    (["--cp", "2", "--tp", "0"], "--tp takes a degree >= 1"),
+    (["--cp", "2", "--tp", "0"], "--cp 2 --tp 0: Layout: tp is a degree, an int >= 1"),
     (["--cp", "2", "--tp", "4"], "must exceed 3 x tp"),  # 8 positions, read at 8 - 3 x 4 < 0
     (["--cp", "2", "--tp", "2", "--ep", "2"], "not with"),
 ], ids=["rank-past-cp-x-tp", "tp-zero", "too-short-to-read", "with-ep"])

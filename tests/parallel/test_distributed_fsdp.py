@@ -114,7 +114,7 @@ def test_the_command_shards_the_tensor_parallel_shards_on_a_two_dimensional_mesh
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--fsdp", "0"), "--tp and --fsdp take a degree >= 1"),
+    (("--fsdp", "0"), "--fsdp 0: Layout: fsdp is a degree, an int >= 1"),
     (("--fsdp", "2", "--tp", "2", "--rank", "4"), "--rank one of 0..3"),
     (("--rank", "1"), "pass one of them too"),
 ], ids=["degree", "rank_out_of_range", "rank_alone"])
@@ -124,7 +124,7 @@ def test_the_command_refuses_fsdp_options_that_cannot_apply(args, message):
 
 
 def test_the_blocks_fsdp_shards_are_decoder_layers_or_module_list_entries():
-    from exportflops.cli.parallel import blocks_of
+    from exportflops.parallel.fsdp_blocks import blocks_of
     from exportflops.examples.gpt2 import gpt2
     from exportflops.examples.llama import LlamaConfig, llama
 

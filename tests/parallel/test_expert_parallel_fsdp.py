@@ -136,7 +136,7 @@ def test_a_rank_lists_fsdps_collectives_and_its_all_to_alls_forward_first(train)
 
 def test_fsdp_not_a_multiple_of_ep_is_refused_naming_both(hand):
     model, args = hand
-    with pytest.raises(InputError, match=r"fsdp 3 \(--fsdp\) is not a multiple of ep 2 \(--ep\)"):
+    with pytest.raises(InputError, match=r"ep 2 does not divide fsdp x cp x tp = 3"):
         analyze_experts(model, args, ep=EP, fsdp=3)
 
 
@@ -189,7 +189,8 @@ def test_python_m_exportflops_runs_ep_inside_fsdp(models_file):
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--ep", "2", "--fsdp", "3"], "--fsdp must be a multiple of --ep"),
+    (["--ep", "2", "--fsdp", "3"], "--fsdp 3 --ep 2: Layout(fsdp=3, ep=2): ep 2 does not divide "
+                                  "fsdp x cp x tp = 3"),
     (["--ep", "2", "--fsdp", "4", "--rank", "4"], "--rank one of 0..3"),
     (["--ep", "2", "--fsdp", "4", "--tp", "2"], "has no tensor-parallel plan"),
 ], ids=["fsdp-not-a-multiple", "rank-past-fsdp", "with-tp"])

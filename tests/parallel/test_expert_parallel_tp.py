@@ -8,7 +8,6 @@ derived here."""
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
@@ -114,11 +113,18 @@ def test_the_router_and_the_experts_do_only_their_own_work_on_the_ranks_share():
     the weight's gradients, each as many MACs. The experts' module holds no collective and none
     of the sharing's ops: those are token_share's and token_sum's."""
     from exportflops.cli.options import check, parser
-    from exportflops.cli.parallel import parallelized
+    from exportflops.cli.targets import build_target, hf_options
+    from exportflops.parallel import Layout
+    from exportflops.parallel.per_rank import rank_of
 
     ns = parser().parse_args([*MIXTRAL, "--ep", "2", "--tp", "2", "--mode", "train"])
     check(ns)
-    _, rank, _ = parallelized(argparse.Namespace(**vars(ns)), experts="experts")
+
+    def build(device):
+        return build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
+                            hf_options=hf_options(ns))
+
+    _, rank = rank_of(build, (), None, Layout(tp=TP), rank=0, experts="experts", mode="train")
     assert rank.module("model.layers.0.mlp.gate").inclusive.macs == 3 * SHARE * HIDDEN * EXPERTS
     experts = [n for n in rank.nodes if n.module.startswith("model.layers.0.mlp.experts")
                and n.phase == "forward"]  # (the experts' own backward makes zeros and cats)
@@ -163,7 +169,7 @@ def test_the_command_writes_the_record(capsys):
 
 @pytest.mark.parametrize("flags, message", [
     (["--ep", "2", "--tp", "4"], "--ep equal to --tp"),
-    (["--ep", "8", "--tp", "2", "--fsdp", "2"], "--fsdp x --tp must be a multiple of --ep"),
+    (["--ep", "8", "--tp", "2", "--fsdp", "2"], "ep 8 does not divide fsdp x cp x tp = 4"),
     (["--ep", "2", "--tp", "2", "--pp", "2"], "--pp"),
 ])
 def test_flags_outside_the_layout_are_usage_errors(flags, message, capsys):
@@ -186,7 +192,7 @@ def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
                  dtype=torch.float32)
     with pytest.raises(InputError, match="ep equal to tp"):
         expert_parallel(report, ep=2, tp=4, single_device=report, **sizes)
-    with pytest.raises(InputError, match="not a multiple of ep 8"):
+    with pytest.raises(InputError, match="ep 8 does not divide fsdp x cp x tp = 4"):
         expert_parallel(report, ep=8, tp=2, fsdp=2, single_device=report, **sizes)
     with pytest.raises(InputError, match="single_device="):
         expert_parallel(report, ep=2, tp=2, **sizes)
@@ -214,7 +220,7 @@ def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, 
     from torch.distributed.device_mesh import init_device_mesh
 
     from exportflops.parallel.experts_tp import route_token_shares
-    from exportflops.parallel.ranks import fake_process_group
+    from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):
         route_token_shares(model, init_device_mesh("cpu", (2,)))

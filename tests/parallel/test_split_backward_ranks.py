@@ -222,7 +222,7 @@ def test_a_parameter_used_twice_is_refused_as_on_one_device(split):
 
 
 def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_reductions():
-    from exportflops.cli.pipeline import stage_rank_counter
+    from exportflops.parallel.pipeline_layout import stage_rank_counter
     from exportflops.examples.llama import LlamaConfig, llama
     from exportflops.parallel.pipeline import analyze_pipeline
 
@@ -234,7 +234,7 @@ def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_re
         return llama(device, config, seq_len=seq, batch=batch)
 
     model, args = build("meta")
-    count = stage_rank_counter(build, "llama", 4, 4, tp=tp, fsdp=None, mode="train",
+    count = stage_rank_counter(build, 4, 4, tp=tp, fsdp=None, mode="train",
                                strict=True, split_backward=True)
     analysis = analyze_pipeline(model, args, stages=4, schedule="zbvzerobubble", mode="train",
                                 microbatches=4, count_stage=count, link_bytes_per_s=link,

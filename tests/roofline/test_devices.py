@@ -282,5 +282,6 @@ def test_the_cpu_peak_is_the_estimate_for_the_threads_torch_uses(monkeypatch):
 
 def test_a_user_peak_or_false_is_taken_as_given():
     report = analyze(nn.Linear(8, 8), (torch.ones(2, 8),))
-    assert mfu_peak(3e12, torch.device("cpu"), report) == (3e12, "user")
+    peak = mfu_peak(3e12, torch.device("cpu"), report)
+    assert (peak.flop_per_s, peak.source, peak.estimated) == (3e12, "user", False)
     assert mfu_peak(False, torch.device("cpu"), report) is None

@@ -4,6 +4,7 @@ derived here and against separate analyses at fixed sizes."""
 from __future__ import annotations
 
 import functools
+import itertools
 
 import pytest
 import torch
@@ -89,6 +90,47 @@ def test_position_ids_that_restart_mark_packed_documents_as_seqlens_does():
     by_positions = fpb.step(input_ids=ids, position_ids=positions)
     assert by_positions.model_flops == fpb.step(seqlens=[6, 10, 4]).model_flops
     assert [d.length for d in by_positions.documents] == [6, 10, 4]
+
+
+def _flattened(lengths):
+    """A batch as transformers' DataCollatorWithFlattening(return_flash_attn_kwargs=True)
+    writes it: one row, positions restarting per document, flash attention's offsets."""
+    offsets = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    return {"input_ids": torch.zeros(1, sum(lengths), dtype=torch.long),
+            "position_ids": torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
+            "cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets,
+            "max_length_q": max(lengths), "max_length_k": max(lengths)}
+
+
+@functools.lru_cache(maxsize=None)
+def _flattened_llama_fpb():
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(_llama_config())
+    return exportflops.flops_per_batch(model, (), _flattened([10, 14]))
+
+
+def test_a_llama_batch_with_flash_attentions_offsets_counts_each_document_on_cpu():
+    """SDPA on cpu; the offsets give the documents, each at verl's per-document formula."""
+    lengths = [6, 20, 4]
+    step = _flattened_llama_fpb().step(**_flattened(lengths))
+    assert [d.length for d in step.documents] == lengths
+    assert step.matmul_flops == (6 * MATMUL_PARAMS * sum(lengths)
+                                 + 12 * sum(n * n for n in lengths) * HEAD_DIM * HEADS * L)
+
+
+def test_offsets_that_end_before_the_row_are_refused():
+    batch = _flattened([10, 14])
+    batch["cu_seq_lens_q"] = torch.tensor([0, 10, 20], dtype=torch.int32)
+    with pytest.raises(InputError, match="one packed row of 20 tokens, and the batch's ids "
+                                         "are 1 x 24"):
+        _flattened_llama_fpb()(**batch)
+
+
+def test_offsets_for_a_flash_attention_model_are_refused_naming_the_sdpa_route():
+    model = transformers.LlamaForCausalLM(_llama_config())
+    model.config._attn_implementation = "flash_attention_2"
+    with pytest.raises(InputError, match="flash_attention_2 .* attn_implementation='sdpa'"):
+        exportflops.flops_per_batch(model, (), _flattened([10, 14]))
 
 
 class Attention(nn.Module):

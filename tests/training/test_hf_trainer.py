@@ -15,8 +15,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exportflops.errors import (  # noqa: E402
-    MissingExtraError, UnknownDeviceError, optional_module)
+from exportflops.errors import InputError, MissingExtraError, optional_module  # noqa: E402
 from exportflops.training import flops_per_batch  # noqa: E402
 from exportflops.training.hf_trainer import ExactFlopsTrainer  # noqa: E402
 
@@ -188,14 +187,40 @@ def test_matmul_flops_of_unpadded_steps_are_torchtitans_formula(model_and_count,
     assert trainer.state.total_flos == 3 * 2 * 8 * per_token == 1_769_472
 
 
-def test_no_cuda_and_no_peak_fails_when_the_trainer_is_made(model_and_count, tmp_path,
-                                                             monkeypatch):
+def test_on_cpu_without_a_peak_the_mfu_is_logged_as_estimated(model_and_count, tmp_path,
+                                                              known_cpu):
+    """The rule profile() follows: the CPU's estimated peak, its MFU under its own key."""
     model, fpb = model_and_count
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UnknownDeviceError, match=r"peak_flop_per_s="):
-        ExactFlopsTrainer(model=model, args=training_args(tmp_path, max_steps=1),
-                          train_dataset=rows_of([4, 4]), data_collator=padded,
-                          flops_per_batch=fpb)
+    ticks = iter(i * STEP_SECONDS for i in range(1000))
+    with pytest.MonkeyPatch.context() as patch, SeenBatches(model) as seen:
+        clock = importlib.import_module("exportflops.training.throughput")
+        patch.setattr(clock, "perf_counter", lambda: next(ticks))
+        trainer = ExactFlopsTrainer(model=model, args=training_args(tmp_path, max_steps=2),
+                                    train_dataset=rows_of([4, 6, 5, 7]), data_collator=padded,
+                                    flops_per_batch=fpb)
+        trainer.train()
+    assert (trainer.peak.flop_per_s, trainer.peak.estimated) == (256e9, True)
+    assert "estimate, not a datasheet figure" in trainer.peak.source
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert [entry["mfu_estimated"] for entry in logs] == pytest.approx(
+        [fpb(**batch) / STEP_SECONDS / known_cpu for batch in seen], rel=1e-12)
+    assert not any("mfu" in entry for entry in logs)
+
+
+def test_a_collator_whose_batches_differ_from_the_example_fails_before_the_first_step(
+        model_and_count, tmp_path):
+    model, fpb = model_and_count
+
+    def without_labels(rows):
+        return {key: value for key, value in padded(rows).items() if key != "labels"}
+
+    trainer = ExactFlopsTrainer(model=model, args=training_args(tmp_path, max_steps=1),
+                                train_dataset=rows_of([4, 6]), data_collator=without_labels,
+                                flops_per_batch=fpb, peak_flop_per_s=PEAK)
+    with SeenBatches(model) as seen, pytest.raises(
+            InputError, match=r"the Trainer's collator gives batches .*missing labels"):
+        trainer.train()
+    assert seen == [] and trainer.state.global_step == 0
 
 
 def test_a_missing_trainer_library_names_the_extra(monkeypatch):

@@ -11,7 +11,6 @@ pl = pytest.importorskip("lightning.pytorch")
 
 from lightning.pytorch.loggers import Logger  # noqa: E402
 
-from exportflops.errors import UnknownDeviceError  # noqa: E402
 from exportflops.training import flops_per_batch  # noqa: E402
 from exportflops.training.lightning import ExactThroughputMonitor  # noqa: E402
 
@@ -101,15 +100,26 @@ def test_nothing_is_left_on_the_users_module(trained):
     assert not hasattr(module, "flops_per_batch")
 
 
-def test_no_cuda_and_no_peak_fails_when_training_starts(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monitor = ExactThroughputMonitor(lambda batch: 0, batch_size_fn=lambda batch: 1)
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", logger=False, callbacks=[monitor],
-                         enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False)
-    batches = torch.utils.data.DataLoader([(torch.randn(2, IN),)], batch_size=None)
-    with pytest.raises(UnknownDeviceError, match=r"peak_flop_per_s=.*device="):
-        trainer.fit(Regression(), batches)
+def test_on_cpu_without_a_peak_the_mfu_is_logged_as_estimated(known_cpu):
+    """The rule profile() follows: the CPU's estimated peak (the fixture's, by hand), its MFU
+    under its own key, never as train/device/mfu."""
+    fpb = flops_per_batch(torch.nn.Linear(IN, OUT, bias=False), (torch.randn(3, IN),))
+    kept = MetricsKept()
+    monitor = ExactThroughputMonitor(lambda batch: fpb(batch[0]),
+                                     batch_size_fn=lambda batch: batch[0].shape[0],
+                                     window_size=2)
+    trainer = pl.Trainer(max_steps=len(ROWS), accelerator="cpu", logger=kept,
+                         callbacks=[monitor], log_every_n_steps=1, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False)
+    batches = torch.utils.data.DataLoader([(torch.randn(rows, IN),) for rows in ROWS],
+                                          batch_size=None)
+    trainer.fit(Regression(), batches)
+    assert (monitor.peak.flop_per_s, monitor.peak.estimated) == (known_cpu, True)
+    rated = [m for m in kept.logged if "train/device/mfu_estimated" in m]
+    assert len(rated) == len(ROWS) - 1 and not any("train/device/mfu" in m for m in kept.logged)
+    for metrics in rated:
+        assert metrics["train/device/mfu_estimated"] == pytest.approx(
+            metrics["train/device/flops_per_sec"] / known_cpu, rel=1e-12)
 
 
 def test_a_precision_that_names_no_dtype_asks_for_one():

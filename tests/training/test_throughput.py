@@ -74,10 +74,32 @@ def test_a_cuda_device_the_table_lacks_is_an_error_naming_both_ways_to_give_the_
         throughput_of(1, 1.0)
 
 
-def test_no_cuda_and_no_peak_is_an_error_naming_both_ways_to_give_the_peak(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(UnknownDeviceError, match=r"No CUDA device.*peak_flop_per_s=.*device="):
-        throughput_of(1, 1.0)
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")],
+                         ids=["no-cuda", "cpu-string", "cpu-device"])
+def test_on_cpu_the_peak_is_the_estimate_and_says_so(known_cpu, device):
+    # 1e9 FLOPs in 1 s over the fixture's 256e9 FLOP/s: 1 / 256.
+    rate = throughput_of(10**9, 1.0, device=device)
+    assert (rate.peak_flop_per_s, rate.mfu, rate.device) == (known_cpu, 1 / 256, "cpu")
+    assert rate.peak_source.startswith("estimate, not a datasheet figure")
+    assert dense_peak(device=device).estimated
+
+
+def test_profile_and_the_trainers_take_the_same_cpu_peak(known_cpu):
+    """One rule: profile()'s peak (`devices.mfu_peak`) for a float32 report on the CPU is the
+    trainers' (`dense_peak`) in float32."""
+    from exportflops import analyze
+    from exportflops.roofline.devices import mfu_peak
+
+    report = analyze(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
+    profiled = mfu_peak(None, torch.device("cpu"), report)
+    assert profiled.flop_per_s == dense_peak(dtype="float32").flop_per_s == known_cpu
+    assert profiled.estimated
+
+
+def test_a_device_that_is_neither_cuda_nor_the_cpu_has_no_peak_to_guess():
+    for where in ("mps", "xpu"):
+        with pytest.raises(UnknownDeviceError, match=rf"a {where} device.*peak_flop_per_s="):
+            dense_peak(device=where)
 
 
 def test_a_dtype_the_device_has_no_peak_for_is_an_error():

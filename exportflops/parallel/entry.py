@@ -1,0 +1,93 @@
+"""One Python entry point for a model split over ranks: `analyze_ranks` on a `Layout`, the
+record the command prints for the layout (or one rank's report of it).
+
+Tensor parallelism and FSDP2 count the rank asked (`exportflops.parallel.per_rank`); expert
+parallelism, alone, inside FSDP2 or over tp, every rank from the single-device count
+(`exportflops.parallel.experts_layout`); context parallelism, alone or with fsdp and tp, every
+rank from the symbolic count (`exportflops.parallel.context_layout`); a pipeline, each stage
+on fsdp x tp ranks, every stage's rank counted once (`exportflops.parallel.pipeline_layout`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..api import analyze
+from ..errors import LayoutError
+from ..records import Report
+from ..records.context import ContextParallelReport
+from ..records.experts import ExpertParallelReport
+from ..records.pipeline import PipelineReport
+from .context_layout import analyze_context_ranks, context_rank_report
+from .experts_layout import analyze_expert_ranks, expert_rank_report
+from .layout import Layout
+from .per_rank import Builder, built_model, rank_of
+from .pipeline_layout import analyze_pipeline_ranks
+from .pipeline_mesh import rank_report
+
+
+def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
+                  *, layout: Layout, mode: str = "forward", rank: int | None = None,
+                  schedule: str | None = None, microbatches: int | None = None,
+                  routing: list[int] | None = None, **analyze_options: Any
+                  ) -> (Report | list[Report] | PipelineReport | ExpertParallelReport
+                        | ContextParallelReport):
+    """Rank ``rank`` of ``model`` split by ``layout``: its `Report` (its work and every
+    collective it issues); without ``rank``, the all-ranks view: with ``pp``, the
+    `PipelineReport` (each stage on fsdp x tp ranks; ``schedule``, ``microbatches`` and
+    `analyze_pipeline_ranks`' options such as ``device``); with ``cp``, the
+    `ContextParallelReport` (``load_balance`` in ``analyze_options``, as `analyze_context`
+    takes it); with ``ep``, the `ExpertParallelReport` (``routing``: token copies per expert,
+    as `analyze_experts` takes it); with ``fsdp`` and ``tp`` alone, every rank's report, in
+    rank order (each counted).
+
+    ``model`` is a module with its example ``args``/``kwargs``, or a function ``device ->
+    (model, args, kwargs)`` for a model that must be built for each rank (it is called with
+    the meta device inside the rank's process group). ``analyze_options`` go to
+    `exportflops.analyze` (``strict``, ``split_backward``)."""
+    _check_layout(layout, schedule, microbatches)
+    if rank is not None:
+        layout.check_rank(rank)
+    if layout.pp > 1:
+        analysis = analyze_pipeline_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                          schedule=schedule, microbatches=microbatches,
+                                          **analyze_options)
+        return analysis.record if rank is None else rank_report(analysis, rank)
+    if layout.cp > 1:
+        record, fpb = analyze_context_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                            rank=rank or 0, **analyze_options)
+        return record if rank is None else context_rank_report(record, fpb, rank)
+    if layout.ep > 1:
+        record, report = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                              routing=routing, **analyze_options)
+        return record if rank is None else expert_rank_report(record, report, rank)
+    if routing is not None:
+        raise LayoutError(f"{layout}: routing gives the token copies per expert of ep ranks: "
+                          f"pass ep.")
+    if layout.world_size == 1:  # one rank holds the whole model: the single-device count
+        built, args, kwargs = built_model(model, args, kwargs)
+        report = analyze(built, args, kwargs, mode=mode, **analyze_options)
+        return report if rank is not None else [report]
+    if rank is not None:
+        return rank_of(model, args, kwargs, layout, rank=rank, mode=mode,
+                       **analyze_options)[1]
+    return [rank_of(model, args, kwargs, layout, rank=r, mode=mode, **analyze_options)[1]
+            for r in range(layout.world_size)]
+
+
+def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None) -> None:
+    """A layout analyze_ranks counts (dp only where expert groups sit)."""
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"analyze_ranks takes layout=exportflops.parallel.Layout(...), got "
+                          f"{type(layout).__name__}.")
+    if layout.dp > 1 and layout.ep == 1:
+        raise LayoutError(f"{layout}: replicated data-parallel ranks each count as one device "
+                          f"does (exportflops.analyze); dp here is where expert-parallel "
+                          f"groups sit (Layout(dp=E, ep=E)).")
+    given = [name for name, value in (("schedule", schedule), ("microbatches", microbatches))
+             if value is not None]
+    if given and layout.pp == 1:
+        raise LayoutError(f"{layout}: {', '.join(given)} lay out a pipeline: pass them with "
+                          f"pp.")

@@ -1,0 +1,87 @@
+"""Expert parallelism on a `Layout`: ``ep`` alone (``Layout(dp=E, ep=E)``), inside FSDP2
+(``fsdp``), over the tensor-parallel ranks (``tp``) or both, as torchtitan lays them out
+(`exportflops.parallel.layout`).
+
+The record is `expert_parallel`'s from the single-device count of one batch, checked first (the
+tensor-parallel rank's count and the FSDP2 trace are the costly parts); inside FSDP2 it adds
+FSDP2's collectives traced on a fake copy (`exportflops.parallel.experts_fsdp`); over ``tp``,
+each rank's work is its tensor-parallel rank's with each MoE layer routing its share of the
+tokens (`exportflops.parallel.experts_tp`), and in training the routers' gradient all-reduces.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..api import analyze
+from ..errors import LayoutError
+from ..records import Report
+from ..records.experts import ExpertParallelReport
+from .experts import expert_parallel, moe_sizes
+from .experts_fsdp import fsdp_collectives
+from .experts_tp import router_gradient_reductions
+from .layout import Layout
+from .parallelize import tensor_parallel
+from .per_rank import Builder, built_model, rank_of
+
+
+def analyze_expert_ranks(model: torch.nn.Module | Builder, args: Any = (),
+                         kwargs: dict | None = None, *, layout: Layout, mode: str = "forward",
+                         routing: list[int] | None = None, experts: str = "experts",
+                         single_device: Report | None = None, **analyze_options: Any,
+                         ) -> tuple[ExpertParallelReport, Report]:
+    """(the `ExpertParallelReport` of every rank of ``layout``, the report each rank's is made
+    from by `expert_rank_report`: the batch's single-device count, with ``tp`` its
+    tensor-parallel rank's). ``model`` as `analyze_ranks` takes it; ``single_device``: the
+    batch's count when made already (else counted here with ``analyze_options``); ``routing``
+    and ``experts`` as `analyze_experts` takes them."""
+    built, args, kwargs = built_model(model, args, kwargs)
+    fsdp, tp = (getattr(layout, name) if getattr(layout, name) > 1 else None
+                for name in ("fsdp", "tp"))
+    if layout.pp > 1 or layout.cp > 1 or layout.ep == 1:
+        raise LayoutError(f"{layout}: expert parallelism takes ep > 1 with fsdp and tp, not "
+                          f"with pp or cp.")
+    if single_device is None:
+        single_device = analyze(built, args, kwargs, mode=mode, **analyze_options)
+    sizes = moe_sizes(built, args, kwargs, experts=experts)
+    split = {"fsdp": fsdp, **({"tp": tp, "single_device": single_device} if tp else {})}
+    record = expert_parallel(single_device, ep=layout.ep, routing=routing, experts=experts,
+                             **split, **sizes)
+    report = single_device
+    if fsdp is not None:
+        split["fsdp_collectives"] = fsdp_collectives(
+            built, args, kwargs, ep=layout.ep, fsdp=fsdp, num_experts=sizes["num_experts"],
+            experts=experts, mode=mode, tp=tp,
+            parallelize=None if tp is None else partial(tensor_parallel, experts=experts))
+    if tp is not None:
+        report = _tensor_parallel_rank(model, args, kwargs, tp, mode, experts, analyze_options)
+    if fsdp is not None or tp is not None:
+        record = expert_parallel(report, ep=layout.ep, routing=routing, experts=experts,
+                                 **split, **sizes)
+    return record, report
+
+
+def expert_rank_report(record: ExpertParallelReport, report: Report, rank: int) -> Report:
+    """Rank ``rank``'s report: ``report`` (`analyze_expert_ranks`') with the world and the
+    collectives the rank issues; its own counts under the routing are the record's."""
+    if not 0 <= rank < record.world_size():
+        raise LayoutError(f"rank {rank}: the expert-parallel layout of {record.model} has ranks "
+                          f"0..{record.world_size() - 1}.")
+    return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
+                                     "collectives": record.collectives(rank)})
+
+
+def _tensor_parallel_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
+                          tp: int, mode: str, experts: str, options: dict) -> Report:
+    """Tensor-parallel rank 0 with each MoE layer routing its share of the tokens, its routers'
+    gradient all-reduces listed in training. FSDP2 changes no FLOPs: one rank of the tp group
+    alone counts the work."""
+    split, report = rank_of(model, args, kwargs, Layout(tp=tp), rank=0, experts=experts,
+                            mode=mode, **options)
+    if mode != "train":
+        return report
+    return report.model_copy(update={"collectives": [
+        *report.collectives, *router_gradient_reductions(split, tp, experts=experts)]})

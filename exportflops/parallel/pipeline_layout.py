@@ -1,0 +1,299 @@
+"""A pipeline on a `Layout`'s mesh (pp, fsdp, tp), tp innermost as torchtitan lays it out: each
+stage counted once, as the rank of its (fsdp, tp) group with index 0, the others of the group
+doing the same work (`exportflops.parallel.pipeline_mesh.on_mesh` places them).
+
+The built-in Llama's stages are built from its own modules (`llama_stages`), each counted
+under `exportflops.fake_process_group` of the group's ranks (a stage's own collectives stay in
+its group) with the llama's tensor-parallel plan and FSDP2 on the stage's blocks, then the
+stage, as torchtitan applies them to each model chunk (`stage_rank_counter`). For any other
+model (a Hugging Face decoder) the plan and FSDP2 (each block, then each stage's other modules
+as one unit) are applied to the whole model, whose index 0 rank is counted once and cut into
+the stages of torch's split (`exportflops.parallel.pipeline_slices`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..api import analyze
+from ..count.ranks import fake_copy
+from ..errors import BuildError, InputError
+from ..examples.llama import Llama
+from ..records import Report
+from .layout import Layout
+from .per_rank import Builder, built_model, rank_of
+from .pipeline import DEFAULT_DEVICE, PipelineAnalysis, analyze_pipeline, layer_split_points
+from .pipeline_mesh import llama_stages, on_mesh
+from .schedules import SCHEDULES
+
+
+def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
+                           kwargs: dict | None = None, *, layout: Layout,
+                           schedule: str | None = None, microbatches: int | None = None,
+                           mode: str = "train", device: str | None = DEFAULT_DEVICE,
+                           link_bytes_per_s: float | None = None, strict: bool = False,
+                           measure: bool = False, warmup: int = 3, repeat: int = 10,
+                           ) -> PipelineAnalysis:
+    """``model`` split into ``layout.pp`` pipeline ranks (a looped ``schedule`` runs two stages
+    on each), each stage on ``layout.fsdp x layout.tp`` ranks (module docstring), one step of
+    ``microbatches`` timed under ``schedule`` (default 1f1b) as `analyze_pipeline` times it
+    (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
+    the mesh (`on_mesh`: `exportflops.parallel.pipeline_mesh.rank_report` gives a global
+    rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
+    if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
+        raise InputError(f"{layout}: a pipeline composes with fsdp and tp, not with dp, cp or "
+                         f"ep yet: analyze those alone.")
+    schedule = schedule or "1f1b"
+    if schedule not in SCHEDULES:
+        raise InputError(f"schedule {schedule!r}: the schedules are {', '.join(SCHEDULES)} "
+                         f"(docs/pipeline.md).")
+    built, args, kwargs = built_model(model, args, kwargs)
+    per_rank = 2 if SCHEDULES[schedule].looped else 1  # pp is the ranks
+    composed = layout.fsdp > 1 or layout.tp > 1
+    own_modules = composed and isinstance(built, Llama)
+    two_passes = SCHEDULES[schedule].split_backward and mode == "train"
+    if two_passes and composed and not own_modules:
+        _check_untied(built)  # before the whole rank is counted
+    stages = layout.pp * per_rank
+    counted = partial(_composed_counter, model, (built, args, kwargs), layout, stages,
+                      mode=mode, strict=strict, ranks={})
+    analysis = analyze_pipeline(
+        built, args, kwargs, schedule=schedule,
+        # The stages counted (the model's own modules) are the stages timed.
+        stages=llama_stages(built, args[0], stages, mode) if own_modules else stages,
+        stages_per_rank=per_rank, microbatches=microbatches, mode=mode, strict=strict,
+        device=device, link_bytes_per_s=link_bytes_per_s,
+        count_stage=counted(two_passes) if composed else None,
+        # for the whole backwards a split schedule also runs (DualPipeV's)
+        count_whole=counted(False) if composed and two_passes else None,
+        measure=measure, warmup=warmup, repeat=repeat,
+        # The built-in llama's plan is the same on every layer: a stage alike another counts
+        # alike on its rank too. A whole model cut into stages is counted once.
+        share_alike=own_modules)
+    return on_mesh(analysis, layout.fsdp, layout.tp)
+
+
+def _composed_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
+                      stages: int, split_backward: bool, *, mode: str, strict: bool,
+                      ranks: dict):
+    """``count_stage`` for ``layout``'s stage ranks: the built-in Llama's stages built from its
+    own modules, any other model's whole rank cut into the stages of torch's split. ``ranks``
+    keeps each count of a whole rank (by ``split_backward``) for the counters sharing it."""
+    built, args, kwargs = first
+    tp, fsdp = (getattr(layout, name) if getattr(layout, name) > 1 else None
+                for name in ("tp", "fsdp"))
+    if not isinstance(built, Llama):
+        return _sliced_counter(model, first, layout, layer_split_points(built, stages),
+                               split_backward, mode=mode, strict=strict, ranks=ranks)
+
+    def build(device: torch.device):
+        again, args_again, _ = (copy.deepcopy(built), args, kwargs) \
+            if isinstance(model, torch.nn.Module) else model(device)
+        return again, args_again
+
+    return stage_rank_counter(build, len(built.layers), stages, tp=tp, fsdp=fsdp, mode=mode,
+                              strict=strict, split_backward=split_backward)
+
+
+def stage_rank_counter(build: Callable, layers: int, stages: int, *,
+                       tp: int | None, fsdp: int | None, mode: str = "forward",
+                       strict: bool = False, split_backward: bool = False):
+    """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
+    model (one of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
+    as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
+    ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
+    fake tensors for FSDP2), split by its tensor-parallel plan (``tp``) and FSDP2 (``fsdp``,
+    on the stage's blocks, then the stage). ``split_backward``: each stage but the first
+    (whose backward torch runs whole) counted with its backward in the zero-bubble schedules'
+    two passes (`exportflops.graph.passes`)."""
+    from .parallelize import fully_shard_blocks, tensor_parallel
+    from .pipeline import stage_layers
+    from .pipeline_mesh import LlamaStage
+
+    held = stage_layers(layers, stages)
+    degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
+    layout = Layout(fsdp=fsdp or 1, tp=tp or 1)  # a stage's (fsdp, tp) group
+
+    def count(index: int, rank: int, stage) -> Report:
+        # The stage's own collectives run in its (fsdp, tp) group: the group's rank 0 stands
+        # for the stage, under a process group of that group's ranks. One group for every
+        # stage also keeps torch's caches right: DeviceMesh compares equal by layout alone,
+        # so a mesh of other process groups would hit the groups cached for the one before.
+        with layout.mesh(*degrees, rank=0) as mesh:
+            built, args = build(torch.device("meta"))
+            inputs = args if index == 0 else _received(built, args[0], mode)
+            if fsdp is not None:  # FSDP2 refuses meta parameters
+                built, inputs, _ = fake_copy(built, inputs, {})
+            if tp is not None:
+                tensor_parallel(built, mesh["tp"])
+            part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
+            if fsdp is not None:  # torchtitan's default under pipeline parallelism
+                fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
+            report = analyze(part, inputs, None, mode=mode, strict=strict,
+                             split_backward=split_backward and index > 0)
+        return _dims_named(report, degrees)
+
+    return count
+
+
+def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
+                    split_points: list[str], split_backward: bool, *, mode: str, strict: bool,
+                    ranks: dict):
+    """``count_stage`` for a model whose stages are not built from its own modules: one rank
+    of the whole model (tensor-parallel and FSDP index 0) counted once, its report cut into
+    the stages of the split (`exportflops.parallel.pipeline_slices`), each holding the
+    parameters of torch's split stage. FSDP2 is applied as torchtitan applies it to each
+    stage: each block, then per stage one unit of its modules outside the blocks (its root's
+    parameters: the embedding on the first, the final norm and head on the last), then the
+    root, which holds nothing of its own. ``split_backward``: the rank counted again with each
+    stage's backward in the zero-bubble schedules' two passes, split at the stage's input
+    (`exportflops.graph.passes.stage_input_way`)."""
+    from ..records import TensorSpec
+    from ..torch_internals import pytree
+    from .pipeline_slices import held_parameters, stage_report
+
+    degrees = layout.degrees("fsdp", "tp")
+    degrees = {name: n for name, n in degrees.items() if n > 1}
+    whole = partial(_whole_rank, model, first, layout, split_points, mode=mode, strict=strict,
+                    ranks=ranks)
+
+    def count(index: int, rank: int, stage) -> Report:
+        split, report, stage_of = whole(split_backward)
+        part = stage_report(report, index, stage_of, held_parameters(split, stage.module))
+        inputs = [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves(
+            (stage.args, stage.kwargs)) if isinstance(t, torch.Tensor)]
+        return _dims_named(part, degrees).model_copy(update={"inputs": inputs})
+
+    return count
+
+
+def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
+                split_points: list[str], split_backward: bool, *, mode: str, strict: bool,
+                ranks: dict):
+    """(the rank's model, its report, each node's stage) of the whole model, counted once per
+    ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
+    stage's backward depends on, read off the unsplit count's stages."""
+    from ..graph.passes import stage_input_way
+    from .pipeline_slices import node_stages
+
+    if split_backward not in ranks:
+        way = False
+        if split_backward:
+            _, unsplit, stage_of = _whole_rank(model, first, layout, split_points, False,
+                                               mode=mode, strict=strict, ranks=ranks)
+            way = partial(_stage_way, stage_input_way, stage_of,
+                          {node.name: node.op for node in unsplit.nodes})
+        units: list[list[str]] = []  # each stage's unit, as module paths
+        built, args, kwargs = first
+        split, report = rank_of(built, args, kwargs, Layout(fsdp=layout.fsdp, tp=layout.tp),
+                                rank=0,
+                                shard=partial(_stage_units, split_points, units), mode=mode,
+                                strict=strict, split_backward=way)
+        stage_of = node_stages(report, split_points)
+        _check_units_ran(report, stage_of, units)
+        ranks[split_backward] = (split, report, stage_of)
+    return ranks[split_backward]
+
+
+def _check_untied(model) -> None:
+    """A parameter under two names (a tied embedding and head) gets its gradient summed from
+    both uses in the whole rank's backward, which would put the head's part in the last
+    stage's input pass: refused with the zero-bubble schedules."""
+    from .parallelize import tied_names
+
+    tied = tied_names(model)
+    if tied:
+        name, first = next(iter(tied.items()))
+        raise InputError(f"a zero-bubble schedule on tp/fsdp stage ranks: "
+                         f"{type(model).__name__}'s parameter {first!r} is also {name!r} "
+                         f"(tied), its gradient summed from both uses in the whole rank's "
+                         f"backward; build the model untied (tie_word_embeddings=False), "
+                         f"or pick a schedule with a whole backward.")
+
+
+def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], graph):
+    """The input passes of the rank's graph, each node's stage read off an earlier count of
+    the same rank by its name (the trace names its nodes alike each time: checked, each
+    backward op must have the name of the same op in the first count)."""
+    from torch._ops import OpOverload
+
+    from ..graph.walk import phase
+
+    unnamed = [node.name for node in graph.nodes if node.op == "call_function"
+               and isinstance(node.target, OpOverload) and phase(node) == "backward"
+               and (node.name not in stage_of or ops.get(node.name) != str(node.target))]
+    if unnamed:
+        raise InputError(f"the rank traced again names {len(unnamed)} backward ops otherwise "
+                         f"than the first trace ({', '.join(unnamed[:3])}): their stages are "
+                         f"unknown, so the backward cannot be split at the stages' inputs; "
+                         f"pick a schedule with a whole backward.")
+    return stage_input_way(graph, lambda node: stage_of.get(node.name))
+
+
+def _stage_units(split_points: list[str], paths: list[list[str]], model, mesh) -> None:
+    """FSDP2 on ``model`` as torchtitan shards each pipeline stage: its blocks, then each
+    stage's modules outside them as one unit (`stage_units`, standing for the stage's root),
+    then the whole model's root, which holds none; every unit keeps its parameters gathered
+    after the forward, torchtitan's default under pipeline parallelism (``reshard_after_forward
+    = not pp_enabled``: no all-gather per microbatch). ``paths`` gets each stage unit's module
+    paths."""
+    from torch.distributed.fsdp import fully_shard
+
+    from .fsdp_blocks import blocks_of
+    from .pipeline_slices import stage_units
+
+    units = stage_units(model, split_points)
+    where = {id(m): p for p, m in model.named_modules()}
+    paths.extend([where[id(m)] for m in unit] for unit in units)
+    try:
+        for block in blocks_of(model):
+            fully_shard(block, mesh=mesh, reshard_after_forward=False)
+        for unit in units:
+            if unit:
+                fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    except Exception as error:  # FSDP2 refuses the model as built
+        raise BuildError(f"pipeline stages on {mesh.size()} fsdp ranks: fully_shard on "
+                         f"{type(model).__name__}'s blocks, then each stage's other modules, "
+                         f"then the root, failed: "
+                         f"{type(error).__name__}: {error}") from error
+
+
+def _dims_named(report: Report, degrees: dict[str, int]) -> Report:
+    """``report`` with its collectives' mesh dimension named when the mesh has one dimension:
+    its default group names none."""
+    if len(degrees) > 1:
+        return report
+    (name,) = degrees
+    return report.model_copy(update={"collectives": [
+        c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in report.collectives]})
+
+
+def _received(model, tokens, mode: str) -> tuple:
+    """What a Llama stage after the first takes per microbatch, made where ``tokens`` are: the
+    hidden state (B, T, dim), needing a gradient in training, and the rotary tables (T, hd)."""
+    config, (batch, seq) = model.config, tokens.shape
+    dtype = next(model.parameters()).dtype
+    hidden = torch.zeros(batch, seq, config.dim, dtype=dtype, device=tokens.device,
+                         requires_grad=mode == "train")
+    cos, sin = (torch.zeros(seq, config.head_dim, device=tokens.device) for _ in range(2))
+    return hidden, cos, sin
+
+
+def _check_units_ran(report, stage_of: dict[str, int], units: list[list[str]]) -> None:
+    """Each stage's FSDP2 unit of modules outside the blocks (``units``, their paths) is
+    gathered in that stage: a module outside the blocks that runs between them, not before
+    the first or after the last, would be in the wrong stage's unit."""
+    for stage, unit in enumerate(units):
+        gathered = {stage_of.get(c.node) for c in report.collectives
+                    if c.op == "all_gather" and c.module in unit}
+        if gathered - {stage}:
+            raise InputError(f"pipeline stages on fsdp ranks: {report.model}'s modules outside "
+                             f"its layers ({', '.join(unit)}) do not all run in stage {stage}, "
+                             f"so one FSDP2 unit per stage cannot hold them; analyze the "
+                             f"pipeline with tp alone, or fsdp without pp.")
