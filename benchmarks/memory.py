@@ -1,11 +1,17 @@
 """The predicted peak of a step (`exportflops.memory`) against torch's profiler on a real cpu
-step, per model: the models of tests/footprint (GPT-2's shape, a 4-layer Llama, a ResNet's
-shape with batch norm, an MLP under activation checkpointing), train with AdamW and forward.
+step, per model: the models of tests/footprint (GPT-2's shape, a 4-layer Llama, a 2-layer
+Mixtral, a ResNet's shape with batch norm, an MLP under activation checkpointing), train with
+AdamW and forward.
 
 Target (issue 50): predicted / measured within 0.97 .. 1.03. Also printed: the seconds of the
 memory analysis and of the FLOPs analysis (``analyze``) of the same mode.
 
     python benchmarks/memory.py
+    python benchmarks/memory.py --llama3-70b   # and the seconds of both on Llama 3 70B's shape
+
+Issue 50's bar for the second: on meta, 4096 tokens, train, the memory analysis at most 2x the
+FLOPs analysis (Llama 3 70B: 80 layers, width 8192, MLP 28672, 64 heads and 8 KV heads,
+vocabulary 128256, from Meta's config.json of Meta-Llama-3-70B).
 """
 
 from __future__ import annotations
@@ -45,5 +51,24 @@ def main() -> None:
                   f"{report.peak_bytes / measured:6.3f} {memory_s:9.2f} {flops_s:8.2f}")
 
 
+def llama3_70b() -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                         num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                         max_position_embeddings=8192, rope_theta=500000.0)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+        ids = torch.zeros(1, 4096, dtype=torch.long)
+    kwargs = {"input_ids": ids, "labels": ids}
+    report, memory_s = seconds(lambda: exportflops.memory(model, (), kwargs))
+    _, flops_s = seconds(lambda: exportflops.analyze(model, (), kwargs, mode="train"))
+    print(f"Llama 3 70B shape, train, 4096 tokens on meta: peak {report.peak_bytes} B; memory "
+          f"{memory_s:.1f} s, flops {flops_s:.1f} s, ratio {memory_s / flops_s:.2f}")
+
+
 if __name__ == "__main__":
     main()
+    if "--llama3-70b" in sys.argv[1:]:
+        llama3_70b()

@@ -76,6 +76,8 @@ _feature("compiling_state_context", "torch._export.utils:_compiling_state_contex
          "hf: models on meta")
 _feature("export_schema_version", "torch._export.serde.schema:SCHEMA_VERSION",
          "reading a saved ExportedProgram")
+_feature("grouped_mm_output", "torch._meta_registrations:_create_grouped_mm_output_tensor",
+         "memory() of a model calling _grouped_mm in float32 or float16 (an MoE's experts)")
 _feature("dtrace_env_var", "torch._logging._internal:DTRACE_ENV_VAR",
          "deciding branches by values")
 _feature("use_lazy_graph_module", "torch.fx._lazy_graph_module:_use_lazy_graph_module", _CORE)

@@ -166,6 +166,9 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
             split = importlib.import_module(f".{module}", __package__).analyze_split
             report, view = split(ns)
             return _Outcome(report, None, view=view)
+    if ns.memory:
+        from .footprint import analyze_memory
+        return _Outcome(None, None, view=analyze_memory(ns))
     if ns.tp is not None or ns.fsdp is not None:
         from .parallel import analyze_parallelized
         return _Outcome(*analyze_parallelized(ns))

@@ -7,6 +7,7 @@ import json
 import math
 
 from ..errors import UsageError
+from .footprint import check_memory
 from .splits import check_splits
 from ..version import versions_text
 
@@ -114,6 +115,12 @@ def parser() -> argparse.ArgumentParser:
     analysis.add_argument("--sweep", action="append", default=[], metavar="NAME=V[,V...]",
                           help="evaluate the dynamic size NAME at each value (one export), e.g. "
                                "seq=512,1024,2048; several --sweep move together")
+    analysis.add_argument("--memory", action="store_true",
+                          help="the memory of one step instead of its counts: the peak, what "
+                               "holds it, per module (exportflops.memory); --device-model KEY "
+                               "says whether it fits that device")
+    analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default=None,
+                          help="--memory --mode train: the step's optimizer (default adamw)")
     analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
                           default=None,
                           help="set a published transformer budget beside the graph, component "
@@ -345,6 +352,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "and does not combine with --dynamic, --sweep, --profile, --budget, "
                          "--mode train or --kwargs.")
     check_splits(ns)
+    check_memory(ns)
     _check_split_backward(ns)
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .cpu_outputs import AsOnCpu
 from .liveness import cuda_blocks, exact
 from .report import memory_report
 from .step import run_step, StepRun
@@ -65,7 +66,7 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train:
     fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
     fake_mode = require("detect_fake_mode")([*fake_model.parameters(), *fake_model.buffers(),
                                              *pytree.tree_leaves((fake_args, fake_kwargs))])
-    with fake_mode:
+    with fake_mode, AsOnCpu():
         built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
@@ -77,7 +78,8 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train:
                 f"one {'training step' if train else 'forward'} of {name} on fake tensors "
                 f"failed: {type(error).__name__}: "
                 f"{str(error).splitlines()[0] if str(error) else ''}. A forward that reads "
-                f"tensor values (.item(), nonzero: an MoE's routing) cannot run on fake "
+                f"tensor values (.item(), nonzero: an MoE's eager experts loop; "
+                f"transformers' default grouped_mm experts read none) cannot run on fake "
                 f"tensors; check the step runs eagerly on these inputs.") from error
 
 

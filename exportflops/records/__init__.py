@@ -10,7 +10,8 @@ from .conventions import Conventions, StackCount, StackTerm
 from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
-from .memory import KindBytes, MemoryPoint, MemoryReport, ModuleMemory
+from .memory import (DeviceFit, KindBytes, MemoryOnDevice, MemoryPoint, MemoryReport,
+                     ModuleMemory)
 from .pipeline import PipelineAction, PipelineRank, PipelineReport, PipelineStage
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
@@ -19,9 +20,10 @@ from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 from .training import DocumentFlops, StepFlops, Throughput
 
 __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
-           "ContextRank", "Conventions", "Cost", "Count", "DocumentFlops", "ExpertParallelReport",
-           "ExpertRank",
-           "GenerationReport", "KindBytes", "MemoryPoint", "MemoryReport", "ModuleMemory",
+           "ContextRank", "Conventions", "Cost", "Count", "DeviceFit", "DocumentFlops",
+           "ExpertParallelReport", "ExpertRank",
+           "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
+           "ModuleMemory",
            "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
            "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
            "PipelineStage", "Record", "Report", "RingSend", "Roofline",

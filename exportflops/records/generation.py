@@ -10,6 +10,7 @@ import sympy
 
 from .symbolic import Evaluator, size_symbol
 from .base import SCHEMA_VERSION, Cost, NotebookRecord
+from ..errors import InputError
 from .report import Report
 
 #: The dynamic size of a decode step: tokens already in the KV cache.
@@ -104,6 +105,32 @@ class GenerationReport(NotebookRecord):
     def kv_cache_at(self, past: int) -> Cost:
         """`kv_cache` with ``past`` tokens in the cache."""
         return _at(self.kv_cache_windowed if self.windows_full(past) else self.kv_cache, past)
+
+    @property
+    def kv_cache_bytes_per_token(self) -> int:
+        """Bytes one token adds to one sequence's KV cache, over all layers: what a decode
+        step writes (`kv_cache` ``bytes_written``, one entry per layer) per sequence."""
+        return int(self.kv_cache.bytes_written) // self.batch
+
+    def kv_cache_bytes(self, context: int) -> int:
+        """Bytes the KV cache holds for the request's ``batch`` sequences while the decode
+        step that brings each to ``context`` tokens attends: what that step reads of the cache
+        (`kv_cache_at` ``context - 1``, ``bytes_read``), so every layer's ``context`` entries,
+        a sliding layer's at most its window's (the W - 1 it keeps and the new one), an
+        encoder-decoder's cross-attention cache, a static cache's whole buffer whatever
+        ``context``."""
+        if not 1 <= context <= (self.max_cache_len or context):
+            raise InputError(f"context={context} for the KV cache of {self.model}: it holds "
+                             f"1 .. {self.max_cache_len or 'any number of'} tokens per "
+                             f"sequence.")
+        return int(self.kv_cache_at(context - 1).bytes_read)
+
+    def largest_batch(self, budget_bytes: int, context: int) -> int:
+        """The most sequences whose KV caches at ``context`` tokens fit ``budget_bytes`` (a
+        cache is the same per sequence: `kv_cache_bytes` / ``batch`` each). The budget is the
+        cache's own: the weights and a step's activations come out of the same memory
+        (`exportflops.memory`), so subtract them first."""
+        return budget_bytes * self.batch // self.kv_cache_bytes(context)
 
     def windows_full(self, past: int) -> bool:
         """Whether the sliding windows are full at a step with ``past`` tokens seen (the step

@@ -3,9 +3,10 @@ timeline of live bytes. Imports no torch. Definitions: docs/memory.md."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from .base import SCHEMA_VERSION, Record
+from ..errors import UnknownDeviceError
 
 Phase = Literal["forward", "backward", "optimizer"]
 
@@ -73,6 +74,23 @@ class ModuleMemory(Record):
     """The op that made it, with its phase (``aten.bmm.default (backward)``)."""
 
 
+class DeviceFit(Record):
+    """Whether a step's peak fits a device's memory (`MemoryReport.fits`)."""
+
+    device: str
+    """The device table's key (``h100-sxm``)."""
+    fits: bool
+    """Whether ``peak_bytes`` is at most ``capacity_bytes``."""
+    capacity_bytes: int
+    """The device's memory: its datasheet's figure in GB, read as 10^9 bytes."""
+    peak_bytes: int
+    """The step's peak (`MemoryReport.peak_bytes`)."""
+    headroom_bytes: int
+    """``capacity_bytes - peak_bytes``; negative when the step does not fit."""
+    source: str
+    """The datasheet the capacity comes from."""
+
+
 class MemoryReport(Record):
     """The memory of one step of a model: its peak, what holds it, and its timeline.
 
@@ -108,3 +126,40 @@ class MemoryReport(Record):
     """Every module, in ``named_modules()`` order."""
     timeline: list[MemoryPoint]
     """The live bytes after every op of the step, in order."""
+
+    def to_pandas(self, rows: Literal["timeline", "modules"] = "timeline") -> Any:
+        """The timeline (one row per op: index, op, module, phase, the live bytes of each kind
+        and their total) or the modules (one row each, the fields of `ModuleMemory`) as a
+        pandas DataFrame (needs ``pip install 'exportflops[pandas]'``), bytes as integers."""
+        from ..render.memory import memory_frame
+
+        return memory_frame(self, rows)
+
+    def fits(self, device: str) -> DeviceFit:
+        """Whether the peak fits the memory of ``device``, a key of the device table
+        (exportflops/roofline/devices.py); an unknown key is an `UnknownDeviceError` naming the
+        keys. Only tensor storage is counted (docs/memory.md: not the CUDA context, the
+        allocator's reserve or kernels' workspaces), so a step that fits by a few hundred MB
+        may still run out of memory."""
+        # Imported here: records import no torch, and the device table does.
+        from ..roofline.devices import device_row
+
+        row = device_row(device)
+        if row.memory_bytes is None:
+            raise UnknownDeviceError(
+                f"The device table's {device} row covers boards with different memory; "
+                f"compare peak_bytes ({self.peak_bytes}) with your board's "
+                f"torch.cuda.get_device_properties(0).total_memory.")
+        return DeviceFit(device=device, fits=self.peak_bytes <= row.memory_bytes,
+                         capacity_bytes=row.memory_bytes, peak_bytes=self.peak_bytes,
+                         headroom_bytes=row.memory_bytes - self.peak_bytes, source=row.source)
+
+
+class MemoryOnDevice(Record):
+    """A step's memory and whether it fits a device: what ``exportflops MODEL --memory
+    --device-model KEY`` writes as JSON."""
+
+    memory: MemoryReport
+    """The step's memory."""
+    fit: DeviceFit
+    """``memory.fits(KEY)``."""

@@ -63,6 +63,13 @@ class Device:
     """Dense peak in TFLOP/s per dtype key of `DTYPES`; a dtype absent here has no peak."""
     bandwidth_gb_s: float
     """Peak memory bandwidth in GB/s (10^9 bytes per second), as the datasheet prints it."""
+    memory_gb: float | None
+    """The board's memory as the datasheet prints it ("GPU Memory 80GB"), read as 10^9 bytes:
+    NVIDIA does not say which GB it means, and the decimal reading never overstates (a board
+    holds at least that many bytes; ``torch.cuda.get_device_properties(i).total_memory`` is
+    one board's exact figure: 42,405,855,232 bytes for an A100 40GB, as CUDA's deviceQuery prints
+    it). Checked 2026-12-01 against public copies of each datasheet's table. None where one row
+    covers boards of different memory."""
     source: str
     """Datasheet the figures come from: its name and URL."""
     dated: str
@@ -71,6 +78,10 @@ class Device:
     @property
     def bandwidth_bytes_per_s(self) -> float:
         return self.bandwidth_gb_s * 1e9
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory_gb is None else int(self.memory_gb * 1e9)
 
 
 #: The four A100 boards share the datasheet's peaks and differ in memory bandwidth.
@@ -103,6 +114,7 @@ DEVICES: tuple[Device, ...] = (
         names=name,
         dense_tflops=_A100_DENSE,
         bandwidth_gb_s=bandwidth,  # "GPU Memory Bandwidth", per board
+        memory_gb=gb,  # "GPU Memory 40GB HBM2 | 80GB HBM2e", per board
         source=_A100_SOURCE,
         dated=_A100_DATED,
     ) for board, gb, name, bandwidth in (
@@ -123,6 +135,7 @@ DEVICES: tuple[Device, ...] = (
             "float8": sparse_to_dense(3958),  # printed "3,958 teraFLOPS*"
         },
         bandwidth_gb_s=3350,  # "GPU memory bandwidth 3.35TB/s"
+        memory_gb=80,  # "GPU memory 80GB"
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 SXM column (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/h100/",
         dated=_CHECKED,
@@ -139,6 +152,7 @@ DEVICES: tuple[Device, ...] = (
             "float8": sparse_to_dense(3026),  # printed "3,026 teraFLOPS*"
         },
         bandwidth_gb_s=2000,  # "GPU memory bandwidth 2TB/s"
+        memory_gb=80,  # "GPU memory 80GB"
         source="NVIDIA H100 Tensor Core GPU datasheet, H100 PCIe column (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/h100/",
         dated=_CHECKED,
@@ -157,6 +171,7 @@ DEVICES: tuple[Device, ...] = (
             "float8": sparse_to_dense(3958),  # printed "3,958 TFLOPS*"
         },
         bandwidth_gb_s=4800,  # "GPU memory bandwidth 4.8TB/s"
+        memory_gb=141,  # "GPU memory 141GB"
         source="NVIDIA H200 Tensor Core GPU datasheet, H200 SXM column (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/h200/",
         dated=_CHECKED,
@@ -172,6 +187,7 @@ DEVICES: tuple[Device, ...] = (
             "float8": sparse_to_dense(485),  # printed "485 teraFLOPS*"
         },
         bandwidth_gb_s=300,  # "GPU memory bandwidth 300GB/s"
+        memory_gb=24,  # "GPU memory 24GB"
         source="NVIDIA L4 Tensor Core GPU datasheet (* shown with sparsity), "
                "https://www.nvidia.com/en-us/data-center/l4/",
         dated=_CHECKED,
@@ -189,6 +205,7 @@ DEVICES: tuple[Device, ...] = (
             "float8": 733,  # printed "733 | 1,466*"
         },
         bandwidth_gb_s=864,  # "GPU memory bandwidth 864GB/s"
+        memory_gb=48,  # "GPU memory 48GB GDDR6 with ECC"
         source="NVIDIA L40S GPU datasheet (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/l40s/",
         dated=_CHECKED,
@@ -203,6 +220,7 @@ DEVICES: tuple[Device, ...] = (
             "float16": 125,
         },
         bandwidth_gb_s=600,  # "GPU memory bandwidth 600GB/s"
+        memory_gb=24,  # "GPU memory 24GB GDDR6"
         source="NVIDIA A10 Tensor Core GPU datasheet (* with sparsity), "
                "https://www.nvidia.com/en-us/data-center/products/a10-gpu/",
         dated=_CHECKED,
@@ -213,6 +231,7 @@ DEVICES: tuple[Device, ...] = (
         names=r"Tesla V100-SXM2-(16|32)GB",
         dense_tflops={"float64": 7.8, "float32": 15.7, "float16": 125},  # "Tensor Performance"
         bandwidth_gb_s=900,  # "Memory Bandwidth 900GB/sec"
+        memory_gb=None,  # the row covers both boards: "GPU Memory 32/16 GB HBM2"
         source="NVIDIA Tesla V100 GPU datasheet, V100 SXM2 column, "
                "https://www.nvidia.com/en-us/data-center/v100/",
         dated=_CHECKED,
@@ -222,6 +241,7 @@ DEVICES: tuple[Device, ...] = (
         names=r"Tesla T4",
         dense_tflops={"float32": 8.1, "float16": 65},  # "Mixed Precision (FP16/FP32)"
         bandwidth_gb_s=320,  # printed "320+ GB/sec": the floor of the figure
+        memory_gb=16,  # "GPU memory 16 GB GDDR6"
         source="NVIDIA T4 Tensor Core GPU datasheet, "
                "https://www.nvidia.com/en-us/data-center/tesla-t4/",
         dated=_CHECKED,

@@ -74,6 +74,29 @@ def llama() -> tuple[nn.Module, tuple, dict]:
     return LlamaForCausalLM(config), (), {"input_ids": ids, "labels": ids}
 
 
+# A 2-layer Mixtral (transformers), the Llama's attention, 4 experts of MLP 128, top-2 routing;
+# transformers' default grouped_mm experts (their weights fused: gate_up_proj, down_proj).
+_E = 4
+_MIXTRAL_LAYER = (_H * _H + 2 * _H * _KV + _H * _H  # q, k+v, o
+                  + _H * _E                         # the router (mlp.gate), no bias
+                  + _E * 2 * _I * _H + _E * _H * _I  # the experts' gate_up_proj, down_proj
+                  + 2 * _H)                         # norms
+MIXTRAL_PARAMS = _V * _H + 2 * _MIXTRAL_LAYER + _H + _H * _V
+MIXTRAL_TENSORS = 1 + 2 * 9 + 1 + 1
+
+
+def mixtral() -> tuple[nn.Module, tuple, dict]:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    config = MixtralConfig(vocab_size=_V, hidden_size=_H, intermediate_size=_I,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           num_local_experts=_E, num_experts_per_tok=2,
+                           max_position_embeddings=128)
+    ids = torch.randint(0, _V, (2, 32))
+    return MixtralForCausalLM(config), (), {"input_ids": ids, "labels": ids}
+
+
 class BasicBlock(nn.Module):
     """ResNet's basic block (He et al. 2015, fig. 2): two 3x3 conv-BN, the identity added."""
 
@@ -151,6 +174,7 @@ def checkpointed(reentrant: bool) -> Callable[[], tuple[nn.Module, tuple, dict]]
 CASES = {
     "gpt2-shaped": Case(gpt, summed, GPT_PARAMS, GPT_TENSORS),
     "llama-4-layers": Case(llama, hf_loss, LLAMA_PARAMS, LLAMA_TENSORS),
+    "mixtral-2-layers": Case(mixtral, hf_loss, MIXTRAL_PARAMS, MIXTRAL_TENSORS),
     "resnet-shaped-batchnorm": Case(resnet, summed, RESNET_PARAMS, RESNET_TENSORS),
     "checkpointed-mlp": Case(checkpointed(reentrant=False), summed, CHECKPOINTED_PARAMS,
                              CHECKPOINTED_TENSORS),

@@ -115,6 +115,27 @@ def test_each_bandwidth_matches_its_datasheet(key, printed, gb_s):
     assert ROWS[key].bandwidth_bytes_per_s == gb_s * 1e9
 
 
+# Memory as each datasheet prints it ("GPU Memory"), in GB; None: the row covers boards of two
+# sizes (V100 SXM2 "32/16 GB HBM2").
+MEMORY = [
+    ("a100-sxm-40gb", "40GB HBM2", 40), ("a100-sxm-80gb", "80GB HBM2e", 80),
+    ("a100-pcie-40gb", "40GB HBM2", 40), ("a100-pcie-80gb", "80GB HBM2e", 80),
+    ("h100-sxm", "80GB", 80), ("h100-pcie", "80GB", 80), ("h200-sxm", "141GB", 141),
+    ("l4", "24GB", 24), ("l40s", "48GB GDDR6 with ECC", 48), ("a10", "24GB GDDR6", 24),
+    ("v100-sxm2", "32/16 GB HBM2", None), ("t4", "16 GB GDDR6", 16),
+]
+
+
+@pytest.mark.parametrize(("key", "printed", "gb"), MEMORY, ids=[m[0] for m in MEMORY])
+def test_each_memory_matches_its_datasheet_read_as_decimal_gb(key, printed, gb):
+    assert ROWS[key].memory_gb == gb, printed
+    assert ROWS[key].memory_bytes == (None if gb is None else gb * 10**9)
+
+
+def test_every_row_has_its_memory_transcribed():
+    assert set(ROWS) == {key for key, _, _ in MEMORY}
+
+
 def test_every_row_has_its_bandwidth_transcribed_and_is_dated():
     assert set(ROWS) == {key for key, _, _ in BANDWIDTH}
     assert all(device.dated for device in DEVICES)

@@ -1,0 +1,64 @@
+"""``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
+``--optimizer``, and with ``--device-model KEY`` whether its peak fits that device's memory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import UsageError
+from .targets import build_target, device_named, hf_options
+
+#: What --memory does not combine with: the flags of other analyses, by their dest.
+_OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens", "tp", "fsdp",
+                   "pp", "ep", "cp", "trace", "split_backward")
+
+
+def check_memory(ns: argparse.Namespace) -> None:
+    """--memory and --optimizer: refused where they cannot apply, before the model is built."""
+    if ns.optimizer is not None and not (ns.memory and ns.mode == "train"):
+        raise UsageError("--optimizer picks the optimizer of --memory --mode train's step.")
+    if not ns.memory:
+        return
+    others = [name for name in _OTHER_ANALYSES if getattr(ns, name) not in (None, False, [], {})]
+    if (others or ns.model.endswith(".pt2") or ns.view
+            or ns.format not in ("table", "md", "json")):
+        raise UsageError("--memory prints one step's memory of a model built here as a table, "
+                         "Markdown or JSON (--depth for the module tree): not a saved .pt2, "
+                         "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
+                         "--budget, --generate, --seqlens, --split-backward or a parallel "
+                         "split.")
+    if ns.device_model is not None:
+        from ..roofline.devices import DEVICES
+
+        sized = [d.key for d in DEVICES if d.memory_bytes is not None]
+        if ns.device_model not in sized:
+            raise UsageError(f"--memory --device-model {ns.device_model!r}: the device table "
+                             f"knows the memory of {', '.join(sized)}.")
+
+
+def analyze_memory(ns: argparse.Namespace):
+    """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
+    from .. import memory
+    from ..records.memory import MemoryOnDevice
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+    if ns.device_model is None:
+        return report, lambda record, style: _memory_text(record, style, ns.depth)
+    return (MemoryOnDevice(memory=report, fit=report.fits(ns.device_model)),
+            lambda record, style: _on_device_text(record, style, ns.depth))
+
+
+def _memory_text(report, style, depth: int) -> str:
+    from ..render.memory import memory_view
+
+    return memory_view(report, style, max_depth=depth if depth >= 0 else sys.maxsize) + "\n"
+
+
+def _on_device_text(record, style, depth: int) -> str:
+    from ..render.memory import fit_view
+
+    return _memory_text(record.memory, style, depth) + "\n" + fit_view(record.fit, style) + "\n"

@@ -1,0 +1,76 @@
+"""``--memory``: one step's memory through `exportflops.cli.main`, derived by hand for the
+factory ``cli_models:mlp``: Linear(4, 8), ReLU, Linear(8, 2) on a (3, 4) float32 input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from exportflops.cli import main
+
+FP32 = 4
+PARAMS = (4 * 8 + 8 + 8 * 2 + 2) * FP32  # 232 B
+# A forward's peak at the ReLU: the parameters, the input (3x4), the first Linear's output (3x8)
+# it reads and its own (3x8), as tests/footprint/test_memory.py derives it.
+FORWARD_PEAK = PARAMS + (3 * 4 + 3 * 8 + 3 * 8) * FP32  # 472 B
+
+
+def _memory(models, capsys, *flags: str) -> tuple[int, str, str]:
+    code = main([f"{models / 'cli_models.py'}:mlp", "--memory", *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_the_table_names_the_peak_the_kinds_and_each_module(models, capsys):
+    code, out, err = _memory(models, capsys)
+    assert code == 0, err
+    assert out.splitlines()[0] == ("Memory of Sequential: forward under no_grad; peak 472 B in "
+                                   "the forward at aten.relu.default #2 in 1; storage bytes")
+    assert "\nparameters " in out and "\n  0 " in out and "\n  2 " in out
+
+
+def test_json_is_the_memory_report_with_the_hand_peak(models, capsys):
+    code, out, err = _memory(models, capsys, "--format", "json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["peak_bytes"], record["by_kind"]["parameters"]) == (FORWARD_PEAK, PARAMS)
+
+
+@pytest.mark.parametrize("optimizer, states", [
+    ("adamw", 2 * PARAMS + 4 * FP32),  # two moments per parameter, a 0-dim `step` per tensor
+    ("sgd", 0),                        # no momentum: no buffer
+], ids=["adamw", "sgd"])
+def test_a_training_step_keeps_the_optimizers_states(models, capsys, optimizer, states):
+    code, out, err = _memory(models, capsys, "--mode", "train", "--optimizer", optimizer,
+                             "--format", "json")
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["optimizer"], record["max_by_kind"]["optimizer"]) == (optimizer, states)
+    assert record["max_by_kind"]["gradients"] == PARAMS
+
+
+def test_a_device_model_says_whether_it_fits_and_by_how_much(models, capsys):
+    code, out, err = _memory(models, capsys, "--device-model", "t4")
+    assert code == 0, err
+    assert out.rstrip().splitlines()[-1].startswith("Fits t4: peak 472 B of 16.00 GB")
+    code, out, err = _memory(models, capsys, "--device-model", "t4", "--format", "json")
+    fit = json.loads(out)["fit"]
+    # the T4 datasheet's "16 GB GDDR6" as 10^9 bytes, less the hand peak
+    assert (fit["fits"], fit["headroom_bytes"]) == (True, 16 * 10**9 - FORWARD_PEAK)
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--device-model", "v100-sxm2"), "the device table knows the memory of a100-sxm-40gb"),
+    (("--device-model", "cpu"), "--memory --device-model 'cpu'"),
+    (("--format", "csv"), "--memory prints one step's memory"),
+    (("--profile", "--device", "cpu"), "not with --view, and not with --profile"),
+], ids=["a-row-of-two-boards", "cpu", "csv", "profile"])
+def test_what_memory_cannot_combine_with_is_a_usage_error(models, capsys, flags, words):
+    code, _, err = _memory(models, capsys, *flags)
+    assert code == 2 and words in err
+
+
+def test_an_optimizer_without_a_training_step_is_refused(models, capsys):
+    code, _, err = _memory(models, capsys, "--optimizer", "sgd")
+    assert code == 2 and "--optimizer picks the optimizer of --memory --mode train" in err
