@@ -7,8 +7,8 @@ interpreter start per line), a ``python -m ...`` line in a fresh interpreter. Ea
 
 Markers, an HTML comment on the line(s) right above a fence (GitHub shows none of them):
 
-- ``<!-- continues -->``: the block runs after the page's previous Python block (and what that one
-  continues), so a page can build its example once and use it in the blocks below.
+- ``<!-- continues -->``: the block runs after the page's previous Python block that is not
+  skipped (and what that one continues), so a page builds its example once for the blocks below.
 - ``<!-- skip: reason -->``: the block is not run; the reason is printed (a block that needs CUDA,
   a multi-GPU ``torchrun`` or the whole test suite).
 - ``<!-- run-with: OLD => NEW -->``: the block runs with the text OLD replaced by NEW (a smaller
@@ -111,7 +111,8 @@ def program(block: Block) -> str:
         code = code.replace(old.strip(), new.strip())
     if "continues" not in block.markers:
         return code
-    earlier = [b for b in PYTHON if b.page == block.page and b.line < block.line]
+    earlier = [b for b in PYTHON if b.page == block.page and b.line < block.line
+               and "skip" not in b.markers]
     assert earlier, f"{block.id} is marked <!-- continues --> but no Python block is above it"
     return program(earlier[-1]) + code
 
