@@ -12,12 +12,13 @@ Markers, an HTML comment on the line(s) right above a fence (GitHub shows none o
 - ``<!-- skip: reason -->``: the block is not run; the reason is printed (a block that needs CUDA,
   a multi-GPU ``torchrun`` or the whole test suite).
 - ``<!-- run-with: OLD => NEW -->``: the block runs with the text OLD replaced by NEW (a smaller
-  size for a long example); OLD must occur in the block.
+  size for a long example); in a Python block OLD must occur, in a shell block it applies to the
+  lines holding it.
 - ``<!-- placeholder: WORD -->`` (shell): a line naming WORD (the reader's own file or module,
   such as ``mypkg.models:build``) is not run.
 
-A shell line that starts with ``pip install`` is the README's setup, which CI runs itself
-(``.ci/run``): it is skipped with that reason. Any other command fails the test until a marker
+A shell line that starts with ``pip install`` is setup, which CI runs itself (``.ci/run``): it is
+skipped with that reason. Any other command fails the test until a marker
 says why it is not run. The README's quickstart is run by tests/test_readme.py, against the output
 the README prints; it is skipped here so that it runs once. The last test prints how many blocks
 and command lines ran and how many were skipped.
@@ -40,7 +41,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(\w*)\s*$")
 MARKER = re.compile(r"^<!--\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->$")
 SHELLS = {"bash", "sh", "shell"}
-PIP_SKIP = "pip install: the README's setup commands, which CI runs itself (.ci/run)"
+PIP_SKIP = "pip install: setup, which CI runs itself (.ci/run installs the package and its extras)"
 QUICKSTART_SKIP = "the README's quickstart: tests/test_readme.py runs it against its printed output"
 TIMEOUT_S = 180
 
@@ -166,12 +167,21 @@ def skip_reason(command: Command) -> str | None:
     return None
 
 
+def shell_line(command: Command) -> str:
+    """The line with its block's run-with replacements that occur in it."""
+    text = command.text
+    for change in command.block.markers.get("run-with", []):
+        old, _, new = change.partition("=>")
+        text = text.replace(old.strip(), new.strip())
+    return text
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c.id)
 def test_shell_line_runs(command, tmp_path, monkeypatch, capsys):
     reason = skip_reason(command)
     if reason:
         pytest.skip(reason)
-    words = shlex.split(command.text, comments=True)
+    words = shlex.split(shell_line(command), comments=True)
     monkeypatch.chdir(tmp_path)  # --output and --trace files land there
     if words[0] == "exportflops":
         from exportflops.cli import main
