@@ -43,7 +43,7 @@ MARKER = re.compile(r"^<!--\s*([\w-]+)\s*(?::\s*(.*?))?\s*-->$")
 SHELLS = {"bash", "sh", "shell"}
 PIP_SKIP = "pip install: setup, which CI runs itself (.ci/run installs the package and its extras)"
 QUICKSTART_SKIP = "the README's quickstart: tests/test_readme.py runs it against its printed output"
-TIMEOUT_S = 180
+TIMEOUT_S = 300
 
 
 @dataclass
