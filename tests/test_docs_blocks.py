@@ -93,7 +93,7 @@ def page_line(lines: list[str], fence: int) -> str:
 
 
 ALL = [block for page in PAGES for block in blocks_of(page)]
-PYTHON = [block for block in ALL if block.lang == "python"]
+PYTHON = [block for block in ALL if block.lang in ("python", "py")]
 SHELL = [block for block in ALL if block.lang in SHELLS]
 
 
