@@ -202,7 +202,9 @@ def test_zz_counts_of_blocks_run_and_skipped(request):
     summary = (f"docs blocks: {len(PYTHON) - skipped_python} Python blocks run, "
                f"{skipped_python} skipped; {len(COMMANDS) - skipped_lines} shell lines run, "
                f"{skipped_lines} skipped (of {len(SHELL)} shell blocks)")
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(summary)
+    plugins = request.config.pluginmanager
+    reporter, capture = plugins.get_plugin("terminalreporter"), plugins.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # shown under -q too, not only with -s
+            reporter.write_line(summary)
     assert PYTHON and COMMANDS, summary
