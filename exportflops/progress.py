@@ -17,8 +17,9 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-STAGES = ("build", "export", "count", "backward", "warmup", "timing")
-"""The stages in order; ``build`` is the command's (building the model it names)."""
+STAGES = ("imports", "build", "export", "count", "backward", "warmup", "timing", "render")
+"""The stages in order; ``imports`` (transformers, for an ``hf:`` model), ``build`` and ``render``
+are the command's."""
 
 _active: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("progress", default=None)
 
