@@ -9,7 +9,9 @@ the forward node. Which tensors need gradients follows the graph: parameters wit
 ``requires_grad`` (a frozen parameter needs none), inputs the user marked ``requires_grad``, and
 what autograd computes from them (replaying each op says which outputs it tracks: none for
 ``detach``, comparisons, ``argmax``, ``zeros_like``). Gradients flow from every floating output
-the model returns, as ``loss.backward()`` of a loss computed from all of them.
+the model returns, as ``loss.backward()`` of a loss computed from all of them. An op reading a
+tensor written in place through a view since (``key[..., :n] = k_nope``) reads the write's
+result, as autograd's ``CopySlices`` has it (`graph.writes`).
 
 Flex attention's backward is the ``flex_attention_backward`` call its autograd makes, built
 from the forward call (a higher-order op's replay records nothing of its own), and its
