@@ -12,11 +12,11 @@ from __future__ import annotations
 import pytest
 
 from exportflops.cli import main
-from exportflops.parallel.pipeline_layout import stage_rank_counter
+from exportflops.parallel.pipeline.ranks import stage_rank_counter
 from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel import Layout
-from exportflops.parallel.pipeline_mesh import on_mesh, rank_report
+from exportflops.parallel.pipeline.mesh import on_mesh, rank_report
 from exportflops.records.pipeline import PipelineReport
 
 F32 = 4  # bytes per float32 element

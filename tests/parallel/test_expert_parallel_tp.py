@@ -1,5 +1,5 @@
 """Expert parallelism over the tensor-parallel ranks (``--ep N --tp N``, and inside FSDP2 ``--ep
-E --tp T --fsdp F``, `exportflops.parallel.experts_tp`): torchtitan's layout with sequence
+E --tp T --fsdp F``, `exportflops.parallel.experts.tp`): torchtitan's layout with sequence
 parallelism off (torchtitan/models/common/MOE_SHARDING.md, "EP on, SP off"), each tp rank
 routing 1/tp of the batch's tokens, the rest by the model's own plan. Checked on transformers'
 Mixtral (its default config: hidden 4096, expert FFN 14336, 8 experts, top 2, 32 heads of 128,
@@ -185,7 +185,7 @@ def test_a_token_count_the_ranks_cannot_share_is_refused(capsys):
 
 
 def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
-    from exportflops.parallel.experts import expert_parallel
+    from exportflops.parallel.experts.analysis import expert_parallel
 
     report = _split([*MIXTRAL, "--ep", "2"])[0]
     sizes = dict(top_k=TOP_K, num_experts=EXPERTS, hidden=HIDDEN, tokens=SEQ,
@@ -219,7 +219,7 @@ class _Unrouted(torch.nn.Module):
 def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, message):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from exportflops.parallel.experts_tp import route_token_shares
+    from exportflops.parallel.experts.tp import route_token_shares
     from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):
@@ -287,7 +287,7 @@ def test_inside_fsdp_over_tp_4_the_experts_group_spans_4_ranks_and_the_blocks_2(
 
 
 def test_fsdp_collectives_take_tp_and_its_layout_together():
-    from exportflops.parallel.experts_fsdp import fsdp_collectives
+    from exportflops.parallel.experts.fsdp import fsdp_collectives
 
     model = torch.nn.Sequential(_Unrouted())
     with pytest.raises(InputError, match="go together"):

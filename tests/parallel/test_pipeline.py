@@ -21,7 +21,7 @@ from exportflops.cli import main
 from exportflops.errors import InputError
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
-from exportflops.parallel.schedules import pipeline_order, timeline
+from exportflops.parallel.pipeline.schedules import pipeline_order, timeline
 from exportflops.records.pipeline import PipelineReport
 from exportflops.render.pipeline import pipeline_view
 

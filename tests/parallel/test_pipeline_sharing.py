@@ -13,7 +13,7 @@ import exportflops
 from exportflops.capture.pipeline_split import split_stages
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
-from exportflops.parallel.pipeline_mesh import llama_stages
+from exportflops.parallel.pipeline.mesh import llama_stages
 
 SMALL = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
                     ffn_dim=128, max_seq_len=64)

@@ -1,6 +1,6 @@
 """A Hugging Face decoder's pipeline stages on a tensor-parallel mesh: one rank of the whole
 model counted once and cut into the stages torch's split makes
-(`exportflops.parallel.pipeline_slices`). The cut is checked against torch's split itself (two
+(`exportflops.parallel.pipeline.slices`). The cut is checked against torch's split itself (two
 independent ways to the same per-stage counts), and the composed command by hand."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import exportflops
 from exportflops.cli import main
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.capture.pipeline_split import split_stages
-from exportflops.parallel.pipeline_slices import held_parameters, node_stages, stage_report
+from exportflops.parallel.pipeline.slices import held_parameters, node_stages, stage_report
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")

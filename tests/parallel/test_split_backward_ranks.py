@@ -222,7 +222,7 @@ def test_a_parameter_used_twice_is_refused_as_on_one_device(split):
 
 
 def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_reductions():
-    from exportflops.parallel.pipeline_layout import stage_rank_counter
+    from exportflops.parallel.pipeline.ranks import stage_rank_counter
     from exportflops.examples.llama import LlamaConfig, llama
     from exportflops.parallel.pipeline import analyze_pipeline
 

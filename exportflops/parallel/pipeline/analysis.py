@@ -1,6 +1,6 @@
 """Pipeline parallelism: a model split into stages as torch.distributed.pipelining splits it,
 each stage counted on one microbatch, its sends and receives, and one step's timeline under a
-schedule of torch's (`exportflops.parallel.schedules`).
+schedule of torch's (`exportflops.parallel.pipeline.schedules`).
 
 How a stage is counted: its module (a ``GraphModule`` torch's ``pipeline()`` cut at the split
 points, or one the caller built) goes through `exportflops.analyze` on the tensors it receives,
@@ -18,12 +18,12 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from ..api import analyze
-from ..capture.blocks import call_key
-from ..capture.pipeline_split import Stage, as_received, split_stages
-from ..errors import InputError
-from ..records import Collective, Report, TensorSpec
-from ..records.pipeline import PipelineReport, PipelineStage
+from ...api import analyze
+from ...capture.blocks import call_key
+from ...capture.pipeline_split import Stage, as_received, split_stages
+from ...errors import InputError
+from ...records import Collective, Report, TensorSpec
+from ...records.pipeline import PipelineReport, PipelineStage
 from .schedules import SCHEDULES, pipeline_order, timeline, with_step_actions
 
 #: Predicted times with this device when none is named (the roofline's table key).
@@ -68,7 +68,7 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     roofline's device for each action's time, or None for one unit per action.
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
     another way than ``analyze(stage.module, ...)``
-    (`exportflops.parallel.pipeline_layout.stage_rank_counter` counts one tensor-parallel/FSDP
+    (`exportflops.parallel.pipeline.ranks.stage_rank_counter` counts one tensor-parallel/FSDP
     rank of it; `analyze_pipeline_ranks` takes a `Layout` and passes it); its collectives stay
     in the stage's report.
     Under a schedule splitting the backward its reports are counted with ``split_backward``
@@ -341,7 +341,7 @@ def _times(report: Report, device: str | None, two_passes: bool,
     if device is None:  # a whole backward is its two passes where the schedule splits it
         units = {"F": 1.0, "B": (2.0 if two_passes else 1.0) if train else 0.0}
         return {**units, "I": 1.0, "W": 1.0} if two_passes else units
-    from ..roofline import roofline
+    from ...roofline import roofline
 
     action = {node.name: "F" if node.phase == "forward" else
               {"input": "I", "weight": "W"}.get(node.gradient, "B") for node in report.nodes}
@@ -419,9 +419,9 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
     receives: forward (``F``) and backward (``B``), with ``two_passes`` its input and weight
     passes (``I``, ``W``) too, and with ``whole_too`` its whole backward ``B`` timed as well
     (else the two passes')."""
-    from ..capture.placement import check_runnable, device_label
-    from ..runtime.call_times import call_seconds
-    from ..runtime.measure import check_iterations
+    from ...capture.placement import check_runnable, device_label
+    from ...runtime.call_times import call_seconds
+    from ...runtime.measure import check_iterations
 
     check_iterations(warmup, repeat, "analyze_pipeline(measure=True)")
     home = check_runnable(model if model is not None else split[0].module,

@@ -1,0 +1,10 @@
+"""Pipeline parallelism: ``analysis`` splits a model into stages as torch.distributed.pipelining
+does and counts each (`analyze_pipeline`), ``schedules`` holds torch's schedule orders and the
+step's timeline, ``mesh`` a pipeline on the (pp, fsdp, tp) mesh (a stage's rank standing for its
+group, the built-in Llama's stages), ``slices`` a whole model's rank cut into the stages, and
+``ranks`` the pipeline composed with tp and fsdp on a `Layout` (what `analyze_ranks` calls).
+"""
+
+from .analysis import analyze_pipeline, layer_split_points
+
+__all__ = ["analyze_pipeline", "layer_split_points"]
