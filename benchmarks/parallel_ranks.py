@@ -24,7 +24,7 @@ import argparse
 
 from exportflops.parallel.pipeline.ranks import stage_rank_counter
 from exportflops.examples.llama import LlamaConfig, llama
-from exportflops.parallel.pipeline import analyze_pipeline
+from exportflops.parallel.pipeline.analysis import count_pipeline
 from exportflops.parallel.pipeline.mesh import llama_stages, on_mesh
 from timing import median_seconds
 
@@ -45,9 +45,9 @@ def _counter():
 
 def all_ranks():
     model, args = _build("meta")
-    analysis = analyze_pipeline(model, args, stages=llama_stages(model, args[0], PP),
-                                schedule="1f1b", microbatches=8, share_alike=True,
-                                mode="train", count_stage=_counter())
+    analysis = count_pipeline(model, args, stages=llama_stages(model, args[0], PP),
+                              schedule="1f1b", microbatches=8, share_alike=True,
+                              mode="train", count_stage=_counter())
     return on_mesh(analysis, FSDP, TP)
 
 

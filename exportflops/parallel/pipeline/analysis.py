@@ -35,7 +35,8 @@ ACTIVE_STAGES = 3
 
 
 class PipelineAnalysis(NamedTuple):
-    """`analyze_pipeline`'s result: the step's record, and each stage's full report."""
+    """`analyze_pipeline`'s result (and `count_pipeline`'s): the step's record, and each stage's
+    full report."""
 
     record: PipelineReport
     stage_reports: list[Report]
@@ -43,21 +44,22 @@ class PipelineAnalysis(NamedTuple):
     ``collectives`` its sends and receives (the collectives view lists them)."""
 
 
-def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
-                     *, stages: int | Sequence[str] | Sequence[torch.nn.Module],
-                     schedule: str = "1f1b", microbatches: int | None = None,
-                     stages_per_rank: int | None = None,
-                     mode: Literal["forward", "train"] = "train",
-                     device: str | None = DEFAULT_DEVICE,
-                     link_bytes_per_s: float | None = None, strict: bool = False,
-                     count_stage: Callable[[int, int, Stage], Report] | None = None,
-                     count_whole: Callable[[int, int, Stage], Report] | None = None,
-                     measure: bool = False, warmup: int = 3, repeat: int = 10,
-                     share_alike: bool | None = None,
-                     ) -> PipelineAnalysis:
-    """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
-    **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
-    ``schedule`` (a key of `SCHEDULES`).
+def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
+                   *, stages: int | Sequence[str] | Sequence[torch.nn.Module],
+                   schedule: str = "1f1b", microbatches: int | None = None,
+                   stages_per_rank: int | None = None,
+                   mode: Literal["forward", "train"] = "train",
+                   device: str | None = DEFAULT_DEVICE,
+                   link_bytes_per_s: float | None = None, strict: bool = False,
+                   count_stage: Callable[[int, int, Stage], Report] | None = None,
+                   count_whole: Callable[[int, int, Stage], Report] | None = None,
+                   measure: bool = False, warmup: int = 3, repeat: int = 10,
+                   share_alike: bool | None = None,
+                   ) -> PipelineAnalysis:
+    """The engine of `exportflops.parallel.pipeline.analyze_pipeline` (the public call, which
+    takes a `Layout` for stages on tp/fsdp ranks): split ``model`` into pipeline stages, count
+    each on one microbatch ``model(*args, **kwargs)``, and lay out one step of ``microbatches``
+    (default: as many as ranks) under ``schedule`` (a key of `SCHEDULES`).
 
     ``stages``: a count (the model's layers split evenly, `layer_split_points`), the module
     paths to split before (torch's ``SplitPoint.BEGINNING``), the stage modules themselves
@@ -67,10 +69,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
-    another way than ``analyze(stage.module, ...)``
-    (`exportflops.parallel.pipeline.ranks.stage_rank_counter` counts one tensor-parallel/FSDP
-    rank of it; `analyze_pipeline_ranks` takes a `Layout` and passes it); its collectives stay
-    in the stage's report.
+    another way than ``analyze(stage.module, ...)`` (`analyze_pipeline_ranks` passes one that
+    counts a tensor-parallel/FSDP2 rank of it); its collectives stay in the stage's report.
     Under a schedule splitting the backward its reports are counted with ``split_backward``
     (but stage 0's, which torch runs whole), and ``count_whole``, taking the same arguments,
     counts a stage with its backward whole for the whole backwards DualPipeV also runs
@@ -84,8 +84,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     """
     if measure and (count_stage is not None or device not in (None, DEFAULT_DEVICE)):
         raise InputError("measure=True times each stage where the model runs: it takes no "
-                         "roofline device and no count_stage (stages counted on fake ranks "
-                         "have nothing to run)")
+                         "roofline device and no layout of tp or fsdp ranks (stages counted "
+                         "on fake ranks have nothing to run)")
     split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
     v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)

@@ -27,9 +27,50 @@ from ...examples.llama import Llama
 from ...records import Report
 from ..layout import Layout
 from ..per_rank import Builder, built_model, rank_of
-from .analysis import DEFAULT_DEVICE, PipelineAnalysis, analyze_pipeline, layer_split_points
+from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
 from .mesh import llama_stages, on_mesh
 from .schedules import SCHEDULES
+
+
+def analyze_pipeline(model: torch.nn.Module | Builder | None, args: Any = (),
+                     kwargs: dict | None = None, *, stages: Any = None,
+                     layout: Layout | None = None, schedule: str = "1f1b",
+                     microbatches: int | None = None, stages_per_rank: int | None = None,
+                     mode: str = "train", device: str | None = DEFAULT_DEVICE,
+                     link_bytes_per_s: float | None = None, strict: bool = False,
+                     measure: bool = False, warmup: int = 3, repeat: int = 10,
+                     ) -> PipelineAnalysis:
+    """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
+    **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
+    ``schedule`` (a key of `SCHEDULES`).
+
+    Either ``stages``, the split yourself, every stage on one rank: a count (the model's layers
+    split evenly, `layer_split_points`), the module paths to split before (torch's
+    ``SplitPoint.BEGINNING``), the stage modules themselves (``model`` None; each takes what
+    the one before returns), or `Stage`s with what each receives (`llama_stages`), with
+    ``stages_per_rank`` ``v`` for the looped schedules (default 2, stage s on rank
+    s % (stages / v)); or ``layout``, a `Layout` of ``pp`` pipeline ranks whose stages each
+    run on ``fsdp x tp`` ranks (`analyze_pipeline_ranks`; ``model`` may then be a function
+    ``device -> (model, args, kwargs)``). A stage whose call is alike an earlier one's is
+    counted once (`PipelineStage.counted_as`). ``device``: the roofline's device for each
+    action's time, or None for one unit per action. ``measure``: each action's time is measured
+    instead, each stage run for real where the model and inputs are (cpu or cuda) on what it
+    receives, median of ``repeat`` runs after ``warmup`` (`exportflops.runtime.call_times`).
+    """
+    timing = dict(schedule=schedule, microbatches=microbatches, mode=mode, device=device,
+                  link_bytes_per_s=link_bytes_per_s, strict=strict, measure=measure,
+                  warmup=warmup, repeat=repeat)
+    if layout is None:
+        if stages is None:
+            raise InputError("analyze_pipeline needs stages= (a count, split points, stage "
+                             "modules or Stages) or layout= (a Layout whose pp is the ranks)")
+        return count_pipeline(model, args, kwargs, stages=stages,
+                              stages_per_rank=stages_per_rank, **timing)
+    if stages is not None or stages_per_rank is not None:
+        raise InputError(f"analyze_pipeline(layout={layout}) splits the model into "
+                         f"layout.pp={layout.pp} ranks itself (two stages each under a looped "
+                         f"schedule): give stages= without layout= to split it yourself")
+    return analyze_pipeline_ranks(model, args, kwargs, layout=layout, **timing)
 
 
 def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
@@ -62,7 +103,7 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     stages = layout.pp * per_rank
     counted = partial(_composed_counter, model, (built, args, kwargs), layout, stages,
                       mode=mode, strict=strict, ranks={})
-    analysis = analyze_pipeline(
+    analysis = count_pipeline(
         built, args, kwargs, schedule=schedule,
         # The stages counted (the model's own modules) are the stages timed.
         stages=llama_stages(built, args[0], stages, mode) if own_modules else stages,
@@ -103,7 +144,7 @@ def _composed_counter(model: torch.nn.Module | Builder, first: tuple, layout: La
 def stage_rank_counter(build: Callable, layers: int, stages: int, *,
                        tp: int | None, fsdp: int | None, mode: str = "forward",
                        strict: bool = False, split_backward: bool = False):
-    """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
+    """``count_stage`` of `exportflops.parallel.pipeline.analysis.count_pipeline` for a built-in
     model (one of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
     as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
     ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
