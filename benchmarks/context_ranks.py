@@ -2,7 +2,7 @@
 
 The 8 ranks of context parallelism on torchtitan's mesh (fsdp, cp, tp): every rank runs its
 tensor-parallel rank on its ring's share of the sequence, so one tensor-parallel rank stands
-for all of them (`exportflops.parallel.context_tp`): its count read at four lengths of its
+for all of them (`exportflops.parallel.context.tp`): its count read at four lengths of its
 share (FSDP2 traced in the first only), plus the single-device analysis that finds the
 sequence and the attention calls. This script times, in one run on this machine (cpu, fake
 tensors, a small decoder of 4 blocks, 64 wide, a 2 x 256 batch, forward and backward):

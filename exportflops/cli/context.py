@@ -2,7 +2,7 @@
 (`exportflops.parallel.context.analyze_context`); with ``--fsdp F`` F such rings inside FSDP2
 over F x N ranks (torchtitan's cp inside fsdp), FSDP2's collectives traced on a fake copy of the
 model; with ``--tp T`` T tensor-parallel ranks at each place of each ring, each counted as its
-tensor-parallel rank (`exportflops.parallel.context_tp`); ``--rank R`` picks the rank whose
+tensor-parallel rank (`exportflops.parallel.context.tp`); ``--rank R`` picks the rank whose
 ring traffic (and tensor-parallel and FSDP2 collectives) are listed, ``--no-load-balance``
 splits into contiguous blocks instead of torch's round-robin."""
 
@@ -18,8 +18,8 @@ from .targets import build_target, device_named, hf_options
 def analyze_split(ns: argparse.Namespace):
     """(the single-device report at the example's sizes with rank ``ns.rank``'s collectives,
     (the `ContextParallelReport`, its view showing rank ``ns.rank``'s traffic)), by
-    `exportflops.parallel.context_layout` on the flags' `Layout`."""
-    from ..parallel.context_layout import analyze_context_ranks, context_rank_report
+    `exportflops.parallel.context.ranks` on the flags' `Layout`."""
+    from ..parallel.context.ranks import analyze_context_ranks, context_rank_report
     from ..render.context import context_view
     from .splits import context_flags, split_layout
 

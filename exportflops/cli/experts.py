@@ -2,7 +2,7 @@
 the example (`exportflops.parallel.experts`); with ``--fsdp F`` those ranks sit inside F FSDP2
 ranks (torchtitan's ep inside fsdp), FSDP2's collectives traced on a fake copy of the model;
 with ``--tp N`` they are the tensor-parallel ranks, each counted as its rank of the model's own
-plan with its MoE layers routing its share of the tokens (`exportflops.parallel.experts_tp`);
+plan with its MoE layers routing its share of the tokens (`exportflops.parallel.experts.tp`);
 ``--routing`` a histogram of token copies per expert instead of balanced routing; ``--rank R``
 the rank whose all-to-alls (and FSDP2 collectives) are listed."""
 
@@ -17,10 +17,10 @@ from .targets import analyzed, build_target, device_named, hf_options
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``, (the `ExpertParallelReport`, its view)), by
-    `exportflops.parallel.experts_layout` on the flags' `Layout`. The report is the example
+    `exportflops.parallel.experts.ranks` on the flags' `Layout`. The report is the example
     batch's single-device count (with ``--tp``, its tensor-parallel rank's) with the rank's
     collectives: a rank's own counts under the routing are the record's."""
-    from ..parallel.experts_layout import analyze_expert_ranks, expert_rank_report
+    from ..parallel.experts.ranks import analyze_expert_ranks, expert_rank_report
     from ..render.experts import experts_view
     from .splits import split_flags, split_layout
 

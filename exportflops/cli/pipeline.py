@@ -11,7 +11,7 @@ each.
 
 With ``--tp T`` and/or ``--fsdp F`` the ranks are the mesh (pp, fsdp, tp), tp innermost as
 torchtitan lays it out, each stage counted once as the rank of its (fsdp, tp) group with index
-0 (`exportflops.parallel.pipeline_layout` on the flags' `Layout`). ``--rank R`` is a global
+0 (`exportflops.parallel.pipeline.ranks` on the flags' `Layout`). ``--rank R`` is a global
 rank of that mesh (docs/pipeline.md, Composition).
 """
 
@@ -26,9 +26,9 @@ from .targets import build_target, device_named, hf_options
 
 def analyze_split(ns: argparse.Namespace):
     """(the report of rank ``ns.rank``'s first stage, (the `PipelineReport`, its view))."""
-    from ..parallel.pipeline import DEFAULT_DEVICE
-    from ..parallel.pipeline_layout import analyze_pipeline_ranks
-    from ..parallel.pipeline_mesh import rank_report
+    from ..parallel.pipeline.analysis import DEFAULT_DEVICE
+    from ..parallel.pipeline.ranks import analyze_pipeline_ranks
+    from ..parallel.pipeline.mesh import rank_report
     from ..render.pipeline import pipeline_view
     from .splits import split_layout
 

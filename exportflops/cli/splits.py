@@ -183,7 +183,7 @@ def _check_schedule(ns: argparse.Namespace) -> None:
     """--schedule a schedule of the table, and with --microbatches one torch lays out: its
     order needs the ranks, the stages per rank and the microbatches alone."""
     from ..errors import InputError
-    from ..parallel.schedules import SCHEDULES, pipeline_order
+    from ..parallel.pipeline.schedules import SCHEDULES, pipeline_order
 
     schedule = ns.schedule or "1f1b"
     if schedule not in SCHEDULES:
@@ -197,7 +197,7 @@ def _check_schedule(ns: argparse.Namespace) -> None:
 
 def _per_rank(schedule: str) -> int:
     """The stages on each of --pp's ranks: a looped schedule runs two."""
-    from ..parallel.schedules import SCHEDULES
+    from ..parallel.pipeline.schedules import SCHEDULES
 
     return 2 if SCHEDULES[schedule].looped else 1
 

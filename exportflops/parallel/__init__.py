@@ -1,12 +1,15 @@
 """Parallel: one rank of a parallelized model, counted from its local shards, and every
 collective it issues.
 
-``layout`` holds `Layout`, the degrees of every split and the one mesh built from them;
-``parallelize`` splits a model on its mesh (tensor-parallel plan, FSDP2); ``entry`` holds
-`analyze_ranks`, the entry point counting a layout's ranks (``per_rank``: one rank of tp and
-fsdp; ``experts_layout``: expert parallelism on a layout);
-``ranks`` holds `fake_process_group` (one CPU process standing for a rank) and the per-rank
-analysis; the captures themselves are ``capture.dtensor`` and ``capture.fsdp``.
+What goes where: at this level, what every family shares: ``layout`` (`Layout`, the degrees
+of every split and the one mesh built from them), ``parallelize`` (a model's tensor-parallel
+plan and FSDP2's units on the mesh), ``fsdp_blocks`` (the blocks FSDP2 shards one by one),
+``fsdp_trace`` (FSDP2's collectives traced on a fake copy), ``per_rank`` (one rank of tp and
+fsdp) and ``entry`` (`analyze_ranks`, any layout from Python). One folder per family on top:
+``pipeline/`` (stages, schedules, a pipeline on the mesh), ``experts/`` (expert parallelism,
+inside FSDP2 and over tp) and ``context/`` (ring attention, with tp and inside FSDP2).
+`fake_process_group` (one CPU process standing for a rank) is ``count.ranks``'s, since every
+count uses it; the captures themselves are ``capture.dtensor`` and ``capture.fsdp``.
 """
 
 from .layout import Layout

@@ -3,9 +3,9 @@ record the command prints for the layout (or one rank's report of it).
 
 Tensor parallelism and FSDP2 count the rank asked (`exportflops.parallel.per_rank`); expert
 parallelism, alone, inside FSDP2 or over tp, every rank from the single-device count
-(`exportflops.parallel.experts_layout`); context parallelism, alone or with fsdp and tp, every
-rank from the symbolic count (`exportflops.parallel.context_layout`); a pipeline, each stage
-on fsdp x tp ranks, every stage's rank counted once (`exportflops.parallel.pipeline_layout`).
+(`exportflops.parallel.experts.ranks`); context parallelism, alone or with fsdp and tp, every
+rank from the symbolic count (`exportflops.parallel.context.ranks`); a pipeline, each stage
+on fsdp x tp ranks, every stage's rank counted once (`exportflops.parallel.pipeline.ranks`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from ..records import Report
 from ..records.context import ContextParallelReport
 from ..records.experts import ExpertParallelReport
 from ..records.pipeline import PipelineReport
-from .context_layout import analyze_context_ranks, context_rank_report
-from .experts_layout import analyze_expert_ranks, expert_rank_report
+from .context.ranks import analyze_context_ranks, context_rank_report
+from .experts.ranks import analyze_expert_ranks, expert_rank_report
 from .layout import Layout
 from .per_rank import Builder, built_model, rank_of
-from .pipeline_layout import analyze_pipeline_ranks
-from .pipeline_mesh import rank_report
+from .pipeline.ranks import analyze_pipeline_ranks
+from .pipeline.mesh import rank_report
 
 
 def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,

@@ -1,7 +1,7 @@
 """The modules FSDP2 shards one by one before the root, by the usual recipe (torchtitan's
 ``apply_fsdp``; transformers' FSDP wrapping by ``_no_split_modules``): shared by ``--fsdp``
 (`exportflops.parallel.parallelize`) and expert parallelism inside FSDP2
-(`exportflops.parallel.experts_fsdp`)."""
+(`exportflops.parallel.experts.fsdp`)."""
 
 from __future__ import annotations
 

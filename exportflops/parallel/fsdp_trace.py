@@ -1,6 +1,6 @@
 """FSDP2's all-gathers and reduce-scatters of one rank, traced from real FSDP2 on a fake copy of
 a model under a fake process group: shared by expert parallelism inside FSDP2
-(`exportflops.parallel.experts_fsdp`) and context parallelism inside FSDP2
+(`exportflops.parallel.experts.fsdp`) and context parallelism inside FSDP2
 (`exportflops.parallel.context`).
 
 A copy of the model on fake tensors (nothing allocated; the caller's model is untouched), its

@@ -155,7 +155,8 @@ class PipelineReport(NotebookRecord):
     """``train``: forward and backward actions; ``forward``: the schedule's forward actions
     only, in its order."""
     schedule: str
-    """The schedule's name as `exportflops.parallel.schedules.SCHEDULES` keys it (``1f1b``)."""
+    """The schedule's name as `exportflops.parallel.pipeline.schedules.SCHEDULES` keys it
+    (``1f1b``)."""
     torch_schedule: str
     """The torch.distributed.pipelining class whose action order the timeline follows."""
     microbatches: int

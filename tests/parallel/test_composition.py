@@ -12,11 +12,13 @@ from __future__ import annotations
 import pytest
 
 from exportflops.cli import main
-from exportflops.parallel.pipeline_layout import stage_rank_counter
+from exportflops.errors import InputError
+from exportflops.parallel.pipeline.ranks import stage_rank_counter
 from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
+from exportflops.parallel.pipeline.analysis import count_pipeline
 from exportflops.parallel import Layout
-from exportflops.parallel.pipeline_mesh import on_mesh, rank_report
+from exportflops.parallel.pipeline.mesh import on_mesh, rank_report
 from exportflops.records.pipeline import PipelineReport
 
 F32 = 4  # bytes per float32 element
@@ -38,8 +40,8 @@ def composed():
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="forward", strict=True)
     single = analyze_pipeline(model, args, stages=2, mode="forward", device=None, strict=True)
-    split = analyze_pipeline(model, args, stages=2, mode="forward", device=None, strict=True,
-                             count_stage=count)
+    split = count_pipeline(model, args, stages=2, mode="forward", device=None, strict=True,
+                           count_stage=count)
     return single, on_mesh(split, fsdp=1, tp=TP)
 
 
@@ -212,8 +214,8 @@ def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products(
     model, args = _build("meta")
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="train", strict=True)
-    split = on_mesh(analyze_pipeline(model, args, stages=2, mode="train", device=None,
-                                     strict=True, count_stage=count), fsdp=1, tp=TP)
+    split = on_mesh(count_pipeline(model, args, stages=2, mode="train", device=None,
+                                   strict=True, count_stage=count), fsdp=1, tp=TP)
     # wq on stage 1 (its input, the received hidden state, needs a gradient): the forward,
     # the input's gradient and the weight's gradient, each 2 * tokens * 64 * 64 / tp FLOPs.
     wq = 2 * TOKENS * 64 * (4 * 16) // TP
@@ -223,12 +225,34 @@ def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products(
     assert [c.bytes for c in backward] == [BATCH * SEQ * 64 * F32]
 
 
+def test_analyze_pipeline_takes_a_layout_whose_stages_run_on_tp_ranks():
+    model, args = _build("meta")
+    split = analyze_pipeline(model, args, layout=Layout(pp=2, tp=TP), mode="train",
+                             device=None, strict=True)
+    assert (split.record.pp, split.record.tp, split.record.world_size()) == (2, TP, 2 * TP)
+    # as above: wq's forward, input gradient and weight gradient, 2 * tokens * 64 * 64 / tp
+    # FLOPs each, on stage 1's rank
+    wq = 2 * TOKENS * 64 * (4 * 16) // TP
+    assert _module_flops(split.stage_reports[1], "layers.2.attention.wq") == 3 * wq
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({}, r"needs stages= \(a count, split points, stage modules or Stages\) or layout="),
+    ({"stages": 2, "layout": Layout(pp=2, tp=TP)},
+     r"splits the model into layout.pp=2 ranks itself .* give stages= without layout="),
+], ids=["neither", "both"])
+def test_analyze_pipeline_takes_its_stages_or_a_layout(options, words):
+    model, args = _build("meta")
+    with pytest.raises(InputError, match=words):
+        analyze_pipeline(model, args, **options)
+
+
 def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
     model, args = _build("meta")
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="forward")
-    record = analyze_pipeline(model, args, stages=2, mode="forward", microbatches=1,
-                              count_stage=count, link_bytes_per_s=1e9).record
+    record = count_pipeline(model, args, stages=2, mode="forward", microbatches=1,
+                            count_stage=count, link_bytes_per_s=1e9).record
     first = record.stages[0]
     # Stage 0's rank all-reduces the (2, 16, 64) float32 hidden state after the embedding and
     # after wo and w2 of layers 0 and 1: 5 x 8192 bytes, a bus-bandwidth factor of
@@ -243,8 +267,8 @@ def test_fsdp2_gathers_and_reduces_a_stage_once_per_step_around_its_microbatches
     model, args = _build("meta")
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=None, fsdp=2,
                                mode="train", strict=True)
-    record = analyze_pipeline(model, args, stages=2, schedule="gpipe", mode="train",
-                              microbatches=4, count_stage=count, link_bytes_per_s=1e9).record
+    record = count_pipeline(model, args, stages=2, schedule="gpipe", mode="train",
+                            microbatches=4, count_stage=count, link_bytes_per_s=1e9).record
     # A stage's units keep their parameters gathered after the forward (torchtitan's
     # reshard_after_forward=False under pipelining), and torch turns gradient sync and
     # resharding off for each microbatch's backward: it gathers once before its first forward

@@ -21,8 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from exportflops.cli import main
-from exportflops.cli.context import analyze_split
-from exportflops.cli.options import check, parser
+from exportflops.parallel import Layout, analyze_ranks
+from exportflops.parallel.context.ranks import analyze_context_ranks, context_rank_report
 from exportflops.records.context import ContextParallelReport
 from exportflops.render.context import context_view
 from tests.cli_support import one_paragraph
@@ -112,19 +112,22 @@ def models_file(tmp_path_factory):
     return path
 
 
-def _split(models_file, *flags: str):
-    ns = parser().parse_args([f"{models_file}:build", *flags])
-    check(ns)
-    return analyze_split(ns)
+def _split(*, rank: int = 0, mode: str = "forward", **degrees: int):
+    """(rank ``rank``'s report, the record of every rank) of SplitAttention on
+    ``Layout(**degrees)``: the library calls the command's ``--cp 2 --tp 2`` makes."""
+    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
+    record, fpb = analyze_context_ranks(SplitAttention().to("meta"), (ids,),
+                                        layout=Layout(**degrees), mode=mode, rank=rank)
+    return context_rank_report(record, fpb, rank), record
 
 
 @pytest.fixture(scope="module")
-def forward(models_file):
-    return _split(models_file, "--cp", "2", "--tp", "2", "--rank", "3")
+def forward():
+    return _split(cp=CP, tp=TP, rank=3)
 
 
 def test_each_rank_does_its_heads_attention_on_its_places_pairs_and_its_linears_shards(forward):
-    _, (record, _) = forward
+    _, record = forward
     assert (record.cp, record.tp, record.world_size()) == (CP, TP, 4)
     assert [r.cp_rank for r in record.ranks] == [0, 0, 1, 1]  # tp innermost
     assert [r.attention_pairs for r in record.ranks] == [68] * 4
@@ -136,7 +139,7 @@ def test_each_rank_does_its_heads_attention_on_its_places_pairs_and_its_linears_
 
 
 def test_each_rank_sends_its_heads_keys_and_values_to_its_rings_next_rank(forward):
-    _, (record, _) = forward
+    _, record = forward
     assert [(s.bytes, s.sends) for s in record.ranks[0].sends] == [(KV_SEND, 1)]
     # Rings are ranks tp apart: {0, 2} and {1, 3}.
     assert [(r.sends[0].to_rank, r.sends[0].from_rank) for r in record.ranks] == [
@@ -145,7 +148,7 @@ def test_each_rank_sends_its_heads_keys_and_values_to_its_rings_next_rank(forwar
 
 
 def test_the_row_parallel_output_all_reduces_the_places_tokens(forward):
-    report, (record, _) = forward
+    report, record = forward
     assert [(c.op, c.phase, c.bytes, c.group_size) for c in record.tp_collectives] == [
         ("all_reduce", "forward", LOCAL * DIM * F32, TP)]  # (1, 8, 8) float32: 256 bytes
     assert (report.world_size, report.rank) == (4, 3)
@@ -153,7 +156,7 @@ def test_the_row_parallel_output_all_reduces_the_places_tokens(forward):
 
 
 def test_the_view_names_the_mesh_rings_and_tensor_parallel_collectives(forward):
-    _, (record, _) = forward
+    _, record = forward
     text = context_view(record, rank=3)
     assert "2 tensor-parallel ranks at each place of a ring (4 ranks)" in text
     assert "Ring traffic of rank 3 (#1 of ring 1, 3) (to rank 1, from rank 1)" in text
@@ -161,8 +164,8 @@ def test_the_view_names_the_mesh_rings_and_tensor_parallel_collectives(forward):
     assert ContextParallelReport.model_validate_json(record.model_dump_json()) == record
 
 
-def test_in_training_each_rank_pays_its_heads_backward_too(models_file):
-    _, (record, _) = _split(models_file, "--cp", "2", "--tp", "2", "--mode", "train")
+def test_in_training_each_rank_pays_its_heads_backward_too():
+    _, record = _split(cp=CP, tp=TP, mode="train")
     # test_context_parallel: backward per pair and head, dq, dk, dv and dp, 2 x 8 MACs; with
     # the forward's 8, 24 on the rank's one head.
     assert record.macs_per_pair == 8 + 2 * 8
@@ -175,8 +178,8 @@ def test_in_training_each_rank_pays_its_heads_backward_too(models_file):
         ("key/value gradients", 2, 2 * LOCAL * HEAD_DIM * F32)]
 
 
-def test_inside_fsdp_every_rank_gathers_its_tensor_parallel_shards_over_fsdp_x_cp(models_file):
-    _, (record, _) = _split(models_file, "--cp", "2", "--tp", "2", "--fsdp", "2", "--rank", "7")
+def test_inside_fsdp_every_rank_gathers_its_tensor_parallel_shards_over_fsdp_x_cp():
+    _, record = _split(cp=CP, tp=TP, fsdp=2, rank=7)
     assert (record.fsdp, record.world_size(), len(record.ranks)) == (2, 8, 8)
     assert [r.cp_rank for r in record.ranks] == [0, 0, 1, 1, 0, 0, 1, 1]
     # The root unit: the replicated embedding 32 x 8 and the four linears' 8 x 4 shards.
@@ -189,10 +192,14 @@ def test_inside_fsdp_every_rank_gathers_its_tensor_parallel_shards_over_fsdp_x_c
 FSDP_X_CP = 4
 
 
-def test_the_command_prints_json_of_every_rank(models_file, capsys):
+def test_the_command_prints_json_of_every_rank_as_analyze_ranks_returns_it(models_file,
+                                                                           capsys):
     assert main([f"{models_file}:build", "--cp", "2", "--tp", "2", "--format", "json"]) == 0
-    record = json.loads(capsys.readouterr().out)
-    assert (record["cp"], record["tp"], len(record["ranks"])) == (2, 2, 4)
+    record = ContextParallelReport.model_validate_json(capsys.readouterr().out)
+    assert (record.cp, record.tp, len(record.ranks)) == (2, 2, 4)
+    ids = torch.zeros(1, T, dtype=torch.long, device="meta")
+    library = analyze_ranks(SplitAttention().to("meta"), (ids,), layout=Layout(cp=CP, tp=TP))
+    assert (library.ranks, library.tp_collectives) == (record.ranks, record.tp_collectives)
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -1,5 +1,5 @@
 """Expert parallelism over the tensor-parallel ranks (``--ep N --tp N``, and inside FSDP2 ``--ep
-E --tp T --fsdp F``, `exportflops.parallel.experts_tp`): torchtitan's layout with sequence
+E --tp T --fsdp F``, `exportflops.parallel.experts.tp`): torchtitan's layout with sequence
 parallelism off (torchtitan/models/common/MOE_SHARDING.md, "EP on, SP off"), each tp rank
 routing 1/tp of the batch's tokens, the rest by the model's own plan. Checked on transformers'
 Mixtral (its default config: hidden 4096, expert FFN 14336, 8 experts, top 2, 32 heads of 128,
@@ -37,25 +37,31 @@ ROW = SEQ * HIDDEN * F32  # 524,288
 MIXTRAL = ["hf:mixtral", "--layers", str(LAYERS), "--seq", str(SEQ)]
 
 
-def _split(flags: list[str]):
-    from exportflops.cli.experts import analyze_split
-    from exportflops.cli.options import check, parser
+def _split(*, mode: str = "forward", rank: int = 0, routing: list[int] | None = None,
+           sizes: dict | None = None, **degrees: int):
+    """(rank ``rank``'s report, the record of every rank) of Mixtral (``sizes``: `hf.build`'s,
+    default 2 layers, 32 tokens) on ``Layout(**degrees)``: the library calls the command's
+    ``hf:mixtral --layers 2 --seq 32`` makes (the single-device count decided on cpu where meta
+    cannot decide a branch)."""
+    from exportflops import hf
+    from exportflops.parallel import Layout
+    from exportflops.parallel.experts.ranks import analyze_expert_ranks, expert_rank_report
 
-    ns = parser().parse_args(flags)
-    check(ns)
-    return analyze_split(ns)
+    sizes = sizes or {"layers": LAYERS, "seq": SEQ}
+    record, report = analyze_expert_ranks(
+        *hf.build("mixtral", **sizes), layout=Layout(**degrees), mode=mode, routing=routing,
+        single_device=hf.analyze("mixtral", mode=mode, **sizes))
+    return expert_rank_report(record, report, rank), record
 
 
 @pytest.fixture(scope="module")
 def train():
-    report, (record, _) = _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--mode", "train",
-                                  "--rank", "1"])
-    return report, record
+    return _split(ep=2, tp=TP, mode="train", rank=1)
 
 
 @pytest.fixture(scope="module")
 def forward():
-    return _split([*MIXTRAL, "--ep", "2", "--tp", "2"])[1][0]
+    return _split(ep=2, tp=TP)[1]
 
 
 def test_each_rank_routes_its_half_of_the_tokens_to_its_experts(forward):
@@ -101,8 +107,7 @@ def test_the_routers_gradient_a_partial_sum_over_the_ranks_is_all_reduced(train)
 
 def test_two_rows_are_shared_out_as_one_run_of_tokens():
     """A batch of 2 rows of 16: each rank routes 16 of the 32 tokens."""
-    _, (record, _) = _split(["hf:mixtral", "--layers", "1", "--batch", "2", "--seq", "16",
-                             "--ep", "2", "--tp", "2"])
+    _, record = _split(ep=2, tp=TP, sizes={"layers": 1, "batch": 2, "seq": 16})
     assert record.tokens == 16
     assert [r.routed_tokens for r in record.ranks] == [COPIES, COPIES]
     assert {r.total.macs for r in record.ranks} == {record.single_device.macs // TP}
@@ -135,12 +140,13 @@ def test_the_router_and_the_experts_do_only_their_own_work_on_the_ranks_share():
 
 def test_a_skewed_routing_names_the_busiest_rank(train):
     # 64 copies over the group's two shares: experts 0-3 on rank 0 get 10, 4-7 on rank 1 get 54
-    routing = "1,2,3,4,10,14,15,15"
-    _, (record, view) = _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--routing", routing])
+    from exportflops.render.experts import experts_view
+
+    _, record = _split(ep=2, tp=TP, routing=[1, 2, 3, 4, 10, 14, 15, 15])
     assert [r.routed_tokens for r in record.ranks] == [10, 54]
     assert record.busiest_rank == 1
     assert record.ranks[1].expert.macs == LAYERS * 54 * MACS_PER_COPY
-    assert "Rank 1 is the busiest" in view(record)
+    assert "Rank 1 is the busiest" in experts_view(record, rank=0)
 
 
 def test_the_commands_rank_report_carries_every_collective_of_the_rank(train):
@@ -185,9 +191,9 @@ def test_a_token_count_the_ranks_cannot_share_is_refused(capsys):
 
 
 def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
-    from exportflops.parallel.experts import expert_parallel
+    from exportflops.parallel.experts.analysis import expert_parallel
 
-    report = _split([*MIXTRAL, "--ep", "2"])[0]
+    report = _split(dp=2, ep=2)[0]  # the command's --ep 2 alone
     sizes = dict(top_k=TOP_K, num_experts=EXPERTS, hidden=HIDDEN, tokens=SEQ,
                  dtype=torch.float32)
     with pytest.raises(InputError, match="ep equal to tp"):
@@ -219,7 +225,7 @@ class _Unrouted(torch.nn.Module):
 def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, message):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from exportflops.parallel.experts_tp import route_token_shares
+    from exportflops.parallel.experts.tp import route_token_shares
     from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):
@@ -238,7 +244,7 @@ LOCAL_EXPERTS = 4 * (2 * FFN * HIDDEN + HIDDEN * FFN)
 
 @pytest.fixture(scope="module")
 def inside_fsdp():
-    return _split([*MIXTRAL, "--ep", "2", "--tp", "2", "--fsdp", "2", "--mode", "train"])[1][0]
+    return _split(ep=2, tp=TP, fsdp=2, mode="train")[1]
 
 
 def test_inside_fsdp_fsdp2_gathers_each_blocks_tp_shards_and_the_ranks_experts(inside_fsdp):
@@ -274,8 +280,7 @@ def test_inside_fsdp_each_rank_does_the_work_of_its_place_over_tp(inside_fsdp, t
 def test_inside_fsdp_over_tp_4_the_experts_group_spans_4_ranks_and_the_blocks_2():
     """ep 2 over fsdp 2 x tp 4: a block's tp-4 shards over the 2 ranks of a tp index, a rank's
     4 experts over the 8 / 2 ranks holding them."""
-    _, (record, _) = _split(["hf:mixtral", "--layers", "1", "--seq", "32", "--ep", "2", "--tp",
-                             "4", "--fsdp", "2", "--rank", "5"])
+    _, record = _split(ep=2, tp=4, fsdp=2, rank=5, sizes={"layers": 1, "seq": 32})
     block = 2 * (4096 * 4096 // 4) + 2 * (1024 * 4096 // 4) + EXPERTS * HIDDEN + 2 * HIDDEN
     root = 2 * (32000 // 4 * HIDDEN) + HIDDEN
     gathers = {c.module: (c.bytes, c.mesh_dim, c.group_size) for c in record.fsdp_collectives}
@@ -287,7 +292,7 @@ def test_inside_fsdp_over_tp_4_the_experts_group_spans_4_ranks_and_the_blocks_2(
 
 
 def test_fsdp_collectives_take_tp_and_its_layout_together():
-    from exportflops.parallel.experts_fsdp import fsdp_collectives
+    from exportflops.parallel.experts.fsdp import fsdp_collectives
 
     model = torch.nn.Sequential(_Unrouted())
     with pytest.raises(InputError, match="go together"):

@@ -21,7 +21,8 @@ from exportflops.cli import main
 from exportflops.errors import InputError
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
-from exportflops.parallel.schedules import pipeline_order, timeline
+from exportflops.parallel.pipeline.analysis import count_pipeline
+from exportflops.parallel.pipeline.schedules import pipeline_order, timeline
 from exportflops.records.pipeline import PipelineReport
 from exportflops.render.pipeline import pipeline_view
 
@@ -316,9 +317,9 @@ def test_zero_bubble_schedules_refuse_what_does_not_split_the_backward():
     x = torch.randn(8, 32)
     model = Stack()
     with pytest.raises(InputError, match="split_backward=True"):
-        analyze_pipeline(model, (x,), stages=4, schedule="interleavedzerobubble",
-                         count_stage=lambda s, rank, stage: exportflops.analyze(
-                             stage.module, stage.args, mode="train"))
+        count_pipeline(model, (x,), stages=4, schedule="interleavedzerobubble",
+                       count_stage=lambda s, rank, stage: exportflops.analyze(
+                           stage.module, stage.args, mode="train"))
 
 
 class Stack(torch.nn.Module):

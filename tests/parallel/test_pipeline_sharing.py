@@ -13,7 +13,8 @@ import exportflops
 from exportflops.capture.pipeline_split import split_stages
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
-from exportflops.parallel.pipeline_mesh import llama_stages
+from exportflops.parallel.pipeline.analysis import count_pipeline
+from exportflops.parallel.pipeline.mesh import llama_stages
 
 SMALL = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=16,
                     ffn_dim=128, max_seq_len=64)
@@ -133,13 +134,13 @@ def test_stages_counted_another_way_are_each_counted_unless_sharing_is_asked_for
         counted.append(index)
         return exportflops.analyze(stage.module, stage.args, stage.kwargs, mode="train")
 
-    record = analyze_pipeline(model, args, stages=4, device=None, count_stage=count).record
+    record = count_pipeline(model, args, stages=4, device=None, count_stage=count).record
     # A count_stage may depend on the stage's index or rank (a plan that differs per layer):
     # every stage is counted, none shares.
     assert counted == [0, 1, 2, 3] and [s.counted_as for s in record.stages] == [0, 1, 2, 3]
     counted.clear()
-    record = analyze_pipeline(model, args, stages=4, device=None, count_stage=count,
-                              share_alike=True).record
+    record = count_pipeline(model, args, stages=4, device=None, count_stage=count,
+                            share_alike=True).record
     assert counted == [0, 1, 3] and [s.counted_as for s in record.stages] == [0, 1, 1, 3]
 
 

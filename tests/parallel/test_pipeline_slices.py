@@ -1,7 +1,8 @@
 """A Hugging Face decoder's pipeline stages on a tensor-parallel mesh: one rank of the whole
 model counted once and cut into the stages torch's split makes
-(`exportflops.parallel.pipeline_slices`). The cut is checked against torch's split itself (two
-independent ways to the same per-stage counts), and the composed command by hand."""
+(`exportflops.parallel.pipeline.slices`). The cut is checked against torch's split itself (two
+independent ways to the same per-stage counts), and the composition by hand, through
+`exportflops.parallel.analyze_ranks` (the command's refusals through the command)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ import torch
 
 import exportflops
 from exportflops.cli import main
+from exportflops.parallel import Layout, analyze_ranks
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.capture.pipeline_split import split_stages
-from exportflops.parallel.pipeline_slices import held_parameters, node_stages, stage_report
+from exportflops.parallel.pipeline.slices import held_parameters, node_stages, stage_report
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")
@@ -31,6 +33,14 @@ def decoder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     (folder / "config.json").write_text(json.dumps(CONFIG))
     return folder
+
+
+def _ranks(decoder, *, mode: str = "forward", schedule: str | None = None,
+           rank: int | None = None, **degrees: int):
+    """`analyze_ranks` of the decoder on SEQ tokens on ``Layout(**degrees)``: what the command
+    prints for ``hf:DECODER --seq SEQ`` with those degrees as flags."""
+    return analyze_ranks(*exportflops.hf.build(decoder, seq=SEQ), layout=Layout(**degrees),
+                         mode=mode, schedule=schedule, rank=rank)
 
 
 @pytest.mark.parametrize("differentiates", [True, False], ids=["by-gradient", "by-module"])
@@ -51,10 +61,8 @@ def test_the_cut_of_the_whole_report_is_torchs_split(decoder, differentiates):
             (stage.forward, stage.backward, stage.params)
 
 
-def test_a_decoder_on_pp_by_tp_is_one_tensor_parallel_rank_cut_in_stages(decoder, capsys):
-    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--tp", "2", "--format", "json"]
-    assert main([*argv, "--rank", "3"]) == 0
-    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+def test_a_decoder_on_pp_by_tp_is_one_tensor_parallel_rank_cut_in_stages(decoder):
+    record = _ranks(decoder, pp=2, tp=2)
     first, last = record.stages
     assert (record.pp, record.tp, [s.stands_for for s in record.stages]) == \
         (2, 2, [[0, 1], [2, 3]])
@@ -69,8 +77,7 @@ def test_a_decoder_on_pp_by_tp_is_one_tensor_parallel_rank_cut_in_stages(decoder
         ("all_reduce", hidden, "model.layers.1.mlp.down_proj")]
     assert [(c.op, c.bytes) for c in last.collectives][-1] == \
         ("all_gather", 1 * SEQ * 256 * F32)  # the logits, all 256 of the vocabulary
-    assert main([f"hf:{decoder}", "--seq", str(SEQ), "--tp", "2", "--format", "json"]) == 0
-    rank = exportflops.Report.model_validate_json(capsys.readouterr().out)
+    rank = _ranks(decoder, tp=2, rank=0)
     assert first.forward + last.forward == rank.total - rank.backward
     assert first.params + last.params == rank.params
 
@@ -82,11 +89,8 @@ LAYER = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
 EMBEDDING, NORM_AND_HEAD = 256 * 64, 64 + 64 * 256
 
 
-def test_a_decoder_on_pp_by_fsdp_gathers_each_stages_own_parameters(decoder, capsys):
-    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--fsdp", "2", "--mode", "train",
-            "--format", "json"]
-    assert main(argv) == 0
-    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+def test_a_decoder_on_pp_by_fsdp_gathers_each_stages_own_parameters(decoder):
+    record = _ranks(decoder, pp=2, fsdp=2, mode="train")
     first, last = record.stages
     assert (record.fsdp, [s.stands_for for s in record.stages]) == (2, [[0, 1], [2, 3]])
 
@@ -161,19 +165,16 @@ def test_a_tied_head_is_split_with_the_embedding(tmp_path, capsys):
         == 0
 
 
-def _zero_bubble(decoder, capsys, *flags) -> PipelineReport:
-    argv = [f"hf:{decoder}", "--seq", str(SEQ), "--pp", "2", "--mode", "train", "--schedule",
-            "zbvzerobubble", "--format", "json", *flags]
-    assert main(argv) == 0
-    return PipelineReport.model_validate_json(capsys.readouterr().out)
+def _zero_bubble(decoder, **degrees: int) -> PipelineReport:
+    return _ranks(decoder, pp=2, mode="train", schedule="zbvzerobubble", **degrees)
 
 
-def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder, capsys):
+def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder):
     """The whole rank's backward cut at each stage's input (what the stage before depends on)
     against torch's split stages each counted with split_backward on one device: every MAC
     of each pass is sharded by the plan, so each pass's MACs halve at tp 2."""
-    sharded = _zero_bubble(decoder, capsys, "--tp", "2")
-    alone = _zero_bubble(decoder, capsys)
+    sharded = _zero_bubble(decoder, tp=2)
+    alone = _zero_bubble(decoder)
     assert [s.modules for s in sharded.stages] == [s.modules for s in alone.stages]
     for on_tp, single in zip(sharded.stages, alone.stages):
         assert on_tp.backward_weight.macs * 2 == single.backward_weight.macs
@@ -199,14 +200,14 @@ def test_a_tied_decoder_on_pp_by_tp_refuses_a_schedule_splitting_the_backward(tm
     assert "tie_word_embeddings=False" in err and "--schedule" in err
 
 
-def test_a_decoder_on_pp_by_fsdp_reduces_its_gradients_in_the_weight_pass(decoder, capsys):
+def test_a_decoder_on_pp_by_fsdp_reduces_its_gradients_in_the_weight_pass(decoder):
     """FSDP2's reduce-scatters read the parameters' gradients: the weight pass's, on every
     stage; the stages' two passes together are the whole backward's MACs of the unsplit run."""
-    split = _zero_bubble(decoder, capsys, "--fsdp", "2")
+    split = _zero_bubble(decoder, fsdp=2)
     for stage in split.stages:
         scatters = [c for c in stage.collectives if c.op == "reduce_scatter"]
         assert scatters and {c.gradient for c in scatters} == {"weight"}
-    single = _zero_bubble(decoder, capsys)
+    single = _zero_bubble(decoder)
     assert [s.backward_weight.macs for s in split.stages] == \
         [s.backward_weight.macs for s in single.stages]  # FSDP2 splits no matmul
 

@@ -222,9 +222,9 @@ def test_a_parameter_used_twice_is_refused_as_on_one_device(split):
 
 
 def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_reductions():
-    from exportflops.parallel.pipeline_layout import stage_rank_counter
+    from exportflops.parallel.pipeline.ranks import stage_rank_counter
     from exportflops.examples.llama import LlamaConfig, llama
-    from exportflops.parallel.pipeline import analyze_pipeline
+    from exportflops.parallel.pipeline.analysis import count_pipeline
 
     config = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=16, ffn_dim=128, max_seq_len=64)
@@ -236,9 +236,9 @@ def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_re
     model, args = build("meta")
     count = stage_rank_counter(build, 4, 4, tp=tp, fsdp=None, mode="train",
                                strict=True, split_backward=True)
-    analysis = analyze_pipeline(model, args, stages=4, schedule="zbvzerobubble", mode="train",
-                                microbatches=4, count_stage=count, link_bytes_per_s=link,
-                                share_alike=True)
+    analysis = count_pipeline(model, args, stages=4, schedule="zbvzerobubble", mode="train",
+                              microbatches=4, count_stage=count, link_bytes_per_s=link,
+                              share_alike=True)
     record = analysis.record
     first, second = record.stages[:2]
     # torch runs stage 0's backward whole, in its weight pass (stage.py, is_first).

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..errors import InputError
-from ..records.pipeline import PipelineAction, PipelineRank
+from ...errors import InputError
+from ...records.pipeline import PipelineAction, PipelineRank
 
 
 @dataclass(frozen=True)

@@ -39,15 +39,15 @@ from typing import Any, Literal
 
 import torch
 
-from ..errors import InputError
-from ..records.collectives import Collective
-from ..records.context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
-from ..records.report import Report
-from ..records.symbolic import Evaluator, parse_count
-from ..training.per_batch import BATCH, SEQ, FlopsPerBatch, flops_per_batch
-from ..training.terms import PER_DOCUMENT, StepCount, step_count
-from .fsdp_trace import traced_fsdp_collectives
-from .layout import Layout
+from ...errors import InputError
+from ...records.collectives import Collective
+from ...records.context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
+from ...records.report import Report
+from ...records.symbolic import Evaluator, parse_count
+from ...training.per_batch import BATCH, SEQ, FlopsPerBatch, flops_per_batch
+from ...training.terms import PER_DOCUMENT, StepCount, step_count
+from ..fsdp_trace import traced_fsdp_collectives
+from ..layout import Layout
 
 #: torch's ring backward accumulates and sends the key/value gradients in float32
 #: (``_ContextParallelOptions.convert_to_f32``, True by default).

@@ -1,6 +1,6 @@
 """A pipeline on a `Layout`'s mesh (pp, fsdp, tp), tp innermost as torchtitan lays it out: each
 stage counted once, as the rank of its (fsdp, tp) group with index 0, the others of the group
-doing the same work (`exportflops.parallel.pipeline_mesh.on_mesh` places them).
+doing the same work (`exportflops.parallel.pipeline.mesh.on_mesh` places them).
 
 The built-in Llama's stages are built from its own modules (`llama_stages`), each counted
 under `exportflops.fake_process_group` of the group's ranks (a stage's own collectives stay in
@@ -8,7 +8,7 @@ its group) with the llama's tensor-parallel plan and FSDP2 on the stage's blocks
 stage, as torchtitan applies them to each model chunk (`stage_rank_counter`). For any other
 model (a Hugging Face decoder) the plan and FSDP2 (each block, then each stage's other modules
 as one unit) are applied to the whole model, whose index 0 rank is counted once and cut into
-the stages of torch's split (`exportflops.parallel.pipeline_slices`).
+the stages of torch's split (`exportflops.parallel.pipeline.slices`).
 """
 
 from __future__ import annotations
@@ -20,16 +20,57 @@ from typing import Any
 
 import torch
 
-from ..api import analyze
-from ..count.ranks import fake_copy
-from ..errors import BuildError, InputError
-from ..examples.llama import Llama
-from ..records import Report
-from .layout import Layout
-from .per_rank import Builder, built_model, rank_of
-from .pipeline import DEFAULT_DEVICE, PipelineAnalysis, analyze_pipeline, layer_split_points
-from .pipeline_mesh import llama_stages, on_mesh
+from ...api import analyze
+from ...count.ranks import fake_copy
+from ...errors import BuildError, InputError
+from ...examples.llama import Llama
+from ...records import Report
+from ..layout import Layout
+from ..per_rank import Builder, built_model, rank_of
+from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
+from .mesh import llama_stages, on_mesh
 from .schedules import SCHEDULES
+
+
+def analyze_pipeline(model: torch.nn.Module | Builder | None, args: Any = (),
+                     kwargs: dict | None = None, *, stages: Any = None,
+                     layout: Layout | None = None, schedule: str = "1f1b",
+                     microbatches: int | None = None, stages_per_rank: int | None = None,
+                     mode: str = "train", device: str | None = DEFAULT_DEVICE,
+                     link_bytes_per_s: float | None = None, strict: bool = False,
+                     measure: bool = False, warmup: int = 3, repeat: int = 10,
+                     ) -> PipelineAnalysis:
+    """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
+    **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
+    ``schedule`` (a key of `SCHEDULES`).
+
+    Either ``stages``, the split yourself, every stage on one rank: a count (the model's layers
+    split evenly, `layer_split_points`), the module paths to split before (torch's
+    ``SplitPoint.BEGINNING``), the stage modules themselves (``model`` None; each takes what
+    the one before returns), or `Stage`s with what each receives (`llama_stages`), with
+    ``stages_per_rank`` ``v`` for the looped schedules (default 2, stage s on rank
+    s % (stages / v)); or ``layout``, a `Layout` of ``pp`` pipeline ranks whose stages each
+    run on ``fsdp x tp`` ranks (`analyze_pipeline_ranks`; ``model`` may then be a function
+    ``device -> (model, args, kwargs)``). A stage whose call is alike an earlier one's is
+    counted once (`PipelineStage.counted_as`). ``device``: the roofline's device for each
+    action's time, or None for one unit per action. ``measure``: each action's time is measured
+    instead, each stage run for real where the model and inputs are (cpu or cuda) on what it
+    receives, median of ``repeat`` runs after ``warmup`` (`exportflops.runtime.call_times`).
+    """
+    timing = dict(schedule=schedule, microbatches=microbatches, mode=mode, device=device,
+                  link_bytes_per_s=link_bytes_per_s, strict=strict, measure=measure,
+                  warmup=warmup, repeat=repeat)
+    if layout is None:
+        if stages is None:
+            raise InputError("analyze_pipeline needs stages= (a count, split points, stage "
+                             "modules or Stages) or layout= (a Layout whose pp is the ranks)")
+        return count_pipeline(model, args, kwargs, stages=stages,
+                              stages_per_rank=stages_per_rank, **timing)
+    if stages is not None or stages_per_rank is not None:
+        raise InputError(f"analyze_pipeline(layout={layout}) splits the model into "
+                         f"layout.pp={layout.pp} ranks itself (two stages each under a looped "
+                         f"schedule): give stages= without layout= to split it yourself")
+    return analyze_pipeline_ranks(model, args, kwargs, layout=layout, **timing)
 
 
 def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
@@ -43,7 +84,7 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     on each), each stage on ``layout.fsdp x layout.tp`` ranks (module docstring), one step of
     ``microbatches`` timed under ``schedule`` (default 1f1b) as `analyze_pipeline` times it
     (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
-    the mesh (`on_mesh`: `exportflops.parallel.pipeline_mesh.rank_report` gives a global
+    the mesh (`on_mesh`: `exportflops.parallel.pipeline.mesh.rank_report` gives a global
     rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
     if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
         raise InputError(f"{layout}: a pipeline composes with fsdp and tp, not with dp, cp or "
@@ -62,7 +103,7 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     stages = layout.pp * per_rank
     counted = partial(_composed_counter, model, (built, args, kwargs), layout, stages,
                       mode=mode, strict=strict, ranks={})
-    analysis = analyze_pipeline(
+    analysis = count_pipeline(
         built, args, kwargs, schedule=schedule,
         # The stages counted (the model's own modules) are the stages timed.
         stages=llama_stages(built, args[0], stages, mode) if own_modules else stages,
@@ -103,7 +144,7 @@ def _composed_counter(model: torch.nn.Module | Builder, first: tuple, layout: La
 def stage_rank_counter(build: Callable, layers: int, stages: int, *,
                        tp: int | None, fsdp: int | None, mode: str = "forward",
                        strict: bool = False, split_backward: bool = False):
-    """``count_stage`` of `exportflops.parallel.pipeline.analyze_pipeline` for a built-in
+    """``count_stage`` of `exportflops.parallel.pipeline.analysis.count_pipeline` for a built-in
     model (one of `COMPOSED`) of ``layers`` layers in ``stages`` stages: stage s counted
     as the rank of its (fsdp, tp) group with index 0, the model built again on meta by
     ``build(device) -> (model, args)`` under a fake process group of that group (copied onto
@@ -111,9 +152,9 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
     on the stage's blocks, then the stage). ``split_backward``: each stage but the first
     (whose backward torch runs whole) counted with its backward in the zero-bubble schedules'
     two passes (`exportflops.graph.passes`)."""
-    from .parallelize import fully_shard_blocks, tensor_parallel
-    from .pipeline import stage_layers
-    from .pipeline_mesh import LlamaStage
+    from ..parallelize import fully_shard_blocks, tensor_parallel
+    from .analysis import stage_layers
+    from .mesh import LlamaStage
 
     held = stage_layers(layers, stages)
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
@@ -146,16 +187,16 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
                     ranks: dict):
     """``count_stage`` for a model whose stages are not built from its own modules: one rank
     of the whole model (tensor-parallel and FSDP index 0) counted once, its report cut into
-    the stages of the split (`exportflops.parallel.pipeline_slices`), each holding the
+    the stages of the split (`exportflops.parallel.pipeline.slices`), each holding the
     parameters of torch's split stage. FSDP2 is applied as torchtitan applies it to each
     stage: each block, then per stage one unit of its modules outside the blocks (its root's
     parameters: the embedding on the first, the final norm and head on the last), then the
     root, which holds nothing of its own. ``split_backward``: the rank counted again with each
     stage's backward in the zero-bubble schedules' two passes, split at the stage's input
     (`exportflops.graph.passes.stage_input_way`)."""
-    from ..records import TensorSpec
-    from ..torch_internals import pytree
-    from .pipeline_slices import held_parameters, stage_report
+    from ...records import TensorSpec
+    from ...torch_internals import pytree
+    from .slices import held_parameters, stage_report
 
     degrees = layout.degrees("fsdp", "tp")
     degrees = {name: n for name, n in degrees.items() if n > 1}
@@ -178,8 +219,8 @@ def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
     """(the rank's model, its report, each node's stage) of the whole model, counted once per
     ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
     stage's backward depends on, read off the unsplit count's stages."""
-    from ..graph.passes import stage_input_way
-    from .pipeline_slices import node_stages
+    from ...graph.passes import stage_input_way
+    from .slices import node_stages
 
     if split_backward not in ranks:
         way = False
@@ -204,7 +245,7 @@ def _check_untied(model) -> None:
     """A parameter under two names (a tied embedding and head) gets its gradient summed from
     both uses in the whole rank's backward, which would put the head's part in the last
     stage's input pass: refused with the zero-bubble schedules."""
-    from .parallelize import tied_names
+    from ..parallelize import tied_names
 
     tied = tied_names(model)
     if tied:
@@ -222,7 +263,7 @@ def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], g
     backward op must have the name of the same op in the first count)."""
     from torch._ops import OpOverload
 
-    from ..graph.walk import phase
+    from ...graph.walk import phase
 
     unnamed = [node.name for node in graph.nodes if node.op == "call_function"
                and isinstance(node.target, OpOverload) and phase(node) == "backward"
@@ -244,8 +285,8 @@ def _stage_units(split_points: list[str], paths: list[list[str]], model, mesh) -
     paths."""
     from torch.distributed.fsdp import fully_shard
 
-    from .fsdp_blocks import blocks_of
-    from .pipeline_slices import stage_units
+    from ..fsdp_blocks import blocks_of
+    from .slices import stage_units
 
     units = stage_units(model, split_points)
     where = {id(m): p for p, m in model.named_modules()}

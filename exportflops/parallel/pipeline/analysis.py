@@ -1,6 +1,6 @@
 """Pipeline parallelism: a model split into stages as torch.distributed.pipelining splits it,
 each stage counted on one microbatch, its sends and receives, and one step's timeline under a
-schedule of torch's (`exportflops.parallel.schedules`).
+schedule of torch's (`exportflops.parallel.pipeline.schedules`).
 
 How a stage is counted: its module (a ``GraphModule`` torch's ``pipeline()`` cut at the split
 points, or one the caller built) goes through `exportflops.analyze` on the tensors it receives,
@@ -18,12 +18,12 @@ from typing import Any, Literal, NamedTuple
 
 import torch
 
-from ..api import analyze
-from ..capture.blocks import call_key
-from ..capture.pipeline_split import Stage, as_received, split_stages
-from ..errors import InputError
-from ..records import Collective, Report, TensorSpec
-from ..records.pipeline import PipelineReport, PipelineStage
+from ...api import analyze
+from ...capture.blocks import call_key
+from ...capture.pipeline_split import Stage, as_received, split_stages
+from ...errors import InputError
+from ...records import Collective, Report, TensorSpec
+from ...records.pipeline import PipelineReport, PipelineStage
 from .schedules import SCHEDULES, pipeline_order, timeline, with_step_actions
 
 #: Predicted times with this device when none is named (the roofline's table key).
@@ -35,7 +35,8 @@ ACTIVE_STAGES = 3
 
 
 class PipelineAnalysis(NamedTuple):
-    """`analyze_pipeline`'s result: the step's record, and each stage's full report."""
+    """`analyze_pipeline`'s result (and `count_pipeline`'s): the step's record, and each stage's
+    full report."""
 
     record: PipelineReport
     stage_reports: list[Report]
@@ -43,21 +44,22 @@ class PipelineAnalysis(NamedTuple):
     ``collectives`` its sends and receives (the collectives view lists them)."""
 
 
-def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
-                     *, stages: int | Sequence[str] | Sequence[torch.nn.Module],
-                     schedule: str = "1f1b", microbatches: int | None = None,
-                     stages_per_rank: int | None = None,
-                     mode: Literal["forward", "train"] = "train",
-                     device: str | None = DEFAULT_DEVICE,
-                     link_bytes_per_s: float | None = None, strict: bool = False,
-                     count_stage: Callable[[int, int, Stage], Report] | None = None,
-                     count_whole: Callable[[int, int, Stage], Report] | None = None,
-                     measure: bool = False, warmup: int = 3, repeat: int = 10,
-                     share_alike: bool | None = None,
-                     ) -> PipelineAnalysis:
-    """Split ``model`` into pipeline stages, count each on one microbatch ``model(*args,
-    **kwargs)``, and lay out one step of ``microbatches`` (default: as many as ranks) under
-    ``schedule`` (a key of `SCHEDULES`).
+def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
+                   *, stages: int | Sequence[str] | Sequence[torch.nn.Module],
+                   schedule: str = "1f1b", microbatches: int | None = None,
+                   stages_per_rank: int | None = None,
+                   mode: Literal["forward", "train"] = "train",
+                   device: str | None = DEFAULT_DEVICE,
+                   link_bytes_per_s: float | None = None, strict: bool = False,
+                   count_stage: Callable[[int, int, Stage], Report] | None = None,
+                   count_whole: Callable[[int, int, Stage], Report] | None = None,
+                   measure: bool = False, warmup: int = 3, repeat: int = 10,
+                   share_alike: bool | None = None,
+                   ) -> PipelineAnalysis:
+    """The engine of `exportflops.parallel.pipeline.analyze_pipeline` (the public call, which
+    takes a `Layout` for stages on tp/fsdp ranks): split ``model`` into pipeline stages, count
+    each on one microbatch ``model(*args, **kwargs)``, and lay out one step of ``microbatches``
+    (default: as many as ranks) under ``schedule`` (a key of `SCHEDULES`).
 
     ``stages``: a count (the model's layers split evenly, `layer_split_points`), the module
     paths to split before (torch's ``SplitPoint.BEGINNING``), the stage modules themselves
@@ -67,10 +69,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
     ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
-    another way than ``analyze(stage.module, ...)``
-    (`exportflops.parallel.pipeline_layout.stage_rank_counter` counts one tensor-parallel/FSDP
-    rank of it; `analyze_pipeline_ranks` takes a `Layout` and passes it); its collectives stay
-    in the stage's report.
+    another way than ``analyze(stage.module, ...)`` (`analyze_pipeline_ranks` passes one that
+    counts a tensor-parallel/FSDP2 rank of it); its collectives stay in the stage's report.
     Under a schedule splitting the backward its reports are counted with ``split_backward``
     (but stage 0's, which torch runs whole), and ``count_whole``, taking the same arguments,
     counts a stage with its backward whole for the whole backwards DualPipeV also runs
@@ -84,8 +84,8 @@ def analyze_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict
     """
     if measure and (count_stage is not None or device not in (None, DEFAULT_DEVICE)):
         raise InputError("measure=True times each stage where the model runs: it takes no "
-                         "roofline device and no count_stage (stages counted on fake ranks "
-                         "have nothing to run)")
+                         "roofline device and no layout of tp or fsdp ranks (stages counted "
+                         "on fake ranks have nothing to run)")
     split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
     v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)
@@ -341,7 +341,7 @@ def _times(report: Report, device: str | None, two_passes: bool,
     if device is None:  # a whole backward is its two passes where the schedule splits it
         units = {"F": 1.0, "B": (2.0 if two_passes else 1.0) if train else 0.0}
         return {**units, "I": 1.0, "W": 1.0} if two_passes else units
-    from ..roofline import roofline
+    from ...roofline import roofline
 
     action = {node.name: "F" if node.phase == "forward" else
               {"input": "I", "weight": "W"}.get(node.gradient, "B") for node in report.nodes}
@@ -419,9 +419,9 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
     receives: forward (``F``) and backward (``B``), with ``two_passes`` its input and weight
     passes (``I``, ``W``) too, and with ``whole_too`` its whole backward ``B`` timed as well
     (else the two passes')."""
-    from ..capture.placement import check_runnable, device_label
-    from ..runtime.call_times import call_seconds
-    from ..runtime.measure import check_iterations
+    from ...capture.placement import check_runnable, device_label
+    from ...runtime.call_times import call_seconds
+    from ...runtime.measure import check_iterations
 
     check_iterations(warmup, repeat, "analyze_pipeline(measure=True)")
     home = check_runnable(model if model is not None else split[0].module,

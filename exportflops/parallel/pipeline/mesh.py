@@ -1,7 +1,7 @@
 """A pipeline on the mesh (pp, fsdp, tp): each stage's rank standing for its (fsdp, tp) group,
 a global rank's report, and the built-in Llama's stages built from its own modules, so that a
 tensor-parallel plan or FSDP2 applied to the model holds in each stage
-(`exportflops.parallel.pipeline` splits and counts; `exportflops.parallel.pipeline_layout`
+(`exportflops.parallel.pipeline` splits and counts; `exportflops.parallel.pipeline.ranks`
 composes).
 """
 
@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ..capture.pipeline_split import Stage, as_received
-from ..records import Report
-from ..records.pipeline import PipelineReport
-from .layout import Layout
-from .pipeline import PipelineAnalysis, stage_layers
+from ...capture.pipeline_split import Stage, as_received
+from ...records import Report
+from ...records.pipeline import PipelineReport
+from ..layout import Layout
+from .analysis import PipelineAnalysis, stage_layers
 
 
 def on_mesh(analysis: PipelineAnalysis, fsdp: int, tp: int) -> PipelineAnalysis:

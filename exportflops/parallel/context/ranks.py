@@ -4,7 +4,7 @@ each running its own batch) and with ``tp`` ranks at each place of a ring, on to
 
 The model is analyzed once, symbolic in the batch and sequence (`flops_per_batch`), and split
 (`exportflops.parallel.context.context_split`), checked first; with ``tp`` each rank's work is
-its tensor-parallel rank's read at four lengths (`exportflops.parallel.context_tp`), the rank
+its tensor-parallel rank's read at four lengths (`exportflops.parallel.context.tp`), the rank
 sharded by FSDP2 over the fsdp x cp ranks too when ``fsdp`` splits; with ``fsdp`` alone FSDP2's
 collectives are traced on a fake copy (`exportflops.parallel.context.fsdp_collectives`).
 """
@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from ..errors import LayoutError
-from ..records import Report
-from ..records.context import ContextParallelReport
-from ..training.per_batch import FlopsPerBatch, flops_per_batch
-from .context import context_split, fsdp_collectives
-from .context_tp import with_tensor_parallel
-from .layout import Layout
-from .per_rank import Builder, built_model, rank_of
+from ...errors import LayoutError
+from ...records import Report
+from ...records.context import ContextParallelReport
+from ...training.per_batch import FlopsPerBatch, flops_per_batch
+from .analysis import context_split, fsdp_collectives
+from .tp import with_tensor_parallel
+from ..layout import Layout
+from ..per_rank import Builder, built_model, rank_of
 
 
 def analyze_context_ranks(model: torch.nn.Module | Builder, args: Any = (),

@@ -34,11 +34,11 @@ from typing import Any
 
 import torch
 
-from ..errors import InputError, LayoutError
-from ..records import Collective
-from ..records.names import outermost_named
-from .fsdp_trace import traced_fsdp_collectives
-from .layout import Layout
+from ...errors import InputError, LayoutError
+from ...records import Collective
+from ...records.names import outermost_named
+from ..fsdp_trace import traced_fsdp_collectives
+from ..layout import Layout
 
 
 def expert_layout(model: str, ep: int, fsdp: int | None = None, tp: int | None = None) -> Layout:

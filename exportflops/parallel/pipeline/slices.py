@@ -1,6 +1,6 @@
 """One rank's report of a whole model cut into the pipeline stages torch's split makes: how a
 tensor-parallel rank of each stage is counted for a model whose stages are not built from its
-own modules (a Hugging Face decoder: `exportflops.parallel.pipeline_layout`).
+own modules (a Hugging Face decoder: `exportflops.parallel.pipeline.ranks`).
 
 torch's ``pipeline()`` traces fixed head counts into its stage graphs, so a tensor-parallel plan
 cannot be applied to them; the plan is applied to the whole model instead, one rank of it is
@@ -29,13 +29,13 @@ from collections import defaultdict
 
 import torch
 
-from ..aggregate import build_report
-from ..attribution import ModuleInfo, module_tree
-from ..count.ranks import local_parameters
-from ..errors import InputError
-from ..records import Report
-from ..records.names import ancestors
-from .fsdp_blocks import blocks_of
+from ...aggregate import build_report
+from ...attribution import ModuleInfo, module_tree
+from ...count.ranks import local_parameters
+from ...errors import InputError
+from ...records import Report
+from ...records.names import ancestors
+from ..fsdp_blocks import blocks_of
 
 
 def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:

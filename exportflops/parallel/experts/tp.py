@@ -34,10 +34,10 @@ from functools import partial
 
 import torch
 
-from ..errors import InputError
-from ..records import Collective
-from ..records.names import outermost_named, parent
-from ..torch_internals import pytree
+from ...errors import InputError
+from ...records import Collective
+from ...records.names import outermost_named, parent
+from ...torch_internals import pytree
 
 #: Names of the router beside each experts module: transformers' (``gate``, GPT-OSS's
 #: ``router``).

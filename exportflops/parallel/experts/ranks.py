@@ -4,9 +4,9 @@
 
 The record is `expert_parallel`'s from the single-device count of one batch, checked first (the
 tensor-parallel rank's count and the FSDP2 trace are the costly parts); inside FSDP2 it adds
-FSDP2's collectives traced on a fake copy (`exportflops.parallel.experts_fsdp`); over ``tp``,
+FSDP2's collectives traced on a fake copy (`exportflops.parallel.experts.fsdp`); over ``tp``,
 each rank's work is its tensor-parallel rank's with each MoE layer routing its share of the
-tokens (`exportflops.parallel.experts_tp`), and in training the routers' gradient all-reduces.
+tokens (`exportflops.parallel.experts.tp`), and in training the routers' gradient all-reduces.
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import Any
 
 import torch
 
-from ..api import analyze
-from ..errors import LayoutError
-from ..records import Report
-from ..records.experts import ExpertParallelReport
-from .experts import expert_parallel, moe_sizes
-from .experts_fsdp import fsdp_collectives
-from .experts_tp import router_gradient_reductions
-from .layout import Layout
-from .parallelize import tensor_parallel
-from .per_rank import Builder, built_model, rank_of
+from ...api import analyze
+from ...errors import LayoutError
+from ...records import Report
+from ...records.experts import ExpertParallelReport
+from .analysis import expert_parallel, moe_sizes
+from .fsdp import fsdp_collectives
+from .tp import router_gradient_reductions
+from ..layout import Layout
+from ..parallelize import tensor_parallel
+from ..per_rank import Builder, built_model, rank_of
 
 
 def analyze_expert_ranks(model: torch.nn.Module | Builder, args: Any = (),

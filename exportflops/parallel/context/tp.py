@@ -27,13 +27,13 @@ from fractions import Fraction
 
 import sympy
 
-from ..errors import InputError
-from ..records.context import ContextParallelReport
-from ..records.report import Report
-from ..records.symbolic import parse_count, size_symbol
-from ..training.per_batch import FlopsPerBatch
-from .context import mesh_ranks, ring_ranks, ring_sends
-from .layout import Layout
+from ...errors import InputError
+from ...records.context import ContextParallelReport
+from ...records.report import Report
+from ...records.symbolic import parse_count, size_symbol
+from ...training.per_batch import FlopsPerBatch
+from .analysis import mesh_ranks, ring_ranks, ring_sends
+from ..layout import Layout
 
 #: The lengths of the rank's sequence counted: L - k u for these k.
 _STEPS = range(4)

@@ -15,7 +15,7 @@ its experts receive. No process group is needed; docs/expert-parallel.md states 
 Inside FSDP2 (``fsdp=F``, torchtitan's "ep inside fsdp"): the F data-parallel ranks form F / ep
 expert-parallel groups of ep consecutive ranks, so rank r does the work of rank ``r mod ep`` of
 its group (FSDP2 changes no FLOPs), and adds FSDP2's all-gathers and reduce-scatters, traced by
-`exportflops.parallel.experts_fsdp`.
+`exportflops.parallel.experts.fsdp`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from ..api import analyze
-from ..errors import InputError
-from ..records import Collective, Cost, Report
-from ..records.experts import ExpertParallelReport, ExpertRank
-from ..records.names import outermost_named
-from .experts_fsdp import expert_layout, fsdp_collectives
+from ...api import analyze
+from ...errors import InputError
+from ...records import Collective, Cost, Report
+from ...records.experts import ExpertParallelReport, ExpertRank
+from ...records.names import outermost_named
+from .fsdp import expert_layout, fsdp_collectives
 
 #: The op torchtitan's dispatch and combine issue (``all_to_all_single_autograd``).
 _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
@@ -49,7 +49,7 @@ def analyze_experts(model: torch.nn.Module, args: tuple = (), kwargs: dict | Non
 
     ``fsdp``: the experts' ranks sit inside ``fsdp`` FSDP2 ranks (a multiple of ``ep``), as
     torchtitan lays them out: every one of the ``fsdp`` ranks is reported, with FSDP2's
-    collectives traced on a fake copy of ``model`` (`exportflops.parallel.experts_fsdp`).
+    collectives traced on a fake copy of ``model`` (`exportflops.parallel.experts.fsdp`).
     ``routing`` is the token copies per expert summed over every rank's batch of one
     expert-parallel group (a histogram of ``E`` counts summing to ``ep x tokens x top_k``), the
     same in each group; without it routing is balanced. Each MoE
@@ -125,9 +125,9 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
                     single_device: Report | None = None) -> ExpertParallelReport:
     """`analyze_experts` on a report already counted: one batch of ``tokens`` tokens on one
     device, its MoE layers' experts the modules named ``experts``; with ``fsdp``, the FSDP2
-    collectives of one rank (`exportflops.parallel.experts_fsdp.fsdp_collectives`), the same
+    collectives of one rank (`exportflops.parallel.experts.fsdp.fsdp_collectives`), the same
     sizes on every rank. With ``tp`` (equal to ``ep``), ``report`` is one tensor-parallel rank's
-    with its MoE layers routing its share of the tokens (`exportflops.parallel.experts_tp`),
+    with its MoE layers routing its share of the tokens (`exportflops.parallel.experts.tp`),
     the same on every rank, and ``single_device`` the batch's single-device report."""
     _check_sizes(report, ep, top_k, num_experts, tokens)
     if tp is not None:
