@@ -16,6 +16,7 @@ built as for a full export.
 from __future__ import annotations
 
 import copy
+import functools
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -30,7 +31,8 @@ from ..torch_internals import pytree
 from ..graph.walk import NodeCall
 
 
-def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
+def stubbed(model: torch.nn.Module, plan: Plan, train: bool,
+            shared: bool = False) -> torch.nn.Module:
     """A shallow copy of ``model`` whose repeated modules run their stub. Only the modules on
     the way to a repeat or a model are copied (each with its own ``_modules``); the copies share
     every other module, parameter and buffer with ``model``. A repeat's copy holds no
@@ -38,7 +40,8 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
     when its outputs need a gradient that no input brings: they come from its parameters then.
     A model's copy records the sizes its call sees, which its repeats' stubs take (with
     dynamic shapes they are symbolic: a stub's zeros then have the model's sizes, not the
-    example's)."""
+    example's). ``shared`` (forward only): a stub makes zeros of its first tensor output
+    alone, and returns the model call's own tensors for the others (`_shared_outputs`)."""
     copies: dict[str, torch.nn.Module] = {}
 
     def copied(path: str) -> torch.nn.Module:
@@ -62,7 +65,7 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
         if not train or repeat.grad_inputs:
             module._parameters, module._buffers, module._modules = {}, {}, {}
         # An instance attribute of the copy; ``nn.Module.__call__`` calls it as ``forward``.
-        module.forward = _stub(module, repeat, train, seen[repeat.model])
+        module.forward = _stub(module, repeat, train, seen[repeat.model], shared)
     return copied("")
 
 
@@ -84,7 +87,7 @@ def _sizes(tree: Any) -> list:
             for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
+def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list, shared: bool):
     """Zeros of the model call's outputs. In train mode an output that needs a gradient is tied
     to every input that requires one (or else to the module's parameters), as the block's own
     output is: the backward then flows around the block as it does around the real one."""
@@ -93,6 +96,8 @@ def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
         if sizes != _sizes((args, kwargs)):
             # Equal at the example's sizes, not as functions of the dynamic ones.
             raise NotRepeated(repeat.path)
+        if shared:
+            return _shared_outputs(repeat.outputs, output)
         anchors = []
         if train:
             anchors = [t for t in pytree.tree_leaves((args, kwargs))
@@ -102,6 +107,33 @@ def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
         return pytree.tree_map_only(TensorSlot, lambda slot: _made(slot, next(shapes), anchors),
                                     repeat.outputs)
     return forward
+
+
+def _shared_outputs(slots: Any, output: Any) -> Any:
+    """A stub's outputs with one op: zeros for the first tensor (where the repeat's copied
+    nodes go in the graph), the model call's own tensors for the rest. Each export op costs as
+    much as some 10 ops under FlopCounterMode, and a Llama block's stub made 3 (its output and
+    its key and value). Equal tensors to every op that reads them, so equal counts, as long as
+    nothing writes one in place: `fast_capture` shares them only where nothing does."""
+    tensors = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    leaves, spec = pytree.tree_flatten(slots)
+    slots_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, TensorSlot)]
+    for index, tensor in zip(slots_at, tensors):
+        leaves[index] = tensor
+    if slots_at:
+        first = leaves[slots_at[0]]
+        leaves[slots_at[0]] = torch.zeros(first.shape, dtype=first.dtype, device=first.device)
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _writes(program: torch.export.ExportedProgram) -> bool:
+    """Whether the program writes a tensor in place: an op with a mutable schema, or an
+    input or buffer it updates."""
+    signature = program.graph_signature
+    if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
+        return True
+    return any(isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+               for node in program.graph.nodes if node.op == "call_function")
 
 
 def _made(slot: TensorSlot, shape: Any, anchors: list[torch.Tensor]) -> torch.Tensor:
@@ -225,11 +257,17 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     plan = plan_blocks(model, args, kwargs or {})
     if not plan.repeats:
         return None, None
+    # The stubs' zeros are no example to decide a branch on values by: the full export's.
+    export = functools.partial(capture, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                               forward_only=not train, by_values=False)
     try:
-        # The stubs' zeros are no example to decide a branch on values by: the full export's.
-        captured = capture(stubbed(model, plan, train), args, kwargs,
-                           dynamic_shapes=dynamic_shapes, forward_only=not train,
-                           by_values=False)
+        captured = None
+        # Forward only, stubs of one op each where neither the cheap pass nor the program
+        # writes a tensor in place (else fresh zeros for every output: a write may reach one).
+        if not train and not plan.writes:
+            captured = export(stubbed(model, plan, train, shared=True))
+            captured = None if _writes(captured.program) else captured
+        captured = captured or export(stubbed(model, plan, train))
     except Exception:  # the full export fails the same way and says why
         return None, None
     if by_example(model, args, kwargs or {}, dynamic_shapes) and value_sizes(
