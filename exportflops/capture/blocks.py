@@ -77,8 +77,6 @@ class Repeat:
 class Plan:
     repeats: dict[str, Repeat] = field(default_factory=dict)
     """Path of each repeated module -> its repeat."""
-    writes: bool = False
-    """Whether an op of the cheap pass writes a tensor in place."""
 
 
 class _Unique(Exception):
@@ -96,10 +94,7 @@ def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
     trace = _traced(model, args, kwargs, _unique_paths(model, owners))
     if trace is None:
         return Plan()
-    plan = _choose(model, owners, trace)
-    plan.writes = any(isinstance(event[0], torch._ops.OpOverload)
-                      and event[0]._schema.is_mutable for event in trace.events)
-    return plan
+    return _choose(model, owners, trace)
 
 
 def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,

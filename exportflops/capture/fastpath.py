@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import operator
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -114,7 +115,7 @@ def _shared_outputs(slots: Any, output: Any) -> Any:
     nodes go in the graph), the model call's own tensors for the rest. Each export op costs as
     much as some 10 ops under FlopCounterMode, and a Llama block's stub made 3 (its output and
     its key and value). Equal tensors to every op that reads them, so equal counts, as long as
-    nothing writes one in place: `fast_capture` shares them only where nothing does."""
+    nothing writes one in place: `fast_capture` checks that (`_writes_across`)."""
     tensors = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
     leaves, spec = pytree.tree_flatten(slots)
     slots_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, TensorSlot)]
@@ -126,14 +127,39 @@ def _shared_outputs(slots: Any, output: Any) -> Any:
     return pytree.tree_unflatten(leaves, spec)
 
 
-def _writes(program: torch.export.ExportedProgram) -> bool:
-    """Whether the program writes a tensor in place: an op with a mutable schema, or an
-    input or buffer it updates."""
+def _writes_across(program: torch.export.ExportedProgram) -> bool:
+    """Whether the program writes in place a tensor that its own module call did not make: an
+    input or buffer, or an op's argument whose base (through views) another call made. A
+    write within one call (``scores += bias`` on the call's own scores) reaches no stub's
+    output."""
     signature = program.graph_signature
     if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
         return True
-    return any(isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
-               for node in program.graph.nodes if node.op == "call_function")
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or \
+                not target._schema.is_mutable:
+            continue
+        for index, argument in enumerate(target._schema.arguments):
+            value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+            if argument.alias_info is None or not argument.alias_info.is_write or \
+                    not isinstance(value, torch.fx.Node):
+                continue
+            base = _base(value)
+            if base.op != "call_function" or \
+                    base.meta.get("nn_module_stack") != node.meta.get("nn_module_stack"):
+                return True
+    return False
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose tensor ``node``'s is a view of (itself if none)."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) \
+            and (node.target is operator.getitem or (
+                isinstance(node.target, torch._ops.OpOverload)
+                and any(r.alias_info is not None for r in node.target._schema.returns))):
+        node = node.args[0]
+    return node
 
 
 def _made(slot: TensorSlot, shape: Any, anchors: list[torch.Tensor]) -> torch.Tensor:
@@ -262,11 +288,11 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
                                forward_only=not train, by_values=False)
     try:
         captured = None
-        # Forward only, stubs of one op each where neither the cheap pass nor the program
-        # writes a tensor in place (else fresh zeros for every output: a write may reach one).
-        if not train and not plan.writes:
+        # Forward only, stubs of one op each, unless the program writes in place a tensor a
+        # stub may have returned (then fresh zeros for every output).
+        if not train:
             captured = export(stubbed(model, plan, train, shared=True))
-            captured = None if _writes(captured.program) else captured
+            captured = None if _writes_across(captured.program) else captured
         captured = captured or export(stubbed(model, plan, train))
     except Exception:  # the full export fails the same way and says why
         return None, None
