@@ -114,8 +114,9 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,
     try:
         # Under fake tensors a real buffer written in place (a running count) is still written:
         # it is put back, from a copy taken before the fake mode.
-        with buffers_kept(model), quiet_fake_tensor_log(), cheap, trace.hooks(model), \
-                attributes_kept(model), torch.random.fork_rng(devices=[]), ops:
+        # Attributes kept from before the hooks: the hooks' own entries are then no copy.
+        with buffers_kept(model), quiet_fake_tensor_log(), cheap, attributes_kept(model), \
+                trace.hooks(model), torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
     except Exception:  # the full export reports the model's own errors with their hints
@@ -224,10 +225,11 @@ class _Trace:
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
-                call.inputs = (_key((args, kwargs)), torch.is_grad_enabled(),
+                leaves, spec = pytree.tree_flatten((args, kwargs))
+                call.inputs = (_key(leaves, spec), torch.is_grad_enabled(),
                                torch.is_inference_mode_enabled(), _autocast())
                 call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in pytree.tree_leaves((args, kwargs)))
+                                       for t in leaves)
             except _Unique:
                 call.path = None
             self.events.append(("enter", path))
@@ -244,8 +246,11 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                call.out_key = _key(output)
-                call.outputs = pytree.tree_map_only(torch.Tensor, _slot, output)
+                # Flattened once for both (pytree is most of a hook's time).
+                leaves, spec = pytree.tree_flatten(output)
+                call.out_key = _key(leaves, spec)
+                call.outputs = pytree.tree_unflatten(
+                    [_slot(t) if isinstance(t, torch.Tensor) else t for t in leaves], spec)
             except _Unique:
                 call.path = None
         return hook
@@ -314,6 +319,9 @@ def _all_meta(inputs: Any, out: Any) -> bool:
 
 def _maker(out: Any):
     """A function returning new empty meta tensors shaped like the tensors of ``out``."""
+    if isinstance(out, torch.Tensor):  # most ops: no pytree
+        shape, stride, dtype = out.shape, out.stride(), out.dtype
+        return lambda: torch.empty_strided(shape, stride, dtype=dtype, device="meta")
     leaves, spec = pytree.tree_flatten(out)
     layouts = [(t.shape, t.stride(), t.dtype) for t in leaves]
     return lambda: pytree.tree_unflatten(
@@ -321,19 +329,21 @@ def _maker(out: Any):
          for shape, stride, dtype in layouts], spec)
 
 
-def _key(tree: Any) -> tuple:
-    leaves, spec = pytree.tree_flatten(tree)
+def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
+    """A flattened pytree's structure and each leaf's `_leaf`."""
     return (spec, *(_leaf(leaf) for leaf in leaves))
 
 
 def _op_key(value: Any) -> Any:
     """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
     tuples or dicts of them: a nested tuple, without pytree's specs (the cheap pass's cost is
-    mostly this, once per op)."""
+    mostly this, once per op: tensors, the most common, are tried first)."""
+    if isinstance(value, torch.Tensor):
+        return _leaf(value)
     if isinstance(value, (list, tuple)):
-        return (type(value), *(_op_key(v) for v in value))
+        return (type(value), *[_op_key(v) for v in value])
     if isinstance(value, dict):
-        return (dict, *((k, _op_key(v)) for k, v in value.items()))
+        return (dict, *[(k, _op_key(v)) for k, v in value.items()])
     return _leaf(value)
 
 
@@ -359,11 +369,15 @@ def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) 
     another repeat, and a repeat never around or inside a model."""
     runs = Counter(call.path for call in trace.calls)
     modules = dict(model.named_modules(remove_duplicate=False))
+    once = [call for call in trace.calls
+            if call.path and runs[call.path] == 1 and call.path not in trace.escaped]
+    # Calls that share no inputs, outputs and length with another cannot share the whole
+    # key below: its costly parts (a subtree's modules, a body of every op) are left unread.
+    alike = Counter(map(_outline, once))
     by_key: dict[tuple, _Call] = {}
     candidates = []
-    for call in trace.calls:
-        if not call.path or runs[call.path] != 1 or call.path in trace.escaped or \
-                not _private(call.path, modules, owners):
+    for call in once:
+        if alike[_outline(call)] < 2 or not _private(call.path, modules, owners):
             continue
         key = (_tree_key(modules[call.path]), call.inputs, call.out_key,
                _body(trace.events, call))
@@ -382,6 +396,12 @@ def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) 
         taken.add(call.path)
         taken.add(first.path)
     return plan
+
+
+def _outline(call: _Call) -> tuple:
+    """Part of what `_choose` keys a call by, cheap to read: its inputs, outputs and number of
+    events."""
+    return call.inputs, call.out_key, call.end - call.start
 
 
 class _Paths:

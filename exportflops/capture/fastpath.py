@@ -16,6 +16,8 @@ built as for a full export.
 from __future__ import annotations
 
 import copy
+import functools
+import operator
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -30,7 +32,8 @@ from ..torch_internals import pytree
 from ..graph.walk import NodeCall
 
 
-def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
+def stubbed(model: torch.nn.Module, plan: Plan, train: bool,
+            shared: bool = False) -> torch.nn.Module:
     """A shallow copy of ``model`` whose repeated modules run their stub. Only the modules on
     the way to a repeat or a model are copied (each with its own ``_modules``); the copies share
     every other module, parameter and buffer with ``model``. A repeat's copy holds no
@@ -38,7 +41,8 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
     when its outputs need a gradient that no input brings: they come from its parameters then.
     A model's copy records the sizes its call sees, which its repeats' stubs take (with
     dynamic shapes they are symbolic: a stub's zeros then have the model's sizes, not the
-    example's)."""
+    example's). ``shared`` (forward only): a stub makes zeros of its first tensor output
+    alone, and returns the model call's own tensors for the others (`_shared_outputs`)."""
     copies: dict[str, torch.nn.Module] = {}
 
     def copied(path: str) -> torch.nn.Module:
@@ -62,7 +66,7 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool) -> torch.nn.Module:
         if not train or repeat.grad_inputs:
             module._parameters, module._buffers, module._modules = {}, {}, {}
         # An instance attribute of the copy; ``nn.Module.__call__`` calls it as ``forward``.
-        module.forward = _stub(module, repeat, train, seen[repeat.model])
+        module.forward = _stub(module, repeat, train, seen[repeat.model], shared)
     return copied("")
 
 
@@ -84,7 +88,7 @@ def _sizes(tree: Any) -> list:
             for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
+def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list, shared: bool):
     """Zeros of the model call's outputs. In train mode an output that needs a gradient is tied
     to every input that requires one (or else to the module's parameters), as the block's own
     output is: the backward then flows around the block as it does around the real one."""
@@ -93,6 +97,8 @@ def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
         if sizes != _sizes((args, kwargs)):
             # Equal at the example's sizes, not as functions of the dynamic ones.
             raise NotRepeated(repeat.path)
+        if shared:
+            return _shared_outputs(repeat.outputs, output)
         anchors = []
         if train:
             anchors = [t for t in pytree.tree_leaves((args, kwargs))
@@ -102,6 +108,58 @@ def _stub(module: torch.nn.Module, repeat: Repeat, train: bool, seen: list):
         return pytree.tree_map_only(TensorSlot, lambda slot: _made(slot, next(shapes), anchors),
                                     repeat.outputs)
     return forward
+
+
+def _shared_outputs(slots: Any, output: Any) -> Any:
+    """A stub's outputs with one op: zeros for the first tensor (where the repeat's copied
+    nodes go in the graph), the model call's own tensors for the rest. Each export op costs as
+    much as some 10 ops under FlopCounterMode, and a Llama block's stub made 3 (its output and
+    its key and value). Equal tensors to every op that reads them, so equal counts, as long as
+    nothing writes one in place: `fast_capture` checks that (`_writes_across`)."""
+    tensors = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    leaves, spec = pytree.tree_flatten(slots)
+    slots_at = [i for i, leaf in enumerate(leaves) if isinstance(leaf, TensorSlot)]
+    for index, tensor in zip(slots_at, tensors):
+        leaves[index] = tensor
+    if slots_at:
+        first = leaves[slots_at[0]]
+        leaves[slots_at[0]] = torch.zeros(first.shape, dtype=first.dtype, device=first.device)
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _writes_across(program: torch.export.ExportedProgram) -> bool:
+    """Whether the program writes in place a tensor that its own module call did not make: an
+    input or buffer, or an op's argument whose base (through views) another call made. A
+    write within one call (``scores += bias`` on the call's own scores) reaches no stub's
+    output."""
+    signature = program.graph_signature
+    if signature.user_inputs_to_mutate or signature.buffers_to_mutate:
+        return True
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or \
+                not target._schema.is_mutable:
+            continue
+        for index, argument in enumerate(target._schema.arguments):
+            value = node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+            if argument.alias_info is None or not argument.alias_info.is_write or \
+                    not isinstance(value, torch.fx.Node):
+                continue
+            base = _base(value)
+            if base.op != "call_function" or \
+                    base.meta.get("nn_module_stack") != node.meta.get("nn_module_stack"):
+                return True
+    return False
+
+
+def _base(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose tensor ``node``'s is a view of (itself if none)."""
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node) \
+            and (node.target is operator.getitem or (
+                isinstance(node.target, torch._ops.OpOverload)
+                and any(r.alias_info is not None for r in node.target._schema.returns))):
+        node = node.args[0]
+    return node
 
 
 def _made(slot: TensorSlot, shape: Any, anchors: list[torch.Tensor]) -> torch.Tensor:
@@ -225,11 +283,17 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     plan = plan_blocks(model, args, kwargs or {})
     if not plan.repeats:
         return None, None
+    # The stubs' zeros are no example to decide a branch on values by: the full export's.
+    export = functools.partial(capture, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                               forward_only=not train, by_values=False)
     try:
-        # The stubs' zeros are no example to decide a branch on values by: the full export's.
-        captured = capture(stubbed(model, plan, train), args, kwargs,
-                           dynamic_shapes=dynamic_shapes, forward_only=not train,
-                           by_values=False)
+        captured = None
+        # Forward only, stubs of one op each, unless the program writes in place a tensor a
+        # stub may have returned (then fresh zeros for every output).
+        if not train:
+            captured = export(stubbed(model, plan, train, shared=True))
+            captured = None if _writes_across(captured.program) else captured
+        captured = captured or export(stubbed(model, plan, train))
     except Exception:  # the full export fails the same way and says why
         return None, None
     if by_example(model, args, kwargs or {}, dynamic_shapes) and value_sizes(

@@ -16,6 +16,8 @@ from torch import nn
 
 from exportflops import analyze
 from exportflops.capture.blocks import plan_blocks
+from exportflops.capture.export import capture
+from exportflops.capture.fastpath import fast_capture
 from exportflops.examples.gpt2 import GPT, GPTConfig
 from exportflops.examples.llama import Llama, LlamaConfig
 from exportflops.examples.resnet import resnet50
@@ -251,3 +253,23 @@ def test_a_dynamic_size_gives_the_fast_path_the_full_exports_operators(reads_siz
         # Three blocks, each one linear and one residual add; no size is read.
         assert {op: row.calls for op, row in fast.by_operator().items()} == \
             {"aten.linear.default": 3, "aten.add.Tensor": 3}
+
+
+def _zeros(program, outside: dict) -> int:
+    """The program's ``aten.zeros`` nodes outside every module path in ``outside``."""
+    return sum(1 for node in program.graph.nodes
+               if node.target is torch.ops.aten.zeros.default
+               and not any(path in outside for path, _ in
+                           node.meta.get("nn_module_stack", {}).values()))
+
+
+def test_a_forward_stub_exports_one_op_for_all_its_outputs():
+    # The Llama example's block returns three tensors (its output, its key and its value): a
+    # stub of one op (zeros of the first) exports one zeros per repeat, beside the model's own
+    # zeros (those of the full export outside the repeated blocks).
+    model, args, _ = small_llama()
+    repeats = plan_blocks(model, args, {}).repeats
+    stubbed, _ = fast_capture(model, args, None, train=False)
+    own = _zeros(capture(model, args, forward_only=True).program, repeats)
+    assert repeats
+    assert _zeros(stubbed.program, {}) == own + len(repeats)
