@@ -30,7 +30,7 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "--budget, --generate, --seqlens, --split-backward, --pp, --ep or "
                          "--cp (--tp and --fsdp: one rank's step).")
     if ns.device_model is not None:
-        from ..roofline.devices import DEVICES
+        from ..device_table import DEVICES
 
         sized = [d.key for d in DEVICES if d.memory_bytes is not None]
         if ns.device_model not in sized:
