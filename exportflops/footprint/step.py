@@ -218,12 +218,16 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
     """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
     (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode.
-    ``resized()``, called after step 1: tensors whose storages are resized in place over the
+    ``resized()``, called after step 1 (in forward, after a forward before the one recorded):
+    tensors whose storages are resized in place over the
     step (FSDP2's unsharded parameters), followed op by op."""
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
         loss(model(*args, **kwargs)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
+        with torch.no_grad():
+            model(*args, **kwargs)
     run = StepRun()
     with _module_paths(model) as running:
         storages = _Storages(run, running, resized() if resized is not None else [])

@@ -65,7 +65,8 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
         run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                        optimizer=optimizer, optimizer_options=optimizer_options,
                        loss=loss or default_loss(name),
-                       resized=lambda: unsharded_storages(fake_model))
+                       resized=(lambda: unsharded_storages(fake_model))
+                       if layout.fsdp > 1 else None)
     report = memory_report(run, built, mode=mode, optimizer=optimizer if train else "",
                            allocator=allocator, size=ALLOCATORS[allocator])
     return report.model_copy(update={"world_size": layout.world_size, "rank": rank})

@@ -50,6 +50,7 @@ def test_an_fsdp2_rank_holds_its_shards_and_the_unsharded_block_in_flight():
     fsdp = 2
     model, args = MODELS["fsdp"]()
     report = memory_ranks(model, args, layout=Layout(fsdp=fsdp), rank=0)
+    forward = memory_ranks(model, args, layout=Layout(fsdp=fsdp), rank=0, mode="forward")
     # 1. FSDP2 shards every parameter on dim 0: a rank holds half of each block's
     #    2H + 2 H F = 2080 elements, of both blocks.
     block = (NORM + LINEARS) * F32
@@ -61,6 +62,8 @@ def test_an_fsdp2_rank_holds_its_shards_and_the_unsharded_block_in_flight():
     #    shards' twice, with a step for each of the 8 parameters.
     assert (report.max_by_kind.parameters, report.max_by_kind.gradients,
             report.max_by_kind.optimizer) == (sharded + block, sharded, 2 * sharded + 8 * STEP)
+    # 4. a forward alone gathers and frees each block the same way.
+    assert forward.max_by_kind.parameters == sharded + block
 
 
 def test_every_rank_is_reported_and_the_view_names_the_rank_with_the_highest_peak():
