@@ -1,6 +1,6 @@
 """One rank of the real two-process step in tests/footprint/test_memory_ranks.py (started with
 torchrun, gloo on cpu): the model split by the layout named on the command line as
-`exportflops.parallel.parallelize` splits it, then steps 2, 3 and 4 of the training loop, each
+`exportflops.parallel.parallelize` splits it, then steps 2 to 6 of the training loop, each
 measured by torch's profiler memory timeline (tests/footprint/profiled.py). Writes their peaks
 to ``<out>/rank<r>.json``."""
 
@@ -27,7 +27,7 @@ def main(layout_name: str, out: Path) -> None:
     model, (x,) = MODELS[layout_name]()
     parallelize(model, layout.device_mesh())
     step = training_step(model, lambda: model(x).sum())
-    peaks = [profiled(step, steps_before=int(i == 0)).peak_bytes for i in range(3)]
+    peaks = [profiled(step, steps_before=int(i == 0)).peak_bytes for i in range(5)]
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps({"peak_bytes": peaks}))
     dist.destroy_process_group()
 

@@ -14,8 +14,8 @@ import torch
 from exportflops.errors import LayoutError
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.records import RanksMemory
-from tests.footprint.rank_models import MODELS
-from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ
+from tests.footprint.rank_models import MODELS, WIDE_BATCH, WIDE_FFN, WIDE_HIDDEN, WIDE_SEQ
+from tests.parallel_models import FFN, HIDDEN
 from tests.torchrun import torchrun
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
@@ -34,16 +34,16 @@ def test_a_tensor_parallel_rank_holds_the_shards_of_the_split_weights_and_their_
     report = memory_ranks(model, args, layout=Layout(tp=tp), rank=1)
     assert (report.world_size, report.rank) == (tp, 1)
     # 1. up is split by its output rows, down by its input columns: each rank holds
-    #    (H x F + F x H) / tp of the linears, and the whole norm (2H): 32 + 2048 / 2 = 1056.
-    held = (NORM + LINEARS // tp) * F32
-    assert held == 4224
+    #    (H x F + F x H) / tp of the linears, and the whole norm (2H): 128 + 32768 / 2.
+    held = (2 * WIDE_HIDDEN + 2 * WIDE_HIDDEN * WIDE_FFN // tp) * F32
+    assert held == 66048
     # 2. the gradients are the shards' (DTensor gradients are local tensors of the same shape);
     #    AdamW's exp_avg and exp_avg_sq are two more copies, with a step per parameter (4 of
     #    them: norm weight, norm bias, up, down).
     assert (report.max_by_kind.parameters, report.max_by_kind.gradients,
             report.max_by_kind.optimizer) == (held, held, 2 * held + 4 * STEP)
     # 3. each rank runs the whole batch: its input is x, B x T x H.
-    assert report.max_by_kind.inputs == BATCH * SEQ * HIDDEN * F32
+    assert report.max_by_kind.inputs == WIDE_BATCH * WIDE_SEQ * WIDE_HIDDEN * F32
 
 
 def test_an_fsdp2_rank_holds_its_shards_and_the_unsharded_block_in_flight():
@@ -92,7 +92,8 @@ def test_two_real_gloo_ranks_peak_as_the_fake_process_group_predicts(tmp_path, d
         measured = json.loads((tmp_path / f"rank{rank}.json").read_text())["peak_bytes"]
         # gloo's thread drops a collective's work, and the tensors it holds, when it gets to
         # it: now and then after the step's next allocations, which adds a buffer to that
-        # step's peak (an all-gather output, 8320 bytes, in about one FSDP2 run in six). The
-        # step whose frees follow the Python code is the least of three.
+        # step's peak (an all-gather output, 8320 bytes, in about one FSDP2 step in six; more
+        # often on a loaded machine). The step whose frees follow the Python code is the
+        # least of five.
         assert abs(min(measured) - predicted.peak_bytes) <= 0.03 * min(measured), (
             rank, measured, predicted.peak_bytes)
