@@ -99,6 +99,9 @@ _feature("current_autograd_node", "torch._C:_current_autograd_node",
          "memory: the module of a backward op")
 _feature("resolve_process_group", "torch.distributed.distributed_c10d:_resolve_process_group",
          "the collectives of a tensor-parallel rank")
+_feature("is_traceable_wrapper_subclass",
+         "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
+         "memory of a parallelized model (DTensor shards)")
 _feature("prims", "torch._prims", "deciding branches by values")
 _feature("make_fx", "torch.fx.experimental.proxy_tensor:make_fx", "per-rank capture under FSDP2")
 

@@ -1,5 +1,6 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
-``--optimizer``, and with ``--device-model KEY`` whether its peak fits that device's memory."""
+``--optimizer``, and with ``--device-model KEY`` whether its peak fits that device's memory;
+with ``--tp``/``--fsdp``, of the step of rank ``--rank`` (`exportflops.parallel.memory_ranks`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
 #: What --memory does not combine with: the flags of other analyses, by their dest.
-_OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens", "tp", "fsdp",
-                   "pp", "ep", "cp", "trace", "split_backward")
+_OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens", "pp", "ep",
+                   "cp", "trace", "split_backward")
 
 
 def check_memory(ns: argparse.Namespace) -> None:
@@ -26,8 +27,8 @@ def check_memory(ns: argparse.Namespace) -> None:
         raise UsageError("--memory prints one step's memory of a model built here as a table, "
                          "Markdown or JSON (--depth for the module tree): not a saved .pt2, "
                          "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
-                         "--budget, --generate, --seqlens, --split-backward or a parallel "
-                         "split.")
+                         "--budget, --generate, --seqlens, --split-backward, --pp, --ep or "
+                         "--cp (--tp and --fsdp: one rank's step).")
     if ns.device_model is not None:
         from ..device_table import DEVICES
 
@@ -39,17 +40,39 @@ def check_memory(ns: argparse.Namespace) -> None:
 
 def analyze_memory(ns: argparse.Namespace):
     """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
-    from .. import memory
     from ..records.memory import MemoryOnDevice
 
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
-    report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+    report = _rank_memory(ns) if ns.tp is not None or ns.fsdp is not None else _memory(ns)
     if ns.device_model is None:
         return report, lambda record, style: _memory_text(record, style, ns.depth)
     return (MemoryOnDevice(memory=report, fit=report.fits(ns.device_model)),
             lambda record, style: _on_device_text(record, style, ns.depth))
+
+
+def _memory(ns: argparse.Namespace):
+    from .. import memory
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+
+
+def _rank_memory(ns: argparse.Namespace):
+    """The step of rank --rank of MODEL split by --tp and --fsdp."""
+    from ..errors import LayoutError
+    from ..parallel.rank_memory import memory_ranks
+    from .splits import split_flags, split_layout
+
+    def build(device):
+        return build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
+                            hf_options=hf_options(ns))
+
+    try:
+        return memory_ranks(build, layout=split_layout(ns), rank=ns.rank, mode=ns.mode,
+                            optimizer=ns.optimizer or "adamw")
+    except LayoutError as error:  # a model without a plan
+        raise UsageError(f"--memory {split_flags(ns)}: {error}") from error
 
 
 def _memory_text(report, style, depth: int) -> str:

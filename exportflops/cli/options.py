@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
     analysis.add_argument("--memory", action="store_true",
                           help="the memory of one step instead of its counts: the peak, what "
                                "holds it, per module (exportflops.memory); --device-model KEY "
-                               "says whether it fits that device")
+                               "says whether it fits that device; with --tp/--fsdp, the step "
+                               "of rank --rank")
     analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default=None,
                           help="--memory --mode train: the step's optimizer (default adamw)")
     analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),

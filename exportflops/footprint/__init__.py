@@ -47,11 +47,13 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     and its inputs (meta models too); the model is untouched.
     """
     name = type(model).__name__
-    _check(model, name, mode, optimizer, allocator)
+    if not isinstance(model, torch.nn.Module):
+        raise InputError(f"memory() takes a torch.nn.Module, not {name}.")
+    check_options(name, mode, optimizer, allocator)
     train = mode == "train"
     run = _run(model, tuple(args), dict(kwargs or {}), name=name, train=train,
                optimizer=optimizer, optimizer_options=optimizer_options,
-               loss=loss or _default_loss(name))
+               loss=loss or default_loss(name))
     return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
                          allocator=allocator, size=ALLOCATORS[allocator])
 
@@ -59,18 +61,29 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
 def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train: bool,
          optimizer: str, optimizer_options: dict | None,
          loss: Callable[[Any], torch.Tensor]) -> StepRun:
-    """The step on a fake copy of ``model`` and its inputs, under their fake mode."""
+    """The step on a fake copy of ``model`` and its inputs."""
     # Imported here: the parallel package loads every per-rank analysis, which memory needs not.
     from ..count.ranks import fake_copy
 
-    fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
-    fake_mode = require("detect_fake_mode")([*fake_model.parameters(), *fake_model.buffers(),
-                                             *pytree.tree_leaves((fake_args, fake_kwargs))])
+    return run_fake(*fake_copy(model, args, kwargs), name=name, train=train,
+                    optimizer=optimizer, optimizer_options=optimizer_options, loss=loss)
+
+
+def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *, name: str,
+             train: bool, optimizer: str, optimizer_options: dict | None,
+             loss: Callable[[Any], torch.Tensor],
+             resized: Callable[[], list[torch.Tensor]] | None = None) -> StepRun:
+    """The step of ``fake_model`` (and its inputs) on fake tensors, under their fake mode;
+    ``resized``: as `run_step` takes it."""
+    leaves = [*fake_model.parameters(), *fake_model.buffers(),
+              *pytree.tree_leaves((fake_args, fake_kwargs))]
+    fake_mode = require("detect_fake_mode")([
+        t for t in leaves if isinstance(t, torch.Tensor)])
     with fake_mode, AsOnCpu():
         built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
-                            loss=loss)
+                            loss=loss, resized=resized)
         except (InputError, ProfileError):
             raise
         except Exception as error:  # the user's forward may raise anything on fake tensors
@@ -83,9 +96,8 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train:
                 f"tensors; check the step runs eagerly on these inputs.") from error
 
 
-def _check(model: Any, name: str, mode: str, optimizer: str, allocator: str) -> None:
-    if not isinstance(model, torch.nn.Module):
-        raise InputError(f"memory() takes a torch.nn.Module, not {name}.")
+def check_options(name: str, mode: str, optimizer: str, allocator: str) -> None:
+    """The step's options for model ``name``, checked before anything runs."""
     if mode not in ("train", "forward"):
         raise InputError(f"mode={mode!r} for {name}: memory() runs mode='train' (a training "
                          f"step) or mode='forward' (a forward under no_grad).")
@@ -107,7 +119,7 @@ def _optimizer(optimizer: str, options: dict | None, model: torch.nn.Module,
                          f"{kind.__name__} refuses them: {error}") from None
 
 
-def _default_loss(name: str) -> Callable[[Any], torch.Tensor]:
+def default_loss(name: str) -> Callable[[Any], torch.Tensor]:
     def loss(output: Any) -> torch.Tensor:
         given = getattr(output, "loss", None)
         if isinstance(given, torch.Tensor):

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..torch_internals import pytree, require, sequence_nr, TorchDispatchMode
+from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
+                               TorchDispatchMode)
 
 #: Before the step's first op: parameters, buffers, inputs and optimizer states.
 BEFORE = -1
@@ -67,17 +68,27 @@ class StepRun:
 class _Storages(TorchDispatchMode):
     """Records each op and the storages its outputs bring into being, and when each dies."""
 
-    def __init__(self, run: StepRun, module: Callable[[], str]) -> None:
+    def __init__(self, run: StepRun, module: Callable[[], str],
+                 resized: list[torch.Tensor] = ()) -> None:
         super().__init__()
         self.run = run
         self.module = module
         self.phase = "forward"
         self.alive: dict[int, tuple[Storage, weakref.ref]] = {}
         """A live storage's address -> its record and the weak reference that sees it die."""
+        self.resized = {tensor.untyped_storage()._cdata: (tensor, None) for tensor in resized}
+        """Storages that stay while their bytes come and go (``storage.resize_``, no ATen op:
+        FSDP2's unsharded parameters): address -> (a tensor on it, the record of its bytes
+        now, None while it holds none)."""
 
     def hold(self, tensor: torch.Tensor, kind: str, start: int, module: str = "") -> Storage:
-        """The record of ``tensor``'s storage, made on first sight."""
+        """The record of ``tensor``'s storage, made on first sight (a DTensor's: its local
+        shard's)."""
+        if is_traceable_wrapper_subclass(tensor):
+            return [self.hold(t, kind, start, module) for t in _inner(tensor)][0]
         storage = tensor.untyped_storage()
+        if storage._cdata in self.resized:
+            return self._resized_record(storage._cdata, kind)
         key = storage._cdata  # the C++ storage's address: one for a tensor and its views
         if key in self.alive:
             return self.alive[key][0]
@@ -91,7 +102,31 @@ class _Storages(TorchDispatchMode):
         self.alive[key] = (record, weakref.ref(storage, dead))
         return record
 
+    def _resized_record(self, key: int, kind: str) -> Storage:
+        """A resized storage's bytes held now, as a record of their own."""
+        tensor, record = self.resized[key]
+        if record is None:
+            record = Storage(tensor.untyped_storage().nbytes(), kind, len(self.run.ops), "")
+            self.run.storages.append(record)
+            self.resized[key] = (tensor, record)
+        return record
+
+    def follow_resizes(self, index: int, kind: str = "parameters") -> None:
+        """Before op ``index``: each resized storage's bytes ended where they changed, and
+        begun anew at their new size."""
+        for key, (tensor, record) in self.resized.items():
+            nbytes = tensor.untyped_storage().nbytes()
+            if record is not None and record.nbytes == nbytes:
+                continue
+            if record is not None:
+                record.end = index
+            self.resized[key] = (tensor, None)
+            if nbytes:
+                self._resized_record(key, kind).start = index
+
     def record_of(self, tensor: torch.Tensor) -> Storage | None:
+        if is_traceable_wrapper_subclass(tensor):  # a DTensor autograd saves: its shard's
+            tensor = _inner(tensor)[0]
         found = self.alive.get(tensor.untyped_storage()._cdata)
         return found[0] if found else None
 
@@ -101,11 +136,18 @@ class _Storages(TorchDispatchMode):
         if not tensors:  # a query (prim.device, a scalar read) allocates nothing
             return result
         index = len(self.run.ops)
+        self.follow_resizes(index)
         module = self.module()
         self.run.ops.append(Op(str(func), module, self.phase))
         for tensor in tensors:
             self.hold(tensor, "temporaries", index, module)
         return result
+
+
+def _inner(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors a tensor subclass wraps (a DTensor: its local shard; its mesh is not one)."""
+    inner = (getattr(tensor, name) for name in tensor.__tensor_flatten__()[0])
+    return [t for t in inner if isinstance(t, torch.Tensor)]
 
 
 @contextlib.contextmanager
@@ -171,17 +213,24 @@ def _saved_as_activations(storages: _Storages) -> Iterator[None]:
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
              optimizer: torch.optim.Optimizer | None,
-             loss: Callable[[object], torch.Tensor]) -> StepRun:
+             loss: Callable[[object], torch.Tensor],
+             resized: Callable[[], list[torch.Tensor]] | None = None) -> StepRun:
     """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
-    (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode."""
+    (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode.
+    ``resized()``, called after step 1 (in forward, after a forward before the one recorded):
+    tensors whose storages are resized in place over the
+    step (FSDP2's unsharded parameters), followed op by op."""
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
         loss(model(*args, **kwargs)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+    elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
+        with torch.no_grad():
+            model(*args, **kwargs)
     run = StepRun()
     with _module_paths(model) as running:
-        storages = _Storages(run, running)
+        storages = _Storages(run, running, resized() if resized is not None else [])
         _hold_state(storages, model, args, kwargs, optimizer)
         with storages:
             if train:

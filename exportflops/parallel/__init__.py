@@ -5,7 +5,8 @@ What goes where: at this level, what every family shares: ``layout`` (`Layout`, 
 of every split and the one mesh built from them), ``parallelize`` (a model's tensor-parallel
 plan and FSDP2's units on the mesh), ``fsdp_blocks`` (the blocks FSDP2 shards one by one),
 ``fsdp_trace`` (FSDP2's collectives traced on a fake copy), ``per_rank`` (one rank of tp and
-fsdp) and ``entry`` (`analyze_ranks`, any layout from Python). One folder per family on top:
+fsdp), ``entry`` (`analyze_ranks`, any layout from Python) and ``rank_memory``
+(`memory_ranks`, a step's memory per rank of tp and fsdp). One folder per family on top:
 ``pipeline/`` (stages, schedules, a pipeline on the mesh), ``experts/`` (expert parallelism,
 inside FSDP2 and over tp) and ``context/`` (ring attention, with tp and inside FSDP2).
 `fake_process_group` (one CPU process standing for a rank) is ``count.ranks``'s, since every
@@ -14,6 +15,7 @@ count uses it; the captures themselves are ``capture.dtensor`` and ``capture.fsd
 
 from .layout import Layout
 from .entry import analyze_ranks
+from .rank_memory import memory_ranks
 from ..count.ranks import fake_process_group
 
-__all__ = ["Layout", "analyze_ranks", "fake_process_group"]
+__all__ = ["Layout", "analyze_ranks", "fake_process_group", "memory_ranks"]

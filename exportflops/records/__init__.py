@@ -11,7 +11,7 @@ from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
 from .generation import GenerationReport
 from .memory import (DeviceFit, KindBytes, MemoryOnDevice, MemoryPoint, MemoryReport,
-                     ModuleMemory)
+                     ModuleMemory, RanksMemory)
 from .pipeline import PipelineAction, PipelineRank, PipelineReport, PipelineStage
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
@@ -23,7 +23,7 @@ __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelRepo
            "ContextRank", "Conventions", "Cost", "Count", "DeviceFit", "DocumentFlops",
            "ExpertParallelReport", "ExpertRank",
            "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
-           "ModuleMemory",
+           "ModuleMemory", "RanksMemory",
            "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
            "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
            "PipelineStage", "Record", "Report", "RingSend", "Roofline",

@@ -127,6 +127,11 @@ class MemoryReport(Record):
     """Every module, in ``named_modules()`` order."""
     timeline: list[MemoryPoint]
     """The live bytes after every op of the step, in order."""
+    world_size: int = 1
+    """The ranks of the layout the step ran on (`exportflops.parallel.memory_ranks`); 1: one
+    device."""
+    rank: int = 0
+    """The rank whose step this is."""
 
     def to_pandas(self, rows: Literal["timeline", "modules"] = "timeline") -> Any:
         """The timeline (one row per op: index, op, module, phase, the live bytes of each kind
@@ -162,3 +167,18 @@ class MemoryOnDevice(Record):
     """The step's memory."""
     fit: DeviceFit
     """``memory.fits(KEY)``."""
+
+
+class RanksMemory(Record):
+    """The memory of one step on every rank of a layout (`exportflops.parallel.memory_ranks`)."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record layout."""
+    layout: str
+    """The layout (``Layout(fsdp=2, tp=2)``)."""
+    ranks: list[MemoryReport]
+    """Each rank's step, in rank order."""
+    peak_rank: int
+    """The rank with the highest peak (the first of equal peaks)."""
+    peak_bytes: int
+    """That rank's peak: what each device of the layout must hold."""

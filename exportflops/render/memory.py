@@ -19,7 +19,9 @@ def memory_view(report: MemoryReport, style: Style = Style(), max_depth: int = 3
     and the module tree to ``max_depth``."""
     step = (f"training step ({report.optimizer}, step 2 of the loop)" if report.mode == "train"
             else "forward under no_grad")
-    title = (f"Memory of {report.model}: {step}; peak {style.count(report.peak_bytes, 'B')} "
+    rank = (f" on rank {report.rank} of {report.world_size}" if report.world_size > 1
+            else "")
+    title = (f"Memory of {report.model}{rank}: {step}; peak {style.count(report.peak_bytes, 'B')} "
              f"in the {report.peak_phase} at {report.peak_node} in "
              f"{report.peak_module or '(root)'}; {_allocator(report)}")
     return "\n\n".join([style.titled(title, _kinds(report, style)),

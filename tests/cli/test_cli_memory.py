@@ -74,3 +74,22 @@ def test_what_memory_cannot_combine_with_is_a_usage_error(models, capsys, flags,
 def test_an_optimizer_without_a_training_step_is_refused(models, capsys):
     code, _, err = _memory(models, capsys, "--optimizer", "sgd")
     assert code == 2 and "--optimizer picks the optimizer of --memory --mode train" in err
+
+
+def test_fsdp_gives_the_step_of_the_rank_asked_with_its_shards(capsys):
+    # tests.parallel_models:two_blocks, two NormMLP blocks of 2H + 2HF = 2080 float32
+    # parameters each (H 16, F 64), FSDP2 over 2 ranks: rank 1 holds half of both blocks,
+    # and one block's unsharded parameters at a time on top.
+    code = main(["tests.parallel_models:two_blocks", "--memory", "--fsdp", "2", "--rank", "1",
+                 "--mode", "train", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = json.loads(out)
+    block = (2 * 16 + 2 * 16 * 64) * FP32
+    assert (record["world_size"], record["rank"]) == (2, 1)
+    assert record["max_by_kind"]["parameters"] == 2 * block // 2 + block
+
+
+def test_memory_with_a_pipeline_is_a_usage_error(models, capsys):
+    code, _, err = _memory(models, capsys, "--pp", "2")
+    assert code == 2 and "--pp, --ep or --cp" in err

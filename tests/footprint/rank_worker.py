@@ -1,0 +1,36 @@
+"""One rank of the real two-process step in tests/footprint/test_memory_ranks.py (started with
+torchrun, gloo on cpu): the model split by the layout named on the command line as
+`exportflops.parallel.parallelize` splits it, then steps 2 to 6 of the training loop, each
+measured by torch's profiler memory timeline (tests/footprint/profiled.py). Writes their peaks
+to ``<out>/rank<r>.json``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from exportflops.parallel import Layout
+from exportflops.parallel.parallelize import parallelize
+from tests.footprint.profiled import profiled, training_step
+from tests.footprint.rank_models import MODELS
+
+
+def main(layout_name: str, out: Path) -> None:
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    layout = Layout(**{layout_name: dist.get_world_size()})
+    torch.manual_seed(0)
+    model, (x,) = MODELS[layout_name]()
+    parallelize(model, layout.device_mesh())
+    step = training_step(model, lambda: model(x).sum())
+    peaks = [profiled(step, steps_before=int(i == 0)).peak_bytes for i in range(5)]
+    (out / f"rank{dist.get_rank()}.json").write_text(json.dumps({"peak_bytes": peaks}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
