@@ -111,7 +111,7 @@ def _learned_tables(model: torch.nn.Module, config: Any,
     the config's position counts. The token embedding is told apart by its rows, the
     vocabulary's. Paths are the model's."""
     counts = _position_counts(config)
-    vocab = getattr(config.get_text_config(), "vocab_size", None)
+    vocab = getattr(_text_config(config), "vocab_size", None)
     inside = {id(module) for module in part.modules()}
     limits = []
     for path, table in model.named_modules():
@@ -135,11 +135,20 @@ def _position_counts(config: Any) -> dict[int, str]:
     """Each position count the config declares -> the attribute that holds it, by its own name
     (GPT-2's ``n_positions``, which transformers' ``attribute_map`` reads as
     ``max_position_embeddings``)."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = _text_config(config)
     aliases = getattr(text, "attribute_map", {})
     counts = {}
-    for attribute in _POSITION_COUNTS:
+    # nanoGPT's GPTConfig sizes its position table wpe by block_size (model.py asserts
+    # t <= block_size); a transformers config's block_size is something else (BigBird's
+    # attention blocks), so it is read only outside transformers.
+    named = _POSITION_COUNTS + (() if hasattr(config, "get_text_config") else ("block_size",))
+    for attribute in named:
         value = getattr(text, attribute, None)
         if isinstance(value, int) and not isinstance(value, bool):
             counts.setdefault(value, aliases.get(attribute, attribute))
     return counts
+
+
+def _text_config(config: Any) -> Any:
+    """A transformers config's text part; any other config (nanoGPT's ``GPTConfig``) as it is."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config

@@ -56,6 +56,18 @@ def test_a_row_longer_than_the_position_table_is_refused_naming_its_rows():
         fpb(input_ids=_ids(2, 64), attention_mask=_mask(2, 64))
 
 
+def test_nanogpts_position_table_bounds_its_batches():
+    """nanoGPT's GPTConfig is no transformers config: its wpe holds block_size = 1024 rows
+    (model.py asserts t <= block_size)."""
+    from exportflops.examples.gpt2 import gpt2
+
+    model, (ids,) = gpt2(device="meta", seq_len=16, batch=2)
+    fpb = exportflops.flops_per_batch(model, (ids,))
+    fpb(torch.zeros(2, 1024, dtype=torch.long, device="meta"))  # the last row fits
+    with pytest.raises(InputError, match=r"transformer\.wpe .*holds positions 0 \.\. 1023"):
+        fpb(torch.zeros(2, 1025, dtype=torch.long, device="meta"))
+
+
 def test_padding_does_not_make_a_row_fit_the_position_table():
     """GPT-2 looks up every position, padding's too: 64 positions fail with 20 tokens."""
     mask = _mask(2, 64)
