@@ -24,7 +24,7 @@ from ..records.memory import MemoryReport
 def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         budget: int | str, mode: str = "train", optimizer: str = "adamw",
         device_model: str | None = None, resize: Resize | None = None,
-        **options: Any) -> FitPlan:
+        search_batch: bool = True, **options: Any) -> FitPlan:
     """The checkpointing plan that adds the least recompute to a training step of ``model``
     on ``args``/``kwargs`` while its predicted peak stays at most ``budget``.
 
@@ -34,8 +34,9 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     passed on), its recompute by `exportflops.analyze` (mode="train"), timed on
     ``device_model``'s roofs when given. The fewest blocks that fit win, so a larger budget
     never gives more recompute. ``resize(batch) -> (args, kwargs)`` sizes the example for the
-    largest-batch search (default `batch.by_rows`). Nothing fits: `DoesNotFitError`. The model
-    is left as it was; ``plan.apply(model)`` wraps the chosen blocks.
+    largest-batch search (default `batch.by_rows`; ``search_batch=False`` skips it). Nothing
+    fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
+    chosen blocks.
     """
     name = type(model).__name__
     if mode != "train":
@@ -68,7 +69,7 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     resize = resize or (by_rows(args, kwargs, rows) if rows is not None else None)
 
     def most_rows(count: int) -> int | None:
-        if resize is None:
+        if resize is None or not search_batch:
             return None
         return largest_batch(lambda batch: peak(count, *resize(batch)).peak_bytes <= limit)
 
