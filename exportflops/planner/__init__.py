@@ -120,7 +120,8 @@ def _does_not_fit(name: str, given: str, limit: int, reports: list[MemoryReport]
     held = ", ".join(f"{kind} {getattr(kinds, kind)}" for kind in type(kinds).model_fields
                      if getattr(kinds, kind))
     return DoesNotFitError(
-        f"No checkpointing plan fits a training step of {name} into {given} ({limit} bytes): "
+        f"No checkpointing plan fits a training step of {name} into {given}"
+        f"{'' if given == f'{limit} bytes' else f' ({limit} bytes)'}: "
         f"the smallest peak reachable is {reports[best].peak_bytes} bytes, with {best} of "
         f"{len(paths)} blocks checkpointed; it holds {held}. Use fewer rows (a smaller "
         f"batch or sequence), a lighter optimizer (optimizer='sgd'), or a larger device.")
