@@ -55,7 +55,14 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         with wrapped(model, paths[:count]) as planned:
             return memory(planned, step_args, step_kwargs, optimizer=optimizer, **options)
 
-    reports = [peak(count, args, kwargs) for count in range(len(paths) + 1)]
+    reports = [peak(0, args, kwargs)]
+    for count in range(1, len(paths) + 1):
+        try:
+            reports.append(peak(count, args, kwargs))
+        except InputError as error:  # the output needs no gradient once the block is wrapped
+            raise _loses_gradients(name, paths[count - 1]) from error
+        if reports[-1].max_by_kind.gradients != reports[0].max_by_kind.gradients:
+            raise _loses_gradients(name, paths[count - 1])
     costs = _recompute(model, args, kwargs, paths, device_model)
     candidates = [FitCandidate(blocks=count, peak_bytes=report.peak_bytes,
                                recompute_flops=sum(f for f, _ in costs[:count]),
@@ -87,6 +94,16 @@ def cheapest(candidates: list[FitCandidate], limit: int) -> FitCandidate | None:
     none is). The candidates are nested (k blocks, then those and the next), so recompute
     grows with k, and a larger ``limit`` admits every candidate a smaller one did."""
     return next((c for c in candidates if c.peak_bytes <= limit), None)
+
+
+def _loses_gradients(name: str, path: str) -> InputError:
+    """Reentrant checkpointing gives a block whose inputs need no gradient (one fed by the raw
+    input) none for its parameters (torch warns "None of the inputs have requires_grad=True"):
+    the step's gradient bytes shrink, or its output needs no gradient at all."""
+    return InputError(
+        f"Checkpointing {path!r} of {name} (reentrant) leaves its parameters without "
+        f"gradients: its inputs need none. fit() plans models whose blocks take a tensor that "
+        f"needs a gradient (an embedding's output, as in a transformer).")
 
 
 def _recompute(model: torch.nn.Module, args: tuple, kwargs: dict, paths: list[str],

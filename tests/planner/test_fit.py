@@ -118,3 +118,14 @@ def test_a_device_budget_is_its_capacity_less_the_headroom():
 def test_a_budget_that_is_no_size_is_refused(budget):
     with pytest.raises(exportflops.ExportFlopsError):
         budget_bytes(budget)
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")  # what it refuses
+def test_a_plan_that_would_lose_a_blocks_gradients_is_refused():
+    # TwoBlocks feeds the raw input, which needs no gradient, to its first block.
+    from tests.parallel_models import two_blocks
+
+    model, args = two_blocks()
+    with pytest.raises(InputError, match="Checkpointing 'blocks.0' of TwoBlocks .reentrant. "
+                                         "leaves its parameters without gradients"):
+        exportflops.fit(model, args, budget="1GiB", search_batch=False)
