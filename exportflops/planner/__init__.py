@@ -1,9 +1,10 @@
 """The fit planner: which blocks to checkpoint so that a training step fits a memory budget
 (`fit`, the record `FitPlan`).
 
-``wrap`` wraps blocks in activation checkpointing; ``budget`` reads a budget; ``batch`` resizes
-the example and searches the largest batch that fits. Every peak is `exportflops.memory` of the
-model with the plan applied, every recompute `exportflops.analyze` (mode="train") of it.
+`exportflops.checkpointing` wraps blocks in activation checkpointing; ``budget`` reads a
+budget; ``batch`` resizes the example and searches the largest batch that fits. Every peak
+is `exportflops.memory` of the model with the plan applied, every recompute
+`exportflops.analyze` (mode="train") of it.
 Definitions: docs/fit.md.
 """
 
@@ -15,7 +16,7 @@ import torch
 
 from .batch import Resize, batch_of, by_rows, largest_batch
 from .budget import budget_bytes
-from .wrap import block_paths, wrapped
+from ..checkpointing import wrapped
 from ..errors import DoesNotFitError, InputError
 from ..records.fit import FitCandidate, FitPlan
 from ..records.memory import MemoryReport
@@ -29,7 +30,7 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     on ``args``/``kwargs`` while its predicted peak stays at most ``budget``.
 
     ``budget``: bytes, a size (``"80GiB"``, ``"40GB"``) or a device key (its capacity less
-    `budget.HEADROOM`). The candidates checkpoint the first k blocks (`wrap.block_paths`),
+    `budget.HEADROOM`). The candidates checkpoint the first k blocks (`block_paths`),
     k = 0..n, each measured: its peak by `exportflops.memory` (``optimizer`` and ``**options``
     passed on), its recompute by `exportflops.analyze` (mode="train"), timed on
     ``device_model``'s roofs when given. The fewest blocks that fit win, so a larger budget
@@ -87,6 +88,15 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         recompute_flops=chosen.recompute_flops, recompute_time_s=chosen.recompute_time_s,
         candidates=candidates, example_batch=rows or 0,
         largest_batch=most_rows(chosen.blocks), largest_batch_without_plan=most_rows(0))
+
+
+def block_paths(model: torch.nn.Module) -> list[str]:
+    """The paths of the blocks checkpointing may wrap, in the order the model holds them:
+    the same blocks FSDP2 shards one by one (`exportflops.parallel.fsdp_blocks.blocks_of`)."""
+    from ..parallel.fsdp_blocks import blocks_of
+
+    paths = {id(module): path for path, module in model.named_modules()}
+    return [paths[id(block)] for block in blocks_of(model)]
 
 
 def cheapest(candidates: list[FitCandidate], limit: int) -> FitCandidate | None:

@@ -65,6 +65,6 @@ class FitPlan(Record):
         ``checkpoint_wrapper`` and returns ``model``; an `InputError` when a path is missing or
         is already wrapped (a plan applies once). docs/fit.md."""
         # Imported here: records import no torch.
-        from ..planner.wrap import wrap_blocks
+        from ..checkpointing import wrap_blocks
 
         return wrap_blocks(model, self.checkpointed, name=self.model)

@@ -1,5 +1,6 @@
 """Wrapping blocks in activation checkpointing, for good (`FitPlan.apply`) or for one
-measurement (`wrapped`, which puts the blocks back, also on error)."""
+measurement of the fit planner (`wrapped`, which puts the blocks back, also on error). A module
+of its own, importing no record, so that `FitPlan.apply` reaches it without an import cycle."""
 
 from __future__ import annotations
 
@@ -10,16 +11,7 @@ import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl, CheckpointWrapper, checkpoint_wrapper)
 
-from ..errors import InputError
-
-
-def block_paths(model: torch.nn.Module) -> list[str]:
-    """The paths of the blocks checkpointing may wrap, in the order the model holds them:
-    the same blocks FSDP2 shards one by one (`exportflops.parallel.fsdp_blocks.blocks_of`)."""
-    from ..parallel.fsdp_blocks import blocks_of
-
-    paths = {id(module): path for path, module in model.named_modules()}
-    return [paths[id(block)] for block in blocks_of(model)]
+from .errors import InputError
 
 
 def wrap_blocks(model: torch.nn.Module, paths: list[str], *, name: str) -> torch.nn.Module:
