@@ -39,6 +39,7 @@ from exportflops.examples.gpt2 import GPT, GPTConfig
 from exportflops.examples.llama import Llama, LlamaConfig
 from exportflops.records import Report
 from exportflops.render import flops_report
+from exportflops import device_table
 from exportflops.roofline import devices, roofline
 from exportflops.training import flops_per_batch
 from exportflops.training.throughput import DensePeak, StepTimer, dense_peak
@@ -300,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     train_steps(plan, peak)
     print(f"[{time.perf_counter() - start:.0f} s] training done")
     device_key = "cpu" if plan.device == "cpu" else peak.device
-    if device_key in {d.key for d in devices.DEVICES} | {"cpu"}:
+    if device_key in {d.key for d in device_table.DEVICES} | {"cpu"}:
         for name, report, tf32 in reports:
             print_roofline(name, report, device_key, tf32)
     else:

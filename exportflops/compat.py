@@ -28,15 +28,19 @@ def get_model_profile(model: torch.nn.Module, input_shape: tuple[int, ...] | Non
                       mode: Literal["forward", "train"] = "forward") -> tuple:
     """DeepSpeed's one call: ``flops, macs, params = get_model_profile(model, (1, 3, 224, 224))``.
 
-    ``input_shape`` builds one float32 input of that shape (on the model's device) when no
-    ``args`` are given; DeepSpeed's other arguments mean what they mean there. Prints (or writes
+    ``input_shape`` builds one input of that shape (on the model's device) when no ``args``
+    are given: token ids (int64) for a model whose first parameters are an embedding's (a
+    language model's input is ids, and an embedding refuses floats), else float32, as
+    DeepSpeed does. Pass ``args`` for any other input. DeepSpeed's other arguments mean what
+    they mean there. Prints (or writes
     to ``output_file``) `flops_report`'s summary, top and, when ``detailed``, tree views.
     Returns ``(flops, macs, params)``, as strings such as ``"8.24 G"`` when ``as_string``.
     """
     if input_shape is not None:
         if args:
             raise TypeError("get_model_profile() takes input_shape or args, not both")
-        args = (torch.ones(tuple(input_shape), device=_device_of(model)),)
+        args = (torch.ones(tuple(input_shape), dtype=_input_dtype(model),
+                           device=_device_of(model)),)
     report = analyze(model, args, kwargs, mode=mode)
     if print_profile or output_file is not None:
         text = flops_report(report, depth=module_depth, top=top_modules,
@@ -83,6 +87,15 @@ class FlopCountAnalysis:
 def _device_of(model: torch.nn.Module) -> torch.device:
     parameter = next(model.parameters(), None)
     return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def _input_dtype(model: torch.nn.Module) -> torch.dtype:
+    """int64 when the first module holding parameters (in registration order, where a
+    model's input layer comes first) is an embedding, which takes token ids; else float32."""
+    first = next((m for m in model.modules() if next(m.parameters(recurse=False), None)
+                  is not None), None)
+    embeddings = (torch.nn.Embedding, torch.nn.EmbeddingBag)
+    return torch.long if isinstance(first, embeddings) else torch.float32
 
 
 def written_or_printed(text: str, output_file: str | os.PathLike | None) -> None:

@@ -1,9 +1,10 @@
-"""Progress of one analysis: its stage (export, count, backward, timing) and the seconds since
-it began, on one line of stderr.
+"""Progress of one analysis: its stage (export, count, backward, warmup, timing), how far a
+repeated stage has come, and the seconds since it began, on one line of stderr.
 
 Opt-in: ``analyze(..., progress=True)`` and ``profile(..., progress=True)``; the command shows
 it when stderr is a terminal. The stages are marked with `stage(name)` wherever the work
-happens; without an active `Progress` that is a no-op, so the stages cost nothing by default.
+happens, and a repeated stage's runs with `advance(done, total)`; without an active `Progress`
+both are no-ops, so they cost nothing by default.
 """
 
 from __future__ import annotations
@@ -16,23 +17,28 @@ import time
 from collections.abc import Iterator
 from typing import TextIO
 
-STAGES = ("build", "export", "count", "backward", "timing")
-"""The stages in order; ``build`` is the command's (building the model it names)."""
+STAGES = ("imports", "build", "export", "count", "backward", "warmup", "timing", "render")
+"""The stages in order; ``imports`` (transformers, for an ``hf:`` model), ``build`` and ``render``
+are the command's."""
 
 _active: contextvars.ContextVar[Progress | None] = contextvars.ContextVar("progress", default=None)
 
 
 class Progress:
-    """Writes ``exportflops: <stage> <seconds> s`` to ``stream``.
+    """Writes ``exportflops: <stage> <seconds> s`` to ``stream``, ``<stage> <done>/<total>``
+    while a repeated stage (profile's warmup and timed runs) runs.
 
     On a terminal the line is redrawn in place every ``interval`` seconds and erased at the end;
-    on anything else (a file, a pipe) each stage is one line, written when it begins."""
+    on anything else (a file, a pipe) each stage is one line, written when it begins, and the
+    runs are not written (a log gets no line per run)."""
 
     def __init__(self, stream: TextIO | None = None, *, interval: float = 0.2) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.interval = interval
         self.live = bool(getattr(self.stream, "isatty", lambda: False)())
         self.stage_name = ""
+        self.runs = ""
+        """``done/total`` of the stage's repeated runs, or empty."""
         self.start = time.perf_counter()
         self._done = threading.Event()
         self._lock = threading.Lock()
@@ -41,18 +47,25 @@ class Progress:
         with self._lock:
             if name == self.stage_name:  # a nested call (profile's analyze) entering it again
                 return
-            self.stage_name = name
+            self.stage_name, self.runs = name, ""
             if self.live:
                 self._draw()
             else:
                 self.stream.write(f"exportflops: {name} ({self._elapsed()})\n")
                 self.stream.flush()
 
+    def advance(self, done: int, total: int) -> None:
+        with self._lock:
+            self.runs = f"{done}/{total}"
+            if self.live:
+                self._draw()
+
     def _elapsed(self) -> str:
         return f"{time.perf_counter() - self.start:.1f} s"
 
     def _draw(self) -> None:
-        self.stream.write(f"\r\033[Kexportflops: {self.stage_name} {self._elapsed()}")
+        runs = f" {self.runs}" if self.runs else ""
+        self.stream.write(f"\r\033[Kexportflops: {self.stage_name}{runs} {self._elapsed()}")
         self.stream.flush()
 
     def _redraw_until_done(self) -> None:
@@ -83,6 +96,13 @@ def stage(name: str) -> None:
     progress = _active.get()
     if progress is not None:
         progress.begin(name)
+
+
+def advance(done: int, total: int) -> None:
+    """Mark ``done`` of the current stage's ``total`` runs, if a `Progress` is showing."""
+    progress = _active.get()
+    if progress is not None:
+        progress.advance(done, total)
 
 
 def showing(progress: bool | Progress) -> contextlib.AbstractContextManager:

@@ -4,6 +4,7 @@ fc1 Linear(32, 64) is 2*32*64 = 4,096 MACs, fc2 Linear(64, 10) is 2*64*10 = 1,28
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -93,3 +94,29 @@ class BlocksInAList(nn.Module):
 def test_a_container_whose_children_ran_is_not_uncalled():
     report = analyze(BlocksInAList(), (torch.randn(2, 4),))
     assert report.uncalled_modules() == {"unused", "unused.0"}
+
+
+class EmbedThenLinear(nn.Module):
+    """A language model's shape in two modules: token ids -> Embedding(100, 16) -> Linear(16, 8)."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(100, 16)
+        self.head = nn.Linear(16, 8)
+
+    def forward(self, ids):
+        return self.head(self.wte(ids))
+
+
+def test_get_model_profile_builds_token_ids_for_a_model_that_starts_with_an_embedding():
+    _, macs, _ = get_model_profile(EmbedThenLinear(), input_shape=(2, 5), print_profile=False,
+                                   as_string=False)
+    assert macs == 2 * 5 * 16 * 8  # 10 positions, each a (16 -> 8) matmul: the embedding is a read
+
+
+def test_a_float_input_to_an_embedding_is_named_as_a_dtype_problem():
+    with pytest.raises(exportflops.errors.ExportError) as raised:
+        analyze(EmbedThenLinear(), (torch.ones(2, 5),))
+    hint = str(raised.value).split("torch said")[0]
+    assert "dtype" in hint and "integer token ids" in hint and "args=" in hint
+    assert "signature" not in hint

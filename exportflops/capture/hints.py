@@ -44,6 +44,12 @@ _HINTS = [
     (("Cache", "pytree", "flatten"),
      "an input or output is an object torch.export cannot flatten. For Hugging Face models "
      "pass use_cache=False (the DynamicCache output), or return plain tensors."),
+    # Before the signature hint: torch's dtype message also names the "argument" it checked
+    # ("Expected tensor for argument #1 'indices' to have one of the following scalar types").
+    (("scalar type",),
+     "an example input has a dtype the op that consumes it refuses (an embedding takes integer "
+     "token ids, not the float32 tensor input_shape= or torch.randn builds): pass args= with "
+     "tensors of the dtype forward() expects (torch.randint(..., dtype=torch.long) for ids)."),
     (("missing", "positional argument", "unexpected keyword", "takes", "argument"),
      "the example args/kwargs do not match forward()'s signature: pass args as a tuple of "
      "forward's positional arguments and kwargs as a dict."),

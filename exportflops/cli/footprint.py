@@ -29,7 +29,7 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "--budget, --generate, --seqlens, --split-backward or a parallel "
                          "split.")
     if ns.device_model is not None:
-        from ..roofline.devices import DEVICES
+        from ..device_table import DEVICES
 
         sized = [d.key for d in DEVICES if d.memory_bytes is not None]
         if ns.device_model not in sized:

@@ -330,7 +330,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
         if ns.warmup < 0 or ns.repeat < 1:
             raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
     if ns.device_model is not None:
-        from ..roofline.devices import DEVICES
+        from ..device_table import DEVICES
 
         keys = [d.key for d in DEVICES] + ["cpu"]
         if ns.device_model not in keys:

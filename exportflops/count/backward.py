@@ -9,7 +9,9 @@ the forward node. Which tensors need gradients follows the graph: parameters wit
 ``requires_grad`` (a frozen parameter needs none), inputs the user marked ``requires_grad``, and
 what autograd computes from them (replaying each op says which outputs it tracks: none for
 ``detach``, comparisons, ``argmax``, ``zeros_like``). Gradients flow from every floating output
-the model returns, as ``loss.backward()`` of a loss computed from all of them.
+the model returns, as ``loss.backward()`` of a loss computed from all of them. An op reading a
+tensor written in place through a view since (``key[..., :n] = k_nope``) reads the write's
+result, as autograd's ``CopySlices`` has it (`graph.writes`).
 
 Flex attention's backward is the ``flex_attention_backward`` call its autograd makes, built
 from the forward call (a higher-order op's replay records nothing of its own), and its
@@ -42,6 +44,7 @@ from ..formulas.control_flow import GATHERS
 from ..graph.opcall import ACTIVATION, OpCall, TensorMeta
 from ..torch_internals import HigherOrderOperator, OpOverload, pytree
 from ..graph.walk import example_value, GraphRead, NodeCall, op_name, RUN_ONCE, subgraphs
+from ..graph.writes import current_values
 
 
 #: Activation checkpointing as export leaves it: the higher-order ops dynamo emits, and
@@ -145,6 +148,9 @@ class _Flow:
         """Wrapper traced through -> (subgraph, its operands, the subgraph's placeholders)."""
         self.kinds: dict[torch.fx.Node, str] = {}
         """Higher-order op -> how the backward treats it (see `_kind`)."""
+        self.current: dict[tuple[torch.fx.Node, torch.fx.Node], torch.fx.Node] = {}
+        """(user, input) -> the in-place op whose result the user reads there
+        (`graph.writes.current_values`), for each graph the forward pass went through."""
 
     def run(self, graph: torch.fx.Graph, outputs: set[str]) -> None:
         for node in graph.nodes:
@@ -155,12 +161,14 @@ class _Flow:
         self._forward_pass(graph, None)
         if self.split:
             self._check_single_uses(graph)
-        for arg in _input_nodes(graph.output_node()):
+        output = graph.output_node()
+        for arg in _input_nodes(output):
             if arg.name in outputs:
-                self._receive(arg, 0)
+                self._receive(self._current(output, arg), 0)
         self._backward_pass(graph)
 
     def _forward_pass(self, graph: torch.fx.Graph, autocast: tuple | None) -> None:
+        self.current.update(current_values(graph))
         for node in graph.nodes:
             if node.op != "call_function":
                 continue
@@ -171,12 +179,12 @@ class _Flow:
                     self.needs[node] = frozenset({0})
                 if node.args[1] in self.from_inputs.get(node.args[0], ()):
                     self.from_inputs[node] = frozenset({0})
-            elif any(arg in self.needs for arg in _input_nodes(node)):
+            elif any(arg in self.needs for arg in self._inputs(node)):
                 outputs = self._outputs_needing(node, autocast)
                 if outputs:
                     self.needs[node] = outputs
                 if outputs and node not in self.from_inputs and any(
-                        self.from_inputs.get(arg) for arg in _input_nodes(node)):
+                        self.from_inputs.get(arg) for arg in self._inputs(node)):
                     self.from_inputs[node] = outputs
 
     def _check_single_uses(self, graph: torch.fx.Graph) -> None:
@@ -268,7 +276,7 @@ class _Flow:
             return "opaque"
         subgraph = bodies[0][1]
         placeholders = [n for n in subgraph.nodes if n.op == "placeholder"]
-        operands = _operands(node)
+        operands = [self._current(node, operand) for operand in _operands(node)]
         if len(placeholders) != len(operands):
             return "opaque"
         function = self._function_in(subgraph)
@@ -348,13 +356,13 @@ class _Flow:
                     if placeholder in self.receives:
                         self._receive(operand, 0)
             else:
-                for arg in _input_nodes(node):
+                for arg in self._inputs(node):
                     self._receive(arg, 0)
 
     def _score_mod_backward(self, node: torch.fx.Node) -> None:
         """The kernel's gradient reaches the query, key, value and buffers; the score's, the
         ``score_mod``'s output, and from it the ops that need one."""
-        for arg in _input_nodes(node):
+        for arg in self._inputs(node):
             self._receive(arg, 0)
         if node in self.bodies:
             score_mod, buffers, placeholders = self.bodies[node]
@@ -368,10 +376,18 @@ class _Flow:
         if node in self.needs:
             self.receives.setdefault(node, set()).add(index)
 
+    def _current(self, user: torch.fx.Node, read: torch.fx.Node) -> torch.fx.Node:
+        """The node holding the value ``user`` reads where its graph names ``read``: the last
+        in-place write into it through a view, if one ran since (`graph.writes`)."""
+        return self.current.get((user, read), read)
+
+    def _inputs(self, node: torch.fx.Node) -> list[torch.fx.Node]:
+        return [self._current(node, arg) for arg in _input_nodes(node)]
+
     def _grad_positions(self, node: torch.fx.Node) -> set[int]:
         flat = pytree.tree_leaves((node.args, node.kwargs))
-        return {i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node) and a in self.needs
-                and _floating(example_value(a))}
+        return {i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)
+                and self._current(node, a) in self.needs and _floating(example_value(a))}
 
     def backward_of(self, call: NodeCall) -> list[BackwardOps]:
         node = call.node
@@ -400,7 +416,7 @@ class _Flow:
         if not self.split:
             return [("", positions)]
         flat = pytree.tree_leaves((node.args, node.kwargs))
-        inputs = {i for i in positions if self.from_inputs.get(flat[i])}
+        inputs = {i for i in positions if self.from_inputs.get(self._current(node, flat[i]))}
         return [(half, chosen) for half, chosen in (("input", inputs),
                                                     ("weight", positions - inputs)) if chosen]
 
@@ -414,7 +430,7 @@ class _Flow:
         gradient at once (flex attention's kernel, a learned bias's too), so autograd runs it
         in the input pass when an operand is on the way to an input, and again in the weight
         pass when another is computed from parameters alone."""
-        operands = [a for a in _input_nodes(node) if a in self.needs]
+        operands = [a for a in self._inputs(node) if a in self.needs]
         halves = ["input"] * any(self.from_inputs.get(a) for a in operands)
         return halves + ["weight"] * any(not self.from_inputs.get(a) for a in operands)
 

@@ -72,10 +72,10 @@ def _through_views(graph: torch.fx.Graph,
     view of them."""
     kinds = dict(kinds)
     aliases = {node: source for node in graph.nodes
-               if (source := _aliased_input(node)) is not None}
+               if (source := aliased_input(node)) is not None}
     for node in graph.nodes:
-        for written in _written_inputs(node):
-            root = _root(written, aliases)
+        for written in written_inputs(node):
+            root = view_root(written, aliases)
             if root.op == "placeholder":  # a buffer, a parameter or a user input
                 kinds[root] = STATE
     for node in graph.nodes:  # graph order: a view's source is classified before it
@@ -85,7 +85,8 @@ def _through_views(graph: torch.fx.Graph,
     return kinds
 
 
-def _root(node: torch.fx.Node, aliases: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+def view_root(node: torch.fx.Node, aliases: dict[torch.fx.Node, torch.fx.Node]) -> torch.fx.Node:
+    """The node whose storage ``node`` views, following ``aliases`` (view -> its source)."""
     while node in aliases:
         node = aliases[node]
     return node
@@ -100,7 +101,7 @@ def _schema_args(node: torch.fx.Node) -> list[tuple[Any, Any]]:
     return [(argument, bound[argument.name]) for argument in schema.arguments]
 
 
-def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
+def aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
     """The input node a view (or an in-place op) returns an alias of, per its schema."""
     if node.op != "call_function":
         return None
@@ -118,7 +119,7 @@ def _aliased_input(node: torch.fx.Node) -> torch.fx.Node | None:
     return None
 
 
-def _written_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
+def written_inputs(node: torch.fx.Node) -> list[torch.fx.Node]:
     """Inputs an in-place op writes (schema ``(a!)``)."""
     return [value for argument, value in _schema_args(node)
             if argument.alias_info is not None and argument.alias_info.is_write

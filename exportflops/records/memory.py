@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from .base import SCHEMA_VERSION, Record
+from ..device_table import device_row
 from ..errors import UnknownDeviceError
 
 Phase = Literal["forward", "backward", "optimizer"]
@@ -137,12 +138,10 @@ class MemoryReport(Record):
 
     def fits(self, device: str) -> DeviceFit:
         """Whether the peak fits the memory of ``device``, a key of the device table
-        (exportflops/roofline/devices.py); an unknown key is an `UnknownDeviceError` naming the
+        (exportflops/device_table.py); an unknown key is an `UnknownDeviceError` naming the
         keys. Only tensor storage is counted (docs/memory.md: not the CUDA context, the
         allocator's reserve or kernels' workspaces), so a step that fits by a few hundred MB
         may still run out of memory."""
-        # Imported here: records import no torch, and the device table does.
-        from ..roofline.devices import device_row
 
         row = device_row(device)
         if row.memory_bytes is None:

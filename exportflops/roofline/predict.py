@@ -10,7 +10,7 @@ For a node on a device with memory bandwidth ``B`` and dense peak ``P`` in the n
 
 A module's prediction is the sum over its nodes (the graph runs them one after another), and so
 is the model's. Which peak: a contraction (a node with MACs) runs at the tensor-core peak of its
-first input's dtype (`devices.matmul_dtype`; float32 as TF32 only with ``tf32=True``, torch's
+first input's dtype (`device_table.matmul_dtype`; float32 as TF32 only with ``tf32=True``, torch's
 default matmul precision being ``"highest"``); every other op at the vector float32 peak
 (float64 ops at the float64 one). Nodes with no count are listed in ``not_predicted``, never
 timed as zero. When the report was profiled, each node and module carries its measured median
@@ -27,7 +27,8 @@ from collections import defaultdict
 
 import torch
 
-from .devices import DTYPES, TERA, compute_dtype, device_row, matmul_dtype
+from ..device_table import DTYPES, TERA, device_row, matmul_dtype
+from .devices import compute_dtype
 from ..errors import RooflineError, UnknownDeviceError
 from ..aggregate import rolled_up
 from ..records import NodeRecord, Report, Roofline, RooflineModule, RooflineNode

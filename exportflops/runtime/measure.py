@@ -103,7 +103,6 @@ def _profile(target, args, kwargs, device, warmup, repeat, peak_flop_per_s, prog
     plain = call.model if call.model is not None else graph_module
     timed = _timed_nodes(graph_module, call.report)
     inputs = _fresh_inputs(graph_module, call.program, call.args, call.kwargs)
-    stage("timing")
     with _on_copies_of_state(graph_module, plain, run_on):
         samples = timing.measure(graph_module, timed, inputs, plain, run_on, warmup, repeat)
     reference = ("the model's own forward" if call.model is not None

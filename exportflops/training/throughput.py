@@ -10,7 +10,7 @@ too (`devices.device_peak`), never from a guess:
 1. ``peak_flop_per_s=`` given: that figure (``False``: no MFU, the achieved rate only);
 2. ``device=`` a key of the table: that row (``h100-sxm``, ``a100-sxm-80gb``, ...);
 3. ``device=`` a torch device (``"cuda:1"``, ``torch.device("cpu")``), else the CUDA device
-   here, else the CPU: a CUDA device's name matched whole against the table (`devices.lookup`;
+   here, else the CPU: a CUDA device's name matched whole against the table (`device_table.lookup`;
    a name the table lacks is an `UnknownDeviceError` naming ``peak_flop_per_s=`` and
    ``device=``, never a fallback to a row that looks close), the CPU's *estimate* (threads x
    clock x vector width: ``DensePeak.estimated``, and its source says so), and any other
@@ -36,6 +36,7 @@ import torch
 
 from ..errors import UnknownDeviceError
 from ..records import Throughput
+from .. import device_table
 from ..roofline import devices
 from ..runtime.measure import NOT_GIVEN, check_peak_argument
 
@@ -92,7 +93,7 @@ def dense_peak(*, peak_flop_per_s: float | bool | None = None,
     if peak is not None:
         return DensePeak(float(peak), "user", "user", key)
     if isinstance(device, str) and device in _TABLE_KEYS:
-        return _row_peak(devices.device_row(device), key)
+        return _row_peak(device_table.device_row(device), key)
     run_on = _run_on(device)
     try:
         found = devices.device_peak(run_on, key)
@@ -117,25 +118,25 @@ def throughput_of(flops: int, seconds: float, *, peak_flop_per_s: float | bool |
 def _dtype_key(dtype: str | torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     tf32 = torch.get_float32_matmul_precision() != "highest"
-    key = devices.matmul_dtype(name, tf32=tf32)
-    if key not in devices.DTYPES:
+    key = device_table.matmul_dtype(name, tf32=tf32)
+    if key not in device_table.DTYPES:
         raise ValueError(f"dtype {dtype!r} has no peak in the device table; its dtypes are "
-                         f"{', '.join(devices.DTYPES)}")
+                         f"{', '.join(device_table.DTYPES)}")
     return key
 
 
 #: The device table's keys: ``device=`` names a row by one of them.
-_TABLE_KEYS = frozenset(d.key for d in devices.DEVICES)
+_TABLE_KEYS = frozenset(d.key for d in device_table.DEVICES)
 
 
-def _row_peak(row: devices.Device, key: str) -> DensePeak:
+def _row_peak(row: device_table.Device, key: str) -> DensePeak:
     if key not in row.dense_tflops:
         raise UnknownDeviceError(
             f"The device table has no dense {key} peak for {row.key} (it lists "
             f"{', '.join(row.dense_tflops)}). Pass dtype= one of those, or "
             f"peak_flop_per_s=<dense FLOP/s from the datasheet>.")
     tflops = row.dense_tflops[key]
-    return DensePeak(tflops * devices.TERA, f"{row.key} {key} dense {tflops:g} TFLOP/s, "
+    return DensePeak(tflops * device_table.TERA, f"{row.key} {key} dense {tflops:g} TFLOP/s, "
                                             f"{row.source} ({row.dated})", row.key, key)
 
 
@@ -148,7 +149,7 @@ def _run_on(device: str | torch.device | None) -> torch.device:
     try:
         return torch.device(device)
     except (RuntimeError, TypeError):
-        devices.device_row(str(device))  # raises, listing the table's keys
+        device_table.device_row(str(device))  # raises, listing the table's keys
         raise
 
 

@@ -14,9 +14,8 @@ from torch import nn
 from exportflops import analyze
 from exportflops.roofline import devices
 from exportflops.errors import UnknownDeviceError
-from exportflops.roofline.devices import (
-    DEVICES, compute_dtype, cpu_peak, gpu_peak, lookup, matmul_dtype, mfu_peak, sparse_to_dense,
-)
+from exportflops.device_table import DEVICES, lookup, matmul_dtype, sparse_to_dense
+from exportflops.roofline.devices import compute_dtype, cpu_peak, gpu_peak, mfu_peak
 
 TERA = 1e12
 

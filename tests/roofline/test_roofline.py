@@ -1,6 +1,6 @@
 """Bytes by kind, arithmetic intensity and the roofline, against numbers derived by hand.
 
-Device figures are the datasheets' (exportflops/devices.py cites each row):
+Device figures are the datasheets' (exportflops/device_table.py cites each row):
 - H100 SXM: FP32 67 TFLOP/s; BF16 printed "1,979 teraFLOPS*" with sparsity, dense 989.5;
   memory bandwidth 3.35 TB/s.
 - A100 SXM4 80GB: FP32 19.5 TFLOP/s; BF16 "312 TF | 624 TF*", dense 312; bandwidth 2,039 GB/s.

@@ -33,10 +33,22 @@ def test_train_mode_reports_export_count_and_backward_in_order():
     assert stages(stream.getvalue()) == ["export", "count", "backward"]
 
 
-def test_the_runtime_pass_adds_timing_and_names_each_stage_once():
+def test_the_runtime_pass_adds_warmup_and_timing_and_names_each_stage_once():
     stream = io.StringIO()
     profile(*mlp(), warmup=1, repeat=2, progress=Progress(stream))
-    assert stages(stream.getvalue()) == ["export", "count", "timing"]
+    assert stages(stream.getvalue()) == ["export", "count", "warmup", "timing"]
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_the_line_counts_the_warmup_and_timed_runs():
+    stream = Terminal()  # a line redrawn in place: every run moves it
+    profile(*mlp(), warmup=2, repeat=3, progress=Progress(stream, interval=60))
+    drawn = re.findall(r"exportflops: (\w+ \d+/\d+) ", stream.getvalue())
+    assert drawn == ["warmup 1/2", "warmup 2/2", "timing 1/3", "timing 2/3", "timing 3/3"]
 
 
 def test_progress_is_off_by_default(capsys):
