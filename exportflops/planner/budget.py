@@ -34,7 +34,7 @@ def budget_bytes(budget: int | str) -> tuple[int, str]:
 
 
 def _device_budget(key: str) -> tuple[int, str]:
-    from ..roofline.devices import device_row
+    from ..device_table import device_row
 
     row = device_row(key)  # an unknown key: UnknownDeviceError naming the keys
     if row.memory_bytes is None:
