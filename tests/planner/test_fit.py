@@ -27,12 +27,15 @@ MODELS = {"gpt2-shaped": (gpt, summed), "llama-4-layers": (CASES["llama-4-layers
 
 
 @functools.cache
-def _candidates(name: str):
+def _plan(name: str) -> exportflops.FitPlan:
+    """The plan at a budget no candidate misses: every candidate measured, none chosen."""
     build, loss = MODELS[name]
     model, args, kwargs = build()
-    # A budget no plan misses: every candidate is measured and the plan holds them all.
-    return exportflops.fit(model, args, kwargs, budget="1TiB", loss=loss,
-                           search_batch=False).candidates
+    return exportflops.fit(model, args, kwargs, budget="1TiB", loss=loss, search_batch=False)
+
+
+def _candidates(name: str):
+    return _plan(name).candidates
 
 
 def _budgets(name: str, count: int) -> list[int]:
@@ -129,3 +132,15 @@ def test_a_plan_that_would_lose_a_blocks_gradients_is_refused():
     with pytest.raises(InputError, match="Checkpointing 'blocks.0' of TwoBlocks .reentrant. "
                                          "leaves its parameters without gradients"):
         exportflops.fit(model, args, budget="1GiB", search_batch=False)
+
+
+def test_a_plan_round_trips_through_json_and_its_table_marks_the_chosen_plan():
+    plan = _plan("gpt2-shaped")
+    assert exportflops.FitPlan.model_validate_json(plan.model_dump_json()) == plan
+    from exportflops.render.fit import fit_plan_view
+
+    text = fit_plan_view(plan)
+    assert text.splitlines()[1] == "checkpoint: nothing: the step fits as it is"
+    # One row per candidate, 0..4 blocks of the 4-layer GPT, the first one chosen.
+    rows = [line.split()[0] for line in text.splitlines()[-5:]]
+    assert rows == ["0", "1", "2", "3", "4"] and "0 (chosen)" in text
