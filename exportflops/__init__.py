@@ -22,6 +22,7 @@ _HOMES = {
     "fake_process_group": "count.ranks",
     "flops_per_batch": "training",
     "memory": "footprint",
+    "fit": "planner",
     "conventions": "stacks",
     # DeepSpeed's and fvcore's names for the same analysis
     "get_model_profile": "compat",
@@ -37,6 +38,7 @@ _HOMES = {
     "Report": "records",
     "GenerationReport": "records",
     "MemoryReport": "records",
+    "FitPlan": "records",
     "Roofline": "records",
     "Cost": "records",
     "ModuleRecord": "records",

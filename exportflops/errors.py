@@ -143,3 +143,8 @@ def _op_path(op: str) -> str:
 class DistributedError(ExportFlopsError):
     """A parallelized model cannot be analyzed as given: a process group is missing or already
     set up, or torch cannot trace its parallelism (FSDP2's hooks); the message says which."""
+
+
+class DoesNotFitError(InputError):
+    """No checkpointing plan brings a training step under the memory budget (`exportflops.fit`):
+    the message names the smallest peak reachable and what holds it."""

@@ -166,6 +166,9 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
             split = importlib.import_module(f".{module}", __package__).analyze_split
             report, view = split(ns)
             return _Outcome(report, None, view=view)
+    if ns.fit is not None:
+        from .planner import analyze_fit
+        return _Outcome(None, None, view=analyze_fit(ns))
     if ns.memory:
         from .footprint import analyze_memory
         return _Outcome(None, None, view=analyze_memory(ns))

@@ -8,6 +8,7 @@ import math
 
 from ..errors import UsageError
 from .footprint import check_memory
+from .planner import check_fit
 from .splits import check_splits
 from ..version import versions_text
 
@@ -120,6 +121,10 @@ def parser() -> argparse.ArgumentParser:
                                "holds it, per module (exportflops.memory); --device-model KEY "
                                "says whether it fits that device; with --tp/--fsdp, the step "
                                "of rank --rank")
+    analysis.add_argument("--fit", metavar="BUDGET", default=None,
+                          help="the blocks to checkpoint so a training step fits BUDGET "
+                               "(bytes, 80GiB, 40GB or a device key such as h100-sxm), its "
+                               "peak, its recompute and the largest batch (exportflops.fit)")
     analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default=None,
                           help="--memory --mode train: the step's optimizer (default adamw)")
     analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
@@ -354,6 +359,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "--mode train or --kwargs.")
     check_splits(ns)
     check_memory(ns)
+    check_fit(ns)
     _check_split_backward(ns)
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")

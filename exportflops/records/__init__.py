@@ -9,6 +9,7 @@ from .collectives import Collective
 from .conventions import Conventions, StackCount, StackTerm
 from .context import ContextParallelReport, ContextRank, RingSend, SequenceChunk
 from .experts import ExpertParallelReport, ExpertRank
+from .fit import FitCandidate, FitPlan
 from .generation import GenerationReport
 from .memory import (DeviceFit, KindBytes, MemoryOnDevice, MemoryPoint, MemoryReport,
                      ModuleMemory, RanksMemory)
@@ -21,7 +22,7 @@ from .training import DocumentFlops, StepFlops, Throughput
 
 __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelReport",
            "ContextRank", "Conventions", "Cost", "Count", "DeviceFit", "DocumentFlops",
-           "ExpertParallelReport", "ExpertRank",
+           "ExpertParallelReport", "ExpertRank", "FitCandidate", "FitPlan",
            "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
            "ModuleMemory", "RanksMemory",
            "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",

@@ -1,0 +1,39 @@
+"""``--fit BUDGET``: the checkpointing plan that fits MODEL's training step into BUDGET
+(`exportflops.fit`): bytes, a size (80GiB, 40GB) or a device key (h100-sxm)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import UsageError
+from .targets import build_target, device_named, hf_options
+
+#: What --fit does not combine with: the flags of other analyses, by their dest.
+_OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens", "tp",
+                   "fsdp", "pp", "ep", "cp", "trace", "split_backward")
+
+
+def check_fit(ns: argparse.Namespace) -> None:
+    """--fit: refused where it cannot apply, before the model is built."""
+    if ns.fit is None:
+        return
+    others = [name for name in _OTHER_ANALYSES if getattr(ns, name) not in (None, False, [], {})]
+    if others or ns.model.endswith(".pt2") or ns.view or ns.format not in ("table", "json"):
+        raise UsageError("--fit BUDGET plans a training step of a model built here, printed as "
+                         "a table or JSON: not a saved .pt2, not with --view, and not with "
+                         "--memory, --profile, --trace, --dynamic, --sweep, --budget, "
+                         "--generate, --seqlens, --split-backward or a parallel split.")
+
+
+def analyze_fit(ns: argparse.Namespace):
+    """(the `FitPlan`, its view)."""
+    from ..planner import fit
+    from ..render.fit import fit_plan_view
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
+    plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
+               device_model=ns.device_model)
+    return plan, lambda record, style: fit_plan_view(record, style) + "\n"

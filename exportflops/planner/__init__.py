@@ -1,0 +1,154 @@
+"""The fit planner: which blocks to checkpoint so that a training step fits a memory budget
+(`fit`, the record `FitPlan`).
+
+`exportflops.checkpointing` wraps blocks in activation checkpointing; ``budget`` reads a
+budget; ``batch`` resizes the example and searches the largest batch that fits. Every peak
+is `exportflops.memory` of the model with the plan applied, every recompute
+`exportflops.analyze` (mode="train") of it.
+Definitions: docs/fit.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .batch import Resize, batch_of, by_rows, largest_batch
+from .budget import budget_bytes
+from ..checkpointing import wrapped
+from ..errors import DoesNotFitError, InputError
+from ..records.fit import FitCandidate, FitPlan
+from ..records.memory import MemoryReport
+
+
+def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
+        budget: int | str, mode: str = "train", optimizer: str = "adamw",
+        device_model: str | None = None, resize: Resize | None = None,
+        search_batch: bool = True, **options: Any) -> FitPlan:
+    """The checkpointing plan that adds the least recompute to a training step of ``model``
+    on ``args``/``kwargs`` while its predicted peak stays at most ``budget``.
+
+    ``budget``: bytes, a size (``"80GiB"``, ``"40GB"``) or a device key (its capacity less
+    `budget.HEADROOM`). The candidates checkpoint the first k blocks (`block_paths`),
+    k = 0..n, each measured: its peak by `exportflops.memory` (``optimizer`` and ``**options``
+    passed on), its recompute by `exportflops.analyze` (mode="train"), timed on
+    ``device_model``'s roofs when given. The fewest blocks that fit win, so a larger budget
+    never gives more recompute. ``resize(batch) -> (args, kwargs)`` sizes the example for the
+    largest-batch search (default `batch.by_rows`; ``search_batch=False`` skips it). Nothing
+    fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
+    chosen blocks.
+    """
+    name = type(model).__name__
+    if mode != "train":
+        raise InputError(f"mode={mode!r} for {name}: fit() plans activation checkpointing, "
+                         f"which only a training step has (mode='train').")
+    limit, given = budget_bytes(budget)
+    args, kwargs = tuple(args), dict(kwargs or {})
+    paths = block_paths(model)
+    if not paths:
+        raise InputError(f"{name} has no blocks to checkpoint: fit() wraps the modules of an "
+                         f"outermost ModuleList or a Hugging Face model's _no_split_modules.")
+
+    def peak(count: int, step_args: tuple, step_kwargs: dict) -> MemoryReport:
+        from ..footprint import memory
+
+        with wrapped(model, paths[:count]) as planned:
+            return memory(planned, step_args, step_kwargs, optimizer=optimizer, **options)
+
+    reports = [peak(0, args, kwargs)]
+    for count in range(1, len(paths) + 1):
+        try:
+            reports.append(peak(count, args, kwargs))
+        except InputError as error:  # the output needs no gradient once the block is wrapped
+            raise _loses_gradients(name, paths[count - 1]) from error
+        if reports[-1].max_by_kind.gradients != reports[0].max_by_kind.gradients:
+            raise _loses_gradients(name, paths[count - 1])
+    costs = _recompute(model, args, kwargs, paths, device_model)
+    candidates = [FitCandidate(blocks=count, peak_bytes=report.peak_bytes,
+                               recompute_flops=sum(f for f, _ in costs[:count]),
+                               recompute_time_s=(sum(t for _, t in costs[:count])
+                                                 if device_model else None))
+                  for count, report in enumerate(reports)]
+    chosen = cheapest(candidates, limit)
+    if chosen is None:
+        raise _does_not_fit(name, given, limit, reports, paths)
+    rows = batch_of(args, kwargs)
+    resize = resize or (by_rows(args, kwargs, rows) if rows is not None else None)
+
+    def most_rows(count: int) -> int | None:
+        if resize is None or not search_batch:
+            return None
+        return largest_batch(lambda batch: peak(count, *resize(batch)).peak_bytes <= limit)
+
+    return FitPlan(
+        model=name, optimizer=optimizer, budget_bytes=limit, budget=given,
+        device_model=device_model or "", blocks=paths, checkpointed=paths[:chosen.blocks],
+        peak_bytes=chosen.peak_bytes, by_kind=reports[chosen.blocks].by_kind,
+        recompute_flops=chosen.recompute_flops, recompute_time_s=chosen.recompute_time_s,
+        candidates=candidates, example_batch=rows or 0,
+        largest_batch=most_rows(chosen.blocks), largest_batch_without_plan=most_rows(0))
+
+
+def block_paths(model: torch.nn.Module) -> list[str]:
+    """The paths of the blocks checkpointing may wrap, in the order the model holds them:
+    the same blocks FSDP2 shards one by one (`exportflops.parallel.fsdp_blocks.blocks_of`)."""
+    from ..parallel.fsdp_blocks import blocks_of
+
+    paths = {id(module): path for path, module in model.named_modules()}
+    return [paths[id(block)] for block in blocks_of(model)]
+
+
+def cheapest(candidates: list[FitCandidate], limit: int) -> FitCandidate | None:
+    """The candidate of the fewest checkpointed blocks whose peak is at most ``limit`` (None:
+    none is). The candidates are nested (k blocks, then those and the next), so recompute
+    grows with k, and a larger ``limit`` admits every candidate a smaller one did."""
+    return next((c for c in candidates if c.peak_bytes <= limit), None)
+
+
+def _loses_gradients(name: str, path: str) -> InputError:
+    """Reentrant checkpointing gives a block whose inputs need no gradient (one fed by the raw
+    input) none for its parameters (torch warns "None of the inputs have requires_grad=True"):
+    the step's gradient bytes shrink, or its output needs no gradient at all."""
+    return InputError(
+        f"Checkpointing {path!r} of {name} (reentrant) leaves its parameters without "
+        f"gradients: its inputs need none. fit() plans models whose blocks take a tensor that "
+        f"needs a gradient (an embedding's output, as in a transformer).")
+
+
+def _recompute(model: torch.nn.Module, args: tuple, kwargs: dict, paths: list[str],
+               device_model: str | None) -> list[tuple[int, float | None]]:
+    """Each block's recompute FLOPs and roofline seconds (None without a device): the nodes a
+    training step's report of the model with every block checkpointed marks recomputed, by
+    the block they ran in (a region's recompute is its own ops: the blocks' costs add)."""
+    from ..api import analyze
+    from ..count.backward import RECOMPUTED
+
+    with wrapped(model, paths) as planned:
+        report = analyze(planned, args, kwargs, mode="train")
+    seconds: dict[str, float] = {}
+    if device_model is not None:
+        from ..roofline import roofline
+
+        seconds = {n.name: n.predicted_s for n in roofline(report, device_model).nodes}
+    rerun = [n for n in report.nodes if n.note.startswith(RECOMPUTED)]
+    costs = []
+    for path in paths:
+        inside = [n for n in rerun if n.module == path or n.module.startswith(path + ".")]
+        costs.append((sum(n.cost.flops for n in inside),
+                      sum(seconds.get(n.name, 0.0) for n in inside) if seconds else None))
+    return costs
+
+
+def _does_not_fit(name: str, given: str, limit: int, reports: list[MemoryReport],
+                  paths: list[str]) -> DoesNotFitError:
+    best = min(range(len(reports)), key=lambda count: reports[count].peak_bytes)
+    kinds = reports[best].by_kind
+    held = ", ".join(f"{kind} {getattr(kinds, kind)}" for kind in type(kinds).model_fields
+                     if getattr(kinds, kind))
+    return DoesNotFitError(
+        f"No checkpointing plan fits a training step of {name} into {given}"
+        f"{'' if given == f'{limit} bytes' else f' ({limit} bytes)'}: "
+        f"the smallest peak reachable is {reports[best].peak_bytes} bytes, with {best} of "
+        f"{len(paths)} blocks checkpointed; it holds {held}. Use fewer rows (a smaller "
+        f"batch or sequence), a lighter optimizer (optimizer='sgd'), or a larger device.")

@@ -1,0 +1,70 @@
+"""A checkpointing plan that fits a training step into a memory budget (`exportflops.fit`).
+Imports no torch. Definitions: docs/fit.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import SCHEMA_VERSION, Record
+from .memory import KindBytes
+
+
+class FitCandidate(Record):
+    """One plan the planner measured: the first ``blocks`` blocks checkpointed."""
+
+    blocks: int
+    """How many blocks, in the order the model runs them, are checkpointed."""
+    peak_bytes: int
+    """The step's peak with them checkpointed (`exportflops.memory`)."""
+    recompute_flops: int
+    """The FLOPs their recompute adds to the step (`exportflops.analyze`, mode="train")."""
+    recompute_time_s: float | None
+    """The recompute's roofline time on ``device_model``; None without a device."""
+
+
+class FitPlan(Record):
+    """The cheapest checkpointing plan whose predicted peak is at most the budget, and the largest
+    batch that fits with and without it. ``apply(model)`` wraps the chosen blocks."""
+
+    schema_version: int = SCHEMA_VERSION
+    """Version of this record layout."""
+    model: str
+    """The planned model's class."""
+    optimizer: str
+    """The training step's optimizer (``adamw``, ``adam``, ``sgd``)."""
+    budget_bytes: int
+    """The budget the peak must stay under."""
+    budget: str
+    """The budget as given (``80GiB``, ``h100-sxm`` less its headroom, or bytes)."""
+    device_model: str = ""
+    """The device whose roofs time the recompute; ``""``: FLOPs decide."""
+    blocks: list[str]
+    """Every candidate block's path, in the order the model runs them."""
+    checkpointed: list[str]
+    """The blocks the plan checkpoints (the first ``len(checkpointed)`` of ``blocks``)."""
+    peak_bytes: int
+    """The step's predicted peak with the plan applied."""
+    by_kind: KindBytes
+    """What holds that peak, by kind."""
+    recompute_flops: int
+    """The FLOPs the plan's recompute adds to a training step."""
+    recompute_time_s: float | None
+    """Their roofline time on ``device_model``; None without a device."""
+    candidates: list[FitCandidate]
+    """Every plan measured, from none checkpointed to all."""
+    example_batch: int
+    """The batch (rows of the example inputs) the plan was measured at."""
+    largest_batch: int | None = None
+    """The most rows whose step fits the budget with the plan applied (0: not one; None: not
+    searched, the inputs have no common batch dimension and no ``resize`` was given)."""
+    largest_batch_without_plan: int | None = None
+    """The same without checkpointing."""
+
+    def apply(self, model: Any) -> Any:
+        """Wraps each of ``checkpointed`` in ``model`` in place in torch's reentrant
+        ``checkpoint_wrapper`` and returns ``model``; an `InputError` when a path is missing or
+        is already wrapped (a plan applies once). docs/fit.md."""
+        # Imported here: records import no torch.
+        from ..checkpointing import wrap_blocks
+
+        return wrap_blocks(model, self.checkpointed, name=self.model)

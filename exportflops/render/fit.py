@@ -1,0 +1,37 @@
+"""FitPlan -> text: the plan, its peak and cost, the largest batch, and every plan measured.
+Imports no torch."""
+
+from __future__ import annotations
+
+from ..records.fit import FitPlan
+from .format import Style
+
+_HEADERS = ("blocks checkpointed", "peak", "fits", "recompute FLOPs", "recompute time")
+
+
+def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
+    """The summary (the plan's blocks, peak, recompute, largest batches) and the table of
+    every candidate, the chosen one marked."""
+    chosen = (", ".join(plan.checkpointed) if plan.checkpointed
+              else "nothing: the step fits as it is")
+    timed = (f", {style.seconds(plan.recompute_time_s)} on {plan.device_model}'s roofs"
+             if plan.recompute_time_s is not None else "")
+    lines = [
+        f"Fit {plan.model} into {plan.budget} ({style.count(plan.budget_bytes, 'B')}), "
+        f"training step with {plan.optimizer}",
+        f"checkpoint: {chosen}",
+        f"peak {style.count(plan.peak_bytes, 'B')}; recompute "
+        f"{style.count(plan.recompute_flops, 'FLOP')}{timed}",
+        f"largest batch: {_rows(plan.largest_batch)} with the plan, "
+        f"{_rows(plan.largest_batch_without_plan)} without (measured at {plan.example_batch})",
+    ]
+    rows = [[f"{c.blocks}{' (chosen)' if c.blocks == len(plan.checkpointed) else ''}",
+             style.count(c.peak_bytes, "B"), "yes" if c.peak_bytes <= plan.budget_bytes else "no",
+             style.count(c.recompute_flops, "FLOP"), style.seconds(c.recompute_time_s)]
+            for c in plan.candidates]
+    return "\n".join(lines) + "\n\n" + style.titled("Plans measured",
+                                                    style.table(rows, _HEADERS, "lrlrr"))
+
+
+def _rows(rows: int | None) -> str:
+    return "not searched" if rows is None else f"{rows} rows"

@@ -1,0 +1,51 @@
+"""``--fit BUDGET`` through `exportflops.cli.main`, on a small embedding-and-blocks model."""
+
+from __future__ import annotations
+
+import json
+
+from exportflops.cli import main
+
+MODEL = '''
+import torch
+from torch import nn
+
+
+class Blocks(nn.Module):
+    """An embedding (its output needs a gradient), two MLP blocks in a ModuleList, a sum."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(16, 8)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 8)) for _ in range(2))
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = x + block(x)
+        return x
+
+
+def blocks():
+    return Blocks(), (torch.randint(0, 16, (2, 4)),)
+'''
+
+
+def test_json_is_the_fit_plan_and_the_table_names_its_blocks(tmp_path, capsys):
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    target = f"{tmp_path / 'fit_models.py'}:blocks"
+    assert main([target, "--fit", "1GiB", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    # 1 GiB holds the plain step of a 2,000-parameter model: nothing to checkpoint.
+    assert (plan["budget_bytes"], plan["checkpointed"]) == (2**30, [])
+    assert plan["blocks"] == ["blocks.0", "blocks.1"]
+    assert main([target, "--fit", "1GiB"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Fit Blocks into 1GiB") and "checkpoint: nothing" in out
+
+
+def test_fit_refuses_another_analysis(tmp_path, capsys):
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    code = main([f"{tmp_path / 'fit_models.py'}:blocks", "--fit", "1GiB", "--memory"])
+    assert code == 2 and "--fit BUDGET plans a training step" in capsys.readouterr().err
