@@ -25,7 +25,7 @@ MAX_README_LINES = 210
 FIRST_COMMANDS = (
     "pip install torch==2.13.0 && pip install -e . && exportflops gpt2",
     'pip install torch==2.13.0 && pip install -e ".[test]" && ruff check exportflops tests '
-    "benchmarks && python -m pytest -q",
+    "benchmarks && python -m pytest -q -n 2",
 )
 
 TORCH_VERSION_LINE = re.compile(r"\btorch \d+\.\d+\S*")

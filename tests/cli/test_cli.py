@@ -22,6 +22,7 @@ import shlex
 import pytest
 import torch
 
+from exportflops.cli import main
 from tests.cli_support import ROOT, one_paragraph, report_of, run
 
 README = ROOT / "README.md"
@@ -195,12 +196,25 @@ def test_help_shows_the_examples_and_exit_codes():
         "no-inputs", "missing-pt2", "bad-dtype", "bad-shape", "bad-kwargs-json",
         "kwargs-not-object", "unknown-view", "unknown-format", "view-with-json", "bad-depth",
         "unwritable-output", "unknown-hf-type"])
-def test_usage_errors_exit_2_with_one_paragraph(models, args, message):
+def test_usage_errors_exit_2_with_one_paragraph(models, capsys, args, message):
+    """In this process, through the command's ``main`` (the subprocess tests above and below
+    show the console script exits with what ``main`` returns)."""
     if args[0].startswith("hf:"):
         pytest.importorskip("transformers")
-    result = run(*[arg.replace("{models}", str(models)) for arg in args])
+    try:
+        code = main([arg.replace("{models}", str(models)) for arg in args])
+    except SystemExit as exit:  # argparse's own usage errors
+        code = exit.code
+    stderr = capsys.readouterr().err
+    assert code == 2, stderr
+    assert message in stderr and one_paragraph(stderr)
+
+
+def test_a_usage_error_exits_2_from_the_console_script():
+    result = run("no_such_model")
     assert result.returncode == 2, result.stderr
-    assert message in result.stderr and one_paragraph(result.stderr)
+    assert "'no_such_model' is not a built-in example" in result.stderr
+    assert one_paragraph(result.stderr)
 
 
 def test_cuda_on_a_machine_without_it_exits_2():
