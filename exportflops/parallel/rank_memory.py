@@ -94,13 +94,10 @@ def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
     FSDP2."""
     from torch.distributed.fsdp import FSDPModule
 
-    tensors = []
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            group = module._get_fsdp_state()._fsdp_param_group
-            for fsdp_param in (group.fsdp_params if group is not None else ()):
-                tensors.extend(fsdp_param.all_gather_outputs)
-    return tensors
+    from ..torch_internals import fsdp_all_gather_outputs
+
+    return [tensor for module in model.modules() if isinstance(module, FSDPModule)
+            for tensor in fsdp_all_gather_outputs(module)]
 
 
 def _check_layout(layout: Layout) -> None:
