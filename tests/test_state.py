@@ -8,6 +8,7 @@ import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import exportflops
@@ -17,7 +18,8 @@ from exportflops.errors import ExportFlopsError
 def _state() -> dict:
     state = {"excepthook": sys.excepthook, "grad": torch.is_grad_enabled(),
              "dtype": torch.get_default_dtype(),
-             "device": torch.empty(0).device, "cpu_rng": torch.get_rng_state()}
+             "device": torch.empty(0).device, "cpu_rng": torch.get_rng_state(),
+             "process_group": dist.is_available() and dist.is_initialized()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
@@ -96,6 +98,56 @@ def _memory(*, fails: bool):
     return lambda: exportflops.memory(model, args)
 
 
+class Blocks(nn.Module):
+    """Two blocks in a ModuleList (what fit() checkpoints) after a layer whose output needs a
+    gradient, so that a checkpointed block's parameters get theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 8)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+                                     for _ in range(2)])
+
+    def forward(self, x):
+        x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def _fit(*, fails: bool):
+    model, args = Blocks(), (torch.randn(4, 8),)
+    return lambda: exportflops.fit(model, args, budget=1 if fails else "1GiB",
+                                   search_batch=False)
+
+
+def _ranks(*, fails: bool):
+    """An FSDP2 count of two ranks: a mesh and a process group exist during it."""
+    from exportflops.parallel import Layout, analyze_ranks
+
+    model, args = Blocks(), (torch.randn(4, 8),)
+    layout = Layout(fsdp=2)
+    return lambda: analyze_ranks(model, args, layout=layout, rank=2 if fails else 0)
+
+
+def _memory_ranks(*, fails: bool):
+    from exportflops.parallel import Layout, memory_ranks
+
+    model, args = Blocks(), (torch.randn(4, 8),)
+    return lambda: memory_ranks(model, args, layout=Layout(fsdp=2), rank=2 if fails else 0)
+
+
+def _conventions(*, fails: bool):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    ids = torch.zeros(1, 8, dtype=torch.long)
+    report = exportflops.analyze(model, (ids,), mode="train")
+    return lambda: exportflops.conventions(report, config=None if fails else model)
+
+
 @pytest.mark.parametrize("prepare, fails", [
     (lambda: _analyze("forward", fails=False), False),
     (lambda: _analyze("train", fails=False), False),
@@ -111,9 +163,19 @@ def _memory(*, fails: bool):
     (lambda: _generation(fails=True), True),
     (lambda: _memory(fails=False), False),
     (lambda: _memory(fails=True), True),
+    (lambda: _fit(fails=False), False),
+    (lambda: _fit(fails=True), True),
+    (lambda: _ranks(fails=False), False),
+    (lambda: _ranks(fails=True), True),
+    (lambda: _memory_ranks(fails=False), False),
+    (lambda: _memory_ranks(fails=True), True),
+    (lambda: _conventions(fails=False), False),
+    (lambda: _conventions(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
-        "profile-fails", "generation", "generation-fails", "memory", "memory-fails"])
+        "profile-fails", "generation", "generation-fails", "memory", "memory-fails", "fit",
+        "fit-fails", "ranks", "ranks-fails", "memory-ranks", "memory-ranks-fails",
+        "conventions", "conventions-fails"])
 def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
     torch.manual_seed(0)
     call = prepare()
