@@ -65,8 +65,10 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
                          layer_split_points(built, layout.pp * per_rank), grad=mode == "train")
     held = sorted({s for s, _, _ in order})
     rank_model = torch.nn.ModuleDict({f"stage{s}": split[s].module for s in held})
-    fake_model, fake_args, _ = fake_copy(rank_model, tuple(split[s].args for s in held), {})
-    stages = {s: Stage(fake_model[f"stage{s}"], fake_args[i], split[s].kwargs,
+    fake_model, fake_args, fake_kwargs = fake_copy(
+        rank_model, tuple(split[s].args for s in held),
+        {s: split[s].kwargs for s in held if split[s].kwargs})
+    stages = {s: Stage(fake_model[f"stage{s}"], fake_args[i], fake_kwargs.get(s),
                        split[s].sources) for i, s in enumerate(held)}
     runtime = _Runtime(stages, m, last=len(split) - 1, loss=loss or default_loss(name),
                        schedule=schedule)
