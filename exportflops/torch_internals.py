@@ -131,6 +131,22 @@ def sequence_nr(node: Any) -> int:
                                 TESTED_TORCH) from error
 
 
+def fsdp_all_gather_outputs(module: Any) -> list[torch.Tensor]:
+    """The tensors on FSDP2's all-gather outputs of FSDP2 module ``module``'s own parameters
+    (its private ``_get_fsdp_state()._fsdp_param_group``, each ``FSDPParam``'s
+    ``all_gather_outputs``, torch/distributed/fsdp/_fully_shard/): the unsharded storage FSDP2
+    resizes in place; none for a module whose unit holds no parameters."""
+    try:
+        group = module._get_fsdp_state()._fsdp_param_group
+        return [tensor for fsdp_param in (group.fsdp_params if group is not None else ())
+                for tensor in fsdp_param.all_gather_outputs]
+    except AttributeError as error:
+        raise TorchFeatureError("fsdp_all_gather_outputs",
+                                "FSDPModule._get_fsdp_state()._fsdp_param_group",
+                                "memory_ranks under FSDP2", torch.__version__,
+                                TESTED_TORCH) from error
+
+
 def has(name: str) -> bool:
     """Whether this torch has feature ``name``."""
     try:

@@ -137,6 +137,15 @@ def _memory_ranks(*, fails: bool):
     return lambda: memory_ranks(model, args, layout=Layout(fsdp=2), rank=2 if fails else 0)
 
 
+def _pipeline_memory(*, fails: bool):
+    """A pipeline rank's step: torch's pipeline() splits the model, wrapping forwards."""
+    from exportflops.parallel import Layout, memory_ranks
+
+    model, args = Blocks(), (torch.randn(4, 8),)
+    return lambda: memory_ranks(model, args, layout=Layout(pp=2), rank=0,
+                                schedule="zbvzerobubble" if fails else "gpipe")
+
+
 def _conventions(*, fails: bool):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -169,13 +178,15 @@ def _conventions(*, fails: bool):
     (lambda: _ranks(fails=True), True),
     (lambda: _memory_ranks(fails=False), False),
     (lambda: _memory_ranks(fails=True), True),
+    (lambda: _pipeline_memory(fails=False), False),
+    (lambda: _pipeline_memory(fails=True), True),
     (lambda: _conventions(fails=False), False),
     (lambda: _conventions(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
         "profile-fails", "generation", "generation-fails", "memory", "memory-fails", "fit",
         "fit-fails", "ranks", "ranks-fails", "memory-ranks", "memory-ranks-fails",
-        "conventions", "conventions-fails"])
+        "pipeline-memory", "pipeline-memory-fails", "conventions", "conventions-fails"])
 def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
     torch.manual_seed(0)
     call = prepare()

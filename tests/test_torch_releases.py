@@ -162,3 +162,14 @@ def test_the_api_prints_nothing_on_stderr_when_values_decide_a_branch_or_a_captu
     """)
     assert shown.returncode == 0, shown.stderr
     assert shown.stderr == ""
+
+
+def test_an_fsdp2_module_without_the_private_state_memory_reads_fails_by_name():
+    from exportflops.torch_internals import fsdp_all_gather_outputs
+
+    class Moved(torch.nn.Module):  # a torch whose FSDP2 state moved: no _get_fsdp_state
+        pass
+
+    with pytest.raises(TorchFeatureError, match=r"memory_ranks under FSDP2 needs "
+                                                r"FSDPModule\._get_fsdp_state"):
+        fsdp_all_gather_outputs(Moved())

@@ -161,7 +161,7 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
     if ns.pp is not None or ns.cp is not None:
         check_split_sizes(ns, **config_sizes(ns))
     for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
-        if getattr(ns, flag) is not None:
+        if getattr(ns, flag) is not None and not ns.memory:  # --memory --pp: one rank's step
             # Each returns (a representative rank's report, (its record, the record's view)).
             split = importlib.import_module(f".{module}", __package__).analyze_split
             report, view = split(ns)

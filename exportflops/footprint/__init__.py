@@ -72,9 +72,10 @@ def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train:
 def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *, name: str,
              train: bool, optimizer: str, optimizer_options: dict | None,
              loss: Callable[[Any], torch.Tensor],
-             resized: Callable[[], list[torch.Tensor]] | None = None) -> StepRun:
+             resized: Callable[[], list[torch.Tensor]] | None = None,
+             replay: Callable[[Any], None] | None = None) -> StepRun:
     """The step of ``fake_model`` (and its inputs) on fake tensors, under their fake mode;
-    ``resized``: as `run_step` takes it."""
+    ``resized``, ``replay``: as `run_step` takes them."""
     leaves = [*fake_model.parameters(), *fake_model.buffers(),
               *pytree.tree_leaves((fake_args, fake_kwargs))]
     fake_mode = require("detect_fake_mode")([
@@ -83,7 +84,7 @@ def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *
         built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
-                            loss=loss, resized=resized)
+                            loss=loss, resized=resized, replay=replay)
         except (InputError, ProfileError):
             raise
         except Exception as error:  # the user's forward may raise anything on fake tensors

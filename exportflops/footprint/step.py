@@ -214,15 +214,22 @@ def _saved_as_activations(storages: _Storages) -> Iterator[None]:
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
              optimizer: torch.optim.Optimizer | None,
              loss: Callable[[object], torch.Tensor],
-             resized: Callable[[], list[torch.Tensor]] | None = None) -> StepRun:
+             resized: Callable[[], list[torch.Tensor]] | None = None,
+             replay: Callable[[_Storages | None], None] | None = None) -> StepRun:
     """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
     (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode.
     ``resized()``, called after step 1 (in forward, after a forward before the one recorded):
     tensors whose storages are resized in place over the
-    step (FSDP2's unsharded parameters), followed op by op."""
+    step (FSDP2's unsharded parameters), followed op by op. ``replay(storages)``: the
+    forwards and backwards of the step instead of ``model``'s and ``loss``'s (a pipeline
+    rank's microbatches, `exportflops.parallel.pipeline.stage_memory`), called with None in
+    step 1; it sets the phase of what it runs."""
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
-        loss(model(*args, **kwargs)).backward()
+        if replay is not None:
+            replay(None)
+        else:
+            loss(model(*args, **kwargs)).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
@@ -234,21 +241,26 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
         _hold_state(storages, model, args, kwargs, optimizer)
         with storages:
             if train:
-                output = _training_step(storages, model, args, kwargs, optimizer, loss)
+                output = _training_step(storages, model, args, kwargs, optimizer, loss, replay)
             else:
                 with torch.no_grad():
-                    output = model(*args, **kwargs)
+                    output = model(*args, **kwargs) if replay is None else replay(storages)
         del output  # only now: the caller of a forward holds its output to the step's end
     return run
 
 
 def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
-                   optimizer: torch.optim.Optimizer, loss: Callable[[object], torch.Tensor]
-                   ) -> None:
-    with _saved_as_activations(storages):
-        value = loss(model(*args, **kwargs))
-    storages.phase = "backward"
-    value.backward()
+                   optimizer: torch.optim.Optimizer, loss: Callable[[object], torch.Tensor],
+                   replay: Callable[[_Storages], None] | None = None) -> None:
+    value = None
+    if replay is not None:
+        with _saved_as_activations(storages):
+            replay(storages)
+    else:
+        with _saved_as_activations(storages):
+            value = loss(model(*args, **kwargs))
+        storages.phase = "backward"
+        value.backward()
     for parameter in model.parameters():
         if parameter.grad is not None:
             storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"

@@ -12,6 +12,7 @@ by the ``torch.empty`` it passes to c10d.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -26,11 +27,14 @@ from .parallelize import parallelize
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
                  *, layout: Layout, rank: int | None = None, mode: str = "train",
                  optimizer: str = "adamw", allocator: str = "exact",
-                 optimizer_options: dict | None = None, loss=None
+                 optimizer_options: dict | None = None, loss=None,
+                 schedule: str = "1f1b", microbatches: int | None = None
                  ) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``); without ``rank``, every rank's, naming the rank with the highest peak. ``model``,
-    ``args``, ``kwargs``: as `analyze_ranks` takes them; the other options as
+    ``tp``, or ``pp`` pipeline ranks); without ``rank``, every rank's, naming the rank with the
+    highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
+    ``args`` is one microbatch, and a step runs ``microbatches``, default ``pp``, under
+    ``schedule``: `exportflops.parallel.pipeline.stage_memory`); the other options as
     `exportflops.memory` takes them."""
     from ..footprint import check_options
 
@@ -38,10 +42,14 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     check_options(getattr(model, "__name__", type(model).__name__), mode, optimizer, allocator)
     options = dict(mode=mode, optimizer=optimizer, allocator=allocator,
                    optimizer_options=optimizer_options, loss=loss)
+    one_rank = _rank
+    if layout.pp > 1:
+        one_rank = functools.partial(_pipeline_rank, schedule=schedule,
+                                     microbatches=microbatches)
     if rank is not None:
         layout.check_rank(rank)
-        return _rank(model, args, kwargs, layout, rank, **options)
-    reports = [_rank(model, args, kwargs, layout, r, **options)
+        return one_rank(model, args, kwargs, layout, rank, **options)
+    reports = [one_rank(model, args, kwargs, layout, r, **options)
                for r in range(layout.world_size)]
     highest = max(reports, key=lambda report: report.peak_bytes)  # the first of equal peaks
     return RanksMemory(layout=str(layout), ranks=reports, peak_rank=highest.rank,
@@ -72,6 +80,13 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
     return report.model_copy(update={"world_size": layout.world_size, "rank": rank})
 
 
+def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
+                   layout: Layout, rank: int, **options) -> MemoryReport:
+    from .pipeline.stage_memory import pipeline_memory
+
+    return pipeline_memory(model, args, kwargs, layout=layout, rank=rank, **options)
+
+
 def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors on FSDP2's all-gather outputs of ``model`` (each parameter's unsharded
     storage, which FSDP2 allocates and frees by resizing it in place: ``alloc_storage`` and
@@ -79,22 +94,23 @@ def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
     FSDP2."""
     from torch.distributed.fsdp import FSDPModule
 
-    tensors = []
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            group = module._get_fsdp_state()._fsdp_param_group
-            for fsdp_param in (group.fsdp_params if group is not None else ()):
-                tensors.extend(fsdp_param.all_gather_outputs)
-    return tensors
+    from ..torch_internals import fsdp_all_gather_outputs
+
+    return [tensor for module in model.modules() if isinstance(module, FSDPModule)
+            for tensor in fsdp_all_gather_outputs(module)]
 
 
 def _check_layout(layout: Layout) -> None:
     if not isinstance(layout, Layout):
         raise LayoutError(f"memory_ranks takes layout=exportflops.parallel.Layout(...), got "
                           f"{type(layout).__name__}.")
-    others = {name: getattr(layout, name) for name in ("pp", "dp", "cp", "ep")
+    others = {name: getattr(layout, name) for name in ("dp", "cp", "ep")
               if getattr(layout, name) > 1}
+    if layout.pp > 1:
+        others.update({name: getattr(layout, name) for name in ("fsdp", "tp")
+                       if getattr(layout, name) > 1})
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
-                          f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)); "
-                          f"{', '.join(others)} are not modelled yet.")
+                          f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)) or of a pipeline "
+                          f"(Layout(pp=P)); {', '.join(others)} "
+                          f"{'with pp ' if layout.pp > 1 else ''}are not modelled yet.")

@@ -90,6 +90,23 @@ def test_fsdp_gives_the_step_of_the_rank_asked_with_its_shards(capsys):
     assert record["max_by_kind"]["parameters"] == 2 * block // 2 + block
 
 
-def test_memory_with_a_pipeline_is_a_usage_error(models, capsys):
-    code, _, err = _memory(models, capsys, "--pp", "2")
-    assert code == 2 and "--pp, --ep or --cp" in err
+def test_pp_gives_the_step_of_the_stage_asked_with_its_microbatches_in_flight(capsys):
+    # tests.parallel_models:two_blocks split into 2 stages of one NormMLP block (2H + 2HF =
+    # 2080 float32 parameters, H 16, F 64); its input (2 x 8 tokens) one microbatch. GPipe
+    # keeps all 4 microbatches in flight, each saving LayerNorm's mean and rstd (1 per token),
+    # up's normed input (T x H) and relu's output (T x F).
+    code = main(["tests.parallel_models:two_blocks", "--memory", "--pp", "2", "--schedule",
+                 "gpipe", "--microbatches", "4", "--rank", "1", "--mode", "train",
+                 "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = json.loads(out)
+    tokens = 2 * 8
+    assert (record["world_size"], record["rank"]) == (2, 1)
+    assert record["max_by_kind"]["parameters"] == (2 * 16 + 2 * 16 * 64) * FP32
+    assert record["max_by_kind"]["activations"] == 4 * (2 + 16 + 64) * tokens * FP32
+
+
+def test_memory_with_experts_or_context_parallelism_is_a_usage_error(models, capsys):
+    code, _, err = _memory(models, capsys, "--cp", "2")
+    assert code == 2 and "--ep or --cp" in err

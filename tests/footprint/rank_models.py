@@ -1,7 +1,8 @@
 """The models of the per-rank memory tests, by the layout dimension they are split on: a
 tensor-parallel `NormMLP` net carrying its plan, wide (H 64, F 256) on a short input (1 x 2
 tokens) so that its weights, not one activation, make most of its peak; FSDP2's `TwoBlocks`
-(tests/parallel_models.py)."""
+(tests/parallel_models.py); the pipeline's `TwoBlocks`, split before its second block, on
+microbatches of 2 x 8 tokens."""
 
 from __future__ import annotations
 
@@ -37,3 +38,11 @@ def two_blocks() -> tuple[TwoBlocks, tuple[torch.Tensor]]:
 
 
 MODELS = {"tp": wide_net, "fsdp": two_blocks}
+
+#: The pipeline's split point (one block a stage) and the microbatches of its step.
+SPLIT, MICROBATCHES = "blocks.1", 4
+
+
+def pipeline_model() -> tuple[TwoBlocks, tuple[torch.Tensor]]:
+    """`TwoBlocks` and one microbatch of its input (B x T x H)."""
+    return TwoBlocks(), (torch.randn(BATCH, SEQ, HIDDEN),)

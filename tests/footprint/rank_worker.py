@@ -27,12 +27,12 @@ def main(layout_name: str, out: Path) -> None:
     model, (x,) = MODELS[layout_name]()
     parallelize(model, layout.device_mesh())
     step = training_step(model, lambda: model(x).sum())
-    peaks = _peaks(step, count=5)
+    peaks = peaks_in_step(step, count=5)
     (out / f"rank{dist.get_rank()}.json").write_text(json.dumps({"peak_bytes": peaks}))
     dist.destroy_process_group()
 
 
-def _peaks(step, count: int, attempts: int = 10) -> list[int]:
+def peaks_in_step(step, count: int, attempts: int = 10) -> list[int]:
     """The peaks of ``count`` profiled steps. The profiler's data-flow pass now and then sees
     a tensor's version out of order when gloo's thread bumps it ("version mismatch"): the meter
     failed, not the step, and every rank drops that step together so that all stay in step."""
