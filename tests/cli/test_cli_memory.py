@@ -110,3 +110,13 @@ def test_pp_gives_the_step_of_the_stage_asked_with_its_microbatches_in_flight(ca
 def test_memory_with_experts_or_context_parallelism_is_a_usage_error(models, capsys):
     code, _, err = _memory(models, capsys, "--cp", "2")
     assert code == 2 and "--ep or --cp" in err
+
+
+def test_html_is_the_memory_page_with_its_timeline_and_the_fit(models, capsys, tmp_path):
+    page = tmp_path / "memory.html"
+    code, _, err = _memory(models, capsys, "--format", "html", "--device-model", "t4",
+                           "--output", str(page))
+    assert code == 0, err
+    out = page.read_text()
+    assert out.startswith("<!DOCTYPE html>") and "id=\"memory-timeline\"" in out
+    assert "Fits t4: peak 472 B" in out
