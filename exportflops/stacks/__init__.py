@@ -8,7 +8,7 @@
 - `dense`: the formulas that multiply parameter counts (torchtitan, Hugging Face's Trainer,
   PaLM's MFU definition); `configured`: those written on config fields (Megatron-LM, verl,
   TRL); `deepspeed`: DeepSpeed's profiler, its per-call formulas over the calls of a forward
-  that `calls` records on meta tensors;
+  that `calls` records on fake tensors;
 - `translate`: `conventions()`, the record of every stack with the difference split in terms.
 
 This package is not named ``conventions``: that would shadow ``exportflops.conventions``.

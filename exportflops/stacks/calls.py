@@ -1,4 +1,4 @@
-"""`count_calls`: run a model's forward on meta tensors and record each call of a chosen set of
+"""`count_calls`: run a model's forward on fake tensors and record each call of a chosen set of
 torch functions, with the module it ran in; what a profiler that wraps those functions sees.
 
 DeepSpeed's profiler (`stacks.deepspeed`) replaces attributes (``F.linear``, ``torch.matmul``,
@@ -26,6 +26,7 @@ from itertools import chain
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
 
 #: The methods Python's binary operators reach: ``a + b`` is ``Tensor.add`` to a mode.
@@ -93,10 +94,6 @@ def _module_paths(model: torch.nn.Module):
             handle.remove()
 
 
-def _meta(value: Any) -> Any:
-    return torch.empty_like(value, device="meta") if isinstance(value, torch.Tensor) else value
-
-
 @contextmanager
 def _training(model: torch.nn.Module):
     """The model in train mode (a training step's forward), each module's flag restored."""
@@ -111,13 +108,19 @@ def _training(model: torch.nn.Module):
 
 def count_calls(model: torch.nn.Module, kwargs: Mapping[str, Any],
                 watched: frozenset) -> list[Call]:
-    """The calls of ``watched`` functions one training forward of ``model`` makes, on meta
-    copies of its parameters, buffers and the tensors of ``kwargs`` (the model is not run on
-    its own device, and not changed)."""
-    state = {name: _meta(tensor) for name, tensor in chain(model.named_parameters(),
+    """The calls of ``watched`` functions one training forward of ``model`` makes, on fake
+    copies of its parameters, buffers and the tensors of ``kwargs`` (shapes without data: the
+    model is not run, and not changed). Fake, not meta: transformers reads no mask values of
+    a fake tensor (``masking_utils.is_tracing``), and those reads fail on meta."""
+    fake = FakeTensorMode()
+
+    def faked(value: Any) -> Any:
+        return fake.from_tensor(value) if isinstance(value, torch.Tensor) else value
+
+    state = {name: faked(tensor) for name, tensor in chain(model.named_parameters(),
                                                            model.named_buffers())}
-    inputs = {name: _meta(value) for name, value in kwargs.items()}
-    with _training(model), _module_paths(model) as modules:
+    inputs = {name: faked(value) for name, value in kwargs.items()}
+    with _training(model), _module_paths(model) as modules, fake:
         recorder = _Recorder(watched, modules)
         with recorder:
             torch.func.functional_call(model, state, (), inputs)

@@ -187,7 +187,7 @@ def forward_parts(facts: ModelFacts) -> dict[str, int]:
         calls = count_calls(facts.model, facts.forward_kwargs, WATCHED)
     except RuntimeError as error:  # a kernel's meta function refuses what the device runs
         raise NotCovered(f"DeepSpeed's profiler counts a forward run, and "
-                         f"{type(facts.model).__name__}'s forward does not run on meta "
+                         f"{type(facts.model).__name__}'s forward does not run on fake "
                          f"tensors here: {str(error).splitlines()[0]}") from error
     for call in calls:
         if call.function in UNTRANSCRIBED:

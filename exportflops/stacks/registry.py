@@ -42,7 +42,7 @@ class ModelFacts:
     """Each row's tokens without padding (T each for a batch without a mask)."""
     model: Any = None
     """The model, when `conventions` was given it (``config=model``): what a stack that
-    counts a run (DeepSpeed's profiler) runs, on meta tensors; None with a bare config."""
+    counts a run (DeepSpeed's profiler) runs, on fake tensors; None with a bare config."""
     forward_kwargs: Any = None
     """The batch as the forward's keyword arguments, for that run."""
 

@@ -42,7 +42,7 @@ def conventions(report_or_fpb: Report | FlopsPerBatch, batch: Any = None, *,
     ``batch`` (a dict of the forward's keyword arguments, or a tuple of its positional ones).
     ``config``: the model's Hugging Face config, or the model (its ``config`` is read); the
     report does not carry it. DeepSpeed's profiler counts a forward run, so it needs the model
-    (run on meta tensors, with the report's token ids, or the batch): with a bare config it
+    (run on fake tensors, with the report's token ids, or the batch): with a bare config it
     is not covered. ``step_time_s`` with ``device`` (a key of the device table) or
     ``peak_flop_per_s``: the MFU each stack would log for that measured step, beside ours.
     """
@@ -93,11 +93,13 @@ def _graph_side(report_or_fpb, batch, config, model):
 
 
 def _token_ids(model, rows: int, seq: int) -> dict[str, torch.Tensor] | None:
-    """A report's batch for a forward run: meta token ids of its shape, as labels too when
-    the forward takes them (the step the report counts has a loss)."""
+    """A report's batch for a forward run: token ids of its shape on the model's device
+    (their values unread: the run makes them fake), as labels too when the forward takes
+    them (the step the report counts has a loss)."""
     if model is None:
         return None
-    ids = torch.empty(rows, seq, dtype=torch.long, device="meta")
+    device = next(model.parameters()).device
+    ids = torch.zeros(rows, seq, dtype=torch.long, device=device)
     accepts = inspect.signature(model.forward).parameters
     return {"input_ids": ids, **({"labels": ids} if "labels" in accepts else {})}
 

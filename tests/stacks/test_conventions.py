@@ -250,14 +250,14 @@ def test_trl_on_deepseek_v3_is_not_covered_where_it_raises(case):
     assert "decoder_sparse_step" in trl.reason and "AttributeError" in trl.reason
 
 
-def test_deepspeed_on_an_moe_says_its_forward_does_not_run_on_meta_tensors(case):
-    """transformers' grouped_mm experts have a meta kernel for bfloat16 only; the dense
-    models are checked in test_deepspeed.py."""
+def test_deepspeed_on_an_moe_says_its_forward_does_not_run_on_fake_tensors(case):
+    """transformers' grouped_mm experts have a meta (and so fake) kernel for bfloat16 only;
+    the dense models are checked in test_deepspeed.py."""
     deepspeed = case.result.stack("deepspeed")
     if case.name.startswith("llama"):
         assert deepspeed.covered
         return
-    assert not deepspeed.covered and "does not run on meta tensors" in deepspeed.reason
+    assert not deepspeed.covered and "does not run on fake tensors" in deepspeed.reason
 
 
 def test_the_record_round_trips_through_json(case):
