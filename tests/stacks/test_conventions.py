@@ -340,6 +340,21 @@ def test_the_padding_term_is_what_the_graph_runs_on_padded_positions(padded):
             assert sum(t.difference_flops for t in count.terms) == count.difference_flops
 
 
+def test_deepspeed_counts_every_padded_position_of_the_batch(padded):
+    """DeepSpeed's formulas read shapes: its forward runs over 3 x 20 positions, padding in
+    (deepspeed 0.19.8 profiler.py, by call, as in test_deepspeed.py): per token and layer the
+    linears q, k, v, o, gate, up, down (2 x in x out) and F.silu (one per FFN element), per
+    row and layer SDPA's q.k and p.v over the 20 x 20 square, per token the LM head; x 3."""
+    deepspeed = conventions(padded.fpb, padded.batch, config=padded.model).stack("deepspeed")
+    rows, seq, heads, head_dim = 3, 20, 4, 16
+    per_token = LAYERS * (2 * WIDTH * (WIDTH + 2 * 32 + WIDTH + 3 * FFN) + FFN) \
+        + 2 * WIDTH * VOCAB
+    per_row = LAYERS * 2 * 2 * heads * seq * seq * head_dim
+    assert deepspeed.flops == 3 * (rows * seq * per_token + rows * per_row)
+    assert deepspeed.tokens == rows * seq
+    assert sum(t.difference_flops for t in deepspeed.terms) == deepspeed.difference_flops
+
+
 def test_the_hf_trainer_counts_padded_positions_as_transformers_does(padded):
     trainer = SimpleNamespace(model=padded.model)
     expected = transformers.Trainer.floating_point_ops(trainer, padded.batch)

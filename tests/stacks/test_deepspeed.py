@@ -35,21 +35,21 @@ def _gpt2():
                                    n_layer=LAYERS, n_head=HEADS)
 
 
-def _attention(rows: int = B, seq: int = T) -> int:
+def _attention() -> int:
     """``_attn_flops_compute``, q (B, H, T, hd) and k, v with T positions: 2 x (q.k MACs
     ``prod(q.shape) x T`` + p.v MACs ``B H T x T x hd``): the whole square, causal or not."""
-    return 2 * (rows * HEADS * seq * HEAD_DIM * seq + rows * HEADS * seq * seq * HEAD_DIM)
+    return 2 * (B * HEADS * T * HEAD_DIM * T + B * HEADS * T * T * HEAD_DIM)
 
 
-def _llama_forward(rows: int = B, seq: int = T) -> tuple[int, int]:
+def _llama_forward() -> tuple[int, int]:
     """(forward FLOPs, of which elementwise) DeepSpeed counts for `_llama`: per layer
     ``F.linear`` for q (H x hd out), k and v (2 x hd out each), o, gate, up and down
     (``2 x input.numel() x out_features``), SDPA, ``F.silu`` on the gate (one per element);
     RMSNorm and rotary are operators and ``torch.rsqrt``, unwrapped: 0; the LM head a linear."""
-    tokens, ffn, kv = rows * seq, 96, 2 * HEAD_DIM
+    tokens, ffn, kv = B * T, 96, 2 * HEAD_DIM
     linear = 2 * tokens * (WIDTH * WIDTH + 2 * WIDTH * kv + WIDTH * WIDTH + 3 * WIDTH * ffn)
     silu = tokens * ffn
-    layer = linear + _attention(rows, seq) + silu
+    layer = linear + _attention() + silu
     return LAYERS * layer + 2 * tokens * WIDTH * VOCAB, LAYERS * silu
 
 
@@ -117,26 +117,6 @@ def test_deepspeed_without_the_model_is_not_covered_and_says_to_pass_it(case):
     result = conventions(case.report, config=case.model.config)
     deepspeed = result.stack("deepspeed")
     assert not deepspeed.covered and "config=model" in deepspeed.reason
-
-
-def test_deepspeed_counts_every_padded_position_of_a_batch():
-    """A FlopsPerBatch and a batch of 3 rows of 20 positions keeping 20, 12 and 5: DeepSpeed
-    counts shapes, so its forward is `_llama_forward` at B = 3, T = 20, padding included."""
-    from exportflops import flops_per_batch
-
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(_llama())
-    ids = torch.randint(0, VOCAB, (B, T))
-    fpb = flops_per_batch(model, (), {"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                      "labels": ids}, mode="train")
-    mask = torch.ones(3, 20, dtype=torch.long)
-    mask[1, 12:] = 0
-    mask[2, 5:] = 0
-    batch = {"input_ids": torch.randint(0, VOCAB, (3, 20)), "attention_mask": mask,
-             "labels": torch.randint(0, VOCAB, (3, 20))}
-    deepspeed = conventions(fpb, batch, config=model).stack("deepspeed")
-    assert deepspeed.flops == STEP * _llama_forward(3, 20)[0]
-    assert deepspeed.tokens == 3 * 20
 
 
 class _Sums(torch.nn.Module):
