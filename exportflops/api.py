@@ -21,6 +21,7 @@ from .errors import ExportError, InputError
 from .count.backward import RECOMPUTED, trace_backward
 from .count.apply import count_node, outside_torch, untraced_backward
 from .count.decompose import Decomposer
+from .count.recompute import DYNAMIC_GAP, checkpointed_regions, rerun_calls
 from .capture.fastpath import Expansion, NotRepeated, fast_capture
 from .formulas import FORMULAS, FormulaTable
 from .records.names import qualified_name
@@ -97,13 +98,38 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
                     raise
                 return _with_notes(_eager(model, args, kwargs, table, strict=strict,
                                           mode=mode, refusal=refusal), notes)
+        reruns, note = ((_rerun_records(model, args, kwargs, table, strict=strict,
+                                        dynamic=dynamic_shapes is not None))
+                        if mode == "train" else ([], ""))
+        notes += [note] if note else []
         try:
             report = _count(captured, table, strict=strict, mode=mode, expansion=expansion,
-                            split=split_backward)
+                            split=split_backward, reruns=reruns)
         except NotRepeated:  # a repeat's backward is not its model's: trace it in full
             report = _count(full_export(), table, strict=strict, mode=mode,
-                            split=split_backward)
+                            split=split_backward, reruns=reruns)
         return _with_notes(report, notes)
+
+
+def _rerun_records(model: Any, args: Any, kwargs: dict | None, table: FormulaTable, *,
+                   strict: bool, dynamic: bool) -> tuple[list[NodeRecord], str]:
+    """The records of the ops non-reentrant activation checkpointing reruns in a training
+    step's backward (`exportflops.count.recompute`), noted as recomputed; with dynamic sizes,
+    none and a note naming the regions left out."""
+    if not isinstance(model, torch.nn.Module):
+        return [], ""
+    args, kwargs = as_args(args, model), dict(kwargs or {})
+    if dynamic:
+        regions = checkpointed_regions(model, args, kwargs)
+        return [], DYNAMIC_GAP.format(regions=regions) if regions else ""
+    with rerun_calls(model, args, kwargs) as rerun:
+        if rerun is None:
+            return [], ""
+        graph, calls = rerun
+        count = _node_counter(graph, table, strict=strict, sizes={})
+        return [_noted(count(call, phase="backward",
+                             differentiates=call.name.removesuffix(".recompute")), RECOMPUTED)
+                for call in calls], ""
 
 
 def _eager(model: torch.nn.Module, args: Any, kwargs: dict | None, table: FormulaTable, *,
@@ -218,7 +244,9 @@ def _counted(calls: list, count: Callable[..., NodeRecord],
 
 
 def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
-           expansion: Expansion | None = None, split: bool = False) -> Report:
+           expansion: Expansion | None = None, split: bool = False,
+           reruns: list[NodeRecord] = ()) -> Report:
+    """The report of ``captured``; ``reruns``: recomputed ops its graph does not hold."""
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
     # A formula or backward kernel that needs concrete sizes gets the example's values where
@@ -235,6 +263,7 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
         backward = _backward_records(captured.program, graph, count, strict, received,
                                      given if complete else {}, split)
         nodes += backward if expansion is None else expansion.backward(calls, backward, received)
+        nodes += reruns
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
     tree, tied = module_tree(calls, parameters, captured.module, _type_name(captured))

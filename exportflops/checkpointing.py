@@ -1,45 +1,79 @@
 """Wrapping blocks in activation checkpointing, for good (`FitPlan.apply`) or for one
 measurement of the fit planner (`wrapped`, which puts the blocks back, also on error). A module
-of its own, importing no record, so that `FitPlan.apply` reaches it without an import cycle."""
+of its own, importing no record, so that `FitPlan.apply` reaches it without an import cycle.
+
+A block is checkpointed whole (torch's reentrant ``checkpoint_wrapper``: its forward reruns in
+the backward) or selectively (non-reentrant, with `save_matmuls` as the policy of
+``create_selective_checkpoint_contexts``: the matrix products' and attention's outputs are
+kept, the rest reruns).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl, CheckpointWrapper, checkpoint_wrapper)
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .errors import InputError
 
+_aten = torch.ops.aten
+#: The ops whose outputs a selective plan keeps: the matrix products and the attention kernels,
+#: the bulk of a block's FLOPs, as torchtitan's op-level selective checkpointing keeps them
+#: (torchtitan/distributed/activation_checkpoint.py, ``_save_list``); every other op (norms,
+#: activations, residual adds, rotary embeddings) is cheap to rerun.
+SAVED_OPS = frozenset({
+    _aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default,
+    _aten._grouped_mm.default, _aten._scaled_mm.default,
+    _aten._scaled_dot_product_flash_attention.default,
+    _aten._scaled_dot_product_efficient_attention.default,
+    _aten._scaled_dot_product_cudnn_attention.default,
+    _aten._scaled_dot_product_flash_attention_for_cpu.default,
+    _aten._scaled_dot_product_fused_attention_overrideable.default,
+})
 
-def wrap_blocks(model: torch.nn.Module, paths: list[str], *, name: str) -> torch.nn.Module:
+
+def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """The selective plans' policy for ``create_selective_checkpoint_contexts``: keep the
+    outputs of `SAVED_OPS`, recompute the rest."""
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def wrap_blocks(model: torch.nn.Module, paths: list[str], *, name: str,
+                selective: list[str] = ()) -> torch.nn.Module:
     """``model`` with each block at ``paths`` replaced, in place, by torch's reentrant
-    ``checkpoint_wrapper`` around it. Reentrant: `exportflops.analyze` counts a reentrant
-    region's recompute (a non-reentrant one's it does not see yet), and the wrapper keeps the
-    state dict's keys (its hooks strip ``_checkpoint_wrapped_module.``)."""
-    parents = [_parent(model, path, name) for path in paths]
-    for path, (parent, child) in zip(paths, parents):
+    ``checkpoint_wrapper`` around it, and each at ``selective`` by a non-reentrant one whose
+    ``context_fn`` is `save_matmuls`'s selective contexts. The wrapper keeps the state dict's
+    keys (its hooks strip ``_checkpoint_wrapped_module.``)."""
+    parents = [_parent(model, path, name) for path in [*paths, *selective]]
+    for path, (parent, child) in zip([*paths, *selective], parents):
         block = parent.get_submodule(child)
         if isinstance(block, CheckpointWrapper) or isinstance(parent, CheckpointWrapper):
             raise InputError(f"{path!r} of {name} is already checkpointed: a plan applies "
                              f"once; apply it to a fresh model.")
-    for (parent, child) in parents:
+    whole = {"checkpoint_impl": CheckpointImpl.REENTRANT}
+    some = {"checkpoint_impl": CheckpointImpl.NO_REENTRANT,
+            "context_fn": functools.partial(create_selective_checkpoint_contexts, save_matmuls)}
+    for index, (parent, child) in enumerate(parents):
         setattr(parent, child, checkpoint_wrapper(parent.get_submodule(child),
-                                                  checkpoint_impl=CheckpointImpl.REENTRANT))
+                                                  **(whole if index < len(paths) else some)))
     return model
 
 
 @contextlib.contextmanager
-def wrapped(model: torch.nn.Module, paths: list[str]) -> Iterator[torch.nn.Module]:
-    """``model`` with the blocks at ``paths`` checkpointed while the block runs; the blocks
-    are put back on exit."""
+def wrapped(model: torch.nn.Module, paths: list[str],
+            selective: list[str] = ()) -> Iterator[torch.nn.Module]:
+    """``model`` with the blocks at ``paths`` checkpointed whole and those at ``selective``
+    selectively (`wrap_blocks`) while the block runs; the blocks are put back on exit."""
     name = type(model).__name__
-    parents = [_parent(model, path, name) for path in paths]
+    parents = [_parent(model, path, name) for path in [*paths, *selective]]
     blocks = [parent.get_submodule(child) for parent, child in parents]
     try:
-        yield wrap_blocks(model, paths, name=name)
+        yield wrap_blocks(model, paths, name=name, selective=selective)
     finally:
         for (parent, child), block in zip(parents, blocks):
             setattr(parent, child, block)

@@ -18,8 +18,10 @@ _OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens",
 
 def check_memory(ns: argparse.Namespace) -> None:
     """--memory and --optimizer: refused where they cannot apply, before the model is built."""
-    if ns.optimizer is not None and not (ns.memory and ns.mode == "train"):
-        raise UsageError("--optimizer picks the optimizer of --memory --mode train's step.")
+    if ns.optimizer is not None and not ((ns.memory and ns.mode == "train")
+                                         or ns.fit is not None):
+        raise UsageError("--optimizer picks the optimizer of --memory --mode train's step, "
+                         "or of the step --fit plans.")
     if not ns.memory:
         return
     others = [name for name in _OTHER_ANALYSES if getattr(ns, name) not in (None, False, [], {})]

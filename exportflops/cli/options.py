@@ -126,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
                                "(bytes, 80GiB, 40GB or a device key such as h100-sxm), its "
                                "peak, its recompute and the largest batch (exportflops.fit)")
     analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default=None,
-                          help="--memory --mode train: the step's optimizer (default adamw)")
+                          help="--memory --mode train, --fit: the step's optimizer (default adamw)")
     analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
                           default=None,
                           help="set a published transformer budget beside the graph, component "

@@ -16,6 +16,7 @@ import torch
 
 from .batch import Resize, batch_of, by_rows, largest_batch
 from .budget import budget_bytes
+from ..capture.export import without_cache
 from ..checkpointing import wrapped
 from ..errors import DoesNotFitError, InputError
 from ..records.fit import FitCandidate, FitPlan
@@ -31,10 +32,12 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
 
     ``budget``: bytes, a size (``"80GiB"``, ``"40GB"``) or a device key (its capacity less
     `budget.HEADROOM`). The candidates checkpoint the first k blocks (`block_paths`),
-    k = 0..n, each measured: its peak by `exportflops.memory` (``optimizer`` and ``**options``
-    passed on), its recompute by `exportflops.analyze` (mode="train"), timed on
-    ``device_model``'s roofs when given. The fewest blocks that fit win, so a larger budget
-    never gives more recompute. ``resize(batch) -> (args, kwargs)`` sizes the example for the
+    k = 0..n, whole (reentrant) or selectively (non-reentrant, the matrix products' and
+    attention's outputs kept: `exportflops.checkpointing.save_matmuls`), each measured: its
+    peak by `exportflops.memory` (``optimizer`` and ``**options`` passed on), its recompute by
+    `exportflops.analyze` (mode="train"), timed on ``device_model``'s roofs when given. The
+    least recompute that fits wins (`cheapest`), so a larger budget never gives more.
+    ``resize(batch) -> (args, kwargs)`` sizes the example for the
     largest-batch search (default `batch.by_rows`; ``search_batch=False`` skips it). Nothing
     fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
     chosen blocks.
@@ -44,50 +47,70 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         raise InputError(f"mode={mode!r} for {name}: fit() plans activation checkpointing, "
                          f"which only a training step has (mode='train').")
     limit, given = budget_bytes(budget)
-    args, kwargs = tuple(args), dict(kwargs or {})
+    # A cache in a training step is written again by each checkpointed block's recompute (and
+    # breaks a selective one's replay): the step planned is the one without it, as
+    # transformers' own gradient checkpointing turns it off.
+    kwargs, _, _ = without_cache(model, args, dict(kwargs or {}))
+    args, kwargs = tuple(args), dict(kwargs)
     paths = block_paths(model)
     if not paths:
         raise InputError(f"{name} has no blocks to checkpoint: fit() wraps the modules of an "
                          f"outermost ModuleList or a Hugging Face model's _no_split_modules.")
 
-    def peak(count: int, step_args: tuple, step_kwargs: dict) -> MemoryReport:
+    def peak(shape: Shape, step_args: tuple, step_kwargs: dict) -> MemoryReport:
         from ..footprint import memory
 
-        with wrapped(model, paths[:count]) as planned:
+        with wrapped(model, *_wrapped_paths(paths, shape)) as planned:
             return memory(planned, step_args, step_kwargs, optimizer=optimizer, **options)
 
-    reports = [peak(0, args, kwargs)]
-    for count in range(1, len(paths) + 1):
+    shapes = [(count, False) for count in range(len(paths) + 1)]
+    shapes += [(count, True) for count in range(1, len(paths) + 1)]
+    reports = {(0, False): peak((0, False), args, kwargs)}
+    for shape in shapes[1:]:
         try:
-            reports.append(peak(count, args, kwargs))
+            reports[shape] = peak(shape, args, kwargs)
         except InputError as error:  # the output needs no gradient once the block is wrapped
-            raise _loses_gradients(name, paths[count - 1]) from error
-        if reports[-1].max_by_kind.gradients != reports[0].max_by_kind.gradients:
-            raise _loses_gradients(name, paths[count - 1])
-    costs = _recompute(model, args, kwargs, paths, device_model)
-    candidates = [FitCandidate(blocks=count, peak_bytes=report.peak_bytes,
-                               recompute_flops=sum(f for f, _ in costs[:count]),
-                               recompute_time_s=(sum(t for _, t in costs[:count])
+            raise _loses_gradients(name, paths[shape[0] - 1]) from error
+        if reports[shape].max_by_kind.gradients != reports[0, False].max_by_kind.gradients:
+            raise _loses_gradients(name, paths[shape[0] - 1])
+    costs = {selective: _recompute(model, args, kwargs, paths, device_model, selective)
+             for selective in (False, True)}
+    candidates = [FitCandidate(blocks=count, selective=selective,
+                               peak_bytes=reports[count, selective].peak_bytes,
+                               recompute_flops=sum(f for f, _ in costs[selective][:count]),
+                               recompute_time_s=(sum(t for _, t in costs[selective][:count])
                                                  if device_model else None))
-                  for count, report in enumerate(reports)]
+                  for count, selective in shapes]
     chosen = cheapest(candidates, limit)
     if chosen is None:
         raise _does_not_fit(name, given, limit, reports, paths)
     rows = batch_of(args, kwargs)
     resize = resize or (by_rows(args, kwargs, rows) if rows is not None else None)
+    plan = (chosen.blocks, chosen.selective)
 
-    def most_rows(count: int) -> int | None:
+    def most_rows(shape: Shape) -> int | None:
         if resize is None or not search_batch:
             return None
-        return largest_batch(lambda batch: peak(count, *resize(batch)).peak_bytes <= limit)
+        return largest_batch(lambda batch: peak(shape, *resize(batch)).peak_bytes <= limit)
 
+    whole, selective = _wrapped_paths(paths, plan)
     return FitPlan(
         model=name, optimizer=optimizer, budget_bytes=limit, budget=given,
-        device_model=device_model or "", blocks=paths, checkpointed=paths[:chosen.blocks],
-        peak_bytes=chosen.peak_bytes, by_kind=reports[chosen.blocks].by_kind,
+        device_model=device_model or "", blocks=paths, checkpointed=whole, selective=selective,
+        peak_bytes=chosen.peak_bytes, by_kind=reports[plan].by_kind,
         recompute_flops=chosen.recompute_flops, recompute_time_s=chosen.recompute_time_s,
         candidates=candidates, example_batch=rows or 0,
-        largest_batch=most_rows(chosen.blocks), largest_batch_without_plan=most_rows(0))
+        largest_batch=most_rows(plan), largest_batch_without_plan=most_rows((0, False)))
+
+
+#: A candidate's shape: how many blocks it checkpoints, and whether selectively.
+Shape = tuple[int, bool]
+
+
+def _wrapped_paths(paths: list[str], shape: Shape) -> tuple[list[str], list[str]]:
+    """The blocks a candidate wraps whole, and those it wraps selectively."""
+    count, selective = shape
+    return ([], paths[:count]) if selective else (paths[:count], [])
 
 
 def block_paths(model: torch.nn.Module) -> list[str]:
@@ -100,10 +123,14 @@ def block_paths(model: torch.nn.Module) -> list[str]:
 
 
 def cheapest(candidates: list[FitCandidate], limit: int) -> FitCandidate | None:
-    """The candidate of the fewest checkpointed blocks whose peak is at most ``limit`` (None:
-    none is). The candidates are nested (k blocks, then those and the next), so recompute
-    grows with k, and a larger ``limit`` admits every candidate a smaller one did."""
-    return next((c for c in candidates if c.peak_bytes <= limit), None)
+    """The candidate whose peak is at most ``limit`` with the least recompute: its time where
+    the candidates are timed, else its FLOPs; on a tie the lower peak, then the fewer blocks
+    (None: none fits). A larger ``limit`` admits every candidate a smaller one did, so the
+    least recompute never grows with the budget."""
+    fitting = [c for c in candidates if c.peak_bytes <= limit]
+    return min(fitting, default=None, key=lambda c: (
+        c.recompute_time_s if c.recompute_time_s is not None else c.recompute_flops,
+        c.recompute_flops, c.peak_bytes, c.blocks))
 
 
 def _loses_gradients(name: str, path: str) -> InputError:
@@ -117,14 +144,15 @@ def _loses_gradients(name: str, path: str) -> InputError:
 
 
 def _recompute(model: torch.nn.Module, args: tuple, kwargs: dict, paths: list[str],
-               device_model: str | None) -> list[tuple[int, float | None]]:
+               device_model: str | None, selective: bool) -> list[tuple[int, float | None]]:
     """Each block's recompute FLOPs and roofline seconds (None without a device): the nodes a
-    training step's report of the model with every block checkpointed marks recomputed, by
-    the block they ran in (a region's recompute is its own ops: the blocks' costs add)."""
+    training step's report of the model with every block checkpointed (whole, or
+    ``selective``ly) marks recomputed, by the block they ran in (a region's recompute is its
+    own ops: the blocks' costs add)."""
     from ..api import analyze
     from ..count.backward import RECOMPUTED
 
-    with wrapped(model, paths) as planned:
+    with wrapped(model, *_wrapped_paths(paths, (len(paths), selective))) as planned:
         report = analyze(planned, args, kwargs, mode="train")
     seconds: dict[str, float] = {}
     if device_model is not None:
@@ -140,15 +168,16 @@ def _recompute(model: torch.nn.Module, args: tuple, kwargs: dict, paths: list[st
     return costs
 
 
-def _does_not_fit(name: str, given: str, limit: int, reports: list[MemoryReport],
+def _does_not_fit(name: str, given: str, limit: int, reports: dict[Shape, MemoryReport],
                   paths: list[str]) -> DoesNotFitError:
-    best = min(range(len(reports)), key=lambda count: reports[count].peak_bytes)
+    best = min(reports, key=lambda shape: reports[shape].peak_bytes)
     kinds = reports[best].by_kind
     held = ", ".join(f"{kind} {getattr(kinds, kind)}" for kind in type(kinds).model_fields
                      if getattr(kinds, kind))
     return DoesNotFitError(
         f"No checkpointing plan fits a training step of {name} into {given}"
         f"{'' if given == f'{limit} bytes' else f' ({limit} bytes)'}: "
-        f"the smallest peak reachable is {reports[best].peak_bytes} bytes, with {best} of "
-        f"{len(paths)} blocks checkpointed; it holds {held}. Use fewer rows (a smaller "
-        f"batch or sequence), a lighter optimizer (optimizer='sgd'), or a larger device.")
+        f"the smallest peak reachable is {reports[best].peak_bytes} bytes, with {best[0]} of "
+        f"{len(paths)} blocks checkpointed{' selectively' if best[1] else ''}; it holds "
+        f"{held}. Use fewer rows (a smaller batch or sequence), a lighter optimizer "
+        f"(optimizer='sgd'), or a larger device.")

@@ -10,10 +10,14 @@ from .memory import KindBytes
 
 
 class FitCandidate(Record):
-    """One plan the planner measured: the first ``blocks`` blocks checkpointed."""
+    """One plan the planner measured: the first ``blocks`` blocks checkpointed, whole or
+    selectively."""
 
     blocks: int
     """How many blocks, in the order the model runs them, are checkpointed."""
+    selective: bool = False
+    """Whether they are checkpointed selectively (non-reentrant, the matrix products' and
+    attention's outputs kept: `exportflops.checkpointing.save_matmuls`); else whole."""
     peak_bytes: int
     """The step's peak with them checkpointed (`exportflops.memory`)."""
     recompute_flops: int
@@ -41,7 +45,10 @@ class FitPlan(Record):
     blocks: list[str]
     """Every candidate block's path, in the order the model runs them."""
     checkpointed: list[str]
-    """The blocks the plan checkpoints (the first ``len(checkpointed)`` of ``blocks``)."""
+    """The blocks the plan checkpoints whole (the first ``len(checkpointed)`` of ``blocks``)."""
+    selective: list[str] = []
+    """The blocks the plan checkpoints selectively (the first ``len(selective)`` of
+    ``blocks``; a plan has these or ``checkpointed``, not both)."""
     peak_bytes: int
     """The step's predicted peak with the plan applied."""
     by_kind: KindBytes
@@ -51,7 +58,8 @@ class FitPlan(Record):
     recompute_time_s: float | None
     """Their roofline time on ``device_model``; None without a device."""
     candidates: list[FitCandidate]
-    """Every plan measured, from none checkpointed to all."""
+    """Every plan measured: none to all blocks checkpointed whole, then one to all
+    selectively."""
     example_batch: int
     """The batch (rows of the example inputs) the plan was measured at."""
     largest_batch: int | None = None
@@ -62,9 +70,11 @@ class FitPlan(Record):
 
     def apply(self, model: Any) -> Any:
         """Wraps each of ``checkpointed`` in ``model`` in place in torch's reentrant
-        ``checkpoint_wrapper`` and returns ``model``; an `InputError` when a path is missing or
-        is already wrapped (a plan applies once). docs/fit.md."""
+        ``checkpoint_wrapper``, each of ``selective`` in a non-reentrant one with the selective
+        policy (`exportflops.checkpointing.save_matmuls` through
+        ``create_selective_checkpoint_contexts``), and returns ``model``; an `InputError` when a
+        path is missing or is already wrapped (a plan applies once). docs/fit.md."""
         # Imported here: records import no torch.
         from ..checkpointing import wrap_blocks
 
-        return wrap_blocks(model, self.checkpointed, name=self.model)
+        return wrap_blocks(model, self.checkpointed, name=self.model, selective=self.selective)

@@ -13,7 +13,9 @@ def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
     """The summary (the plan's blocks, peak, recompute, largest batches) and the table of
     every candidate, the chosen one marked."""
     chosen = (", ".join(plan.checkpointed) if plan.checkpointed
+              else f"{', '.join(plan.selective)} (selective)" if plan.selective
               else "nothing: the step fits as it is")
+    picked = (len(plan.checkpointed) + len(plan.selective), bool(plan.selective))
     timed = (f", {style.seconds(plan.recompute_time_s)} on {plan.device_model}'s roofs"
              if plan.recompute_time_s is not None else "")
     lines = [
@@ -25,7 +27,8 @@ def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
         f"largest batch: {_rows(plan.largest_batch)} with the plan, "
         f"{_rows(plan.largest_batch_without_plan)} without (measured at {plan.example_batch})",
     ]
-    rows = [[f"{c.blocks}{' (chosen)' if c.blocks == len(plan.checkpointed) else ''}",
+    rows = [[f"{c.blocks}{' selective' if c.selective else ''}"
+             f"{' (chosen)' if (c.blocks, c.selective) == picked else ''}",
              style.count(c.peak_bytes, "B"), "yes" if c.peak_bytes <= plan.budget_bytes else "no",
              style.count(c.recompute_flops, "FLOP"), style.seconds(c.recompute_time_s)]
             for c in plan.candidates]

@@ -49,3 +49,17 @@ def test_fit_refuses_another_analysis(tmp_path, capsys):
     (tmp_path / "fit_models.py").write_text(MODEL)
     code = main([f"{tmp_path / 'fit_models.py'}:blocks", "--fit", "1GiB", "--memory"])
     assert code == 2 and "--fit BUDGET plans a training step" in capsys.readouterr().err
+
+
+def test_fit_plans_the_step_of_the_optimizer_given(tmp_path, capsys):
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    target = f"{tmp_path / 'fit_models.py'}:blocks"
+    # The parameters: the embedding 16 x 8, each block 8 x 32 + 32 and 32 x 8 + 8, in 9
+    # tensors; AdamW keeps two fp32 moments of each and a fp32 step count per tensor
+    # (torch/optim/adamw.py) at the step's peak, SGD without momentum none.
+    parameters = 16 * 8 + 2 * (8 * 32 + 32 + 32 * 8 + 8)
+    for optimizer, states in (("adamw", 2 * 4 * parameters + 9 * 4), ("sgd", 0)):
+        assert main([target, "--fit", "1GiB", "--optimizer", optimizer, "--format",
+                     "json"]) == 0
+        plan = json.loads(capsys.readouterr().out)
+        assert (plan["optimizer"], plan["by_kind"]["optimizer"]) == (optimizer, states)

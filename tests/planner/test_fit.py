@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import random
+import re
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ import exportflops
 from exportflops.errors import DoesNotFitError, InputError
 from exportflops.examples.gpt2 import GPT, GPTConfig
 from exportflops.planner import cheapest
+from exportflops.records.fit import FitCandidate
 from exportflops.planner.budget import HEADROOM, budget_bytes
 from tests.footprint.models import CASES, hf_loss, summed
 from tests.footprint.profiled import profiled, training_step
@@ -23,7 +26,14 @@ def gpt():
     return GPT(config), (torch.randint(0, 256, (2, 64)),), {}
 
 
-MODELS = {"gpt2-shaped": (gpt, summed), "llama-4-layers": (CASES["llama-4-layers"].build, hf_loss)}
+def llama():
+    """The 4-layer Llama, trained as a checkpointed transformers model is: without a KV cache
+    (fit plans that step; a selective block's replay refuses a cache written twice)."""
+    model, args, kwargs = CASES["llama-4-layers"].build()
+    return model, args, {**kwargs, "use_cache": False}
+
+
+MODELS = {"gpt2-shaped": (gpt, summed), "llama-4-layers": (llama, hf_loss)}
 
 
 @functools.cache
@@ -39,9 +49,9 @@ def _candidates(name: str):
 
 
 def _budgets(name: str, count: int) -> list[int]:
-    """``count`` budgets from the all-checkpointed peak up to the plain one."""
+    """``count`` budgets from the least peak of any plan up to the plain one."""
     candidates = _candidates(name)
-    low, high = candidates[-1].peak_bytes, candidates[0].peak_bytes
+    low, high = min(c.peak_bytes for c in candidates), candidates[0].peak_bytes
     assert low < high  # otherwise the model cannot tell plans apart
     return [low + (high - low) * i // (count - 1) for i in range(count)]
 
@@ -67,6 +77,26 @@ def test_a_larger_budget_never_gives_more_recompute(name):
     assert all(plan is not None for plan in plans)
     assert recompute == sorted(recompute, reverse=True)
     assert recompute[0] > recompute[-1] == 0  # the sweep spans all to none checkpointed
+    # Selective plans are in the sweep, chosen between whole blocks and none.
+    assert {plan.selective for plan in plans} == {False, True}
+
+
+@pytest.mark.parametrize("timed", [False, True], ids=["flops", "seconds"])
+def test_the_plan_is_the_least_recompute_that_fits_whatever_the_order(timed):
+    """Candidates made up here: a larger budget admits more of them, so the least recompute
+    never grows, in whatever order the candidates come."""
+    rng = random.Random(0)
+    candidates = [FitCandidate(
+        blocks=rng.randrange(5), selective=rng.random() < 0.5, peak_bytes=rng.randrange(1, 100),
+        recompute_flops=rng.randrange(1000),
+        recompute_time_s=rng.random() if timed else None) for _ in range(40)]
+    chosen = [cheapest(candidates, budget) for budget in range(1, 101)]
+    cost = [None if c is None else (c.recompute_time_s if timed else c.recompute_flops)
+            for c in chosen]
+    known = [c for c in cost if c is not None]
+    assert known == sorted(known, reverse=True)
+    assert cost[-1] == min(c.recompute_time_s if timed else c.recompute_flops
+                           for c in candidates)
 
 
 def test_the_largest_batch_that_fits_runs_under_the_budget_and_one_more_row_does_not():
@@ -141,6 +171,8 @@ def test_a_plan_round_trips_through_json_and_its_table_marks_the_chosen_plan():
 
     text = fit_plan_view(plan)
     assert text.splitlines()[1] == "checkpoint: nothing: the step fits as it is"
-    # One row per candidate, 0..4 blocks of the 4-layer GPT, the first one chosen.
-    rows = [line.split()[0] for line in text.splitlines()[-5:]]
-    assert rows == ["0", "1", "2", "3", "4"] and "0 (chosen)" in text
+    # One row per candidate, 0..4 whole blocks of the 4-layer GPT then 1..4 selective, the
+    # first one chosen.
+    rows = [re.split(r"\s{2,}", line)[0] for line in text.splitlines()[-9:]]
+    assert rows == ["0 (chosen)", "1", "2", "3", "4", "1 selective", "2 selective",
+                    "3 selective", "4 selective"]
