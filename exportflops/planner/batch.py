@@ -34,17 +34,17 @@ def by_rows(args: tuple, kwargs: dict, rows: int) -> Resize:
     return resize
 
 
-def largest_batch(fits: Callable[[int], bool]) -> int:
-    """The most rows ``fits`` accepts, assuming a step of more rows never needs fewer bytes:
-    doubling until one does not fit, then halving the gap; 0 when one row does not fit."""
-    if not fits(1):
+def largest_batch(fits: Callable[[int], bool], low: int = 1, high: int = MOST_ROWS) -> int:
+    """The most rows (from ``low`` to ``high``) ``fits`` accepts, assuming a step of more rows
+    never needs fewer bytes: doubling until one does not fit, then halving the gap; 0 when
+    ``low`` rows do not fit."""
+    if not fits(low):
         return 0
-    low = 1
-    while low < MOST_ROWS and fits(min(2 * low, MOST_ROWS)):
-        low = min(2 * low, MOST_ROWS)
-    if low == MOST_ROWS:
+    while low < high and fits(min(2 * low, high)):
+        low = min(2 * low, high)
+    if low == high:
         return low
-    high = 2 * low  # the first size known not to fit (or past the search's end)
+    high = min(2 * low, high)  # the first size known not to fit
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if fits(middle) else (low, middle)
