@@ -59,10 +59,10 @@ def symbolic_memory(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_s
     """The step's memory as polynomials in the sizes ``dynamic_shapes`` names; ``step(args,
     kwargs)`` runs one fake step; ``record``: the report's mode, optimizer and allocator."""
     name = type(model).__name__
-    marks, sizes = _marked(model, args, kwargs, dynamic_shapes)
+    marks, sizes = marked_sizes(model, args, kwargs, dynamic_shapes)
     samples = [dict(zip(sizes, offsets))
                for offsets in itertools.product(range(DEGREE + 1), repeat=len(sizes))]
-    runs = [step(*_resized(args, kwargs, marks, _at(sizes, offsets))) for offsets in samples]
+    runs = [step(*resized_inputs(args, kwargs, marks, _at(sizes, offsets))) for offsets in samples]
     for offsets, run in zip(samples[1:], runs[1:]):
         _same_step(name, runs[0], run, _at(sizes, samples[0]), _at(sizes, offsets))
     grid = numpy.stack([numpy.array([[live[k] for k in KINDS] for live in live_by_kind(run)],
@@ -70,7 +70,7 @@ def symbolic_memory(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_s
     coefficients = _differences(grid.reshape((DEGREE + 1,) * len(sizes) + grid.shape[1:]))
     verify = {size.name: size.example if size.example > size.min + DEGREE else size.min + 3
               for size in sizes.values()}
-    _verified(name, model_step=lambda: step(*_resized(args, kwargs, marks, verify)),
+    _verified(name, model_step=lambda: step(*resized_inputs(args, kwargs, marks, verify)),
               first=runs[0], coefficients=coefficients, sizes=sizes, at=verify)
     flat = coefficients.reshape(-1, *coefficients.shape[-2:])  # (term, op, kind)
     kept = _undominated(flat.sum(axis=2).T)
@@ -87,7 +87,7 @@ def _at(sizes: dict[str, MemorySize], offsets: dict[str, int]) -> dict[str, int]
     return {name: size.min + offsets[name] for name, size in sizes.items()}
 
 
-def _marked(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any
+def marked_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_shapes: Any
             ) -> tuple[dict[int, dict[int, str]], dict[str, MemorySize]]:
     """(each marked input tensor's id -> its dynamic dims' names, each size's range), read as
     ``analyze`` reads ``dynamic_shapes``: by forward's argument names, or in their order."""
@@ -144,7 +144,7 @@ def _range(name: str, size: torch.export.Dim, example: int) -> MemorySize:
     return MemorySize(name=size.__name__, example=example, min=low, max=high)
 
 
-def _resized(args: tuple, kwargs: dict, marks: dict[int, dict[int, str]],
+def resized_inputs(args: tuple, kwargs: dict, marks: dict[int, dict[int, str]],
              sizes: dict[str, int]) -> tuple[tuple, dict]:
     """The inputs with each marked dim at its size: the example's entries repeated in turn
     (entry ``i`` is entry ``i % n``: token ids stay token ids; a fake step reads no value)."""
