@@ -11,7 +11,7 @@ from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
 #: What --memory does not combine with: the flags of other analyses, by their dest.
-_OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens", "pp", "ep",
+_OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "pp", "ep",
                    "cp", "trace", "split_backward")
 
 
@@ -29,6 +29,9 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
                          "--budget, --generate, --seqlens, --split-backward, --pp, --ep or "
                          "--cp (--tp and --fsdp: one rank's step).")
+    if ns.dims and (ns.tp is not None or ns.fsdp is not None):
+        raise UsageError("--memory --dynamic gives one device's step in dynamic sizes: not "
+                         "with --tp or --fsdp.")
     if ns.device_model is not None:
         from ..device_table import DEVICES
 
@@ -42,6 +45,8 @@ def analyze_memory(ns: argparse.Namespace):
     """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
     from ..records.memory import MemoryOnDevice
 
+    if ns.dims:
+        return _symbolic_memory(ns)
     report = _rank_memory(ns) if ns.tp is not None or ns.fsdp is not None else _memory(ns)
     if ns.device_model is None:
         return report, lambda record, style: _memory_text(record, style, ns.depth)
@@ -56,6 +61,31 @@ def _memory(ns: argparse.Namespace):
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+
+
+def _symbolic_memory(ns: argparse.Namespace):
+    """--memory --dynamic: the step's memory in those sizes (`SymbolicMemoryReport`); with
+    --device-model, the largest value of each size that fits it (less `fit`'s headroom), the
+    others at the example's (or the smallest sampled, where the example is below it)."""
+    from .. import memory
+    from ..planner.budget import budget_bytes
+    from ..render.symbolic_memory import symbolic_memory_view
+    from .workflows import dynamic_shapes
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
+                    dynamic_shapes=dynamic_shapes(model, args, kwargs or {}, ns.dims, {}))
+    largest, budget = {}, ""
+    if ns.device_model is not None:
+        budget = budget_bytes(ns.device_model)[1]
+        examples = {s.name: max(s.example, s.min) for s in report.sizes}
+        largest = {name: report.largest(name, ns.device_model, **{
+            other: value for other, value in examples.items() if other != name})
+            for name in examples}
+    return report, lambda record, style: symbolic_memory_view(record, style, largest,
+                                                              budget) + "\n"
 
 
 def _rank_memory(ns: argparse.Namespace):
