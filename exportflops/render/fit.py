@@ -11,8 +11,8 @@ _HEADERS = ("blocks checkpointed", "peak", "fits", "recompute FLOPs", "recompute
 
 
 def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
-    """The summary (the plan's blocks, peak, recompute, largest batches and lengths) and the table of
-    every candidate, the chosen one marked."""
+    """The summary (the plan's blocks, peak, recompute, largest batches and lengths) and the
+    table of every candidate, the chosen one marked."""
     chosen = (", ".join(plan.checkpointed) if plan.checkpointed
               else "nothing: the step fits as it is")
     timed = (f", {style.seconds(plan.recompute_time_s)} on {plan.device_model}'s roofs"
