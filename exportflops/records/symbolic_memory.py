@@ -14,6 +14,11 @@ from .symbolic import parse_count, size_symbol
 from ..errors import InputError
 
 
+#: The most `SymbolicMemoryReport.largest` searches an unbounded size to (polynomials are
+#: cheap to evaluate: no step runs).
+SEARCHED = 2**40
+
+
 class MemorySize(Record):
     """A dynamic size of the step (a ``torch.export.Dim``)."""
 
@@ -118,10 +123,11 @@ class SymbolicMemoryReport(Record):
     def largest(self, size: str, budget: int | str, **fixed: int) -> int:
         """The largest value of ``size`` whose peak is at most ``budget`` (bytes, ``"80GiB"``
         or a device key less the fit planner's headroom, as `exportflops.fit` reads it), the
-        other sizes at ``fixed``; 0 when its smallest value does not fit. An `InputError`
+        other sizes at ``fixed``; 0 when its smallest value does not fit; at most the size's
+        max, or `SEARCHED` where it has none. An `InputError`
         unless every candidate's bytes are non-decreasing in ``size`` (the search's
         premise), checked on the polynomials."""
-        from ..planner.batch import MOST_ROWS, largest_batch
+        from ..planner.batch import largest_batch
         from ..planner.budget import budget_bytes
 
         limit, _ = budget_bytes(budget)
@@ -132,7 +138,7 @@ class SymbolicMemoryReport(Record):
         given = self._check({**fixed, size: ranges[size].min})
         parsed = self._parsed()
         self._non_decreasing(size, given, parsed)
-        high = ranges[size].max or MOST_ROWS
+        high = ranges[size].max or SEARCHED
 
         def fits(value: int) -> bool:
             return self._at({**given, size: value}, parsed).peak_bytes <= limit

@@ -4,6 +4,7 @@ steps at those sizes, and refused where the step changes with its sizes."""
 from __future__ import annotations
 
 import functools
+import json
 
 import pytest
 import torch
@@ -133,3 +134,20 @@ def test_the_largest_size_is_the_last_whose_evaluated_peak_fits():
     assert report.largest("batch", budget) == 9  # the peak grows with every row
     assert report.largest("batch", budget - 1) == 8
     assert report.largest("batch", 1000) == 0
+
+
+def test_the_command_prints_the_polynomials_and_the_largest_batch_a_device_holds(tmp_path,
+                                                                                  capsys):
+    from exportflops.cli import main
+    from tests.planner.test_cli_fit import MODEL
+
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    target = f"{tmp_path / 'fit_models.py'}:blocks"
+    assert main([target, "--memory", "--dynamic", "batch", "--format", "json"]) == 0
+    first = json.loads(capsys.readouterr().out)["candidates"][0]["live"]
+    # Blocks: an embedding 16x8, two blocks of Linear(8, 32) and Linear(32, 8), in fp32.
+    assert first["parameters"] == str((16 * 8 + 2 * (8 * 32 + 32 + 32 * 8 + 8)) * FP32)
+    assert first["inputs"] == f"{4 * INT64}*batch"  # ids of 4 tokens a row
+    assert main([target, "--memory", "--dynamic", "batch", "--device-model", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    assert "largest batch that fits h100-sxm (80000000000 bytes less 10% headroom): " in out
