@@ -26,7 +26,7 @@ def check_memory(ns: argparse.Namespace) -> None:
             or ns.format not in ("table", "md", "json")):
         raise UsageError("--memory prints one step's memory of a model built here as a table, "
                          "Markdown or JSON (--depth for the module tree): not a saved .pt2, "
-                         "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
+                         "not with --view, and not with --profile, --trace, --sweep, "
                          "--budget, --generate, --seqlens, --split-backward, --pp, --ep or "
                          "--cp (--tp and --fsdp: one rank's step).")
     if ns.dims and (ns.tp is not None or ns.fsdp is not None):
@@ -65,10 +65,10 @@ def _memory(ns: argparse.Namespace):
 
 def _symbolic_memory(ns: argparse.Namespace):
     """--memory --dynamic: the step's memory in those sizes (`SymbolicMemoryReport`); with
-    --device-model, the largest value of each size that fits it (less `fit`'s headroom), the
+    --device-model, the largest value of each size whose peak fits its memory, the
     others at the example's (or the smallest sampled, where the example is below it)."""
     from .. import memory
-    from ..planner.budget import budget_bytes
+    from ..device_table import device_row
     from ..render.symbolic_memory import symbolic_memory_view
     from .workflows import dynamic_shapes
 
@@ -79,7 +79,7 @@ def _symbolic_memory(ns: argparse.Namespace):
                     dynamic_shapes=dynamic_shapes(model, args, kwargs or {}, ns.dims, {}))
     largest, budget = {}, ""
     if ns.device_model is not None:
-        budget = budget_bytes(ns.device_model)[1]
+        budget = f"{ns.device_model} ({device_row(ns.device_model).memory_bytes} bytes)"
         examples = {s.name: max(s.example, s.min) for s in report.sizes}
         largest = {name: report.largest(name, ns.device_model, **{
             other: value for other, value in examples.items() if other != name})

@@ -3,7 +3,7 @@
 
 `exportflops.checkpointing` wraps blocks in activation checkpointing; ``budget`` reads a
 budget; ``sizes`` finds the largest batch and length that fit from the step's memory at
-symbolic sizes, ``batch`` searches a size over steps at each. Every peak
+symbolic sizes (or searches a size over steps at each). Every peak
 is `exportflops.memory` of the model with the plan applied, every recompute
 `exportflops.analyze` (mode="train") of it.
 Definitions: docs/fit.md.
@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from .batch import Resize, largest_batch
 from .budget import budget_bytes
-from .sizes import example_sizes, largest_sizes
+from .sizes import MOST_ROWS, Resize, example_sizes, largest_sizes
 from ..checkpointing import wrapped
 from ..errors import DoesNotFitError, InputError
 from ..records.fit import FitCandidate, FitPlan
 from ..records.memory import MemoryReport
+from ..records.symbolic import largest_size
 from ..records.symbolic_memory import SymbolicMemoryReport
 
 
@@ -88,8 +88,8 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         if not search_batch:
             return {}
         if resize is not None:  # the user's resize: steps searched one batch at a time
-            return {"batch": largest_batch(
-                lambda batch: peak(count, *resize(batch)).peak_bytes <= limit)}
+            return {"batch": largest_size(
+                lambda batch: peak(count, *resize(batch)).peak_bytes <= limit, 1, MOST_ROWS)}
         return largest_sizes(model, args, kwargs, limit, functools.partial(peak, count))
 
     plain = most(0)

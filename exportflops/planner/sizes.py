@@ -16,11 +16,15 @@ from typing import Any
 import torch
 from torch.export import Dim
 
-from .batch import MOST_ROWS, largest_batch
 from ..footprint.symbolic import marked_sizes, resized_inputs
 from ..errors import InputError
+from ..records.symbolic import largest_size
 from ..torch_internals import pytree
 
+#: A user's ``resize(batch) -> (args, kwargs)``: the example at ``batch`` rows.
+Resize = Callable[[int], tuple[tuple, dict]]
+#: Where a search over steps at each size stops doubling.
+MOST_ROWS = 2**20
 #: memory(args, kwargs, dynamic_shapes) -> the step's `MemoryReport`, or with
 #: ``dynamic_shapes`` its `SymbolicMemoryReport`.
 MemoryOf = Callable[[tuple, dict, Any], Any]
@@ -58,7 +62,7 @@ def largest_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, limit: int,
         try:
             largest = memory_of(args, kwargs, shapes).largest(name, limit)
         except InputError:  # the step changes with the size: no polynomial, so run each
-            largest = largest_batch(fits, high=ranges[name].max or MOST_ROWS)
+            largest = largest_size(fits, 1, ranges[name].max or MOST_ROWS)
         found[name] = largest if largest else int(fits(1))
     return found
 

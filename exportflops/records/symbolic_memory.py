@@ -10,8 +10,9 @@ import sympy
 
 from .base import SCHEMA_VERSION, Record
 from .memory import KindBytes, Phase
-from .symbolic import parse_count, size_symbol
-from ..errors import InputError
+from .symbolic import largest_size, parse_count, size_symbol
+from ..device_table import device_row
+from ..errors import InputError, UnknownDeviceError
 
 
 #: The most `SymbolicMemoryReport.largest` searches an unbounded size to (polynomials are
@@ -74,17 +75,17 @@ class MemoryAtSizes(Record):
     sizes: dict[str, int]
     """The sizes evaluated at."""
     peak_bytes: int
-    """`MemoryReport.peak_bytes` at these sizes."""
-    peak_phase: Phase
-    """The phase the peak is in."""
-    peak_node: str
-    """The op at the peak, with its position in the step (``aten.mm.default #412``)."""
-    peak_module: str
-    """Path of the module that op ran in."""
+    """The peak at these sizes (as `MemoryReport.peak_bytes`)."""
     by_kind: KindBytes
-    """The live bytes at the peak, by kind."""
+    """What holds the peak."""
     max_by_kind: KindBytes
-    """Each kind's own most bytes over the step."""
+    """Each kind's maximum at these sizes."""
+    peak_phase: Phase
+    """The peak's phase."""
+    peak_node: str
+    """Its candidate's op and position (``aten.mm.default #412``)."""
+    peak_module: str
+    """That op's module."""
 
 
 class SymbolicMemoryReport(Record):
@@ -121,16 +122,13 @@ class SymbolicMemoryReport(Record):
         return self._at(self._check(sizes), self._parsed())
 
     def largest(self, size: str, budget: int | str, **fixed: int) -> int:
-        """The largest value of ``size`` whose peak is at most ``budget`` (bytes, ``"80GiB"``
-        or a device key less the fit planner's headroom, as `exportflops.fit` reads it), the
-        other sizes at ``fixed``; 0 when its smallest value does not fit; at most the size's
-        max, or `SEARCHED` where it has none. An `InputError`
-        unless every candidate's bytes are non-decreasing in ``size`` (the search's
-        premise), checked on the polynomials."""
-        from ..planner.batch import largest_batch
-        from ..planner.budget import budget_bytes
-
-        limit, _ = budget_bytes(budget)
+        """The largest value of ``size`` whose peak is at most ``budget`` (bytes, or a device
+        key: its capacity, as `MemoryReport.fits` compares; `exportflops.fit` leaves a
+        headroom, this does not), the other sizes at ``fixed``; 0 when its smallest value
+        does not fit; at most the size's max, or `SEARCHED` where it has none. An
+        `InputError` unless every candidate's bytes are non-decreasing in ``size`` (the
+        search's premise), checked on the polynomials."""
+        limit = budget if isinstance(budget, int) else self._capacity(budget)
         ranges = {s.name: s for s in self.sizes}
         if size not in ranges:
             raise InputError(f"largest({size!r}): the sizes of this report are "
@@ -142,7 +140,14 @@ class SymbolicMemoryReport(Record):
 
         def fits(value: int) -> bool:
             return self._at({**given, size: value}, parsed).peak_bytes <= limit
-        return largest_batch(fits, low=ranges[size].min, high=high)
+        return largest_size(fits, ranges[size].min, high)
+
+    def _capacity(self, device: str) -> int:
+        row = device_row(device)  # an unknown key: UnknownDeviceError naming the keys
+        if row.memory_bytes is None:
+            raise UnknownDeviceError(f"The device table's {device} row covers boards with "
+                                     f"different memory; pass your board's bytes.")
+        return row.memory_bytes
 
     def _parsed(self) -> list[tuple[SymbolicPoint, dict[str, sympy.Expr]]]:
         return [(point, {kind: parse_count(getattr(point.live, kind))

@@ -150,4 +150,4 @@ def test_the_command_prints_the_polynomials_and_the_largest_batch_a_device_holds
     assert first["inputs"] == f"{4 * INT64}*batch"  # ids of 4 tokens a row
     assert main([target, "--memory", "--dynamic", "batch", "--device-model", "h100-sxm"]) == 0
     out = capsys.readouterr().out
-    assert "largest batch that fits h100-sxm (80000000000 bytes less 10% headroom): " in out
+    assert "largest batch that fits h100-sxm (80000000000 bytes): " in out
