@@ -12,7 +12,7 @@ from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
 #: What --memory does not combine with: the flags of other analyses, by their dest.
-_OTHER_ANALYSES = ("profile", "dims", "points", "budget", "generate", "seqlens", "ep", "cp",
+_OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "ep", "cp",
                    "trace", "split_backward")
 
 
@@ -30,9 +30,12 @@ def check_memory(ns: argparse.Namespace) -> None:
         raise UsageError("--memory prints one step's memory of a model built here as a table, "
                          "Markdown, JSON or an HTML page (--depth for the module tree): not a "
                          "saved .pt2, "
-                         "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
+                         "not with --view, and not with --profile, --trace, --sweep, "
                          "--budget, --generate, --seqlens, --split-backward, --ep or --cp "
                          "(--tp and --fsdp, or --pp: one rank's step).")
+    if ns.dims and any(getattr(ns, name) is not None for name in ("tp", "fsdp", "pp")):
+        raise UsageError("--memory --dynamic gives one device's step in dynamic sizes: not "
+                         "with --tp, --fsdp or --pp.")
     if ns.device_model is not None:
         from ..device_table import DEVICES
 
@@ -46,6 +49,8 @@ def analyze_memory(ns: argparse.Namespace):
     """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
     from ..records.memory import MemoryOnDevice
 
+    if ns.dims:
+        return _symbolic_memory(ns)
     split = any(getattr(ns, name) is not None for name in ("tp", "fsdp", "pp"))
     report = _rank_memory(ns) if split else _memory(ns)
     if ns.device_model is None:
@@ -61,6 +66,31 @@ def _memory(ns: argparse.Namespace):
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+
+
+def _symbolic_memory(ns: argparse.Namespace):
+    """--memory --dynamic: the step's memory in those sizes (`SymbolicMemoryReport`); with
+    --device-model, the largest value of each size whose peak fits its memory, the
+    others at the example's (or the smallest sampled, where the example is below it)."""
+    from .. import memory
+    from ..device_table import device_row
+    from ..render.symbolic_memory import symbolic_memory_view
+    from .workflows import dynamic_shapes
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
+                    dynamic_shapes=dynamic_shapes(model, args, kwargs or {}, ns.dims, {}))
+    largest, budget = {}, ""
+    if ns.device_model is not None:
+        budget = f"{ns.device_model} ({device_row(ns.device_model).memory_bytes} bytes)"
+        examples = {s.name: max(s.example, s.min) for s in report.sizes}
+        largest = {name: report.largest(name, ns.device_model, **{
+            other: value for other, value in examples.items() if other != name})
+            for name in examples}
+    return report, lambda record, style: symbolic_memory_view(record, style, largest,
+                                                              budget) + "\n"
 
 
 def _rank_memory(ns: argparse.Namespace):

@@ -18,8 +18,10 @@ from .cpu_outputs import AsOnCpu
 from .liveness import cuda_blocks, exact
 from .report import memory_report
 from .step import run_step, StepRun
+from .symbolic import symbolic_memory
 from ..errors import InputError, ProfileError
 from ..records.memory import MemoryReport
+from ..records.symbolic_memory import SymbolicMemoryReport
 from ..torch_internals import pytree, require
 
 #: The optimizers a training step can run, by name (their defaults: the state they allocate
@@ -32,7 +34,8 @@ ALLOCATORS: dict[str, Callable[[int], int]] = {"exact": exact, "cuda": cuda_bloc
 def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
            mode: str = "train", optimizer: str = "adamw", allocator: str = "exact",
            optimizer_options: dict | None = None,
-           loss: Callable[[Any], torch.Tensor] | None = None) -> MemoryReport:
+           loss: Callable[[Any], torch.Tensor] | None = None,
+           dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport:
     """The memory of one step of ``model`` on ``args``/``kwargs``: its peak, what holds it, per
     module, and the live bytes at every op.
 
@@ -45,15 +48,30 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     needs a gradient. ``allocator="cuda"`` rounds each storage up to the CUDA caching
     allocator's 512-byte blocks. Nothing is computed: the step runs on a fake copy of the model
     and its inputs (meta models too); the model is untouched.
+
+    ``dynamic_shapes`` (``analyze``'s convention: ``{dim: torch.export.Dim(name)}`` per input,
+    by forward's argument names or in their order): a `SymbolicMemoryReport`, each kind a
+    polynomial in those names, from steps at a few sizes checked at one more
+    (`exportflops.footprint.symbolic`; ``allocator="exact"`` only).
     """
     name = type(model).__name__
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"memory() takes a torch.nn.Module, not {name}.")
     check_options(name, mode, optimizer, allocator)
     train = mode == "train"
-    run = _run(model, tuple(args), dict(kwargs or {}), name=name, train=train,
-               optimizer=optimizer, optimizer_options=optimizer_options,
-               loss=loss or default_loss(name))
+
+    def step(step_args: tuple, step_kwargs: dict) -> StepRun:
+        return _run(model, step_args, step_kwargs, name=name, train=train, optimizer=optimizer,
+                    optimizer_options=optimizer_options, loss=loss or default_loss(name))
+
+    if dynamic_shapes is not None:
+        if allocator != "exact":
+            raise InputError(f"allocator={allocator!r} with dynamic_shapes for {name}: the "
+                             f"CUDA allocator's rounding is no polynomial in the sizes; use "
+                             f"allocator='exact', or memory() at each size.")
+        return symbolic_memory(model, tuple(args), dict(kwargs or {}), dynamic_shapes, step,
+                               mode=mode, optimizer=optimizer if train else "")
+    run = step(tuple(args), dict(kwargs or {}))
     return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
                          allocator=allocator, size=ALLOCATORS[allocator])
 

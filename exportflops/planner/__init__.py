@@ -2,7 +2,8 @@
 (`fit`, the record `FitPlan`).
 
 `exportflops.checkpointing` wraps blocks in activation checkpointing; ``budget`` reads a
-budget; ``batch`` resizes the example and searches the largest batch that fits. Every peak
+budget; ``sizes`` finds the largest batch and length that fit from the step's memory at
+symbolic sizes (or searches a size over steps at each). Every peak
 is `exportflops.memory` of the model with the plan applied, every recompute
 `exportflops.analyze` (mode="train") of it.
 Definitions: docs/fit.md.
@@ -10,17 +11,20 @@ Definitions: docs/fit.md.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-from .batch import Resize, batch_of, by_rows, largest_batch
 from .budget import budget_bytes
 from ..capture.export import without_cache
+from .sizes import MOST_ROWS, Resize, example_sizes, largest_sizes
 from ..checkpointing import wrapped
 from ..errors import DoesNotFitError, InputError
 from ..records.fit import FitCandidate, FitPlan
 from ..records.memory import MemoryReport
+from ..records.symbolic import largest_size
+from ..records.symbolic_memory import SymbolicMemoryReport
 
 
 def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
@@ -36,9 +40,11 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     attention's outputs kept: `exportflops.checkpointing.save_matmuls`), each measured: its
     peak by `exportflops.memory` (``optimizer`` and ``**options`` passed on), its recompute by
     `exportflops.analyze` (mode="train"), timed on ``device_model``'s roofs when given. The
-    least recompute that fits wins (`cheapest`), so a larger budget never gives more.
-    ``resize(batch) -> (args, kwargs)`` sizes the example for the
-    largest-batch search (default `batch.by_rows`; ``search_batch=False`` skips it). Nothing
+    least recompute that fits wins (`cheapest`), so a larger budget never gives more. The
+    largest batch and length that fit, with the plan and without, come from the step's memory
+    at symbolic sizes (`sizes.largest_sizes`); a given ``resize(batch) -> (args, kwargs)``
+    sizes the example instead, for a search of the batch over steps at each size
+    (``search_batch=False`` skips both). Nothing
     fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
     chosen blocks.
     """
@@ -57,11 +63,13 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         raise InputError(f"{name} has no blocks to checkpoint: fit() wraps the modules of an "
                          f"outermost ModuleList or a Hugging Face model's _no_split_modules.")
 
-    def peak(shape: Shape, step_args: tuple, step_kwargs: dict) -> MemoryReport:
+    def peak(shape: Shape, step_args: tuple, step_kwargs: dict,
+             dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport:
         from ..footprint import memory
 
         with wrapped(model, *_wrapped_paths(paths, shape)) as planned:
-            return memory(planned, step_args, step_kwargs, optimizer=optimizer, **options)
+            return memory(planned, step_args, step_kwargs, optimizer=optimizer,
+                          dynamic_shapes=dynamic_shapes, **options)
 
     shapes = [(count, False) for count in range(len(paths) + 1)]
     shapes += [(count, True) for count in range(1, len(paths) + 1)]
@@ -84,23 +92,30 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     chosen = cheapest(candidates, limit)
     if chosen is None:
         raise _does_not_fit(name, given, limit, reports, paths)
-    rows = batch_of(args, kwargs)
-    resize = resize or (by_rows(args, kwargs, rows) if rows is not None else None)
+    example = example_sizes(model, args, kwargs)
     plan = (chosen.blocks, chosen.selective)
 
-    def most_rows(shape: Shape) -> int | None:
-        if resize is None or not search_batch:
-            return None
-        return largest_batch(lambda batch: peak(shape, *resize(batch)).peak_bytes <= limit)
+    def most(shape: Shape) -> dict[str, int | None]:
+        """The largest batch and length with the candidate ``shape``'s blocks checkpointed."""
+        if not search_batch:
+            return {}
+        if resize is not None:  # the user's resize: steps searched one batch at a time
+            return {"batch": largest_size(
+                lambda batch: peak(shape, *resize(batch)).peak_bytes <= limit, 1, MOST_ROWS)}
+        return largest_sizes(model, args, kwargs, limit, functools.partial(peak, shape))
 
+    plain = most((0, False))
+    planned = most(plan) if chosen.blocks else plain
     whole, selective = _wrapped_paths(paths, plan)
     return FitPlan(
         model=name, optimizer=optimizer, budget_bytes=limit, budget=given,
         device_model=device_model or "", blocks=paths, checkpointed=whole, selective=selective,
         peak_bytes=chosen.peak_bytes, by_kind=reports[plan].by_kind,
         recompute_flops=chosen.recompute_flops, recompute_time_s=chosen.recompute_time_s,
-        candidates=candidates, example_batch=rows or 0,
-        largest_batch=most_rows(plan), largest_batch_without_plan=most_rows((0, False)))
+        candidates=candidates, example_batch=example.get("batch", 0),
+        largest_batch=planned.get("batch"), largest_batch_without_plan=plain.get("batch"),
+        example_length=example.get("length", 0),
+        largest_length=planned.get("length"), largest_length_without_plan=plain.get("length"))
 
 
 #: A candidate's shape: how many blocks it checkpoints, and whether selectively.

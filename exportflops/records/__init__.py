@@ -17,6 +17,8 @@ from .pipeline import PipelineAction, PipelineRank, PipelineReport, PipelineStag
 from .report import (ModuleRecord, NodeRecord, NodeStatus, OperatorStats, Report,
                      SizeSymbolRecord, TiedParameter, UncountedOp)
 from .roofline import Roofline, RooflineModule, RooflineNode
+from .symbolic_memory import (KindExpressions, MemoryAtSizes, MemorySize, SymbolicMemoryReport,
+                              SymbolicPoint)
 from .timing import ModuleTiming, NodeTiming, RuntimeProfile, Timing
 from .training import DocumentFlops, StepFlops, Throughput
 
@@ -24,7 +26,8 @@ __all__ = ["FLOPS_PER_MAC", "SCHEMA_VERSION", "Collective", "ContextParallelRepo
            "ContextRank", "Conventions", "Cost", "Count", "DeviceFit", "DocumentFlops",
            "ExpertParallelReport", "ExpertRank", "FitCandidate", "FitPlan",
            "GenerationReport", "KindBytes", "MemoryOnDevice", "MemoryPoint", "MemoryReport",
-           "ModuleMemory", "RanksMemory",
+           "ModuleMemory", "RanksMemory", "KindExpressions", "MemoryAtSizes", "MemorySize",
+           "SymbolicMemoryReport", "SymbolicPoint",
            "ModuleRecord", "ModuleTiming", "NodeRecord", "NodeStatus",
            "NodeTiming", "OperatorStats", "PipelineAction", "PipelineRank", "PipelineReport",
            "PipelineStage", "Record", "Report", "RingSend", "Roofline",

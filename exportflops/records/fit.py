@@ -28,7 +28,8 @@ class FitCandidate(Record):
 
 class FitPlan(Record):
     """The cheapest checkpointing plan whose predicted peak is at most the budget, and the largest
-    batch that fits with and without it. ``apply(model)`` wraps the chosen blocks."""
+    batch and sequence length that fit with and without it. ``apply(model)`` wraps the chosen
+    blocks."""
 
     schema_version: int = SCHEMA_VERSION
     """Version of this record layout."""
@@ -64,8 +65,18 @@ class FitPlan(Record):
     """The batch (rows of the example inputs) the plan was measured at."""
     largest_batch: int | None = None
     """The most rows whose step fits the budget with the plan applied (0: not one; None: not
-    searched, the inputs have no common batch dimension and no ``resize`` was given)."""
+    searched, the inputs hold no tensor), from the step's memory at symbolic sizes, or with a
+    ``resize`` given, steps at each batch."""
     largest_batch_without_plan: int | None = None
+    """The same without checkpointing."""
+    example_length: int = 0
+    """The sequence length (dim 1 of the example's token ids) the plan was measured at; 0:
+    the first input is no token ids."""
+    largest_length: int | None = None
+    """The longest sequence, at the example's batch, whose step fits the budget with the plan
+    applied (0: not one of 1 token; None: not searched, no token ids or a ``resize`` given),
+    from the step's memory at symbolic sizes (docs/fit.md)."""
+    largest_length_without_plan: int | None = None
     """The same without checkpointing."""
 
     def apply(self, model: Any) -> Any:

@@ -3,6 +3,7 @@ evaluation of expressions at given sizes. Torch-free, and below the records: the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import sympy
@@ -46,3 +47,20 @@ class Evaluator:
             parsed = parse_count(expr) if isinstance(expr, str) else expr
             result = self.cache[expr] = int(parsed.xreplace(self.values))
         return result
+
+
+def largest_size(fits: Callable[[int], bool], low: int, high: int) -> int:
+    """The largest size (a batch, a length; from ``low`` to ``high``) ``fits`` accepts, assuming
+    a step of a larger size never needs fewer bytes: doubling until one does not fit, then
+    halving the gap; 0 when ``low`` does not fit."""
+    if not fits(low):
+        return 0
+    while low < high and fits(min(2 * low, high)):
+        low = min(2 * low, high)
+    if low == high:
+        return low
+    high = min(2 * low, high)  # the first size known not to fit
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low

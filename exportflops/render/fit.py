@@ -1,4 +1,5 @@
-"""FitPlan -> text: the plan, its peak and cost, the largest batch, and every plan measured.
+"""FitPlan -> text: the plan, its peak and cost, the largest batch and length, and every plan
+measured.
 Imports no torch."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ _HEADERS = ("blocks checkpointed", "peak", "fits", "recompute FLOPs", "recompute
 
 
 def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
-    """The summary (the plan's blocks, peak, recompute, largest batches) and the table of
-    every candidate, the chosen one marked."""
+    """The summary (the plan's blocks, peak, recompute, largest batches and lengths) and the
+    table of every candidate, the chosen one marked."""
     chosen = (", ".join(plan.checkpointed) if plan.checkpointed
               else f"{', '.join(plan.selective)} (selective)" if plan.selective
               else "nothing: the step fits as it is")
@@ -27,6 +28,10 @@ def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
         f"largest batch: {_rows(plan.largest_batch)} with the plan, "
         f"{_rows(plan.largest_batch_without_plan)} without (measured at {plan.example_batch})",
     ]
+    if plan.largest_length is not None:
+        lines.append(f"largest length: {plan.largest_length} tokens with the plan, "
+                     f"{plan.largest_length_without_plan} without (measured at "
+                     f"{plan.example_length}, at {plan.example_batch} rows)")
     rows = [[f"{c.blocks}{' selective' if c.selective else ''}"
              f"{' (chosen)' if (c.blocks, c.selective) == picked else ''}",
              style.count(c.peak_bytes, "B"), "yes" if c.peak_bytes <= plan.budget_bytes else "no",

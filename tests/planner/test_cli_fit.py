@@ -43,6 +43,7 @@ def test_json_is_the_fit_plan_and_the_table_names_its_blocks(tmp_path, capsys):
     assert main([target, "--fit", "1GiB"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("Fit Blocks into 1GiB") and "checkpoint: nothing" in out
+    assert "largest length: " in out and "(measured at 4, at 2 rows)" in out
 
 
 def test_fit_refuses_another_analysis(tmp_path, capsys):
