@@ -27,6 +27,7 @@ import torch
 
 from ...errors import InputError
 from ...records.memory import MemoryReport
+from ...torch_internals import require
 from .analysis import _histogram, moe_sizes
 
 
@@ -42,8 +43,7 @@ class ExpertShard(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-
+        all_to_all_single_autograd = require("all_to_all_single_autograd")
         tokens, top_k = top_k_index.shape
         copies = hidden_states.repeat_interleave(top_k, dim=0)  # (tokens x top_k, hidden)
         sent, received = _splits(tokens * top_k, self.ep), _splits(self.received, self.ep)
