@@ -7,12 +7,15 @@
    (`StepTimer`, `dense_peak`): its MFU from the exact per-batch count (and its matmul part)
    beside the MFU of torchtitan's formula;
 4. the roofline's predicted time (`exportflops.roofline`) against the measured one, per op,
-   with the error.
+   with the error;
+5. the predicted peak of a training step (`exportflops.memory`, ``allocator="cuda"``) of
+   GPT-2 124M and a Llama-shaped model against ``torch.cuda.max_memory_allocated`` of the real
+   step, the ratio per model.
 
-Without CUDA it says so and exits 0. ``--cpu-dry-run`` runs every part on the CPU with tiny
-models (the tests are only collected), so that the script is known to work before a GPU runs
-it; its figures mean nothing. On an H100 the whole run takes about 5 minutes, most of it the
-exports.
+Without CUDA it prints "no CUDA: skipped" and exits 0. ``--cpu-dry-run`` runs every part on
+the CPU with tiny models (the tests are only collected; part 5 predicts only), so that the
+script is known to work before a GPU runs it; its figures mean nothing. On an H100 the whole
+run takes about 5 minutes, most of it the exports.
 
     python benchmarks/gpu.py [--cpu-dry-run] [--skip-tests]
 """
@@ -21,12 +24,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import statistics
 import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -259,6 +263,108 @@ def print_roofline(name: str, report: Report, device_key: str, tf32: bool) -> No
           f"{predicted / measured - 1:>+9.0%}")
 
 
+# --- 5. the predicted peak of a training step against the allocator's -------------------------
+# transformers' models, float32, their loss from the labels. What the prediction leaves out by
+# definition (docs/memory.md) shows in the ratio: cuBLAS's workspace (taken from the caching
+# allocator at the first matmul and kept), and the CUDA attention kernels' saved tensors where
+# they differ from those of the cpu kernels the fake step runs.
+
+@dataclass(frozen=True)
+class MemoryCase:
+    name: str
+    build: Callable[[], torch.nn.Module]
+    """The model, on the current default device."""
+    batch: int
+    seq: int
+
+
+def _gpt2(tiny: bool) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = (GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=96, n_positions=64,
+                             bos_token_id=0, eos_token_id=0)
+                  if tiny else GPT2Config())  # the default: GPT-2 124M, vocab 50257
+        return GPT2LMHeadModel(config)
+    return build
+
+
+def _llama(tiny: bool) -> Callable[[], torch.nn.Module]:
+    def build() -> torch.nn.Module:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        # Llama-shaped: 8 layers of width 2048, 16 heads of 128, 8 key/value heads.
+        sizes = (dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2) if tiny else
+                 dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
+                      num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=8))
+        return LlamaForCausalLM(LlamaConfig(max_position_embeddings=4096, **sizes))
+    return build
+
+
+def memory_cases(tiny: bool) -> list[MemoryCase]:
+    return [MemoryCase("GPT-2 124M" if not tiny else "GPT-2 (tiny)", _gpt2(tiny),
+                       2 if tiny else 8, 16 if tiny else 1024),
+            MemoryCase("Llama-shaped" if not tiny else "Llama (tiny)", _llama(tiny),
+                       2 if tiny else 2, 16 if tiny else 2048)]
+
+
+def _inputs(model: torch.nn.Module, case: MemoryCase, device: str) -> dict:
+    tokens = torch.randint(0, model.config.vocab_size, (case.batch, case.seq), device=device)
+    return {"input_ids": tokens, "labels": tokens}
+
+
+def allocated_peak(case: MemoryCase) -> tuple[int, int]:
+    """(the predicted peak in CUDA blocks, ``max_memory_allocated`` over the real step 2 less
+    what was allocated before the model)."""
+    gc.collect()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = case.build()
+    inputs = _inputs(model, case, "cuda")
+    predicted = exportflops.memory(model, kwargs=inputs, allocator="cuda").peak_bytes
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:
+        model(**inputs).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return predicted, torch.cuda.max_memory_allocated() - before
+
+
+def predicted_on_meta(case: MemoryCase) -> int:
+    with torch.device("meta"):
+        model = case.build()
+    return exportflops.memory(model, kwargs=_inputs(model, case, "meta"),
+                              allocator="cuda").peak_bytes
+
+
+def print_memory(on_cuda: bool) -> dict[str, tuple[int, int | None]]:
+    """Each model's (predicted, measured or None on the dry run) peak, printed with the
+    ratio."""
+    print("\n## memory of a training step (AdamW, float32, step 2): predicted "
+          "(allocator='cuda') vs torch.cuda.max_memory_allocated")
+    print(f"{'model':<16} {'tokens':>10} {'predicted':>14} {'measured':>14} {'ratio':>7}")
+    rows: dict[str, tuple[int, int | None]] = {}
+    for case in memory_cases(tiny=not on_cuda):
+        predicted, measured = allocated_peak(case) if on_cuda else (predicted_on_meta(case),
+                                                                    None)
+        rows[case.name] = (predicted, measured)
+        ratio = f"{predicted / measured:.3f}" if measured else "n/a"
+        shown = f"{measured:,}" if measured is not None else "n/a (cpu)"
+        print(f"{case.name:<16} {f'{case.batch}x{case.seq}':>10} {predicted:>14,} "
+              f"{shown:>14} {ratio:>7}")
+    return rows
+
+
 # --- the run -------------------------------------------------------------------------------------
 
 def the_peak(plan: Plan) -> DensePeak:
@@ -284,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-tests", action="store_true", help="leave out part 1")
     options = parser.parse_args(argv)
     if not options.cpu_dry_run and not torch.cuda.is_available():
-        print("No CUDA device (torch.cuda.is_available() is False): nothing to measure. "
+        print("no CUDA: skipped (torch.cuda.is_available() is False: nothing to measure). "
               "--cpu-dry-run runs every part on the CPU with tiny models.")
         return 0
     plan = CPU_PLAN if options.cpu_dry_run else GPU_PLAN
@@ -306,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             print_roofline(name, report, device_key, tf32)
     else:
         print("No row of the device table for this GPU: no roofline to predict with.")
+    print_memory(on_cuda=plan.device == "cuda")
     print(f"[{time.perf_counter() - start:.0f} s] done")
     return 1 if failed else 0
 

@@ -24,7 +24,7 @@ NAMES = sorted(path.name for path in NOTEBOOKS.glob("*.ipynb"))
 def test_the_notebooks_are_the_ones_the_docs_list():
     listed = re.findall(r"\(\.\./notebooks/([\w-]+\.ipynb)\)",
                         (NOTEBOOKS.parent / "docs" / "pictures.md").read_text())
-    assert sorted(listed) == NAMES == ["generation.ipynb", "llama_budget.ipynb",
+    assert sorted(listed) == NAMES == ["generation.ipynb", "llama_budget.ipynb", "memory.ipynb",
                                        "nanogpt.ipynb", "parallel.ipynb", "quickstart.ipynb",
                                        "roofline.ipynb", "scaling.ipynb", "training.ipynb"]
 

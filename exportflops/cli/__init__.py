@@ -286,6 +286,9 @@ def _render(ns: argparse.Namespace, outcome: _Outcome) -> str:
         record, view = outcome.view
         if ns.format == "json":
             return record.model_dump_json(indent=2) + "\n"
+        if ns.format == "html" and ns.memory:
+            from .footprint import memory_html
+            return memory_html(record)
         if ns.format == "html":  # --pp, --ep, --cp: a bar per rank (and the timeline)
             from ..render.html import parallel_page
             return parallel_page(record, view=view)

@@ -24,9 +24,10 @@ def check_memory(ns: argparse.Namespace) -> None:
         return
     others = [name for name in _OTHER_ANALYSES if getattr(ns, name) not in (None, False, [], {})]
     if (others or ns.model.endswith(".pt2") or ns.view
-            or ns.format not in ("table", "md", "json")):
+            or ns.format not in ("table", "md", "json", "html")):
         raise UsageError("--memory prints one step's memory of a model built here as a table, "
-                         "Markdown or JSON (--depth for the module tree): not a saved .pt2, "
+                         "Markdown, JSON or an HTML page (--depth for the module tree): not a "
+                         "saved .pt2, "
                          "not with --view, and not with --profile, --trace, --dynamic, --sweep, "
                          "--budget, --generate, --seqlens or --split-backward (--tp and "
                          "--fsdp, --pp, --ep or --cp: one rank's step).")
@@ -89,3 +90,14 @@ def _on_device_text(record, style, depth: int) -> str:
     from ..render.memory import fit_view
 
     return _memory_text(record.memory, style, depth) + "\n" + fit_view(record.fit, style) + "\n"
+
+
+def memory_html(record) -> str:
+    """--memory --format html: the `MemoryReport`'s page, and with --device-model whether it
+    fits."""
+    from ..records.memory import MemoryOnDevice
+    from ..render.memory_html import memory_page
+
+    if isinstance(record, MemoryOnDevice):
+        return memory_page(record.memory, fit=record.fit)
+    return memory_page(record)

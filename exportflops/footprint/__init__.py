@@ -76,11 +76,7 @@ def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *
              replay: Callable[[Any], None] | None = None) -> StepRun:
     """The step of ``fake_model`` (and its inputs) on fake tensors, under their fake mode;
     ``resized``, ``replay``: as `run_step` takes them."""
-    leaves = [*fake_model.parameters(), *fake_model.buffers(),
-              *pytree.tree_leaves((fake_args, fake_kwargs))]
-    fake_mode = require("detect_fake_mode")([
-        t for t in leaves if isinstance(t, torch.Tensor)])
-    with fake_mode, AsOnCpu():
+    with _fake_mode_of(fake_model, fake_args, fake_kwargs), AsOnCpu():
         built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
@@ -95,6 +91,14 @@ def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *
                 f"tensor values (.item(), nonzero: an MoE's eager experts loop; "
                 f"transformers' default grouped_mm experts read none) cannot run on fake "
                 f"tensors; check the step runs eagerly on these inputs.") from error
+
+
+def _fake_mode_of(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict) -> Any:
+    """The fake mode of the step's tensors. No list of them outlives this call: a step that
+    drops an input (a decode step's cache, replaced by the one it grows into) frees it."""
+    return require("detect_fake_mode")([
+        t for t in (*fake_model.parameters(), *fake_model.buffers(),
+                    *pytree.tree_leaves((fake_args, fake_kwargs))) if isinstance(t, torch.Tensor)])
 
 
 def check_options(name: str, mode: str, optimizer: str, allocator: str) -> None:

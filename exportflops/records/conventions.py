@@ -12,11 +12,12 @@ class StackTerm(Record):
     part: str
     """The part (`exportflops.stacks.parts.PARTS`): ``projections``, ``router``,
     ``experts``, ``norms_and_biases``, ``embedding``, ``output_layer``, ``attention``,
-    ``elementwise``, ``recompute`` or ``padding``."""
+    ``elementwise``, ``backward``, ``recompute`` or ``padding``."""
     theirs_flops: int
     """The stack's FLOPs for this part (0 where its formula has none)."""
     ours_flops: int
-    """The graph's FLOPs for this part, forward and backward."""
+    """The graph's FLOPs for this part, forward and backward; for a stack that multiplies
+    its forward (DeepSpeed), the forward's, the backward being its own part."""
     difference_flops: int
     """``theirs_flops - ours_flops``: the terms of a stack add up to its difference."""
     reason: str

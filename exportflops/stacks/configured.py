@@ -1,5 +1,4 @@
-"""The stacks whose formula is written on config fields: Megatron-LM, verl and TRL; and
-DeepSpeed's profiler, which counts a run, not a config.
+"""The stacks whose formula is written on config fields: Megatron-LM, verl and TRL.
 
 Each function transcribes its source's arithmetic, split into `parts.PARTS` where the source
 writes one sum; the parts add up to the source's value.
@@ -12,7 +11,6 @@ from .registry import ModelFacts, NotCovered, stack
 MEGATRON = "NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 VERL = "volcengine/verl@b178a3cd56f58b2d502255daba591e92833930a7"
 TRL = "huggingface/trl@f2cd57710ae345ea6428ae95363267fcf38a3dc8"
-DEEPSPEED = "deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641"
 
 #: Megatron's 3 (forward, weight gradient, input gradient) x 2 (a multiply-add).
 GEMM = 6
@@ -63,6 +61,10 @@ def megatron(facts: ModelFacts) -> dict[str, int]:
     Megatron's converters set its arguments (``padded_vocab_size`` = the config's vocabulary, no
     MTP layers); the BSHD defaults: B x T tokens, B T^2 squares."""
     config = facts.config
+    if not hasattr(config, "intermediate_size"):
+        raise NotCovered(f"Megatron-LM's arguments are read here as its converters set them "
+                         f"from a Llama-family config (ffn_hidden_size = intermediate_size), "
+                         f"which {type(config).__name__} is not")
     tokens, squares = facts.padded_tokens, facts.rows * facts.seq ** 2
     moe = _moe_layers(config)
     d, ffn = config.hidden_size, config.intermediate_size
@@ -179,17 +181,3 @@ def trl(facts: ModelFacts) -> dict[str, int]:
     per_token["embedding"] = 2 * vocab * h
     per_token["output_layer"] = 0 if facts.config.tie_word_embeddings else 2 * vocab * h
     return {part: 3 * value * facts.real_tokens for part, value in per_token.items()}
-
-
-@stack("deepspeed", tokens="padded", repository=DEEPSPEED,
-       source="deepspeed/profiling/flops_profiler/profiler.py "
-              "FlopsProfiler.print_model_profile, _patch_functionals")
-def deepspeed(facts: ModelFacts) -> dict[str, int]:
-    """deepspeed/profiling/flops_profiler/profiler.py (``_patch_functionals``,
-    ``FlopsProfiler.print_model_profile``): DeepSpeed's profiler has no formula of the config: it
-    counts the calls a forward run makes to the torch.nn.functional and torch functions it
-    patches, and logs the step as (3 + recompute_fwd_factor) x that forward."""
-    raise NotCovered("DeepSpeed's flops profiler counts a forward run of patched "
-                     "torch.nn.functional calls (x 3 + recompute_fwd_factor for the step), not "
-                     "a formula of the config; exportflops.get_model_profile answers the same "
-                     "call with the graph's count")

@@ -92,7 +92,11 @@ def palm(facts: ModelFacts) -> dict[str, int]:
     if hasattr(config, "kv_lora_rank"):
         raise NotCovered("PaLM's 12 L H Q T has one head dim Q; multi-latent attention's "
                          "query-key and value head dims differ")
-    budget = TransformerConfig.from_llama(config, seq_len=facts.seq, batch=facts.rows)
+    try:
+        budget = TransformerConfig.from_llama(config, seq_len=facts.seq, batch=facts.rows)
+    except ValueError as why:  # a config without a Llama-family field (GPT-2's n_inner)
+        raise NotCovered(f"PaLM's attention term is read here from a Llama-family config: "
+                         f"{why}") from why
     tokens = facts.padded_tokens
     return {**_six_n(tokens, projections=p.projections, norms_and_biases=p.norms + p.biases,
                      output_layer=p.head_width),

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..count.backward import RECOMPUTED
-from ..records import FLOPS_PER_MAC, NodeRecord, Report
+from ..records import FLOPS_PER_MAC, Report
 
 #: Every part, with what a difference in it means (the reason a term row prints).
 PARTS: dict[str, str] = {
@@ -33,6 +33,8 @@ PARTS: dict[str, str] = {
     "attention": "attention's q.k and p.v matmuls: causal attention counted whole or half",
     "elementwise": "work outside matmuls (norm statistics, softmax, activations, residuals, "
                    "rotary, loss, the embedding's gradient scatter) that no formula counts",
+    "backward": "the backward as one part: DeepSpeed takes it as 2 x the forward it counts "
+                "(its profiler sees the forward only), the graph counts the backward's ops",
     "recompute": "the nodes the report records as recomputed (reentrant activation "
                  "checkpointing), which MFU leaves out",
     "padding": "work on padded positions: the other parts are the graph as it runs (padded), "
@@ -67,6 +69,8 @@ class ParamGroups:
     """Every other parameter: the blocks' projection weights, shared experts."""
     head_width: int
     """V x d of the output layer, tied or not: what its matmul multiplies by."""
+    output_path: str
+    """The output layer's module path (`output_module`)."""
 
     @property
     def total(self) -> int:
@@ -110,7 +114,8 @@ def param_groups(report: Report) -> ParamGroups:
     sums["projections"] -= biases
     tied = any(t.name.startswith(f"{head}.") for t in report.tied_parameters)
     width = sums["embedding"] if tied else sums["output_layer"]
-    return ParamGroups(**sums, biases=biases, output_tied=tied, head_width=width)
+    return ParamGroups(**sums, biases=biases, output_tied=tied, head_width=width,
+                       output_path=head)
 
 
 def _projection_biases(report: Report, head: str) -> int:
@@ -125,12 +130,13 @@ def _projection_biases(report: Report, head: str) -> int:
     return sum(n for module, n in seen.items() if kinds.get(module) == "projections")
 
 
-def _node_part(node: NodeRecord, head: str) -> str:
-    """The part of a node's matmul FLOPs."""
-    last = node.module.rpartition(".")[2]
-    if node.module == head:
+def matmul_part(module: str, op: str, head: str) -> str:
+    """The part of the matmul FLOPs of op ``op`` run in module ``module``, ``head`` the output
+    layer's path."""
+    last = module.rpartition(".")[2]
+    if module == head:
         return "output_layer"
-    if "attention" in node.op or last in ATTENTION_MODULES:
+    if "attention" in op or last in ATTENTION_MODULES:
         return "attention"
     if last == "experts":
         return "experts"
@@ -139,21 +145,24 @@ def _node_part(node: NodeRecord, head: str) -> str:
     return "projections"
 
 
-def graph_parts(report: Report) -> dict[str, int]:
+def graph_parts(report: Report, backward_whole: bool = False) -> dict[str, int]:
     """The report's FLOPs (forward and backward) by part: matmuls (2 per MAC) by the module
     they run in, embedding lookups and their gradients whole, the rest ``elementwise``, and
-    nodes activation checkpointing recomputes ``recompute``. The parts sum to
-    ``report.total.flops``."""
+    nodes activation checkpointing recomputes ``recompute``; with ``backward_whole`` every
+    other backward node in ``backward`` (to compare with a stack that multiplies its forward).
+    The parts sum to ``report.total.flops``."""
     head = output_module(report)
     parts = dict.fromkeys(PARTS, 0)
     for node in report.nodes:
         cost = node.cost
         if node.note.startswith(RECOMPUTED):
             parts["recompute"] += cost.flops
+        elif backward_whole and node.phase == "backward":
+            parts["backward"] += cost.flops
         elif node.op.startswith("aten.embedding"):
             parts["embedding"] += cost.flops
         else:
             matmul = FLOPS_PER_MAC * cost.macs
-            parts[_node_part(node, head)] += matmul
+            parts[matmul_part(node.module, node.op, head)] += matmul
             parts["elementwise"] += cost.flops - matmul
     return parts

@@ -40,6 +40,11 @@ class ModelFacts:
     """Positions per row, T (padding included)."""
     lengths: tuple[int, ...]
     """Each row's tokens without padding (T each for a batch without a mask)."""
+    model: Any = None
+    """The model, when `conventions` was given it (``config=model``): what a stack that
+    counts a run (DeepSpeed's profiler) runs, on fake tensors; None with a bare config."""
+    forward_kwargs: Any = None
+    """The batch as the forward's keyword arguments, for that run."""
 
     @property
     def padded_tokens(self) -> int:
@@ -75,6 +80,10 @@ class StackFormula:
     tokens: TokenCount
     """The tokens its per-token figure divides by."""
     formula: Formula
+    forward_multiple: bool = False
+    """The stack counts a forward and takes the step as a multiple of it (DeepSpeed): its
+    parts are forward FLOPs and one ``backward`` part, compared with the graph's forward by
+    part and its backward whole."""
 
     def parts(self, facts: ModelFacts) -> dict[str, int]:
         """FLOPs per step by part; `NotCovered` where the source does not handle the model."""
@@ -91,15 +100,16 @@ class StackFormula:
 STACKS: dict[str, StackFormula] = {}
 
 
-def stack(name: str, *, repository: str, source: str,
-          tokens: TokenCount) -> Callable[[Formula], Formula]:
+def stack(name: str, *, repository: str, source: str, tokens: TokenCount,
+          forward_multiple: bool = False) -> Callable[[Formula], Formula]:
     """Decorator: register the formula of stack ``name``; a second formula of one name is an
     error, not a silent replacement."""
 
     def decorate(formula: Formula) -> Formula:
         if name in STACKS:
             raise ValueError(f"stack {name!r} is registered twice")
-        STACKS[name] = StackFormula(name, repository, source, tokens, formula)
+        STACKS[name] = StackFormula(name, repository, source, tokens, formula,
+                                    forward_multiple)
         return formula
 
     return decorate

@@ -133,3 +133,13 @@ def test_cp_gives_the_step_of_the_rank_asked_on_its_sequence_shard(capsys):
     # each row, int64 ids.
     record = _rank_record(capsys, "llama_ids", "--cp", "2")
     assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
+
+
+def test_html_is_the_memory_page_with_its_timeline_and_the_fit(models, capsys, tmp_path):
+    page = tmp_path / "memory.html"
+    code, _, err = _memory(models, capsys, "--format", "html", "--device-model", "t4",
+                           "--output", str(page))
+    assert code == 0, err
+    out = page.read_text()
+    assert out.startswith("<!DOCTYPE html>") and "id=\"memory-timeline\"" in out
+    assert "Fits t4: peak 472 B" in out

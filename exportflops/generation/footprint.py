@@ -1,0 +1,161 @@
+"""generation_memory(): the peak of a prefill step and of a decode step of a transformers
+decoder, and the largest batch whose steps fit a device.
+
+Each step is `exportflops.memory`'s forward (under no_grad, the model's own eager code on a
+fake copy: nothing is allocated) with transformers' ``DynamicCache`` as ``generate`` passes
+it: empty for the prefill; for the decode step, filled on the fake copy with the ``context -
+1`` entries per layer the request's last fed token finds (through the cache's own ``update``,
+so a sliding-window layer keeps its window). The cache the step starts with counts as an
+input; the one it grows into (``torch.cat`` of the entries and the step's own) as a
+temporary, and the old one is freed once the cache drops it, as in a real step.
+
+The largest batch: every storage of a step is either the same at every batch (weights, a
+batch-free mask) or proportional to it, so each point of a step's timeline is a line in the
+batch, read from the step run at ``batch`` and at ``2 * batch``
+(`records.generation_memory.PeakLine`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .cache_names import cache_argument
+from .decoder import _cache_tensors, _check, _is_reference_llama, _prefill_logits
+from .decoder import dynamic_cache_pytree
+from .limits import check_request
+from ..count.ranks import fake_copy
+from ..errors import GenerationError, InputError, ProfileError
+from ..footprint import ALLOCATORS, check_options, default_loss, run_fake
+from ..footprint.report import memory_report
+from ..records.generation_memory import GenerationMemory, PeakLine
+from ..records.memory import MemoryReport
+from ..torch_internals import require
+
+
+def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
+                      allocator: str = "exact") -> GenerationMemory:
+    """The memory of generating ``new_tokens`` (>= 2: the last step decodes) after the
+    prompts ``input_ids`` (batch x P) with transformers' dynamic cache: the prefill's peak
+    (the LM head on the last position, as ``generate`` runs it), the peak of the decode step
+    at the request's largest context (P + ``new_tokens`` - 1 positions), and the largest batch
+    that fits a device (`GenerationMemory.largest_batch`). ``allocator``: as `memory`'s.
+    Works on ``meta``. A request the model cannot run is an `InputError` naming the limit."""
+    name = type(model).__name__
+    batch, prompt_len = _check(model, input_ids, new_tokens, "dynamic", {})
+    check_options(name, "forward", "", allocator)
+    if _is_reference_llama(model) or getattr(model.config, "is_encoder_decoder", False):
+        raise GenerationError(
+            f"generation_memory() runs transformers decoder-only models with their "
+            f"DynamicCache; {name} is not one. Run exportflops.memory(model, args, "
+            f"mode='forward') on its prefill and on a decode step with its cache filled.")
+    if new_tokens < 2:
+        raise InputError(f"new_tokens=1 for {name}: the prefill makes the only token, and no "
+                         f"decode step runs. Pass new_tokens >= 2.")
+    check_request(model, prompt_len, new_tokens, None)
+    context = prompt_len + new_tokens - 1
+    keep = _prefill_logits(model, prompt_len, full_logits=False).keywords
+    with dynamic_cache_pytree():  # the cache's tensors are the step's inputs (pytree leaves)
+        steps = {b: (_step(model, b, prompt_len, 0, keep, allocator),
+                     _step(model, b, 1, context - 1, {}, allocator))
+                 for b in (batch, 2 * batch)}
+    (prefill, _), (decode, kv_bytes) = steps[batch]
+    return GenerationMemory(
+        model=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
+        context=context, allocator=allocator, kv_cache_bytes=kv_bytes, prefill=prefill,
+        decode=decode, peak_lines=_upper_envelope([
+            *_lines("prefill", steps[batch][0][0], steps[2 * batch][0][0], batch),
+            *_lines("decode", steps[batch][1][0], steps[2 * batch][1][0], batch)]))
+
+
+def _step(model: Any, batch: int, tokens: int, cached: int, keywords: dict,
+          allocator: str) -> tuple[MemoryReport, int]:
+    """The step of ``tokens`` new tokens per sequence after ``cached`` cache entries, and the
+    bytes of the cache it starts with."""
+    ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
+    layout = _cache_tensors(model, ids, cached) if cached else []
+    fake_model, args, kwargs = fake_copy(model, (), {"input_ids": ids})
+    with require("detect_fake_mode")([kwargs["input_ids"]]):
+        cache = _filled_cache(fake_model, layout)
+    cache_bytes = sum(t.untyped_storage().nbytes() for layer in cache.layers
+                      for t in (layer.keys, layer.values) if t is not None)
+    kwargs.update({cache_argument(model): cache, "use_cache": True, **keywords})
+    name = type(model).__name__
+    run = run_fake(fake_model, args, kwargs, name=name, train=False, optimizer="",
+                   optimizer_options=None, loss=default_loss(name))
+    return memory_report(run, model, mode="forward", optimizer="", allocator=allocator,
+                         size=ALLOCATORS[allocator]), cache_bytes
+
+
+def _filled_cache(fake_model: torch.nn.Module, layout: list[torch.Tensor]):
+    """transformers' cache of ``fake_model`` filled with zeros of ``layout`` (meta tensors:
+    each layer's keys, then each layer's values), under the fake mode."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=fake_model.config)
+    keys, values = layout[:len(layout) // 2], layout[len(layout) // 2:]
+    for layer, (key, value) in enumerate(zip(keys, values)):
+        cache.update(torch.zeros(key.shape, dtype=key.dtype),
+                     torch.zeros(value.shape, dtype=value.dtype), layer)
+    return cache
+
+
+def _lines(step: str, once: MemoryReport, twice: MemoryReport, batch: int) -> list[PeakLine]:
+    """Each point of ``step`` as a line in the batch, from its timeline at ``batch``
+    (``once``) and at ``2 * batch`` (``twice``)."""
+    ops = [point.op for point in once.timeline], [point.op for point in twice.timeline]
+    if ops[0] != ops[1]:
+        at = next((i for i, (a, b) in enumerate(zip(*ops)) if a != b), min(map(len, ops)))
+        raise ProfileError(
+            f"The {step} step of {once.model} runs other ops at batch {2 * batch} than at "
+            f"{batch} (from op #{at}), so its memory is no line in the batch: run "
+            f"generation_memory at the batch you mean to run.")
+    lines = []
+    for a, b in zip(once.timeline, twice.timeline):
+        grown = b.live.total - a.live.total
+        if grown % batch:
+            raise ProfileError(
+                f"At {a.op} #{a.index} of the {step} step of {once.model}, the live bytes "
+                f"grow by {grown} from batch {batch} to {2 * batch}, no whole number per "
+                f"sequence: pass allocator='exact' (the CUDA allocator's rounding is not "
+                f"linear in the batch).")
+        lines.append(PeakLine(step=step, index=a.index, op=a.op,
+                              fixed_bytes=a.live.total - grown,
+                              bytes_per_sequence=grown // batch))
+    return lines
+
+
+def _upper_envelope(lines: list[PeakLine]) -> list[PeakLine]:
+    """The lines that are the highest at some batch >= 1, by growing slope (a monotone
+    chain: a line is dropped when the one after it overtakes it no later than the one before
+    it gave way)."""
+    best: dict[int, PeakLine] = {}  # per slope, the highest (the first of equal ones)
+    for line in lines:
+        kept = best.get(line.bytes_per_sequence)
+        if kept is None or line.fixed_bytes > kept.fixed_bytes:
+            best[line.bytes_per_sequence] = line
+    ordered = sorted(best.values(), key=lambda line: line.bytes_per_sequence)
+    hull: list[PeakLine] = []
+    for line in ordered:
+        while hull and _overtaken(hull[-1], line, hull[-2] if len(hull) > 1 else None):
+            hull.pop()
+        hull.append(line)
+    return hull
+
+
+def _overtaken(middle: PeakLine, steeper: PeakLine, before: PeakLine | None) -> bool:
+    """Whether ``middle`` is nowhere the highest at batch >= 1 between ``before`` and
+    ``steeper``: ``steeper`` reaches it at or before 1, or before ``before`` gives way."""
+    if steeper.at(1) >= middle.at(1):
+        return True
+    if before is None:
+        return False
+    # before and middle cross at (f_before - f_middle) / (s_middle - s_before), middle and
+    # steeper at (f_middle - f_steeper) / (s_steeper - s_middle) (f: fixed bytes, s: bytes
+    # per sequence; both denominators positive, so cross-multiplied).
+    left = (before.fixed_bytes - middle.fixed_bytes) * (steeper.bytes_per_sequence
+                                                         - middle.bytes_per_sequence)
+    right = (middle.fixed_bytes - steeper.fixed_bytes) * (middle.bytes_per_sequence
+                                                          - before.bytes_per_sequence)
+    return right <= left
