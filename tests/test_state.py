@@ -146,6 +146,19 @@ def _pipeline_memory(*, fails: bool):
                                 schedule="zbvzerobubble" if fails else "gpipe")
 
 
+def _expert_memory(*, fails: bool):
+    """An expert-parallel rank's step: a fake process group, the experts swapped on the copy;
+    the eager experts loop fails inside it (it reads the routing)."""
+    from exportflops.parallel import Layout, memory_ranks
+    from tests.footprint.models import mixtral
+
+    model, args, kwargs = mixtral()
+    if fails:
+        model.set_experts_implementation("eager")
+    return lambda: memory_ranks(model, args, kwargs, layout=Layout(dp=2, ep=2), rank=1,
+                                mode="forward")
+
+
 def _conventions(*, fails: bool):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
@@ -180,13 +193,16 @@ def _conventions(*, fails: bool):
     (lambda: _memory_ranks(fails=True), True),
     (lambda: _pipeline_memory(fails=False), False),
     (lambda: _pipeline_memory(fails=True), True),
+    (lambda: _expert_memory(fails=False), False),
+    (lambda: _expert_memory(fails=True), True),
     (lambda: _conventions(fails=False), False),
     (lambda: _conventions(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
         "profile-fails", "generation", "generation-fails", "memory", "memory-fails", "fit",
         "fit-fails", "ranks", "ranks-fails", "memory-ranks", "memory-ranks-fails",
-        "pipeline-memory", "pipeline-memory-fails", "conventions", "conventions-fails"])
+        "pipeline-memory", "pipeline-memory-fails", "expert-memory", "expert-memory-fails",
+        "conventions", "conventions-fails"])
 def test_an_entry_point_leaves_the_process_state_as_it_found_it(prepare, fails):
     torch.manual_seed(0)
     call = prepare()

@@ -1,7 +1,7 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
 ``--optimizer``, and with ``--device-model KEY`` whether its peak fits that device's memory;
-with ``--tp``/``--fsdp``, or ``--pp`` (``--schedule``, ``--microbatches``), of the step of rank
-``--rank`` (`exportflops.parallel.memory_ranks`)."""
+with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``), ``--ep`` (``--routing``)
+or ``--cp``, of the step of rank ``--rank`` (`exportflops.parallel.memory_ranks`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ import sys
 from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
+#: The splits --memory gives one rank's step of.
+SPLITS = ("tp", "fsdp", "pp", "ep", "cp")
 #: What --memory does not combine with: the flags of other analyses, by their dest.
-_OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "ep", "cp",
-                   "trace", "split_backward")
+_OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "trace",
+                   "split_backward")
 
 
 def check_memory(ns: argparse.Namespace) -> None:
@@ -31,11 +33,11 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "Markdown, JSON or an HTML page (--depth for the module tree): not a "
                          "saved .pt2, "
                          "not with --view, and not with --profile, --trace, --sweep, "
-                         "--budget, --generate, --seqlens, --split-backward, --ep or --cp "
-                         "(--tp and --fsdp, or --pp: one rank's step).")
-    if ns.dims and any(getattr(ns, name) is not None for name in ("tp", "fsdp", "pp")):
+                         "--budget, --generate, --seqlens or --split-backward (--tp and "
+                         "--fsdp, --pp, --ep or --cp: one rank's step).")
+    if ns.dims and any(getattr(ns, name) is not None for name in SPLITS):
         raise UsageError("--memory --dynamic gives one device's step in dynamic sizes: not "
-                         "with --tp, --fsdp or --pp.")
+                         "with --tp, --fsdp, --pp, --ep or --cp.")
     if ns.device_model is not None:
         from ..device_table import DEVICES
 
@@ -51,7 +53,7 @@ def analyze_memory(ns: argparse.Namespace):
 
     if ns.dims:
         return _symbolic_memory(ns)
-    split = any(getattr(ns, name) is not None for name in ("tp", "fsdp", "pp"))
+    split = any(getattr(ns, name) is not None for name in SPLITS)
     report = _rank_memory(ns) if split else _memory(ns)
     if ns.device_model is None:
         return report, lambda record, style: _memory_text(record, style, ns.depth)
@@ -94,8 +96,8 @@ def _symbolic_memory(ns: argparse.Namespace):
 
 
 def _rank_memory(ns: argparse.Namespace):
-    """The step of rank --rank of MODEL split by --tp and --fsdp, or by --pp (its input one
-    microbatch of --microbatches, under --schedule)."""
+    """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
+    microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp."""
     from ..errors import LayoutError
     from ..parallel.rank_memory import memory_ranks
     from .splits import split_flags, split_layout
@@ -107,7 +109,7 @@ def _rank_memory(ns: argparse.Namespace):
     try:
         return memory_ranks(build, layout=split_layout(ns), rank=ns.rank, mode=ns.mode,
                             optimizer=ns.optimizer or "adamw", schedule=ns.schedule or "1f1b",
-                            microbatches=ns.microbatches)
+                            microbatches=ns.microbatches, routing=ns.routing)
     except LayoutError as error:  # a model without a plan
         raise UsageError(f"--memory {split_flags(ns)}: {error}") from error
 

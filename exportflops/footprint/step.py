@@ -55,6 +55,10 @@ class Op:
     module: str
     phase: str
     """forward (the loss included), backward or optimizer."""
+    arguments: tuple[tuple[int, int], ...] = ()
+    """Each positional argument's (elements, bytes per element), (0, 0) for a non-tensor: what
+    a per-rank analysis reads of an op it stands in for (ring attention sends an attention
+    call's key and value)."""
 
 
 @dataclass
@@ -138,7 +142,9 @@ class _Storages(TorchDispatchMode):
         index = len(self.run.ops)
         self.follow_resizes(index)
         module = self.module()
-        self.run.ops.append(Op(str(func), module, self.phase))
+        self.run.ops.append(Op(str(func), module, self.phase, tuple(
+            (a.numel(), a.element_size()) if isinstance(a, torch.Tensor) else (0, 0)
+            for a in args)))
         for tensor in tensors:
             self.hold(tensor, "temporaries", index, module)
         return result

@@ -28,10 +28,14 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  *, layout: Layout, rank: int | None = None, mode: str = "train",
                  optimizer: str = "adamw", allocator: str = "exact",
                  optimizer_options: dict | None = None, loss=None,
-                 schedule: str = "1f1b", microbatches: int | None = None
+                 schedule: str = "1f1b", microbatches: int | None = None,
+                 routing: list[int] | None = None, experts: str = "experts"
                  ) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``, or ``pp`` pipeline ranks); without ``rank``, every rank's, naming the rank with the
+    ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
+    `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
+    `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
+    takes them); without ``rank``, every rank's, naming the rank with the
     highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
     ``args`` is one microbatch, and a step runs ``microbatches``, default ``pp``, under
     ``schedule``: `exportflops.parallel.pipeline.stage_memory`); the other options as
@@ -46,6 +50,10 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     if layout.pp > 1:
         one_rank = functools.partial(_pipeline_rank, schedule=schedule,
                                      microbatches=microbatches)
+    elif layout.cp > 1:
+        one_rank = _context_rank
+    elif layout.ep > 1:
+        one_rank = functools.partial(_expert_rank, routing=routing, experts=experts)
     if rank is not None:
         layout.check_rank(rank)
         return one_rank(model, args, kwargs, layout, rank, **options)
@@ -87,6 +95,23 @@ def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | N
     return pipeline_memory(model, args, kwargs, layout=layout, rank=rank, **options)
 
 
+def _context_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
+                  layout: Layout, rank: int, **options) -> MemoryReport:
+    from .context.memory import context_rank_memory
+
+    built, args, kwargs = built_model(model, args, kwargs)
+    return context_rank_memory(built, args, kwargs, cp=layout.cp, rank=rank, **options)
+
+
+def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
+                 layout: Layout, rank: int, **options) -> MemoryReport:
+    from .experts.memory import expert_rank_memory
+
+    built, args, kwargs = built_model(model, args, kwargs)
+    return expert_rank_memory(built, args, kwargs, ep=layout.ep, rank=rank,
+                              world_size=layout.world_size, **options)
+
+
 def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
     """The tensors on FSDP2's all-gather outputs of ``model`` (each parameter's unsharded
     storage, which FSDP2 allocates and frees by resizing it in place: ``alloc_storage`` and
@@ -104,13 +129,15 @@ def _check_layout(layout: Layout) -> None:
     if not isinstance(layout, Layout):
         raise LayoutError(f"memory_ranks takes layout=exportflops.parallel.Layout(...), got "
                           f"{type(layout).__name__}.")
-    others = {name: getattr(layout, name) for name in ("dp", "cp", "ep")
-              if getattr(layout, name) > 1}
-    if layout.pp > 1:
-        others.update({name: getattr(layout, name) for name in ("fsdp", "tp")
-                       if getattr(layout, name) > 1})
+    alone = next((name for name in ("pp", "cp", "ep") if getattr(layout, name) > 1), None)
+    others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
+              if alone and name != alone and getattr(layout, name) > 1}
+    if layout.dp > 1 and alone != "ep":  # expert groups sit in the dp ranks: Layout(dp=E, ep=E)
+        others["dp"] = layout.dp
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
-                          f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)) or of a pipeline "
-                          f"(Layout(pp=P)); {', '.join(others)} "
-                          f"{'with pp ' if layout.pp > 1 else ''}are not modelled yet.")
+                          f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
+                          f"(Layout(pp=P)), of a context-parallel ring (Layout(cp=C)) or of expert "
+                          f"parallelism (Layout(dp=E, ep=E)); "
+                          f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
+                          f"are not modelled yet.")

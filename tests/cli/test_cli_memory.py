@@ -8,6 +8,7 @@ import json
 import pytest
 
 from exportflops.cli import main
+from tests.footprint.models import MIXTRAL_PARAMS
 
 FP32 = 4
 PARAMS = (4 * 8 + 8 + 8 * 2 + 2) * FP32  # 232 B
@@ -107,9 +108,31 @@ def test_pp_gives_the_step_of_the_stage_asked_with_its_microbatches_in_flight(ca
     assert record["max_by_kind"]["activations"] == 4 * (2 + 16 + 64) * tokens * FP32
 
 
-def test_memory_with_experts_or_context_parallelism_is_a_usage_error(models, capsys):
-    code, _, err = _memory(models, capsys, "--cp", "2")
-    assert code == 2 and "--ep or --cp" in err
+def _rank_record(capsys, factory: str, *flags: str) -> dict:
+    """The JSON record of rank 1 of MODEL ``factory`` split by ``flags``."""
+    code = main([f"tests.footprint.models:{factory}", "--memory", *flags, "--rank", "1",
+                 "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["world_size"], record["rank"]) == (2, 1)
+    return record
+
+
+def test_ep_gives_the_step_of_the_rank_asked_with_its_experts_only(capsys):
+    # tests/footprint/models.py's Mixtral: 2 MoE layers of 4 experts (gate_up_proj 4 x 256 x 64,
+    # down_proj 4 x 64 x 128); over ep 2 a rank holds 2 of each layer's experts and every other
+    # parameter.
+    record = _rank_record(capsys, "mixtral_ids", "--ep", "2")
+    dropped = 2 * 2 * 3 * 128 * 64  # layers x experts not held x (2I + I) x H
+    assert record["max_by_kind"]["parameters"] == (MIXTRAL_PARAMS - dropped) * FP32
+
+
+def test_cp_gives_the_step_of_the_rank_asked_on_its_sequence_shard(capsys):
+    # tests/footprint/models.py's Llama on (2, 32) token ids: a ring of 2 runs 16 positions of
+    # each row, int64 ids.
+    record = _rank_record(capsys, "llama_ids", "--cp", "2")
+    assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
 
 
 def test_html_is_the_memory_page_with_its_timeline_and_the_fit(models, capsys, tmp_path):

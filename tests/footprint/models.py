@@ -182,3 +182,15 @@ CASES = {
                                        CHECKPOINTED_PARAMS, CHECKPOINTED_TENSORS,
                                        inner_leaves=True),
 }
+
+
+def command_factory(build: Callable[[], tuple[nn.Module, tuple, dict]]
+                    ) -> Callable[[], tuple[nn.Module, tuple]]:
+    """``build`` as the command's MODEL factory takes it: (model, (input_ids,)), no labels."""
+    def factory() -> tuple[nn.Module, tuple]:
+        model, _, kwargs = build()
+        return model, (kwargs["input_ids"],)
+    return factory
+
+
+mixtral_ids, llama_ids = command_factory(mixtral), command_factory(llama)

@@ -1,7 +1,8 @@
 """Context parallelism: ``analysis`` splits a causal sequence over the rings of ring attention
 from the symbolic single-device count (`analyze_context`), ``tp`` each ring place's
 tensor-parallel rank read at four sequence lengths, and ``ranks`` context parallelism composed
-with tp and fsdp on a `Layout` (what `analyze_ranks` calls).
+with tp and fsdp on a `Layout` (what `analyze_ranks` calls); ``memory`` the step's memory of a
+ring rank (what `memory_ranks` calls).
 """
 
 from .analysis import analyze_context

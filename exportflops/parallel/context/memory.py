@@ -1,0 +1,99 @@
+"""The memory of one step of a context-parallel rank (``memory_ranks`` with ``Layout(cp=C)``).
+
+A rank holds every parameter (context parallelism alone shards none), their gradients and
+optimizer states, and runs its own ``seq / cp`` positions of each row: the step of
+`exportflops.memory` runs on the example's inputs cut to that shard, so the activations and
+temporaries are the shard's as the model's own code makes them. What that step lacks is the
+ring: torch's ring attention (``_templated_ring_attention`` and its backward in
+torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the default
+``rotate_method`` all-gather) holds, while one attention call runs,
+
+1. forward: ``torch.cat`` of the call's key and value (one K/V block, the rank's own) and its
+   all-gather over the ring (``cp`` blocks): ``cp + 1`` blocks;
+2. backward: the same ``cp + 1`` blocks gathered again, and the key and value gradients sent
+   around the ring (``dkv_rotater``, all-to-all): their ``torch.cat`` and the block received,
+   two blocks at the accumulation dtype (float32: ``convert_to_f32`` defaults to True).
+
+Those are added as temporaries living over each attention op of the shard's step. Not counted:
+the float32 copies `_SDPAMerger` keeps of the partial outputs, and the float32 gradient
+accumulators of the backward (docs/memory.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ...errors import InputError
+from ...footprint.step import Storage, StepRun
+from ...records.memory import MemoryReport
+
+#: Bytes of the accumulation dtype of ring attention's backward (float32).
+_ACCUMULATED = 4
+
+
+def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *,
+                        cp: int, rank: int, mode: str, optimizer: str, allocator: str,
+                        optimizer_options: dict | None, loss) -> MemoryReport:
+    """Rank ``rank`` of a ring of ``cp``: the step on its sequence shard with the ring's K/V
+    blocks (module docstring)."""
+    from ...count.ranks import fake_copy
+    from ...footprint import ALLOCATORS, default_loss, run_fake
+    from ...footprint.report import memory_report
+
+    name = type(model).__name__
+    args, kwargs = sequence_shard(name, args, dict(kwargs or {}), cp)
+    train = mode == "train"
+    run = run_fake(*fake_copy(model, args, kwargs), name=name, train=train,
+                   optimizer=optimizer, optimizer_options=optimizer_options,
+                   loss=loss or default_loss(name))
+    with_ring_buffers(run, cp, name)
+    report = memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+                           allocator=allocator, size=ALLOCATORS[allocator])
+    return report.model_copy(update={"world_size": cp, "rank": rank})
+
+
+def sequence_shard(name: str, args: tuple, kwargs: dict, cp: int) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with every tensor of the token ids' (batch, seq) leading shape
+    cut to ``seq / cp`` positions (the rank's two load-balanced chunks, or its one, have that
+    many; their values do not change a storage's size)."""
+    from ...torch_internals import pytree
+
+    leaves = pytree.tree_leaves((args, kwargs))
+    ids = next((t for t in leaves if isinstance(t, torch.Tensor) and t.dim() == 2
+                and not t.dtype.is_floating_point), None)
+    if ids is None:
+        raise InputError(f"{name}: context parallelism splits the sequence, and its example has "
+                         f"no 2-D integer tensor of token ids (batch, seq) to split: pass "
+                         f"input_ids.")
+    rows, seq = ids.shape
+    if seq % cp:
+        raise InputError(f"{name}: a sequence of {seq} does not split over cp={cp} ranks: "
+                         f"pass a sequence length that is a multiple of cp (2 x cp with load "
+                         f"balancing).")
+
+    def shard(leaf: Any) -> Any:
+        if isinstance(leaf, torch.Tensor) and tuple(leaf.shape[:2]) == (rows, seq):
+            return leaf[:, :seq // cp]
+        return leaf
+
+    return pytree.tree_map(shard, (args, kwargs))
+
+
+def with_ring_buffers(run: StepRun, cp: int, name: str) -> None:
+    """``run`` with the K/V blocks ring attention holds during each attention op, as
+    temporaries living over that op (module docstring, steps 1 and 2)."""
+    calls = [(index, op) for index, op in enumerate(run.ops)
+             if "scaled_dot_product" in op.name]
+    if not calls:
+        raise InputError(f"{name} makes no scaled_dot_product_attention call: ring attention "
+                         f"replaces those calls, so there is nothing to split the sequence of.")
+    for index, op in calls:
+        backward = "backward" in op.name
+        # the forward's (query, key, value, ...); its backward's (grad_out, query, key, ...)
+        key, value = op.arguments[2:4] if backward else op.arguments[1:3]
+        held = (cp + 1) * (key[0] * key[1] + value[0] * value[1])
+        if backward:
+            held += 2 * (key[0] + value[0]) * _ACCUMULATED
+        run.storages.append(Storage(held, "temporaries", index, op.module, index + 1))
