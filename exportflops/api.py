@@ -187,11 +187,16 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
 
 
 def count_captured(captured, *, strict: bool = False,
-                   formulas: Mapping | FormulaTable | None = None) -> Report:
+                   formulas: Mapping | FormulaTable | None = None, name: str | None = None,
+                   notes: list[str] = ()) -> Report:
     """The forward `Report` of a program `capture` returned: for callers that adjust the
-    captured program first (`generation` names its cache-length size)."""
+    captured program first (`generation` names its cache-length size). ``name``: the model
+    the report names, where the program captured is a wrapper of it (default the program's);
+    ``notes``: how the call captured differs from the call as given (`Report.capture_notes`)."""
     with collector_paused():
-        return build_report(_count(captured, _table(formulas), strict=strict, mode="forward"))
+        counted = _count(captured, _table(formulas), strict=strict, mode="forward")
+    return build_report(dataclasses.replace(counted, model=name or counted.model,
+                                            capture_notes=[*counted.capture_notes, *notes]))
 
 
 def _grad_mode(mode: str) -> contextlib.AbstractContextManager:
