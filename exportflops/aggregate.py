@@ -1,19 +1,23 @@
-"""Pure: node records + module tree -> `Report` (inclusive/exclusive, per op, module x op,
-uncounted)."""
+"""Pure: what counting returns (`Counted`: node records, module tree, collectives) -> `Report`
+(inclusive/exclusive, per op, module x op, uncounted), by `build_report`, the one way to a
+report. A part of a count (a pipeline stage of a rank) is a `Counted` of its nodes, selected."""
 
 from __future__ import annotations
 
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from dataclasses import dataclass, field
+from typing import Literal, TypeVar
 
 import sympy
+import torch
 
 from .attribution import ModuleInfo
 from .records.names import ancestors, parent
-from .records import (Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
+from .records import (Collective, Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
+from .version import __version__
 
 
 T = TypeVar("T")
@@ -127,10 +131,43 @@ class _Phases:
                                              backward=self.backward.counts())
 
 
-def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dict[str, str], *,
-                 model: str, inputs: list[TensorSpec], torch_version: str,
-                 exportflops_version: str, mode: str = "forward",
-                 symbols: list[SizeSymbolRecord] = ()) -> Report:
+@dataclass(frozen=True)
+class Counted:
+    """One call counted, before it is a `Report`: what `exportflops.api` returns to
+    `build_report`, and what a part of the call (a pipeline stage of a rank) is selected from
+    (`exportflops.parallel.pipeline.slices`)."""
+
+    nodes: list[NodeRecord]
+    """Every counted node, in graph order (the backward's after the forward's)."""
+    tree: dict[str, ModuleInfo]
+    """The modules by path, parents before children (`exportflops.attribution.module_tree`)."""
+    tied: dict[str, str]
+    """Each tied parameter's name -> the name it is counted under."""
+    model: str
+    inputs: list[TensorSpec]
+    mode: Literal["forward", "train"] = "forward"
+    symbols: list[SizeSymbolRecord] = field(default_factory=list)
+    split: bool = False
+    """The backward counted in its two passes: the weight pass's sum is reported, zero when
+    no node has one."""
+    world_size: int = 1
+    rank: int = 0
+    collectives: list[Collective] = field(default_factory=list)
+    capture: Literal["export", "eager"] = "export"
+    capture_notes: list[str] = field(default_factory=list)
+    value_guards: list[str] = field(default_factory=list)
+    sizes: dict[str, int] | None = None
+    """The sizes the report is evaluated at (`Report.evaluate`), where the call gave them."""
+
+
+def build_report(counted: Counted) -> Report:
+    """``counted``'s `Report`: its nodes summed per module, per op and per module and op."""
+    report = _aggregated(counted)
+    return report if counted.sizes is None else report.evaluate(**counted.sizes)
+
+
+def _aggregated(counted: Counted) -> Report:
+    nodes, tree = counted.nodes, counted.tree
     own: dict[str, dict[tuple[str, bool], _Sum]] = defaultdict(lambda: defaultdict(_Sum))
     for node in nodes:
         own[node.module][(node.op, node.phase == "backward")].add(_values(node.cost))
@@ -156,22 +193,30 @@ def build_report(nodes: list[NodeRecord], tree: dict[str, ModuleInfo], tied: dic
         )
         for info in tree.values()
     ]
+    weight = _weight_half(nodes)
     return Report(
-        model=model,
-        inputs=inputs,
-        torch_version=torch_version,
-        exportflops_version=exportflops_version,
-        mode=mode,
+        model=counted.model,
+        inputs=counted.inputs,
+        torch_version=torch.__version__,
+        exportflops_version=__version__,
+        mode=counted.mode,
         total=inclusive.get("", idle).all.counts(),
         backward=inclusive.get("", idle).backward.counts(),
-        backward_weight=_weight_half(nodes),
-        symbols=list(symbols),
+        # split, with no backward op at all: an empty weight pass
+        backward_weight=Cost() if weight is None and counted.split else weight,
+        symbols=list(counted.symbols),
         params=tree[""].params,
-        tied_parameters=[TiedParameter(name=n, counted_as=c) for n, c in tied.items()],
+        tied_parameters=[TiedParameter(name=n, counted_as=c) for n, c in counted.tied.items()],
         modules=modules,
         operators={op: s.stats(shared) for op, s in operators.items()},
         uncounted=_uncounted(nodes),
         nodes=nodes,
+        world_size=counted.world_size,
+        rank=counted.rank,
+        collectives=counted.collectives,
+        capture=counted.capture,
+        capture_notes=counted.capture_notes,
+        value_guards=counted.value_guards,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import gc
 from collections.abc import Callable, Iterator, Mapping
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 import torch
 
-from .aggregate import build_report
+from .aggregate import Counted, build_report
 from .attribution import module_tree, program_parameters
 from .capture.dtensor import rank_graph
 from .capture.eager import eager_calls
@@ -26,10 +27,9 @@ from .capture.fastpath import Expansion, NotRepeated, fast_capture
 from .formulas import FORMULAS, FormulaTable
 from .records.names import qualified_name
 from .progress import Progress, showing, stage
-from .records import Cost, NodeRecord, Report, SizeSymbolRecord, TensorSpec
+from .records import NodeRecord, Report, SizeSymbolRecord, TensorSpec
 from .records.symbolic import parse_count
 from .torch_internals import pytree
-from .version import __version__
 from .graph.walk import GraphRead, read_graph
 
 
@@ -59,6 +59,19 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     it may be a function of the rank's traced graph returning the input pass's backward nodes
     (`exportflops.graph.passes.stage_input_way`: the stages of a pipeline cut from the rank).
     """
+    return build_report(count_call(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                   strict=strict, formulas=formulas, mode=mode,
+                                   progress=progress, fast=fast, split_backward=split_backward))
+
+
+def count_call(model: Any, args: Any = (), kwargs: dict | None = None, *,
+               dynamic_shapes: Any = None, strict: bool = False,
+               formulas: Mapping | FormulaTable | None = None,
+               mode: Literal["forward", "train"] = "forward",
+               progress: bool | Progress = False, fast: bool = True,
+               split_backward: bool | Callable[[torch.fx.Graph], frozenset] = False) -> Counted:
+    """What `analyze` counts, before it is a report (`exportflops.aggregate.build_report`):
+    for an analysis that reports parts of the call (a pipeline's stages cut from a rank)."""
     if mode not in ("forward", "train"):
         raise ValueError(f"mode must be 'forward' or 'train', got {mode!r}")
     if split_backward and mode != "train":
@@ -103,12 +116,12 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
                         if mode == "train" else ([], ""))
         notes += [note] if note else []
         try:
-            report = _count(captured, table, strict=strict, mode=mode, expansion=expansion,
-                            split=split_backward, reruns=reruns)
+            counted = _count(captured, table, strict=strict, mode=mode, expansion=expansion,
+                             split=split_backward, reruns=reruns)
         except NotRepeated:  # a repeat's backward is not its model's: trace it in full
-            report = _count(full_export(), table, strict=strict, mode=mode,
-                            split=split_backward, reruns=reruns)
-        return _with_notes(report, notes)
+            counted = _count(full_export(), table, strict=strict, mode=mode,
+                             split=split_backward, reruns=reruns)
+        return _with_notes(counted, notes)
 
 
 def _rerun_records(model: Any, args: Any, kwargs: dict | None, table: FormulaTable, *,
@@ -133,7 +146,7 @@ def _rerun_records(model: Any, args: Any, kwargs: dict | None, table: FormulaTab
 
 
 def _eager(model: torch.nn.Module, args: Any, kwargs: dict | None, table: FormulaTable, *,
-           strict: bool, mode: str, refusal: ExportError) -> Report:
+           strict: bool, mode: str, refusal: ExportError) -> Counted:
     """The report of a model torch.export refused (``refusal``), counted from one eager run
     recorded at the dispatch level (`capture.eager`) by the same formula table, and marked
     ``capture="eager"``. Where the model does not run either, the refusal is what the user
@@ -153,25 +166,25 @@ def _eager(model: torch.nn.Module, args: Any, kwargs: dict | None, table: Formul
     forward = [call.node for call in calls if call.phase == "forward"]
     tree, tied = module_tree(forward, model.named_parameters(remove_duplicate=False), model,
                              qualified_name(type(model)))
-    report = _report(nodes, tree, tied, name=type(model).__name__,
-                     inputs=_input_specs(args, kwargs), mode=mode)
     # torch's first sentence names the refusal; the rest is its advice for export.
     refused = refusal.torch_message.strip().split(". ")[0][:200]
-    return report.model_copy(update={"capture": "eager", "capture_notes": [
+    return Counted(nodes, tree, tied, model=type(model).__name__,
+                   inputs=_input_specs(args, kwargs), mode=mode, capture="eager",
+                   capture_notes=[
         f"torch.export refused {type(model).__name__} ({refused}); counted from one eager "
         f"run at the dispatch level: sizes are the example's (no symbolic sizes), branches "
-        f"those the run took, ops the ATen ops eager dispatches"]})
+        f"those the run took, ops the ATen ops eager dispatches"])
 
 
-def _with_notes(report: Report, notes: list[str]) -> Report:
-    """``report`` with the notes on how its call differs from the call as given first."""
+def _with_notes(counted: Counted, notes: list[str]) -> Counted:
+    """``counted`` with the notes on how its call differs from the call as given first."""
     if not notes:
-        return report
-    return report.model_copy(update={"capture_notes": [*notes, *report.capture_notes]})
+        return counted
+    return dataclasses.replace(counted, capture_notes=[*notes, *counted.capture_notes])
 
 
 def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: str,
-              dynamic_shapes: Any, split: bool | Callable = False) -> Report:
+              dynamic_shapes: Any, split: bool | Callable = False) -> Counted:
     """A model parallelized with torch.distributed: this rank's report, counted by the same
     tail as any graph (`_node_counter`), with its collectives (`exportflops.parallel`);
     ``split``: its backward in the input and weight passes (`exportflops.graph.passes`),
@@ -195,17 +208,21 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
         tree, tied = module_tree([run.call for run in runs], parameters, model,
                                  qualified_name(type(model)))
         fields = rank_fields(runs)
-    report = _report(nodes, tree, tied, name=type(model).__name__,
-                     inputs=_input_specs(args, kwargs), mode=mode)
-    return report.model_copy(update=fields)
+    return Counted(nodes, tree, tied, model=type(model).__name__,
+                   inputs=_input_specs(args, kwargs), mode=mode, **fields)
 
 
 def count_captured(captured, *, strict: bool = False,
-                   formulas: Mapping | FormulaTable | None = None) -> Report:
+                   formulas: Mapping | FormulaTable | None = None, name: str | None = None,
+                   notes: list[str] = ()) -> Report:
     """The forward `Report` of a program `capture` returned: for callers that adjust the
-    captured program first (`generation` names its cache-length size)."""
+    captured program first (`generation` names its cache-length size). ``name``: the model
+    the report names, where the program captured is a wrapper of it (default the program's);
+    ``notes``: how the call captured differs from the call as given (`Report.capture_notes`)."""
     with collector_paused():
-        return _count(captured, _table(formulas), strict=strict, mode="forward")
+        counted = _count(captured, _table(formulas), strict=strict, mode="forward")
+    return build_report(dataclasses.replace(counted, model=name or counted.model,
+                                            capture_notes=[*counted.capture_notes, *notes]))
 
 
 def _grad_mode(mode: str) -> contextlib.AbstractContextManager:
@@ -245,8 +262,8 @@ def _counted(calls: list, count: Callable[..., NodeRecord],
 
 def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
            expansion: Expansion | None = None, split: bool = False,
-           reruns: list[NodeRecord] = ()) -> Report:
-    """The report of ``captured``; ``reruns``: recomputed ops its graph does not hold."""
+           reruns: list[NodeRecord] = ()) -> Counted:
+    """The count of ``captured``; ``reruns``: recomputed ops its graph does not hold."""
     stage("count")
     graph = read_graph(captured.program.graph, captured.program.graph_signature)
     # A formula or backward kernel that needs concrete sizes gets the example's values where
@@ -267,29 +284,28 @@ def _count(captured, table: FormulaTable, *, strict: bool, mode: str,
     parameters = (program_parameters(captured.program) if expansion is None
                   else captured.module.named_parameters(remove_duplicate=False))
     tree, tied = module_tree(calls, parameters, captured.module, _type_name(captured))
-    report = _report(
-        nodes, tree, tied, name=captured.name,
-        inputs=_input_specs(captured.args, captured.kwargs), mode=mode,
-        symbols=[SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max,
-                                  data_dependent=s.example is None)
-                 for s in graph.symbols],
-    )
-    if split and report.backward_weight is None:  # split, with no backward op at all
-        report = report.model_copy(update={"backward_weight": Cost()})
-    if captured.value_guards:
-        report = report.model_copy(update={"value_guards": list(captured.value_guards)})
-    if not captured.given_sizes:
-        return report
-    # A saved program analyzed for the inputs the user gave, or a program whose branches or
-    # sizes the example's values decided: counted at those sizes (all of them known, else left
-    # symbolic).
-    named = {s.name for s in report.symbols}
+    symbols = [SizeSymbolRecord(name=s.symbol.name, example=s.example, min=s.min, max=s.max,
+                                data_dependent=s.example is None)
+               for s in graph.symbols]
+    return Counted(nodes, tree, tied, model=captured.name,
+                   inputs=_input_specs(captured.args, captured.kwargs), mode=mode,
+                   symbols=symbols, split=split, value_guards=list(captured.value_guards),
+                   sizes=_evaluated_at(nodes, symbols, measured) if captured.given_sizes
+                   else None)
+
+
+def _evaluated_at(nodes: list[NodeRecord], symbols: list[SizeSymbolRecord],
+                  measured: dict) -> dict[str, int] | None:
+    """The sizes to count a saved program at, analyzed for the inputs the user gave, or a
+    program whose branches or sizes the example's values decided (all of them known, else
+    None: left symbolic)."""
+    named = {s.name for s in symbols}
     sizes = {symbol.name: value for symbol, value in measured.items() if symbol.name in named}
-    if _in_counts(report) - sizes.keys():
-        return report  # a size no run gave (in a cond branch not taken): the counts keep it
+    if _in_counts(nodes) - sizes.keys():
+        return None  # a size no run gave (in a cond branch not taken): the counts keep it
     # The rest are in no count (a float a branch read): any value in their range.
-    unknown = [s for s in report.symbols if s.example is None and s.name not in sizes]
-    return report.evaluate(**sizes, **{s.name: s.min or 0 for s in unknown})
+    unknown = [s for s in symbols if s.example is None and s.name not in sizes]
+    return {**sizes, **{s.name: s.min or 0 for s in unknown}}
 
 
 def _node_counter(graph: GraphRead, table: FormulaTable, *, strict: bool,
@@ -300,16 +316,9 @@ def _node_counter(graph: GraphRead, table: FormulaTable, *, strict: bool,
                              decomposer=Decomposer(graph.shape_env, graph.renames))
 
 
-def _report(nodes: list[NodeRecord], tree, tied, *, name: str, inputs: list[TensorSpec],
-            mode: str, symbols: list[SizeSymbolRecord] = ()) -> Report:
-    return build_report(nodes, tree, tied, model=name, inputs=inputs,
-                        torch_version=torch.__version__, exportflops_version=__version__,
-                        mode=mode, symbols=list(symbols))
-
-
-def _in_counts(report: Report) -> set[str]:
+def _in_counts(nodes: list[NodeRecord]) -> set[str]:
     """The sizes that some node's cost or shapes are expressions of."""
-    return {symbol.name for node in report.nodes
+    return {symbol.name for node in nodes
             for value in (*node.cost.model_dump().values(),
                           *(d for t in (*node.inputs, *node.outputs) for d in t.shape))
             if not isinstance(value, int) for symbol in parse_count(value).free_symbols}

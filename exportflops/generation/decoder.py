@@ -82,6 +82,8 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
     if cache == "static" and max_cache_len is None:
         max_cache_len = prompt_len + new_tokens
     check_request(model, prompt_len, new_tokens, max_cache_len)
+    # Each step's report names the model, not the wrapper of it that is counted.
+    kwargs = {**kwargs, "name": type(model).__name__}
     logits = _prefill_logits(model, prompt_len, full_logits)
     if cache == "dynamic":
         prefill, decode, kv, dropped, windowed = _dynamic_steps(model, input_ids, logits,
@@ -99,8 +101,7 @@ def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, ca
         first_past=first, max_cache_len=max_cache_len,
         work="useful" if cache == "dynamic" else "executed",
         prefill_logit_positions=logits.positions,
-        prefill=prefill.model_copy(update={"model": name}),
-        decode=decode.model_copy(update={"model": name}), kv_cache=kv, dropped_nodes=dropped,
+        prefill=prefill, decode=decode, kv_cache=kv, dropped_nodes=dropped,
         total=total, **windowed)
 
 
@@ -272,7 +273,7 @@ def _dynamic(model, input_ids: torch.Tensor, logits: _PrefillLogits, options: di
             full, full_kv, _ = decode_step(model, input_ids, windows, tensors, options)
             windowed = {"sliding_window": next(w for w in windows if w),
                         "kv_cache_windowed": full_kv,
-                        "decode_windowed": full.model_copy(update={"model": type(model).__name__})}
+                        "decode_windowed": full}
         return prefill_report(), decode, kv, dropped, windowed
 
 

@@ -48,7 +48,7 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
     tp index, and the trace's tensor-parallel collectives are left out."""
     from torch.distributed.fsdp import fully_shard
 
-    from ..api import analyze
+    from ..api import count_call
 
     if (tp or 1) > 1 and parallelize is None or parallelize is not None and tp is None:
         raise InputError(f"{type(model).__name__}: tp={tp} and parallelize go together: the "
@@ -80,9 +80,10 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
             # FSDP2 warns of a unit returning a view (an in-place op on it would skip a hook):
             # advice to the model's author, which changes no collective traced here.
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
-            report = analyze(fake, fake_args, fake_kwargs, mode=mode)
+            # The collectives alone are kept: the count, not built into a report.
+            counted = count_call(fake, fake_args, fake_kwargs, mode=mode)
         # The dense mesh spans the world, whose group torch describes as no mesh dimension.
         everyone = dense.get_group().group_name
     collectives = [c.model_copy(update={"mesh_dim": FSDP_DIM})
-                   if c.group == everyone and not c.mesh_dim else c for c in report.collectives]
+                   if c.group == everyone and not c.mesh_dim else c for c in counted.collectives]
     return [c for c in collectives if not tp or c.mesh_dim != "tp"]

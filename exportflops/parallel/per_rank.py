@@ -1,5 +1,5 @@
-"""One rank of tensor parallelism and FSDP2 on a `Layout`, counted (`rank_of`, which
-`exportflops.parallel.analyze_ranks` calls).
+"""One rank of tensor parallelism and FSDP2 on a `Layout`, counted (`counted_rank_of`) and
+reported (`rank_of`, which `exportflops.parallel.analyze_ranks` calls).
 
 A rank of tensor parallelism and FSDP2 (``Layout(fsdp=F, tp=T)``) is counted as torchtitan runs
 it: under a fake process group standing for the rank (`exportflops.fake_process_group`), the
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from ..api import analyze
+from ..aggregate import Counted, build_report
+from ..api import count_call
 from ..count.ranks import fake_copy
 from ..errors import InputError
 from ..records import Report
@@ -30,17 +31,26 @@ Builder = Callable[[torch.device], tuple]
 
 
 def rank_of(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layout: Layout,
-            *, rank: int, dims: tuple[str, ...] | None = None, fake: bool = False,
-            experts: str | None = None,
-            shard: Callable[[torch.nn.Module, Any], None] | None = None,
-            inputs: Callable[[tuple, dict | None], tuple] | None = None,
-            **analyze_options: Any) -> tuple[torch.nn.Module, Report]:
-    """(the model as ``rank`` holds it, its report) on ``layout``'s mesh of ``dims`` (default:
-    ``fsdp`` and ``tp`` where split; ``rank`` is a rank of those dimensions). The caller's
-    model is left as it was (module docstring). ``fake``: copied
-    onto fake cpu tensors even without FSDP2 (on meta, attention is traced as its math
-    decomposition; on cpu as one kernel call, as ring attention needs). ``experts``, ``shard``:
-    as `parallelize` takes them; ``inputs(args, kwargs)`` gives the inputs to count instead."""
+            **options: Any) -> tuple[torch.nn.Module, Report]:
+    """(the model as the rank holds it, its report): `counted_rank_of`, which takes
+    ``options``, built into a report."""
+    built, counted = counted_rank_of(model, args, kwargs, layout, **options)
+    return built, build_report(counted)
+
+
+def counted_rank_of(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
+                    layout: Layout, *, rank: int, dims: tuple[str, ...] | None = None,
+                    fake: bool = False, experts: str | None = None,
+                    shard: Callable[[torch.nn.Module, Any], None] | None = None,
+                    inputs: Callable[[tuple, dict | None], tuple] | None = None,
+                    **analyze_options: Any) -> tuple[torch.nn.Module, Counted]:
+    """(the model as ``rank`` holds it, its count before it is a report:
+    `exportflops.api.count_call`) on ``layout``'s mesh of ``dims`` (default: ``fsdp`` and
+    ``tp`` where split; ``rank`` is a rank of those dimensions). The caller's model is left
+    as it was (module docstring). ``fake``: copied onto fake cpu tensors even without FSDP2
+    (on meta, attention is traced as its math decomposition; on cpu as one kernel call, as
+    ring attention needs). ``experts``, ``shard``: as `parallelize` takes them;
+    ``inputs(args, kwargs)`` gives the inputs to count instead."""
     if dims is None:
         dims = tuple(name for name in ("fsdp", "tp") if getattr(layout, name) > 1)
     with layout.mesh(*dims, rank=rank) as mesh:
@@ -52,7 +62,7 @@ def rank_of(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, la
         elif built is model:  # the caller's model, on meta: copied, nothing allocated
             built = copy.deepcopy(built)
         parallelize(built, mesh, experts=experts, shard=shard)
-        return built, analyze(built, args, kwargs, **analyze_options)
+        return built, count_call(built, args, kwargs, **analyze_options)
 
 
 def built_model(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None) -> tuple:

@@ -179,9 +179,7 @@ def _resolve(target: Any, args: Any, kwargs: dict | None, program: Any,
         captured = capture(target, args, kwargs)
         # The graph just exported counted (no second export), named after the model and at
         # the sizes its example's values decided, as analyze(model) counts it.
-        report = count_captured(captured)
-        if note:
-            report = report.model_copy(update={"capture_notes": [*report.capture_notes, note]})
+        report = count_captured(captured, notes=[note] if note else [])
         return _Call(report, captured.program, target, captured.args, captured.kwargs)
     if isinstance(target, Report):
         report, program = target, _program_of(target, program)

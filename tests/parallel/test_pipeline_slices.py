@@ -6,6 +6,7 @@ independent ways to the same per-stage counts), and the composition by hand, thr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,7 +17,9 @@ from exportflops.cli import main
 from exportflops.parallel import Layout, analyze_ranks
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.capture.pipeline_split import split_stages
-from exportflops.parallel.pipeline.slices import held_parameters, node_stages, stage_report
+from exportflops.api import count_call
+from exportflops.parallel.pipeline.slices import (held_parameters, node_stages, received,
+                                                  stage_report)
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")
@@ -47,15 +50,15 @@ def _ranks(decoder, *, mode: str = "forward", schedule: str | None = None,
 def test_the_cut_of_the_whole_report_is_torchs_split(decoder, differentiates):
     model, args, kwargs = exportflops.hf.build(decoder, seq=SEQ)
     split = analyze_pipeline(model, args, kwargs, stages=4, schedule="gpipe", device=None)
-    whole = exportflops.analyze(model, args, kwargs, mode="train")
+    whole = count_call(model, args, kwargs, mode="train")
     if not differentiates:  # a rank graph's backward names no forward node: the module rule
-        whole = whole.model_copy(update={"nodes": [
-            n.model_copy(update={"differentiates": ""}) for n in whole.nodes]})
+        whole = dataclasses.replace(whole, nodes=[
+            n.model_copy(update={"differentiates": ""}) for n in whole.nodes])
     points = layer_split_points(model, 4)
     stage_of = node_stages(whole, points)
     modules = split_stages(model, args, kwargs, points, grad=True)
-    cut = [stage_report(whole, s, stage_of, held_parameters(model, stage.module))
-           for s, stage in enumerate(modules)]
+    cut = [stage_report(whole, s, stage_of, held_parameters(model, stage.module),
+                        received(stage)) for s, stage in enumerate(modules)]
     for stage, report in zip(split.record.stages, cut):
         assert (report.total - report.backward, report.backward, report.params) == \
             (stage.forward, stage.backward, stage.params)
@@ -142,11 +145,11 @@ def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
             return torch.nn.functional.linear(x, self.head.weight)  # head runs no node
 
     model, x = Net(), torch.randn(2, 8)
-    whole = exportflops.analyze(model, (x,), mode="train")
+    whole = count_call(model, (x,), mode="train")
     points = layer_split_points(model, 2)
     stages = split_stages(model, (x,), None, points, grad=True)
-    cut = [stage_report(whole, s, node_stages(whole, points), held_parameters(model, st.module))
-           for s, st in enumerate(stages)]
+    cut = [stage_report(whole, s, node_stages(whole, points), held_parameters(model, st.module),
+                        received(st)) for s, st in enumerate(stages)]
     # Two Linear(8, 8) a stage (72 each); the last also holds the 8 x 32 head.
     assert [c.params for c in cut] == [2 * 72, 2 * 72 + 8 * 32]
 

@@ -11,11 +11,13 @@ tokens (`exportflops.parallel.experts.tp`), and in training the routers' gradien
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
 import torch
 
+from ...aggregate import build_report
 from ...api import analyze
 from ...errors import LayoutError
 from ...records import Report
@@ -25,7 +27,7 @@ from .fsdp import fsdp_collectives
 from .tp import router_gradient_reductions
 from ..layout import Layout
 from ..parallelize import tensor_parallel
-from ..per_rank import Builder, built_model, rank_of
+from ..per_rank import Builder, built_model, counted_rank_of
 
 
 def analyze_expert_ranks(model: torch.nn.Module | Builder, args: Any = (),
@@ -79,9 +81,9 @@ def _tensor_parallel_rank(model: torch.nn.Module | Builder, args: Any, kwargs: d
     """Tensor-parallel rank 0 with each MoE layer routing its share of the tokens, its routers'
     gradient all-reduces listed in training. FSDP2 changes no FLOPs: one rank of the tp group
     alone counts the work."""
-    split, report = rank_of(model, args, kwargs, Layout(tp=tp), rank=0, experts=experts,
-                            mode=mode, **options)
-    if mode != "train":
-        return report
-    return report.model_copy(update={"collectives": [
-        *report.collectives, *router_gradient_reductions(split, tp, experts=experts)]})
+    split, counted = counted_rank_of(model, args, kwargs, Layout(tp=tp), rank=0,
+                                     experts=experts, mode=mode, **options)
+    if mode == "train":
+        counted = dataclasses.replace(counted, collectives=[
+            *counted.collectives, *router_gradient_reductions(split, tp, experts=experts)])
+    return build_report(counted)

@@ -14,19 +14,21 @@ the stages of torch's split (`exportflops.parallel.pipeline.slices`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
 
-from ...api import analyze
+from ...aggregate import Counted, build_report
+from ...api import count_call
 from ...count.ranks import fake_copy
 from ...errors import BuildError, InputError
 from ...examples.llama import Llama
 from ...records import Report
 from ..layout import Layout
-from ..per_rank import Builder, built_model, rank_of
+from ..per_rank import Builder, built_model, counted_rank_of
 from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
 from .mesh import llama_stages, on_mesh
 from .schedules import SCHEDULES
@@ -175,9 +177,9 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
             if fsdp is not None:  # torchtitan's default under pipeline parallelism
                 fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
-            report = analyze(part, inputs, None, mode=mode, strict=strict,
-                             split_backward=split_backward and index > 0)
-        return _dims_named(report, degrees)
+            counted = count_call(part, inputs, None, mode=mode, strict=strict,
+                                 split_backward=split_backward and index > 0)
+        return build_report(_dims_named(counted, degrees))
 
     return count
 
@@ -186,7 +188,7 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
                     split_points: list[str], split_backward: bool, *, mode: str, strict: bool,
                     ranks: dict):
     """``count_stage`` for a model whose stages are not built from its own modules: one rank
-    of the whole model (tensor-parallel and FSDP index 0) counted once, its report cut into
+    of the whole model (tensor-parallel and FSDP index 0) counted once, its nodes selected into
     the stages of the split (`exportflops.parallel.pipeline.slices`), each holding the
     parameters of torch's split stage. FSDP2 is applied as torchtitan applies it to each
     stage: each block, then per stage one unit of its modules outside the blocks (its root's
@@ -194,21 +196,15 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
     root, which holds nothing of its own. ``split_backward``: the rank counted again with each
     stage's backward in the zero-bubble schedules' two passes, split at the stage's input
     (`exportflops.graph.passes.stage_input_way`)."""
-    from ...records import TensorSpec
-    from ...torch_internals import pytree
-    from .slices import held_parameters, stage_report
+    from .slices import held_parameters, received, stage_report
 
-    degrees = layout.degrees("fsdp", "tp")
-    degrees = {name: n for name, n in degrees.items() if n > 1}
     whole = partial(_whole_rank, model, first, layout, split_points, mode=mode, strict=strict,
                     ranks=ranks)
 
     def count(index: int, rank: int, stage) -> Report:
-        split, report, stage_of = whole(split_backward)
-        part = stage_report(report, index, stage_of, held_parameters(split, stage.module))
-        inputs = [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves(
-            (stage.args, stage.kwargs)) if isinstance(t, torch.Tensor)]
-        return _dims_named(part, degrees).model_copy(update={"inputs": inputs})
+        split, counted, stage_of = whole(split_backward)
+        return stage_report(counted, index, stage_of, held_parameters(split, stage.module),
+                            received(stage))
 
     return count
 
@@ -216,7 +212,7 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
 def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
                 split_points: list[str], split_backward: bool, *, mode: str, strict: bool,
                 ranks: dict):
-    """(the rank's model, its report, each node's stage) of the whole model, counted once per
+    """(the rank's model, its count, each node's stage) of the whole model, counted once per
     ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
     stage's backward depends on, read off the unsplit count's stages."""
     from ...graph.passes import stage_input_way
@@ -231,13 +227,14 @@ def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
                           {node.name: node.op for node in unsplit.nodes})
         units: list[list[str]] = []  # each stage's unit, as module paths
         built, args, kwargs = first
-        split, report = rank_of(built, args, kwargs, Layout(fsdp=layout.fsdp, tp=layout.tp),
-                                rank=0,
-                                shard=partial(_stage_units, split_points, units), mode=mode,
-                                strict=strict, split_backward=way)
-        stage_of = node_stages(report, split_points)
-        _check_units_ran(report, stage_of, units)
-        ranks[split_backward] = (split, report, stage_of)
+        split, counted = counted_rank_of(
+            built, args, kwargs, Layout(fsdp=layout.fsdp, tp=layout.tp), rank=0,
+            shard=partial(_stage_units, split_points, units), mode=mode, strict=strict,
+            split_backward=way)
+        stage_of = node_stages(counted, split_points)
+        _check_units_ran(counted, stage_of, units)
+        degrees = {name: n for name, n in layout.degrees("fsdp", "tp").items() if n > 1}
+        ranks[split_backward] = (split, _dims_named(counted, degrees), stage_of)
     return ranks[split_backward]
 
 
@@ -305,14 +302,14 @@ def _stage_units(split_points: list[str], paths: list[list[str]], model, mesh) -
                          f"{type(error).__name__}: {error}") from error
 
 
-def _dims_named(report: Report, degrees: dict[str, int]) -> Report:
-    """``report`` with its collectives' mesh dimension named when the mesh has one dimension:
+def _dims_named(counted: Counted, degrees: dict[str, int]) -> Counted:
+    """``counted`` with its collectives' mesh dimension named when the mesh has one dimension:
     its default group names none."""
     if len(degrees) > 1:
-        return report
+        return counted
     (name,) = degrees
-    return report.model_copy(update={"collectives": [
-        c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in report.collectives]})
+    return dataclasses.replace(counted, collectives=[
+        c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in counted.collectives])
 
 
 def _received(model, tokens, mode: str) -> tuple:
@@ -326,15 +323,16 @@ def _received(model, tokens, mode: str) -> tuple:
     return hidden, cos, sin
 
 
-def _check_units_ran(report, stage_of: dict[str, int], units: list[list[str]]) -> None:
+def _check_units_ran(counted: Counted, stage_of: dict[str, int], units: list[list[str]],
+                     ) -> None:
     """Each stage's FSDP2 unit of modules outside the blocks (``units``, their paths) is
     gathered in that stage: a module outside the blocks that runs between them, not before
     the first or after the last, would be in the wrong stage's unit."""
     for stage, unit in enumerate(units):
-        gathered = {stage_of.get(c.node) for c in report.collectives
+        gathered = {stage_of.get(c.node) for c in counted.collectives
                     if c.op == "all_gather" and c.module in unit}
         if gathered - {stage}:
-            raise InputError(f"pipeline stages on fsdp ranks: {report.model}'s modules outside "
+            raise InputError(f"pipeline stages on fsdp ranks: {counted.model}'s modules outside "
                              f"its layers ({', '.join(unit)}) do not all run in stage {stage}, "
                              f"so one FSDP2 unit per stage cannot hold them; analyze the "
                              f"pipeline with tp alone, or fsdp without pp.")

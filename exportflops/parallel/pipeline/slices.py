@@ -16,48 +16,52 @@ counted, and its nodes are cut as the split cuts the program (``SplitPoint.BEGIN
 - a parameter is every stage whose module of torch's split holds it (a tied embedding and head
   in the first stage and the last, as torch's split leaves them).
 
-Each stage's report is built from its nodes as `exportflops.analyze` builds one, with the
-parameters it holds (this rank's shards, a tied one at its first name in the stage). A plan's
-layers end replicated, so the stages pass what the unsplit rank passes between its layers: the
-sends and receives of torch's split of the unparallelized model.
+Each stage's report is built from its nodes, selected from the rank's count (a `Counted`), as
+`exportflops.analyze` builds one from a whole count, with the parameters it holds (this rank's
+shards, a tied one at its first name in the stage). A plan's layers end replicated, so the
+stages pass what the unsplit rank passes between its layers: the sends and receives of torch's
+split of the unparallelized model.
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import defaultdict
 
 import torch
 
-from ...aggregate import build_report
+from ...aggregate import Counted, build_report
 from ...attribution import ModuleInfo, module_tree
 from ...count.ranks import local_parameters
+from ...capture.pipeline_split import Stage
 from ...errors import InputError
-from ...records import Report
+from ...records import Report, TensorSpec
 from ...records.names import ancestors
+from ...torch_internals import pytree
 from ..fsdp_blocks import blocks_of
 
 
-def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:
-    """Each node of ``report`` -> the stage it runs in, for a split before each module path of
-    ``split_points``."""
-    forward = [n for n in report.nodes if n.phase == "forward"]
+def node_stages(counted: Counted, split_points: list[str]) -> dict[str, int]:
+    """Each node of ``counted`` -> the stage it runs in, for a split before each module path
+    of ``split_points``."""
+    forward = [n for n in counted.nodes if n.phase == "forward"]
     starts = []
     for point in split_points:
         first = next((i for i, n in enumerate(forward) if point in ancestors(n.module)), None)
         if first is None:
-            raise InputError(f"{report.model}'s module {point!r} runs no node: it cannot start "
+            raise InputError(f"{counted.model}'s module {point!r} runs no node: it cannot start "
                              f"a pipeline stage; give split points that run")
         starts.append(first)
     if starts != sorted(starts):
-        raise InputError(f"{report.model}'s split points {split_points} do not run in that "
+        raise InputError(f"{counted.model}'s split points {split_points} do not run in that "
                          f"order: give them in the order the forward runs them")
     stage_of = {n.name: bisect.bisect_right(starts, i) for i, n in enumerate(forward)}
     ran_in: dict[str, set[int]] = defaultdict(set)  # module -> the stages its forward ran in
     for node in forward:
         ran_in[node.module].add(stage_of[node.name])
     current = len(split_points)
-    for node in (n for n in report.nodes if n.phase == "backward"):
+    for node in (n for n in counted.nodes if n.phase == "backward"):
         if node.differentiates in stage_of:
             current = stage_of[node.differentiates]
         elif len(ran_in[node.module]) == 1:
@@ -66,26 +70,28 @@ def node_stages(report: Report, split_points: list[str]) -> dict[str, int]:
     return stage_of
 
 
-def stage_report(report: Report, stage: int, stage_of: dict[str, int],
-                 parameters: list[tuple[str, torch.Tensor]]) -> Report:
-    """Stage ``stage``'s part of ``report``: its nodes (`node_stages`) and collectives, and the
-    ``parameters`` it holds, (name, this rank's shard) as `local_parameters` gives them."""
-    nodes = [n for n in report.nodes if stage_of[n.name] == stage]
-    tree, tied = module_tree([], parameters, None, report.module("").type)
-    records = {m.path: m for m in report.modules}
+def stage_report(counted: Counted, stage: int, stage_of: dict[str, int],
+                 parameters: list[tuple[str, torch.Tensor]], inputs: list[TensorSpec]) -> Report:
+    """The report of stage ``stage``, selected from the rank's ``counted``: its nodes
+    (`node_stages`) and collectives, the ``parameters`` it holds, (name, this rank's shard) as
+    `local_parameters` gives them, and the ``inputs`` it receives (`received`)."""
+    nodes = [n for n in counted.nodes if stage_of[n.name] == stage]
+    tree, tied = module_tree([], parameters, None, counted.tree[""].type_name)
     for path in {a for n in nodes for a in ancestors(n.module)} - set(tree):
         tree[path] = ModuleInfo(path)
     for path, info in tree.items():
-        if path in records:
-            info.type_name, info.calls = records[path].type, records[path].calls
+        if path in counted.tree:
+            info.type_name, info.calls = counted.tree[path].type_name, counted.tree[path].calls
     tree = dict(sorted(tree.items(), key=lambda item: (item[1].depth, item[0])))
-    built = build_report(nodes, tree, tied, model=report.model, inputs=report.inputs,
-                         torch_version=report.torch_version,
-                         exportflops_version=report.exportflops_version, mode=report.mode)
-    collectives = [c for c in report.collectives if stage_of.get(c.node) == stage]
-    return built.model_copy(update={"world_size": report.world_size, "rank": report.rank,
-                                    "collectives": collectives,
-                                    "capture_notes": report.capture_notes})
+    collectives = [c for c in counted.collectives if stage_of.get(c.node) == stage]
+    return build_report(dataclasses.replace(counted, nodes=nodes, tree=tree, tied=tied,
+                                            inputs=inputs, collectives=collectives))
+
+
+def received(stage: Stage) -> list[TensorSpec]:
+    """The tensors torch's split ``stage`` receives, as a report's inputs."""
+    return [TensorSpec.of(t.shape, t.dtype) for t in pytree.tree_leaves((stage.args, stage.kwargs))
+            if isinstance(t, torch.Tensor)]
 
 
 def stage_units(model: torch.nn.Module, split_points: list[str],
