@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 
 from ..errors import UsageError
 from .footprint import check_memory
@@ -164,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
                                  "runs it with logits_to_keep=1)")
 
     training = parser.add_argument_group("training steps")
-    training.add_argument("--seqlens", type=_parse_seqlens, default=None, metavar="L1,L2,...",
+    training.add_argument("--seqlens", type=partial(_counts, least=1, example="100,250,40"),
+                          default=None, metavar="L1,L2,...",
                           help="one row packing documents of these lengths: the step's FLOPs "
                                "per document and in total (exportflops.flops_per_batch; with "
                                "--mode train, the training step's)")
@@ -197,7 +199,8 @@ def parser() -> argparse.ArgumentParser:
                           help="expert parallelism: a mixture of experts' experts sharded over "
                                "N ranks, each rank's expert work and its all-to-alls; with "
                                "--fsdp F, inside F FSDP2 ranks (docs/expert-parallel.md)")
-    parallel.add_argument("--routing", default=None, metavar="N1,N2,...",
+    parallel.add_argument("--routing", type=partial(_counts, least=0, example="10,30,20,4"),
+                          default=None, metavar="N1,N2,...",
                           help="--ep: token copies per expert over all ranks' batches, to see "
                                "skew (default: balanced routing)")
     parallel.add_argument("--cp", type=int, default=None, metavar="N",
@@ -407,15 +410,16 @@ def _check_cache(ns: argparse.Namespace) -> None:
                          f"{ns.max_cache_len}.")
 
 
-def _parse_seqlens(text: str) -> list[int]:
+def _counts(text: str, *, least: int, example: str) -> list[int]:
+    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
     try:
-        lengths = [int(part) for part in text.split(",")]
+        counts = [int(part) for part in text.split(",")]
     except ValueError:
-        lengths = []
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"takes lengths >= 1 separated by commas (100,250,40), "
-                                         f"got {text!r}")
-    return lengths
+        counts = []
+    if not counts or min(counts) < least:
+        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
+                                         f"({example}), got {text!r}")
+    return counts
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:

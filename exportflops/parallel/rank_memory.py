@@ -18,6 +18,7 @@ import torch
 
 from ..errors import LayoutError
 from ..records.memory import MemoryReport, RanksMemory
+from .checks import check_call
 from .layout import Layout
 from .per_rank import Builder, built_model
 from .parallelize import parallelize
@@ -34,12 +35,11 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     `exportflops.memory` takes them."""
     from ..footprint import check_options
 
-    _check_layout(layout)
+    _check_layout(layout, rank)
     check_options(getattr(model, "__name__", type(model).__name__), mode, optimizer, allocator)
     options = dict(mode=mode, optimizer=optimizer, allocator=allocator,
                    optimizer_options=optimizer_options, loss=loss)
     if rank is not None:
-        layout.check_rank(rank)
         return _rank(model, args, kwargs, layout, rank, **options)
     reports = [_rank(model, args, kwargs, layout, r, **options)
                for r in range(layout.world_size)]
@@ -88,10 +88,10 @@ def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
     return tensors
 
 
-def _check_layout(layout: Layout) -> None:
-    if not isinstance(layout, Layout):
-        raise LayoutError(f"memory_ranks takes layout=exportflops.parallel.Layout(...), got "
-                          f"{type(layout).__name__}.")
+def _check_layout(layout: Layout, rank: int | None) -> None:
+    """The checks of every per-rank analysis (`check_call`), then the splits a step's memory is
+    modelled for."""
+    check_call(layout, rank=rank)
     others = {name: getattr(layout, name) for name in ("pp", "dp", "cp", "ep")
               if getattr(layout, name) > 1}
     if others:
