@@ -199,8 +199,7 @@ def parser() -> argparse.ArgumentParser:
                           help="expert parallelism: a mixture of experts' experts sharded over "
                                "N ranks, each rank's expert work and its all-to-alls; with "
                                "--fsdp F, inside F FSDP2 ranks (docs/expert-parallel.md)")
-    parallel.add_argument("--routing", type=partial(_counts, least=0, example="10,30,20,4"),
-                          default=None, metavar="N1,N2,...",
+    parallel.add_argument("--routing", default=None, metavar="N1,N2,...",
                           help="--ep: token copies per expert over all ranks' batches, to see "
                                "skew (default: balanced routing)")
     parallel.add_argument("--cp", type=int, default=None, metavar="N",
@@ -360,6 +359,11 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          ".pt2), its prompt from --input; it prints a table or --format json, "
                          "and does not combine with --dynamic, --sweep, --profile, --budget, "
                          "--mode train or --kwargs.")
+    if ns.routing is not None:  # parsed here: a usage error, not argparse's exit
+        try:
+            ns.routing = _counts(ns.routing, least=0, example="10,30,20,4")
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"--routing {error}: token copies per expert.") from None
     check_splits(ns)
     check_memory(ns)
     check_fit(ns)

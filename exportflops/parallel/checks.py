@@ -89,7 +89,7 @@ def _check_composition(layout: Layout) -> None:
                           f"groups sit (Layout(dp=E, ep=E)).")
     if layout.ep > 1 and layout.tp > 1 and layout.fsdp == 1 and layout.tp != layout.ep:
         raise LayoutError(f"{arguments(layout)}: expert parallelism over tensor-parallel ranks "
-                          f"without fsdp is laid out with ep equal to tp (more ranks holding "
+                          f"without fsdp is laid out with ep= equal to tp= (more ranks holding "
                           f"the same experts are sharded by FSDP2): pass ep={layout.tp}, or "
                           f"add fsdp=F.")
 

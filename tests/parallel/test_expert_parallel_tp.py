@@ -225,7 +225,7 @@ class _Unrouted(torch.nn.Module):
 def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, message):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from exportflops.parallel.experts.tp import route_token_shares
+    from exportflops.parallel.token_shares import route_token_shares
     from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):

@@ -4,6 +4,6 @@ tensor-parallel rank read at four sequence lengths, and ``ranks`` context parall
 with tp and fsdp on a `Layout` (what `analyze_ranks` calls).
 """
 
-from .analysis import analyze_context
+from .entry import analyze_context
 
 __all__ = ["analyze_context"]
