@@ -15,8 +15,8 @@ from .targets import flags
 #: The flags giving a split's degree, each a field of `Layout`.
 SPLITS = ("pp", "fsdp", "cp", "tp", "ep")
 
-#: What a split's analysis may refuse, each with whether the command line gives it.
-_GIVEN = {
+#: What an analysis may refuse, each with whether the command line gives it.
+GIVEN = {
     "a saved .pt2": lambda ns: ns.model.endswith(".pt2"),
     "--profile": lambda ns: ns.profile,
     "--trace": lambda ns: ns.trace is not None,
@@ -28,6 +28,12 @@ _GIVEN = {
     "--seqlens": lambda ns: ns.seqlens is not None,
     "--format csv": lambda ns: ns.format == "csv",
     "--device cpu/cuda": lambda ns: ns.device not in (None, "meta"),
+    "--mode train": lambda ns: ns.mode == "train",
+    "--mode train without --pp": lambda ns: ns.mode == "train" and ns.pp is None,
+    "--kwargs": lambda ns: bool(ns.kwargs),
+    "--format csv, md or html": lambda ns: ns.format not in ("table", "json"),
+    "--format csv or html": lambda ns: ns.format in ("csv", "html"),
+    **{f"--{name}": (lambda ns, name=name: getattr(ns, name) is not None) for name in SPLITS},
 }
 _BUILT_HERE = ("a saved .pt2", "--dynamic", "--sweep", "--budget", "--generate")
 _RECORD = "as a table, Markdown or JSON, or an HTML page"
@@ -54,6 +60,14 @@ _REFUSALS = (
      "group, running nothing (measure the stages with --pp alone)",
      ("--profile", "--device cpu/cuda")),
 )
+
+
+def refuse(ns: argparse.Namespace, asked, what: str, refused: tuple[str, ...]) -> None:
+    """Where the flags ask for an analysis (``asked(ns)``), a usage error saying ``what`` it
+    does and which of the ``refused`` flags (keys of `GIVEN`) given it does not combine with."""
+    given = [name for name in refused if asked(ns) and GIVEN[name](ns)]
+    if given:
+        raise UsageError(f"{what}: not with {', '.join(given)}.")
 
 
 def split_layout(ns: argparse.Namespace) -> Layout:
@@ -87,9 +101,7 @@ def check_splits(ns: argparse.Namespace) -> None:
 
     layout = split_layout(ns)
     for asked, what, refused in _REFUSALS:
-        given = [name for name in refused if asked(ns) and _GIVEN[name](ns)]
-        if given:
-            raise UsageError(f"{what}: not with {', '.join(given)}.")
+        refuse(ns, asked, what, refused)
     if ns.cp is not None and ns.cp < 2:
         raise UsageError(f"--cp {ns.cp}: a ring splits the sequence over 2 ranks or more: pass "
                          f"--cp 2 or more.")
