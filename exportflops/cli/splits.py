@@ -86,11 +86,16 @@ def flag_error(ns: argparse.Namespace, error: InputError) -> UsageError:
     """The library's ``error`` about the split flags' layout as a usage error naming the
     flags: its arguments as flags, led by the split flags given (and --schedule and
     --microbatches) where it names none first."""
-    text = flags(str(error))
-    given = " ".join(f"--{name} {getattr(ns, name)}" for name in (*SPLITS, "schedule",
-                                                                  "microbatches")
-                     if getattr(ns, name) is not None)
+    text, given = flags(str(error)), split_flags(ns)
     return UsageError(text if text.startswith("--") or not given else f"{given}: {text}")
+
+
+def split_flags(ns: argparse.Namespace) -> str:
+    """The split flags given, and --schedule and --microbatches, as written (``--pp 2 --tp 2
+    --schedule 1f1b``): what an error of their layout names."""
+    return " ".join(f"--{name} {getattr(ns, name)}" for name in (*SPLITS, "schedule",
+                                                                 "microbatches")
+                    if getattr(ns, name) is not None)
 
 
 def check_splits(ns: argparse.Namespace) -> None:
