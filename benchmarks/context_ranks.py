@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from exportflops.cli.context import analyze_split
+from exportflops.cli.ranks import analyze_split
 from exportflops.cli.options import check, parser
 from exportflops.parallel import Layout, analyze_ranks
 from timing import median_seconds

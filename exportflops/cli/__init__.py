@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import json
 import logging
@@ -160,12 +159,11 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         return _with_roofline(ns, _with_sweep(ns, outcome))
     if ns.pp is not None or ns.cp is not None:
         check_split_sizes(ns, **config_sizes(ns))
-    for flag, module in (("pp", "pipeline"), ("ep", "experts"), ("cp", "context")):
-        if getattr(ns, flag) is not None and not ns.memory:  # --memory --pp: one rank's step
-            # Each returns (a representative rank's report, (its record, the record's view)).
-            split = importlib.import_module(f".{module}", __package__).analyze_split
-            report, view = split(ns)
-            return _Outcome(report, None, view=view)
+    # A split's all-ranks view; with --memory, one rank's step (below).
+    if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory:
+        from .ranks import analyze_split
+        report, view = analyze_split(ns)
+        return _Outcome(report, None, view=view)
     if ns.fit is not None:
         from .planner import analyze_fit
         return _Outcome(None, None, view=analyze_fit(ns))
@@ -173,7 +171,7 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         from .footprint import analyze_memory
         return _Outcome(None, None, view=analyze_memory(ns))
     if ns.tp is not None or ns.fsdp is not None:
-        from .parallel import analyze_parallelized
+        from .ranks import analyze_parallelized
         return _Outcome(*analyze_parallelized(ns))
     if ns.conventions and (ns.mode != "train" or not ns.model.startswith("hf:")):
         raise UsageError("--conventions compares training steps of a Hugging Face model: "

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from functools import partial
 
 from ..errors import UsageError
 from .footprint import check_memory
 from .planner import check_fit
-from .splits import check_splits
+from .splits import check_splits, refuse
 from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
@@ -164,7 +165,8 @@ def parser() -> argparse.ArgumentParser:
                                  "runs it with logits_to_keep=1)")
 
     training = parser.add_argument_group("training steps")
-    training.add_argument("--seqlens", type=_parse_seqlens, default=None, metavar="L1,L2,...",
+    training.add_argument("--seqlens", type=partial(_counts, least=1, example="100,250,40"),
+                          default=None, metavar="L1,L2,...",
                           help="one row packing documents of these lengths: the step's FLOPs "
                                "per document and in total (exportflops.flops_per_batch; with "
                                "--mode train, the training step's)")
@@ -306,8 +308,38 @@ def _check_hf(ns: argparse.Namespace) -> None:
                          "replaces them: give one or the other.")
 
 
+#: Each analysis: whether the flags ask for it, what it does, what it does not combine with
+#: (`splits.GIVEN` says whether each is given).
+_ANALYSES = (
+    (lambda ns: ns.profile,
+     "--profile times one forward at fixed sizes (with --pp, each stage's forward and "
+     "backward)", ("--mode train without --pp", "--dynamic", "--sweep", "--budget")),
+    (lambda ns: ns.device_model is not None,
+     "--device-model draws one roofline at fixed sizes, as a table, Markdown or JSON",
+     ("--sweep", "--format csv")),
+    (lambda ns: ns.format == "html", "--format html draws one report", ("--sweep", "--budget")),
+    (lambda ns: ns.generate is not None,
+     "--generate N counts the tokens generated after the prompt (--input's token ids) of a "
+     "model built here, as a table or --format json",
+     ("a saved .pt2", "--dynamic", "--sweep", "--profile", "--budget", "--mode train",
+      "--kwargs", "--format csv, md or html")),
+    (lambda ns: ns.seqlens is not None,
+     "--seqlens counts a step of a model built here on one packed row, as a table, Markdown "
+     "or JSON", ("a saved .pt2", "--profile", "--dynamic", "--sweep", "--budget",
+                 "--device-model", "--generate", "--tp", "--fsdp", "--format csv or html")),
+    (lambda ns: ns.budget is not None,
+     "--budget compares one forward at fixed sizes, as a table, Markdown or JSON",
+     ("--sweep", "--mode train", "--format csv")),
+    (lambda ns: ns.split_backward,
+     "--split-backward splits the backward of one model's training step (with --pp, a "
+     "zero-bubble --schedule splits each stage's backward itself)",
+     ("--pp", "--ep", "--cp", "--generate", "--seqlens", "--profile")),
+)
+
+
 def _check_analyses(ns: argparse.Namespace) -> None:
-    """--dynamic, --sweep, --profile and --budget: parsed, and refused where they cannot apply."""
+    """--dynamic, --sweep, --profile and --budget parsed; each analysis refused with what it
+    does not combine with (`_ANALYSES`) or without what it needs."""
     ns.dims = dict(_parse_dynamic(text) for arg in ns.dynamic for text in arg.split(","))
     sweeps = [_parse_sweep(text) for text in ns.sweep]
     ns.points = dict(sweeps)
@@ -320,16 +352,13 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if unknown and not ns.model.endswith(".pt2"):
         raise UsageError(f"--sweep {unknown[0]} needs --dynamic {unknown[0]}: the size must be "
                          f"dynamic when exported to be evaluated at other values.")
-    if ns.profile:
-        if ns.device not in ("cpu", "cuda"):
-            raise UsageError("--profile times real runs: pass --device cpu or --device cuda "
-                             "(meta tensors hold no data to run).")
-        if (ns.mode == "train" and ns.pp is None) or ns.dims or ns.points or ns.budget:
-            raise UsageError("--profile times one forward at fixed sizes (with --pp, each "
-                             "stage's forward and backward): it does not combine with --mode "
-                             "train but with --pp, nor with --dynamic, --sweep or --budget.")
-        if ns.warmup < 0 or ns.repeat < 1:
-            raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
+    if ns.profile and ns.device not in ("cpu", "cuda"):
+        raise UsageError("--profile times real runs: pass --device cpu or --device cuda "
+                         "(meta tensors hold no data to run).")
+    for asked, what, refused in _ANALYSES:
+        refuse(ns, asked, what, refused)
+    if ns.profile and (ns.warmup < 0 or ns.repeat < 1):
+        raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
     if ns.device_model is not None:
         from ..device_table import DEVICES
 
@@ -337,56 +366,23 @@ def _check_analyses(ns: argparse.Namespace) -> None:
         if ns.device_model not in keys:
             raise UsageError(f"--device-model {ns.device_model!r} is not in the device table; "
                              f"choose one of {', '.join(keys)}.")
-        if ns.points or ns.format == "csv":
-            raise UsageError("--device-model draws one roofline at fixed sizes, as a table, "
-                             "Markdown or JSON: not with --sweep or --format csv.")
     if ns.trace and not ns.profile:
         raise UsageError("--trace writes the measured timeline: add --profile (and --device cpu "
                          "or cuda).")
-    if ns.format == "html" and (ns.points or ns.budget):
-        raise UsageError("--format html draws one report: not with --sweep or --budget.")
     _check_cache(ns)
     if ns.full_logits and ns.generate is None:
         raise UsageError("--full-logits counts the prefill of a generation: it needs "
                          "--generate N.")
-    if ns.generate is not None and (
-            ns.generate < 1 or ns.dims or ns.points or ns.profile or ns.budget
-            or ns.mode == "train" or ns.format not in ("table", "json") or ns.kwargs
-            or ns.model.endswith(".pt2")):
-        raise UsageError("--generate N takes N >= 1 new tokens and a model built here (not a "
-                         ".pt2), its prompt from --input; it prints a table or --format json, "
-                         "and does not combine with --dynamic, --sweep, --profile, --budget, "
-                         "--mode train or --kwargs.")
+    if ns.generate is not None and ns.generate < 1:
+        raise UsageError(f"--generate N takes N >= 1 new tokens, got {ns.generate}.")
+    if ns.split_backward and ns.mode != "train":
+        raise UsageError("--split-backward splits the backward of one model's training step: "
+                         "it needs --mode train.")
     check_splits(ns)
     check_memory(ns)
     check_fit(ns)
-    _check_split_backward(ns)
     if ns.link_gbps is not None and ns.link_gbps <= 0:
         raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
-    if ns.seqlens is not None and (
-            ns.model.endswith(".pt2") or ns.profile or ns.dims or ns.points or ns.budget
-            or ns.device_model or ns.generate is not None or ns.tp is not None
-            or ns.fsdp is not None or ns.format not in ("table", "md", "json")):
-        raise UsageError("--seqlens counts a step of a model built here on one packed row, as a "
-                         "table, Markdown or JSON: not a saved .pt2, and not with --profile, "
-                         "--dynamic, --sweep, --budget, --device-model, --generate, --tp or "
-                         "--fsdp.")
-    if ns.budget and (ns.points or ns.mode == "train" or ns.format == "csv"):
-        raise UsageError("--budget compares one forward at fixed sizes, as a table, Markdown "
-                         "or JSON: not with --sweep, --mode train or --format csv.")
-
-
-def _check_split_backward(ns: argparse.Namespace) -> None:
-    if not ns.split_backward:
-        return
-    others = [f"--{flag.replace('_', '-')}" for flag in
-              ("pp", "ep", "cp", "generate", "seqlens")
-              if getattr(ns, flag) is not None] + ["--profile"] * ns.profile
-    if ns.mode != "train" or others:
-        raise UsageError(f"--split-backward splits the backward of one model's training step: "
-                         f"it needs --mode train{', and not ' + others[0] if others else ''} "
-                         f"(with --pp, a zero-bubble --schedule splits each stage's backward "
-                         f"itself).")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:
@@ -407,15 +403,16 @@ def _check_cache(ns: argparse.Namespace) -> None:
                          f"{ns.max_cache_len}.")
 
 
-def _parse_seqlens(text: str) -> list[int]:
+def _counts(text: str, *, least: int, example: str) -> list[int]:
+    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
     try:
-        lengths = [int(part) for part in text.split(",")]
+        counts = [int(part) for part in text.split(",")]
     except ValueError:
-        lengths = []
-    if not lengths or min(lengths) < 1:
-        raise argparse.ArgumentTypeError(f"takes lengths >= 1 separated by commas (100,250,40), "
-                                         f"got {text!r}")
-    return lengths
+        counts = []
+    if not counts or min(counts) < least:
+        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
+                                         f"({example}), got {text!r}")
+    return counts
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:

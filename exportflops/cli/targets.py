@@ -18,13 +18,19 @@ from ..errors import BuildError, ExportError, UsageError
 from ..hf.models import CpuRunError, split_sizes
 from ..hf.needs import innermost
 
-#: The hf library's arguments its errors name, and the command's flag for each (``args=`` is
-#: `exportflops.analyze`'s positional inputs: the command's --input).
+#: The library's arguments its errors name, and the command's flag for each: the hf library's
+#: (``args=`` is `exportflops.analyze`'s positional inputs: the command's --input) and those of
+#: `exportflops.parallel.analyze_ranks` and its `Layout` (`exportflops.parallel.checks`).
 FLAGS = {"seq": "--seq", "batch": "--batch", "layers": "--layers", "device": "--device",
-         "kwargs": "--kwargs", "args": "--input"}
-#: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``, or bare
-#: (``kwargs=``).
-_ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|\d+|N)?")
+         "kwargs": "--kwargs", "args": "--input", "pp": "--pp", "fsdp": "--fsdp", "cp": "--cp",
+         "tp": "--tp", "ep": "--ep", "rank": "--rank", "schedule": "--schedule",
+         "microbatches": "--microbatches", "routing": "--routing",
+         "load_balance": "--no-load-balance"}
+#: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``,
+#: ``schedule='1f1b'``, ``load_balance=False`` (a switch: the flag alone), or bare (``kwargs=``).
+_ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|'\w+'|\d+|[A-Z]\b|True|False)?")
+#: A `Layout` as it prints, ``Layout(fsdp=3, ep=2)``: quoted as it is, the value named.
+_LAYOUT = re.compile(r"(Layout\([^)]*\))")
 
 
 def analyzed(ns, model, args, kwargs, **options):
@@ -72,11 +78,16 @@ def hf_options(ns) -> dict:
 
 
 def flags(text: str) -> str:
-    """``text`` of the hf library with each argument it names as the command's flag:
+    """``text`` of the library with each argument it names as the command's flag:
     ``seq=128`` as ``--seq 128``, ``device="cpu"`` as ``--device cpu``, ``kwargs=`` as
-    ``--kwargs``."""
-    return _ARGUMENT.sub(lambda m: FLAGS[m[1]] + (f" {m[2].strip(chr(34))}" if m[2] else ""),
-                         text)
+    ``--kwargs``, ``load_balance=False`` as ``--no-load-balance``; a `Layout` left as it
+    prints."""
+    def flag(match: re.Match) -> str:
+        value = match[2] if match[2] not in (None, "True", "False") else ""
+        return FLAGS[match[1]] + (f" {value.strip(chr(34) + chr(39))}" if value else "")
+
+    return "".join(part if index % 2 else _ARGUMENT.sub(flag, part)
+                   for index, part in enumerate(_LAYOUT.split(text)))
 
 
 @contextlib.contextmanager

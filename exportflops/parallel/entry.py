@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from ..api import analyze
-from ..errors import LayoutError
 from ..records import Report
 from ..records.context import ContextParallelReport
 from ..records.experts import ExpertParallelReport
 from ..records.pipeline import PipelineReport
+from .checks import check_call
 from .context.ranks import analyze_context_ranks, context_rank_report
 from .experts.ranks import analyze_expert_ranks, expert_rank_report
 from .layout import Layout
@@ -47,9 +47,8 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
     (model, args, kwargs)`` for a model that must be built for each rank (it is called with
     the meta device inside the rank's process group). ``analyze_options`` go to
     `exportflops.analyze` (``strict``, ``split_backward``)."""
-    _check_layout(layout, schedule, microbatches)
-    if rank is not None:
-        layout.check_rank(rank)
+    check_call(layout, rank=rank, schedule=schedule, microbatches=microbatches,
+               routing=routing, load_balance=analyze_options.get("load_balance", True))
     if layout.pp > 1:
         analysis = analyze_pipeline_ranks(model, args, kwargs, layout=layout, mode=mode,
                                           schedule=schedule, microbatches=microbatches,
@@ -63,9 +62,6 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
         record, report = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
                                               routing=routing, **analyze_options)
         return record if rank is None else expert_rank_report(record, report, rank)
-    if routing is not None:
-        raise LayoutError(f"{layout}: routing gives the token copies per expert of ep ranks: "
-                          f"pass ep.")
     if layout.world_size == 1:  # one rank holds the whole model: the single-device count
         built, args, kwargs = built_model(model, args, kwargs)
         report = analyze(built, args, kwargs, mode=mode, **analyze_options)
@@ -76,18 +72,3 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
     return [rank_of(model, args, kwargs, layout, rank=r, mode=mode, **analyze_options)[1]
             for r in range(layout.world_size)]
 
-
-def _check_layout(layout: Layout, schedule: str | None, microbatches: int | None) -> None:
-    """A layout analyze_ranks counts (dp only where expert groups sit)."""
-    if not isinstance(layout, Layout):
-        raise LayoutError(f"analyze_ranks takes layout=exportflops.parallel.Layout(...), got "
-                          f"{type(layout).__name__}.")
-    if layout.dp > 1 and layout.ep == 1:
-        raise LayoutError(f"{layout}: replicated data-parallel ranks each count as one device "
-                          f"does (exportflops.analyze); dp here is where expert-parallel "
-                          f"groups sit (Layout(dp=E, ep=E)).")
-    given = [name for name, value in (("schedule", schedule), ("microbatches", microbatches))
-             if value is not None]
-    if given and layout.pp == 1:
-        raise LayoutError(f"{layout}: {', '.join(given)} lay out a pipeline: pass them with "
-                          f"pp.")

@@ -39,10 +39,10 @@ def parallelize(model: torch.nn.Module, mesh, *, experts: str | None = None,
 def tensor_parallel(model: torch.nn.Module, mesh, *, experts: str | None = None) -> None:
     """``model`` split on the 1-D ``mesh`` by its own tensor-parallel plan (module docstring);
     with ``experts``, without the plan's entries for the modules of that name, each MoE layer
-    routing the rank's share of its tokens (`exportflops.parallel.experts.tp`)."""
+    routing the rank's share of its tokens (`exportflops.parallel.token_shares`)."""
     _apply_plan(model, mesh, skip=experts)
     if experts is not None:
-        from .experts.tp import route_token_shares
+        from .token_shares import route_token_shares
         route_token_shares(model, mesh, experts=experts)
 
 

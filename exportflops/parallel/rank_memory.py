@@ -19,6 +19,7 @@ import torch
 
 from ..errors import LayoutError
 from ..records.memory import MemoryReport, RanksMemory
+from .checks import DEFAULT_SCHEDULE, check_call
 from .layout import Layout
 from .per_rank import Builder, built_model
 from .parallelize import parallelize
@@ -28,7 +29,7 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  *, layout: Layout, rank: int | None = None, mode: str = "train",
                  optimizer: str = "adamw", allocator: str = "exact",
                  optimizer_options: dict | None = None, loss=None,
-                 schedule: str = "1f1b", microbatches: int | None = None,
+                 schedule: str | None = None, microbatches: int | None = None,
                  routing: list[int] | None = None, experts: str = "experts"
                  ) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
@@ -42,20 +43,19 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     `exportflops.memory` takes them."""
     from ..footprint import check_options
 
-    _check_layout(layout)
+    _check_layout(layout, rank, schedule=schedule, microbatches=microbatches, routing=routing)
     check_options(getattr(model, "__name__", type(model).__name__), mode, optimizer, allocator)
     options = dict(mode=mode, optimizer=optimizer, allocator=allocator,
                    optimizer_options=optimizer_options, loss=loss)
     one_rank = _rank
     if layout.pp > 1:
-        one_rank = functools.partial(_pipeline_rank, schedule=schedule,
+        one_rank = functools.partial(_pipeline_rank, schedule=schedule or DEFAULT_SCHEDULE,
                                      microbatches=microbatches)
     elif layout.cp > 1:
         one_rank = _context_rank
     elif layout.ep > 1:
         one_rank = functools.partial(_expert_rank, routing=routing, experts=experts)
     if rank is not None:
-        layout.check_rank(rank)
         return one_rank(model, args, kwargs, layout, rank, **options)
     reports = [one_rank(model, args, kwargs, layout, r, **options)
                for r in range(layout.world_size)]
@@ -125,10 +125,10 @@ def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
             for tensor in fsdp_all_gather_outputs(module)]
 
 
-def _check_layout(layout: Layout) -> None:
-    if not isinstance(layout, Layout):
-        raise LayoutError(f"memory_ranks takes layout=exportflops.parallel.Layout(...), got "
-                          f"{type(layout).__name__}.")
+def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
+    """The checks of every per-rank analysis (`check_call`), then the splits a step's memory is
+    modelled for."""
+    check_call(layout, rank=rank, **options)
     alone = next((name for name in ("pp", "cp", "ep") if getattr(layout, name) > 1), None)
     others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
               if alone and name != alone and getattr(layout, name) > 1}

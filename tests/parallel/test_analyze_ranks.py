@@ -41,8 +41,9 @@ def test_a_tensor_parallel_rank_from_python_counts_its_shard_and_its_all_reduces
 
 @pytest.mark.parametrize("degrees, flags", [
     ({"tp": 2}, ["--tp", "2", "--rank", "1"]),
+    ({"fsdp": 2}, ["--fsdp", "2", "--rank", "1"]),
     ({"fsdp": 2, "tp": 2}, ["--fsdp", "2", "--tp", "2", "--rank", "3"]),
-], ids=["tp", "fsdp-x-tp"])
+], ids=["tp", "fsdp", "fsdp-x-tp"])
 def test_the_rank_from_python_is_the_report_the_command_prints(degrees, flags, capsys):
     assert main(["tests.parallel_models:planned", *flags, "--mode", "train",
                  "--format", "json"]) == 0
@@ -170,21 +171,26 @@ def small(device):  # tests/parallel/test_composition.py's small Llama
 """
 
 
-def test_the_pipeline_layout_from_python_is_the_record_the_command_prints(tmp_path, capsys):
+@pytest.mark.parametrize("degrees, flags", [
+    ({"pp": 2, "tp": 2}, ["--pp", "2", "--tp", "2"]),
+    ({"pp": 2, "fsdp": 2}, ["--pp", "2", "--fsdp", "2"]),
+], ids=["pp-x-tp", "pp-x-fsdp"])
+def test_the_pipeline_layout_from_python_is_the_record_the_command_prints(tmp_path, capsys,
+                                                                          degrees, flags):
     path = tmp_path / "llama_layout_models.py"
     path.write_text(LLAMA_MODELS)
-    assert main([f"{path}:small", "--pp", "2", "--tp", "2", "--rank", "3", "--format",
-                 "json"]) == 0
+    assert main([f"{path}:small", *flags, "--rank", "3", "--format", "json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     from exportflops.examples.llama import LlamaConfig, llama
 
     config = LlamaConfig(vocab_size=256, dim=64, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=16, ffn_dim=128, max_seq_len=64)
     model, args = llama("meta", config, seq_len=16, batch=2)
-    layout = Layout(pp=2, tp=2)
+    layout = Layout(**degrees)
     record = analyze_ranks(model, args, layout=layout)
     assert json.loads(record.model_dump_json()) == printed
-    # rank 3 = pipeline rank 1, tp index 1: its stage's report, sending back to rank 1.
+    # rank 3 = pipeline rank 1, index 1 of its stage's group: its stage's report, sending
+    # back to rank 1 (the same index of pipeline rank 0).
     assert layout.coordinates(3)["pp"] == 1
     rank = analyze_ranks(model, args, layout=layout, rank=3)
     assert (rank.world_size, rank.rank) == (4, 3)

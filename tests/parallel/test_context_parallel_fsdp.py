@@ -192,13 +192,12 @@ def test_the_command_reports_every_rank_of_fsdp_x_cp(models_file, capsys):
     assert [c["bytes"] for c in record["fsdp_collectives"]] == [ROOT_PARAMS * F32]  # forward
 
 
-def test_the_commands_rank_report_carries_the_ranks_collectives(models_file):
-    from exportflops.cli.context import analyze_split
-    from exportflops.cli.options import check, parser
+def test_a_ranks_report_carries_the_ranks_collectives():
+    from exportflops.parallel import Layout, analyze_ranks
 
-    ns = parser().parse_args([f"{models_file}:build", "--cp", "2", "--fsdp", "2", "--rank", "3"])
-    check(ns)
-    report, (record, _) = analyze_split(ns)
+    model, args, layout = CausalAttention(), (ids(),), Layout(fsdp=2, cp=2)
+    record = analyze_ranks(model, args, layout=layout)
+    report = analyze_ranks(model, args, layout=layout, rank=3)
     assert (report.world_size, report.rank) == (4, 3)
     assert report.collectives == record.collectives(3)
     assert sorted(c.op for c in report.collectives) == ["all_gather", "send"]

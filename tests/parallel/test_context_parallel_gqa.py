@@ -161,7 +161,7 @@ def test_a_model_that_repeats_its_own_heads_sends_the_repeated_heads():
 
 
 def test_with_tensor_parallelism_each_rank_sends_its_share_of_the_key_value_heads(gqa, tmp_path):
-    from exportflops.cli.context import analyze_split
+    from exportflops.cli.ranks import analyze_split
     from exportflops.cli.options import check, parser
 
     gqa.config.save_pretrained(tmp_path)

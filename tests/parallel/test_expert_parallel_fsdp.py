@@ -232,15 +232,15 @@ def test_tiny_mixtral_fsdp_collectives_by_hand():
     assert len(record.fsdp_collectives) == 5  # forward: one all-gather per unit
 
 
-def test_the_commands_rank_report_carries_the_ranks_collectives(models_file):
-    """--rank R's report (what the collectives view of a rank reads): world size F, rank R, and
+def test_a_ranks_report_carries_the_ranks_collectives(models_file):
+    """Rank R's report (what the collectives view of a rank reads): world size F, rank R, and
     every collective R issues: its 4 all-to-alls and FSDP2's 4 all-gathers (forward)."""
-    from exportflops.cli.experts import analyze_split
-    from exportflops.cli.options import check, parser
+    from exportflops.parallel import Layout, analyze_ranks
 
-    ns = parser().parse_args([f"{models_file}:build", "--ep", "2", "--fsdp", "4", "--rank", "3"])
-    check(ns)
-    report, (record, _) = analyze_split(ns)
+    model, args = loaded_models(models_file).build(torch.device("meta"))
+    layout = Layout(fsdp=FSDP, ep=EP)
+    record = analyze_ranks(model, args, layout=layout)
+    report = analyze_ranks(model, args, layout=layout, rank=3)
     assert (report.world_size, report.rank) == (4, 3)
     assert report.collectives == record.collectives(3)
     assert sorted(c.op for c in report.collectives) == ["all_gather"] * 4 + ["all_to_all"] * 4

@@ -167,10 +167,18 @@ def test_the_record_round_trips_and_the_view_lists_the_tp_collectives(train):
     assert "tensor-parallel share of one batch's work" in text
 
 
-def test_the_command_writes_the_record(capsys):
+def test_the_command_writes_the_record_analyze_ranks_makes(capsys):
+    from exportflops import hf
+    from exportflops.parallel import Layout, analyze_ranks
+
     assert main([*MIXTRAL, "--ep", "2", "--tp", "2", "--format", "json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert (record["tp"], record["tokens"]) == (TP, SHARE)
+    # The command's hf: policy: the single-device count decided on cpu where meta cannot.
+    sizes = {"layers": LAYERS, "seq": SEQ}
+    python = analyze_ranks(*hf.build("mixtral", **sizes), layout=Layout(tp=TP, ep=2),
+                           single_device=hf.analyze("mixtral", **sizes))
+    assert json.loads(python.model_dump_json()) == record
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -225,7 +233,7 @@ class _Unrouted(torch.nn.Module):
 def test_a_model_whose_tokens_cannot_be_shared_out_is_refused_naming_why(model, message):
     from torch.distributed.device_mesh import init_device_mesh
 
-    from exportflops.parallel.experts.tp import route_token_shares
+    from exportflops.parallel.token_shares import route_token_shares
     from exportflops.count.ranks import fake_process_group
 
     with fake_process_group(2), pytest.raises(InputError, match=message):

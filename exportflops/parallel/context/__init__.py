@@ -5,6 +5,6 @@ with tp and fsdp on a `Layout` (what `analyze_ranks` calls); ``memory`` the step
 ring rank (what `memory_ranks` calls).
 """
 
-from .analysis import analyze_context
+from .entry import analyze_context
 
 __all__ = ["analyze_context"]

@@ -54,7 +54,7 @@ from ..layout import Layout
 GRADIENT_DTYPE = "float32"
 
 
-def analyze_context(model: torch.nn.Module, args: Any = (), kwargs: dict | None = None, *,
+def count_context(model: torch.nn.Module, args: Any = (), kwargs: dict | None = None, *,
                     cp: int, fsdp: int | None = None, load_balance: bool = True,
                     mode: Literal["forward", "train"] = "forward", dynamic_shapes: Any = None,
                     batch_dim: str = BATCH, seq_dim: str = SEQ,
@@ -258,5 +258,5 @@ def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-__all__ = ["analyze_context", "context_split", "fsdp_collectives", "mesh_ranks", "ring_ranks",
+__all__ = ["count_context", "context_split", "fsdp_collectives", "mesh_ranks", "ring_ranks",
            "ring_sends"]

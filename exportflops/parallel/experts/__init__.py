@@ -5,6 +5,6 @@ the tokens, and ``ranks`` expert parallelism composed with tp and fsdp on a `Lay
 `analyze_ranks` calls).
 """
 
-from .analysis import analyze_experts
+from .entry import analyze_experts
 
 __all__ = ["analyze_experts"]

@@ -38,7 +38,7 @@ _ALL_TO_ALL = "_c10d_functional.all_to_all_single.default"
 _EXPERT_COUNTS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 
-def analyze_experts(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
+def count_experts(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
                     ep: int, fsdp: int | None = None, mode: str = "forward",
                     routing: list[int] | None = None, experts: str = "experts",
                     top_k: int | None = None, num_experts: int | None = None,

@@ -78,6 +78,13 @@ SCHEDULES: dict[str, Schedule] = {
 }
 
 
+def stages_per_rank(name: str) -> int:
+    """The stages each rank of schedule ``name`` runs: two for a looped one, as torchtitan's
+    default (``pipeline_parallel_layers_per_stage`` unset) and DualPipeV's V, else one."""
+    schedule = SCHEDULES.get(name) or _schedule(name, 1)  # the refusal naming the table
+    return 2 if schedule.looped else 1
+
+
 def pipeline_order(name: str, pp: int, microbatches: int,
                    stages_per_rank: int) -> dict[int, list[tuple[int, str, int]]]:
     """{rank: [(stage, action, microbatch), ...]} in torch's order for schedule ``name``, idle
@@ -98,7 +105,7 @@ def pipeline_order(name: str, pp: int, microbatches: int,
         raise InputError(f"schedule {name!r} with {pp} ranks, {stages_per_rank} stages per "
                          f"rank and {microbatches} microbatches: torch's "
                          f"{schedule.torch_class} refuses it: {error} (the microbatches: "
-                         f"--microbatches M, microbatches=)") from error
+                         f"microbatches=)") from error
     order = {rank: [(a.stage_index, kind, a.microbatch_index)
                     for a, kind in _computations(actions) if kind in "FPBIW"]
              for rank, actions in built.pipeline_order.items()}

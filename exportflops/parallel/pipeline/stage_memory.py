@@ -39,7 +39,7 @@ from ...torch_internals import pytree
 from ..layout import Layout
 from ..per_rank import Builder, built_model
 from .analysis import layer_split_points
-from .schedules import SCHEDULES, pipeline_order
+from .schedules import SCHEDULES, pipeline_order, stages_per_rank
 
 
 def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, *,
@@ -106,7 +106,7 @@ def _stages_per_rank(schedule: str, name: str) -> int:
                          f"whose backward is one action (gpipe, 1f1b, interleaved1f1b, "
                          f"loopedbfs); the zero-bubble schedules' split backward is not "
                          f"modelled yet.")
-    return 2 if SCHEDULES[schedule].looped else 1
+    return stages_per_rank(schedule)
 
 
 class _Runtime:

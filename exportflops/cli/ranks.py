@@ -1,0 +1,87 @@
+"""The split flags' analyses, each `exportflops.parallel.analyze_ranks` on the flags' `Layout`
+(`splits.split_layout`), its errors naming the flags (`splits.flag_error`):
+
+- ``--tp N``, ``--fsdp N``: the report of rank ``--rank`` of MODEL split by its own
+  tensor-parallel plan, sharded with FSDP2, or both on a 2-D mesh, MODEL built for the rank
+  on meta (and copied onto fake tensors: FSDP2 refuses meta parameters);
+- ``--pp N``: the `PipelineReport`, each stage counted on one microbatch (the example inputs),
+  one step under ``--schedule`` (default 1f1b) of ``--microbatches`` (default N) timed by the
+  roofline on ``--device-model`` (default h100-sxm) or measured with ``--profile``
+  (``--warmup``, ``--repeat``), ``--link-gbps`` delaying each received tensor
+  (docs/pipeline.md);
+- ``--ep N``: the `ExpertParallelReport`, ``--routing`` a histogram of token copies per expert
+  instead of balanced routing (docs/expert-parallel.md);
+- ``--cp N``: the `ContextParallelReport`, ``--no-load-balance`` contiguous blocks instead of
+  torch's round-robin (docs/context-parallel.md).
+
+``--rank R`` is a global rank of the layout: the one reported, or whose collectives the view
+lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+from functools import partial
+
+from ..errors import InputError
+from .splits import flag_error, split_layout
+from .targets import analyzed, build_target, device_named, hf_options
+
+
+def analyze_parallelized(ns: argparse.Namespace):
+    """(the report of rank ``ns.rank`` of MODEL at ``--tp`` and ``--fsdp``, each module's
+    extra_repr)."""
+    reprs: dict = {}
+    report = _ranks(ns, partial(_build, ns, reprs), rank=ns.rank,
+                    split_backward=ns.split_backward)
+    return report, reprs
+
+
+def analyze_split(ns: argparse.Namespace):
+    """(None: the record is what is printed, (the record of every rank of --pp, --ep or --cp,
+    its view))."""
+    from ..parallel.pipeline.analysis import DEFAULT_DEVICE
+    from ..render.context import context_view
+    from ..render.experts import experts_view
+    from ..render.pipeline import pipeline_view
+
+    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
+                                       shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
+    if ns.pp is not None:
+        options = dict(device=ns.device_model or DEFAULT_DEVICE, link_bytes_per_s=link,
+                       measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat)
+        view = partial(pipeline_view, rank=split_layout(ns).coordinates(ns.rank)["pp"])
+    elif ns.ep is not None:  # the batch's count as the command counts a model (`analyzed`)
+        options = dict(single_device=analyzed(ns, model, args, kwargs, strict=ns.strict,
+                                              mode=ns.mode, fast=not ns.full_export))
+        view = partial(experts_view, rank=ns.rank, link_bytes_per_s=link)
+    else:
+        options = dict(load_balance=not ns.no_load_balance)
+        view = partial(context_view, rank=ns.rank)
+    return None, (_ranks(ns, model, args, kwargs, **options), view)
+
+
+def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):
+    """`analyze_ranks` of MODEL on the flags' layout with their options, its errors (a model
+    or an example the layout cannot split) naming the flags."""
+    from ..parallel.entry import analyze_ranks
+
+    try:
+        return analyze_ranks(model, args, kwargs, layout=split_layout(ns), mode=ns.mode,
+                             schedule=ns.schedule, microbatches=ns.microbatches,
+                             routing=ns.routing, strict=ns.strict, **options)
+    except InputError as error:
+        raise flag_error(ns, error) from error
+
+
+def _build(ns: argparse.Namespace, reprs: dict, device):
+    """MODEL built on ``device`` (model, args, kwargs), its modules' extra_repr into
+    ``reprs``."""
+    from ..attribution import extra_reprs
+
+    model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
+                                       hf_options=hf_options(ns))
+    reprs.update(extra_reprs(model))
+    return model, args, kwargs
