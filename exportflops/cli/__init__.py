@@ -35,7 +35,7 @@ from ..hf.models import import_transformers  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
 from .targets import (  # noqa: E402
-    analyzed, build_target, config_sizes, device_named, hf_options,
+    analyzed, build_target, config_sizes, device_named, dynamic_shapes, hf_options,
 )
 
 
@@ -215,9 +215,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         return _with_roofline(ns, _Outcome(report, reprs))
     dynamic = None
     if ns.dims:
-        from .workflows import dynamic_shapes
         maxima = {name: max(values) for name, values in ns.points.items()}
-        dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
+        dynamic = dynamic_shapes(ns, model, args, kwargs, maxima)
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
@@ -228,8 +227,12 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         outcome.view = (conventions(report, config=model), conventions_view)
     if ns.budget:
         from ..budgets import compare
-        from .workflows import BUDGETS, budget_config
-        outcome.comparison = compare(report, BUDGETS[ns.budget](budget_config(model, args)))
+        from ..budgets.from_model import BUDGETS, config_of
+        try:
+            config = config_of(model, args)
+        except InputError as error:
+            raise UsageError(f"--budget {ns.budget}: {error}") from error
+        outcome.comparison = compare(report, BUDGETS[ns.budget](config))
     return _with_roofline(ns, _with_sweep(ns, outcome))
 
 

@@ -416,7 +416,7 @@ def _counts(text: str, *, least: int, example: str) -> list[int]:
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
-    from .workflows import NAMED_DIMS
+    from ..capture.dims import NAMED_DIMS
 
     name, _, where = text.strip().partition("=")
     if not where:
