@@ -247,6 +247,20 @@ def test_analyze_pipeline_takes_its_stages_or_a_layout(options, words):
         analyze_pipeline(model, args, **options)
 
 
+@pytest.mark.parametrize(("options", "words"), [
+    ({"layout": Layout(pp=2, cp=2)},
+     r"^pp=2 cp=2: a pipeline composes with fsdp= and tp=, not with cp= yet"),
+    ({"layout": Layout(pp=2, tp=TP), "microbatches": 0},
+     r"^microbatches=0: a step runs one microbatch or more"),
+], ids=["pp-with-cp", "no-microbatches"])
+def test_a_layout_pipeline_is_refused_as_analyze_ranks_refuses_it(options, words):
+    # The checks of parallel.checks (check_call), worded with the arguments, not another
+    # wording of the same refusal.
+    model, args = _build("meta")
+    with pytest.raises(InputError, match=words):
+        analyze_pipeline(model, args, **options)
+
+
 def test_a_stages_own_collectives_lengthen_its_actions_on_the_link():
     model, args = _build("meta")
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,

@@ -130,6 +130,14 @@ def test_a_tied_decoder_on_pp_by_fsdp_is_refused_with_the_next_step(tmp_path, ca
     assert "tie_word_embeddings=False" in capsys.readouterr().err
 
 
+def test_a_tied_decoder_on_pp_by_fsdp_is_refused_naming_the_arguments(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**CONFIG, "model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True}))
+    with pytest.raises(exportflops.errors.InputError,
+                       match=r"untied \(tie_word_embeddings=False\) for pp= with fsdp="):
+        analyze_ranks(*exportflops.hf.build(tmp_path, seq=16), layout=Layout(pp=2, fsdp=2))
+
+
 def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
     import torch
 
