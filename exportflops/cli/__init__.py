@@ -30,12 +30,12 @@ with warnings.catch_warnings():
 
 from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
-from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
+from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
 from .targets import (  # noqa: E402
-    analyzed, build_target, config_sizes, device_named, dynamic_shapes, hf_options,
+    analyzed, build_target, config_sizes, device_named, dynamic_shapes, hf_options, in_flags,
 )
 
 
@@ -119,32 +119,12 @@ class _Outcome:
 
 
 def _analyze(ns: argparse.Namespace) -> _Outcome:
-    """`_analysis`; on --device cpu, capped at the memory the machine has free, so that a
-    model or an example too large for it is refused with what to pass instead, not killed by
-    the kernel (BLT's hash embeddings are 12 GiB at any depth)."""
+    """`_analysis`; on --device cpu, capped at the memory the machine has free
+    (`hf.memory.within_free_memory`), its refusal naming the flags."""
     if ns.device != "cpu":
         return _analysis(ns)
-    free = free_bytes()
-    with memory_capped(free) as capped:
-        try:
-            return _analysis(ns)
-        except UsageError:
-            raise
-        except Exception as error:
-            refused = out_of_memory(error) if capped else None
-            if refused is None:
-                raise
-            raise UsageError(
-                f"{ns.model} on --device cpu needs more memory than this machine has free "
-                f"({free / 2**30:.1f} GiB; {type(refused).__name__}: "
-                f"{_first_line(refused)}). Pass --device meta, which counts the same without "
-                f"allocating; where real values are needed (--profile), a smaller model or "
-                f"example (--layers, --seq, --batch).") from error
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "an allocation was refused"
+    with in_flags(), within_free_memory(ns.model):
+        return _analysis(ns)
 
 
 def _analysis(ns: argparse.Namespace) -> _Outcome:

@@ -299,9 +299,10 @@ def test_a_model_past_the_memory_the_machine_has_free_exits_2_not_killed(
     import resource
 
     import exportflops.cli as cli
+    import exportflops.hf.memory
 
     (tmp_path / "big.py").write_text(BIG)
-    monkeypatch.setattr(cli, "free_bytes", lambda: 2**28)
+    monkeypatch.setattr(exportflops.hf.memory, "free_bytes", lambda: 2**28)
     monkeypatch.chdir(models)
     spec = f"{tmp_path / 'big.py'}:big" if factory == "big" else factory
     limits = resource.getrlimit(resource.RLIMIT_DATA)
