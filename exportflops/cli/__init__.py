@@ -229,12 +229,10 @@ def _with_roofline(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
 
 def _with_sweep(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
     if ns.points:
-        known = {s.name for s in outcome.report.symbols}
-        missing = sorted(set(ns.points) - known)
-        if missing:
-            raise UsageError(f"--sweep {missing[0]}: {ns.model} has no dynamic size of that "
-                             f"name; its sizes: {', '.join(sorted(known)) or 'none'}.")
-        outcome.sweep = outcome.report.sweep(**ns.points)
+        try:
+            outcome.sweep = outcome.report.sweep(**ns.points)
+        except KeyError as error:  # a size the report has not (`Report.evaluate`)
+            raise UsageError(f"--sweep: {error.args[0]}.") from error
     return outcome
 
 
