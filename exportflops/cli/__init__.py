@@ -161,25 +161,18 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                                        hf_options=hf_options(ns))
     if ns.generate is not None:
         from ..generation.decoder import analyze_generation
+        if not args:  # the command's prompt is forward's first positional input
+            raise UsageError(f"--generate analyzes a model that generates tokens from a prompt "
+                             f"of token ids, and {type(model).__name__} takes its inputs by "
+                             f"name ({', '.join(kwargs or {})}). Analyze its forward without "
+                             f"--generate.")
         try:
-            if not args:
-                raise ValueError(f"it takes its inputs by name ({', '.join(kwargs or {})})")
             return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
                                                cache=ns.cache, max_cache_len=ns.max_cache_len,
                                                full_logits=ns.full_logits,
                                                strict=ns.strict), None)
-        except InputError as error:
-            # A request the model cannot run (--input's prompt or --generate's tokens past its
-            # positions, --max-cache-len too short): the message names the limit and the fix.
+        except InputError as error:  # a request the model cannot run: the message says why
             raise UsageError(str(error)) from error
-        except ValueError as error:
-            if type(error) is not ValueError:  # a typed error of ours says what it is itself
-                raise
-            # analyze_generation's own check: the first input is no prompt.
-            raise UsageError(f"--generate analyzes a model that generates tokens from a prompt "
-                             f"of token ids (or from features: Whisper), and "
-                             f"{type(model).__name__} does not take one: {error}. Analyze its "
-                             f"forward without --generate.") from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
         from ..render.training import step_view
