@@ -402,6 +402,11 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.split_backward and ns.mode != "train":
         raise UsageError("--split-backward splits the backward of one model's training step: "
                          "it needs --mode train.")
+    if ns.routing is not None:  # parsed here: argparse's own error would end the process
+        try:
+            ns.routing = _counts(ns.routing, least=0, example="10,30,20,4")
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"--routing {error}.") from None
     check_splits(ns)
     check_memory(ns)
     check_fit(ns)
