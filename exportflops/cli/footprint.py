@@ -108,7 +108,7 @@ def _rank_memory(ns: argparse.Namespace):
 
     try:
         return memory_ranks(build, layout=split_layout(ns), rank=ns.rank, mode=ns.mode,
-                            optimizer=ns.optimizer or "adamw", schedule=ns.schedule or "1f1b",
+                            optimizer=ns.optimizer or "adamw", schedule=ns.schedule,
                             microbatches=ns.microbatches, routing=ns.routing)
     except LayoutError as error:  # a model without a plan
         raise UsageError(f"--memory {split_flags(ns)}: {error}") from error
