@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from ..torch_internals import pytree
 
 #: The optimizers a training step can run, by name (their defaults: the state they allocate
 #: does not depend on the learning rate).
@@ -109,11 +110,18 @@ class MasterWeights:
         return {m: {"master": m, **self.optimizer.state.get(m, {})} for m in self.masters}
 
     @torch.no_grad()
-    def step(self) -> None:
+    def gradients(self) -> list[torch.Tensor]:
+        """Each bf16 gradient made the fp32 gradient of its master (Megatron's ``main_grad``)
+        and dropped, one parameter after another: the fp32 gradients."""
         for parameter, master in zip(self.parameters, self.masters):
             if parameter.grad is not None:
                 master.grad = parameter.grad.float()
                 parameter.grad = None
+        return [m.grad for m in self.masters if m.grad is not None]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.gradients()
         self.optimizer.step()
         for parameter, master in zip(self.parameters, self.masters):
             parameter.copy_(master)
@@ -143,15 +151,29 @@ def build_optimizer(optimizer: str | Rebuilt, options: dict | None, model: torch
 
 def in_precision(model: torch.nn.Module, args: tuple, kwargs: dict, precision: str
                  ) -> tuple[torch.nn.Module, tuple, dict]:
-    """The (fake) model and its floating inputs cast to ``precision``'s dtype, in place of
-    them (bf16 parameters and activations but for ``32-true``)."""
+    """The fake ``model`` (in place: its floating parameters and buffers, tied ones kept tied)
+    and its floating inputs in ``precision``'s dtype: bf16 but for ``32-true``. Called under
+    the fake mode: each cast is a new fake tensor (``model.to`` cannot swap a fake
+    parameter, which has weak references)."""
     if precision == "32-true":
         return model, args, kwargs
-    from ..torch_internals import pytree
+    cast: dict[int, torch.Tensor] = {}
 
-    def cast(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.detach().to(torch.bfloat16).requires_grad_(value.requires_grad)
-        return value
-    return (model.to(torch.bfloat16), pytree.tree_map(cast, args),
-            pytree.tree_map(cast, kwargs))
+    def bf16(tensor: torch.Tensor) -> torch.Tensor:
+        if not tensor.is_floating_point():
+            return tensor
+        if id(tensor) not in cast:
+            made = torch.empty(tensor.shape, dtype=torch.bfloat16, device=tensor.device)
+            cast[id(tensor)] = (torch.nn.Parameter(made, tensor.requires_grad)
+                                if isinstance(tensor, torch.nn.Parameter)
+                                else made.requires_grad_(tensor.requires_grad))
+        return cast[id(tensor)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for key, tensor in table.items():
+                if tensor is not None:
+                    table[key] = bf16(tensor)
+    def leaf(value: Any) -> Any:
+        return bf16(value) if isinstance(value, torch.Tensor) else value
+    return model, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .optimizers import MasterWeights
 from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
                                TorchDispatchMode)
 
@@ -218,7 +219,7 @@ def _saved_as_activations(storages: _Storages) -> Iterator[None]:
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
-             optimizer: torch.optim.Optimizer | None,
+             optimizer: torch.optim.Optimizer | MasterWeights | None,
              loss: Callable[[object], torch.Tensor],
              resized: Callable[[], list[torch.Tensor]] | None = None,
              replay: Callable[[_Storages | None], None] | None = None) -> StepRun:
@@ -272,6 +273,9 @@ def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwa
             storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
     storages.phase = "optimizer"
     del value
+    if isinstance(optimizer, MasterWeights):  # its fp32 gradients, made here, are gradients
+        for gradient in optimizer.gradients():
+            storages.hold(gradient, "gradients", len(storages.run.ops)).kind = "gradients"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
