@@ -25,12 +25,14 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}
 
 #: The precisions of a training step. ``32-true`` and ``bf16-true`` are Lightning's names
-#: (lightning/fabric/connectors.py ``_PRECISION_INPUT``): every parameter, gradient and state in
-#: that dtype. ``bf16-master`` is the scheme of Megatron-LM's ``--bf16`` (its
-#: docs/source/api-guide/dist_optimizer.md: "bf16 param, fp32 grads", 18 bytes per parameter
-#: with Adam: 2 + 4 + 4 + 8) and DeepSpeed's bf16 optimizer (deepspeed/runtime/bf16_optimizer.py):
-#: bf16 parameters, gradients and activations; an fp32 master copy and fp32 states. Lightning's
-#: ``bf16-mixed`` is autocast over fp32 parameters, another thing, not offered here.
+#: (https://lightning.ai/docs/fabric/latest/fundamentals/precision.html): every parameter,
+#: gradient and state in that dtype. ``bf16-master`` is ours, for the scheme of Megatron-LM's
+#: bf16 optimizer and DeepSpeed's (deepspeed/runtime/bf16_optimizer.py): bf16 parameters,
+#: gradients and activations, an fp32 master copy and fp32 states, fp32 gradients for the step;
+#: Megatron's table (https://docs.nvidia.com/megatron-core/developer-guide/latest/
+#: distrib_optimizer.html, "float16 param, fp32 grads": 18 bytes per parameter with Adam) is
+#: 2 (parameter) + 4 (gradient) + 4 (master) + 8 (two moments). Lightning's ``bf16-mixed`` is
+#: autocast over fp32 parameters, another scheme, not offered.
 PRECISIONS = ("32-true", "bf16-true", "bf16-master")
 
 
