@@ -16,8 +16,8 @@ import torch
 
 from .cpu_outputs import AsOnCpu
 from .liveness import cuda_blocks, exact
-from .optimizers import (build_optimizer, in_precision, optimizer_name, OPTIMIZERS, PRECISIONS,
-                         Rebuilt, rebuilt)
+from .optimizers import (build_optimizer, forward_context, in_precision, optimizer_name,
+                         OPTIMIZERS, PRECISIONS, Rebuilt, rebuilt)
 from .report import memory_report
 from .step import run_step, StepRun
 from .symbolic import symbolic_memory
@@ -45,7 +45,8 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     ``adagrad`` or ``rmsprop``, built with ``optimizer_options``; or a
     ``torch.optim.Optimizer`` over ``model``'s parameters, whose class and param_groups'
     hyperparameters are rebuilt over the fake copy (its tensors are not read).
-    ``precision``: ``32-true`` (the model's dtypes), ``bf16-true`` (everything in bf16) or
+    ``precision``: ``32-true`` (the model's dtypes), ``bf16-mixed`` (autocast to bf16 over
+    fp32 parameters, as Lightning's), ``bf16-true`` (everything in bf16) or
     ``bf16-master`` (bf16 parameters, gradients and activations; an fp32 master copy, counted
     as ``optimizer``, and fp32 states: `exportflops.footprint.optimizers`). ``loss``: output
     -> scalar; by default the output's ``.loss`` (a Hugging Face model given labels), else the
@@ -111,7 +112,8 @@ def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *
                  if train else None)
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
-                            loss=loss, resized=resized, replay=replay)
+                            loss=loss, resized=resized, replay=replay,
+                            forward_context=forward_context(precision))
         except (InputError, ProfileError):
             raise
         except Exception as error:  # the user's forward may raise anything on fake tensors

@@ -9,6 +9,8 @@ fp32 master copy (`MasterWeights`).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,9 +33,10 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
 #: gradients and activations, an fp32 master copy and fp32 states, fp32 gradients for the step;
 #: Megatron's table (https://docs.nvidia.com/megatron-core/developer-guide/latest/
 #: distrib_optimizer.html, "float16 param, fp32 grads": 18 bytes per parameter with Adam) is
-#: 2 (parameter) + 4 (gradient) + 4 (master) + 8 (two moments). Lightning's ``bf16-mixed`` is
-#: autocast over fp32 parameters, another scheme, not offered.
-PRECISIONS = ("32-true", "bf16-true", "bf16-master")
+#: 2 (parameter) + 4 (gradient) + 4 (master) + 8 (two moments). ``bf16-mixed`` is Lightning's
+#: autocast: fp32 parameters, gradients and states; each forward and loss under
+#: ``torch.autocast(dtype=torch.bfloat16)``, whose ops' casts are temporaries or activations.
+PRECISIONS = ("32-true", "bf16-mixed", "bf16-true", "bf16-master")
 
 
 @dataclass(frozen=True)
@@ -157,7 +160,7 @@ def in_precision(model: torch.nn.Module, args: tuple, kwargs: dict, precision: s
     and its floating inputs in ``precision``'s dtype: bf16 but for ``32-true``. Called under
     the fake mode: each cast is a new fake tensor (``model.to`` cannot swap a fake
     parameter, which has weak references)."""
-    if precision == "32-true":
+    if precision in ("32-true", "bf16-mixed"):
         return model, args, kwargs
     cast: dict[int, torch.Tensor] = {}
 
@@ -179,3 +182,11 @@ def in_precision(model: torch.nn.Module, args: tuple, kwargs: dict, precision: s
     def leaf(value: Any) -> Any:
         return bf16(value) if isinstance(value, torch.Tensor) else value
     return model, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
+
+
+def forward_context(precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """What each forward and loss of the step runs under in ``precision``: ``bf16-mixed``'s
+    autocast (on cpu: the fake copy's tensors are fake cpu tensors), else nothing."""
+    if precision != "bf16-mixed":
+        return contextlib.nullcontext
+    return functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)

@@ -177,5 +177,28 @@ def test_bf16_true_peak_is_the_profilers_within_3_percent():
 def test_an_unknown_precision_is_refused_with_the_known_ones():
     model, x = _mlp()
     with pytest.raises(InputError, match="precision='fp16' for Sequential: memory\\(\\) knows "
-                                         "32-true, bf16-true, bf16-master"):
+                                         "32-true, bf16-mixed, bf16-true, bf16-master"):
         exportflops.memory(model, (x,), precision="fp16")
+
+
+def test_bf16_mixed_is_autocast_over_fp32_parameters_as_a_real_autocast_loop():
+    model, x = _mlp()
+    report = exportflops.memory(model, (x,), precision="bf16-mixed", loss=_summed)
+    model, x = _mlp()
+    optimizer = torch.optim.AdamW(model.parameters())
+
+    def step() -> None:  # Lightning's bf16-mixed: the forward and loss under autocast
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            value = _summed(model(x))
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    measured = profiled(step)
+    found = report.max_by_kind
+    # fp32 parameters and gradients; AdamW's two fp32 moments and the 0-dim steps.
+    expected = (N * FP32, N * FP32, 2 * N * FP32 + TENSORS * FP32)
+    assert (found.parameters, found.gradients, found.optimizer) == expected
+    by_category = measured.max_by_category
+    assert (by_category["PARAMETER"], by_category["GRADIENT"],
+            by_category["OPTIMIZER_STATE"]) == expected
+    assert report.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
