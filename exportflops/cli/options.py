@@ -129,7 +129,8 @@ def parser() -> argparse.ArgumentParser:
     analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"),
                           default=None,
                           help="--memory --mode train, --fit: the step's optimizer (default adamw)")
-    analysis.add_argument("--precision", choices=("32-true", "bf16-true", "bf16-master"),
+    analysis.add_argument("--precision",
+                          choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
                           default=None,
                           help="--memory --mode train: the step's dtypes (default 32-true; "
                                "bf16-master: bf16 parameters, fp32 master copy and states)")
