@@ -62,7 +62,7 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     name = type(model).__name__
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"memory() takes a torch.nn.Module, not {name}.")
-    check_options(name, mode, optimizer, allocator, precision)
+    check_options(name, mode, optimizer, allocator, precision, instances=True)
     train = mode == "train"
     label = optimizer_name(optimizer) if train else ""
     if isinstance(optimizer, torch.optim.Optimizer):
@@ -135,11 +135,17 @@ def _fake_mode_of(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: di
 
 
 def check_options(name: str, mode: str, optimizer: str | torch.optim.Optimizer,
-                  allocator: str, precision: str = "32-true") -> None:
-    """The step's options for model ``name``, checked before anything runs."""
+                  allocator: str, precision: str = "32-true", instances: bool = False) -> None:
+    """The step's options for model ``name``, checked before anything runs; ``instances``:
+    whether the caller rebuilds a ``torch.optim.Optimizer`` given as ``optimizer``."""
     if mode not in ("train", "forward"):
         raise InputError(f"mode={mode!r} for {name}: memory() runs mode='train' (a training "
                          f"step) or mode='forward' (a forward under no_grad).")
+    if isinstance(optimizer, torch.optim.Optimizer) and not instances:
+        raise InputError(f"optimizer={type(optimizer).__qualname__} instance for {name}: this "
+                         f"analysis takes the optimizer by name, one of "
+                         f"{', '.join(sorted(OPTIMIZERS))} (exportflops.memory takes an "
+                         f"instance).")
     if mode == "train" and not (isinstance(optimizer, torch.optim.Optimizer)
                                 or optimizer in OPTIMIZERS):
         raise InputError(f"optimizer={optimizer!r} for {name}: memory() knows "

@@ -202,3 +202,14 @@ def test_bf16_mixed_is_autocast_over_fp32_parameters_as_a_real_autocast_loop():
     assert (by_category["PARAMETER"], by_category["GRADIENT"],
             by_category["OPTIMIZER_STATE"]) == expected
     assert report.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
+
+
+def test_a_per_rank_analysis_refuses_an_optimizer_instance_naming_the_names():
+    from exportflops.parallel import Layout, memory_ranks
+    from tests.footprint.rank_models import MODELS
+
+    model, args = MODELS["tp"]()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(InputError, match="optimizer=SGD instance for WideNet: this analysis "
+                                         "takes the optimizer by name"):
+        memory_ranks(model, args, layout=Layout(tp=2), rank=0, optimizer=optimizer)
