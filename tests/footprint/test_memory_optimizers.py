@@ -3,6 +3,9 @@ torch's profiler on real cpu steps and by hand."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import pytest
 import torch
 
@@ -28,6 +31,27 @@ def _summed(output: torch.Tensor) -> torch.Tensor:
     return output.float().sum()
 
 
+def _step(model: torch.nn.Module, x: torch.Tensor, optimizer: torch.optim.Optimizer,
+          forward_context=contextlib.nullcontext):
+    """The loop's step: forward and loss under ``forward_context()``, backward, step,
+    ``zero_grad(set_to_none=True)``."""
+    def step() -> None:
+        with forward_context():
+            value = _summed(model(x))
+        value.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def _kinds(report: exportflops.MemoryReport, measured) -> tuple[tuple, tuple]:
+    """(parameters, gradients, optimizer) at their maxima: predicted, and the profiler's."""
+    found, by_category = report.max_by_kind, measured.max_by_category
+    return ((found.parameters, found.gradients, found.optimizer),
+            (by_category["PARAMETER"], by_category["GRADIENT"],
+             by_category["OPTIMIZER_STATE"]))
+
+
 # States per parameter by torch/optim/<name>.py's _init_group, plus a 0-dim float32 `step`
 # per parameter tensor where the class keeps one (SGD keeps none).
 OPTIMIZERS = [
@@ -46,17 +70,8 @@ def test_an_optimizer_instances_states_are_what_its_class_allocates(kind, option
     model, x = _mlp()
     optimizer = kind(model.parameters(), **options)
     report = exportflops.memory(model, (x,), optimizer=optimizer, loss=_summed)
-
-    def step() -> None:
-        _summed(model(x)).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    measured = profiled(step)
-    found = report.max_by_kind
-    assert (found.parameters, found.gradients, found.optimizer) == (N * FP32, N * FP32, states)
-    by_category = measured.max_by_category
-    assert (by_category["PARAMETER"], by_category["GRADIENT"],
-            by_category["OPTIMIZER_STATE"]) == (N * FP32, N * FP32, states)
+    measured = profiled(_step(model, x, optimizer))
+    assert _kinds(report, measured) == ((N * FP32, N * FP32, states),) * 2
     assert report.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
     assert report.optimizer == kind.__qualname__
 
@@ -144,24 +159,13 @@ def _bf16_true() -> tuple[exportflops.MemoryReport, object]:
     report = exportflops.memory(model, (x,), precision="bf16-true", loss=_summed)
     model, x = _mlp()
     model, x = model.to(torch.bfloat16), x.to(torch.bfloat16)
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def step() -> None:
-        _summed(model(x)).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return report, profiled(step)
+    return report, profiled(_step(model, x, torch.optim.AdamW(model.parameters())))
 
 
 def test_bf16_true_keeps_every_state_in_bf16():
     report, measured = _bf16_true()
-    found = report.max_by_kind
     # AdamW's exp_avg and exp_avg_sq take the parameter's dtype; `step` stays float32.
-    expected = (N * BF16, N * BF16, 2 * N * BF16 + TENSORS * FP32)
-    assert (found.parameters, found.gradients, found.optimizer) == expected
-    by_category = measured.max_by_category
-    assert (by_category["PARAMETER"], by_category["GRADIENT"],
-            by_category["OPTIMIZER_STATE"]) == expected
+    assert _kinds(report, measured) == ((N * BF16, N * BF16, 2 * N * BF16 + TENSORS * FP32),) * 2
 
 
 # A known gap, as the CNN's in test_memory.py: on cpu, inside the first Linear's bf16
@@ -185,22 +189,11 @@ def test_bf16_mixed_is_autocast_over_fp32_parameters_as_a_real_autocast_loop():
     model, x = _mlp()
     report = exportflops.memory(model, (x,), precision="bf16-mixed", loss=_summed)
     model, x = _mlp()
-    optimizer = torch.optim.AdamW(model.parameters())
-
-    def step() -> None:  # Lightning's bf16-mixed: the forward and loss under autocast
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            value = _summed(model(x))
-        value.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    measured = profiled(step)
-    found = report.max_by_kind
+    # Lightning's bf16-mixed: the forward and loss under autocast.
+    autocast = functools.partial(torch.autocast, "cpu", dtype=torch.bfloat16)
+    measured = profiled(_step(model, x, torch.optim.AdamW(model.parameters()), autocast))
     # fp32 parameters and gradients; AdamW's two fp32 moments and the 0-dim steps.
-    expected = (N * FP32, N * FP32, 2 * N * FP32 + TENSORS * FP32)
-    assert (found.parameters, found.gradients, found.optimizer) == expected
-    by_category = measured.max_by_category
-    assert (by_category["PARAMETER"], by_category["GRADIENT"],
-            by_category["OPTIMIZER_STATE"]) == expected
+    assert _kinds(report, measured) == ((N * FP32, N * FP32, 2 * N * FP32 + TENSORS * FP32),) * 2
     assert report.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
 
 
