@@ -26,11 +26,12 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
     "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}
 
-#: The precisions of a training step. ``32-true`` and ``bf16-true`` are Lightning's names
-#: (https://lightning.ai/docs/fabric/latest/fundamentals/precision.html): every parameter,
-#: gradient and state in that dtype. ``bf16-master`` is ours, for the scheme of Megatron-LM's
-#: bf16 optimizer and DeepSpeed's (deepspeed/runtime/bf16_optimizer.py): bf16 parameters,
-#: gradients and activations, an fp32 master copy and fp32 states, fp32 gradients for the step;
+#: The precisions of a training step. ``32-true``, ``bf16-mixed`` and ``bf16-true`` are
+#: Lightning's names (https://lightning.ai/docs/fabric/latest/fundamentals/precision.html);
+#: ``*-true``: every parameter, gradient and state in that dtype. ``bf16-master`` is ours, for
+#: the scheme of Megatron-LM's bf16 optimizer and DeepSpeed's
+#: (deepspeed/runtime/bf16_optimizer.py): bf16 parameters, gradients and activations, an fp32
+#: master copy and fp32 states, fp32 gradients for the step;
 #: Megatron's table (https://docs.nvidia.com/megatron-core/developer-guide/latest/
 #: distrib_optimizer.html, "float16 param, fp32 grads": 18 bytes per parameter with Adam) is
 #: 2 (parameter) + 4 (gradient) + 4 (master) + 8 (two moments). ``bf16-mixed`` is Lightning's
