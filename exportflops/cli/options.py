@@ -126,8 +126,14 @@ def parser() -> argparse.ArgumentParser:
                           help="the blocks to checkpoint so a training step fits BUDGET "
                                "(bytes, 80GiB, 40GB or a device key such as h100-sxm), its "
                                "peak, its recompute and the largest batch (exportflops.fit)")
-    analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd"), default=None,
+    analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"),
+                          default=None,
                           help="--memory --mode train, --fit: the step's optimizer (default adamw)")
+    analysis.add_argument("--precision",
+                          choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
+                          default=None,
+                          help="--memory --mode train: the step's dtypes (default 32-true; "
+                               "bf16-master: bf16 parameters, fp32 master copy and states)")
     analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
                           default=None,
                           help="set a published transformer budget beside the graph, component "
