@@ -11,7 +11,6 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from exportflops.parallel import Layout
