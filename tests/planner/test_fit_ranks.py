@@ -16,6 +16,7 @@ from exportflops import fit
 from exportflops.checkpointing import wrap_blocks
 from exportflops.errors import LayoutError
 from exportflops.parallel import Layout, memory_ranks
+from exportflops.render.fit import fit_plan_view
 from tests.planner.rank_models import embedded_blocks
 from tests.torchrun import torchrun
 
@@ -50,6 +51,9 @@ def test_the_plans_peak_is_the_highest_ranks_peak_of_the_planned_model(name):
     assert (plan.peak_bytes, plan.peak_rank) == (ranks.peak_bytes, ranks.peak_rank)
     assert plan.peak_bytes == max(report.peak_bytes for report in ranks.ranks)
     assert plan.peak_bytes <= plan.budget_bytes and plan.layout == str(LAYOUTS[name])
+    view = fit_plan_view(plan)
+    assert f"kB) per rank of {LAYOUTS[name]}, training step" in view
+    assert f"(rank {ranks.peak_rank}, the highest); recompute" in view
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
