@@ -1,7 +1,8 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
-``--optimizer``, and with ``--device-model KEY`` whether its peak fits that device's memory;
-with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``), ``--ep`` (``--routing``)
-or ``--cp``, of the step of rank ``--rank`` (`exportflops.parallel.memory_ranks`)."""
+``--optimizer`` and ``--precision``, and with ``--device-model KEY`` whether its peak fits that
+device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``),
+``--ep`` (``--routing``) or ``--cp``, of the step of rank ``--rank``
+(`exportflops.parallel.memory_ranks`)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ def check_memory(ns: argparse.Namespace) -> None:
                                          or ns.fit is not None):
         raise UsageError("--optimizer picks the optimizer of --memory --mode train's step, "
                          "or of the step --fit plans.")
+    if ns.precision is not None and not (ns.memory and ns.mode == "train" and not any(
+            getattr(ns, name) is not None for name in SPLITS)):
+        raise UsageError("--precision sets the dtypes of --memory --mode train's step on one "
+                         "device: not without --memory --mode train, nor with --tp, --fsdp, "
+                         "--pp, --ep or --cp.")
     if not ns.memory:
         return
     others = [name for name in _OTHER_ANALYSES if getattr(ns, name) not in (None, False, [], {})]
@@ -67,7 +73,8 @@ def _memory(ns: argparse.Namespace):
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
-    return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw")
+    return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
+                  precision=ns.precision or "32-true")
 
 
 def _symbolic_memory(ns: argparse.Namespace):
@@ -83,6 +90,7 @@ def _symbolic_memory(ns: argparse.Namespace):
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
+                    precision=ns.precision or "32-true",
                     dynamic_shapes=dynamic_shapes(ns, model, args, kwargs, {}))
     largest, budget = {}, ""
     if ns.device_model is not None:
@@ -108,7 +116,7 @@ def _rank_memory(ns: argparse.Namespace):
 
     try:
         return memory_ranks(build, layout=split_layout(ns), rank=ns.rank, mode=ns.mode,
-                            optimizer=ns.optimizer or "adamw", schedule=ns.schedule or "1f1b",
+                            optimizer=ns.optimizer or "adamw", schedule=ns.schedule,
                             microbatches=ns.microbatches, routing=ns.routing)
     except LayoutError as error:  # a model without a plan
         raise UsageError(f"--memory {split_flags(ns)}: {error}") from error

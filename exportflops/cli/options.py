@@ -126,9 +126,13 @@ OPTIONS = {
                       help="the blocks to checkpoint so a training step fits BUDGET (bytes, 80GiB, "
                            "40GB or a device key such as h100-sxm), its peak, its recompute and "
                            "the largest batch (exportflops.fit)"),
-        "--optimizer": dict(choices=("adamw", "adam", "sgd"), default=None,
+        "--optimizer": dict(choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"), default=None,
                             help="--memory --mode train, --fit: the step's optimizer (default "
                                  "adamw)"),
+        "--precision": dict(choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
+                            default=None,
+                            help="--memory --mode train: the step's dtypes (default 32-true; "
+                                 "bf16-master: bf16 parameters, fp32 master copy and states)"),
         "--budget": dict(choices=("karpathy", "kaplan", "chinchilla", "palm"), default=None,
                          help="set a published transformer budget beside the graph, component by "
                               "component (GPT-2, Llama, Mistral, Qwen2 layouts)"),

@@ -1,5 +1,6 @@
 """``--fit BUDGET``: the checkpointing plan that fits MODEL's training step into BUDGET
-(`exportflops.fit`): bytes, a size (80GiB, 40GB) or a device key (h100-sxm)."""
+(`exportflops.fit`): bytes, a size (80GiB, 40GB) or a device key (h100-sxm); with --tp N
+and/or --fsdp N, per rank of that layout (the rank with the highest peak decides)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import argparse
 from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
-#: What --fit does not combine with: the flags of other analyses, by their dest.
-_OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens", "tp",
-                   "fsdp", "pp", "ep", "cp", "trace", "split_backward")
+#: What --fit does not combine with: the flags of other analyses, by their dest; the splits
+#: other than --tp and --fsdp, which a per-rank plan does not model yet.
+_OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens", "pp",
+                   "ep", "cp", "trace", "split_backward")
 
 
 def check_fit(ns: argparse.Namespace) -> None:
@@ -22,18 +24,21 @@ def check_fit(ns: argparse.Namespace) -> None:
         raise UsageError("--fit BUDGET plans a training step of a model built here, printed as "
                          "a table or JSON: not a saved .pt2, not with --view, and not with "
                          "--memory, --profile, --trace, --dynamic, --sweep, --budget, "
-                         "--generate, --seqlens, --split-backward or a parallel split.")
+                         "--generate, --seqlens, --split-backward or a split other "
+                         "than --tp and --fsdp.")
 
 
 def analyze_fit(ns: argparse.Namespace):
     """(the `FitPlan`, its view)."""
     from ..planner import fit
     from ..render.fit import fit_plan_view
+    from .splits import split_layout
 
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
+    layout = split_layout(ns) if ns.tp is not None or ns.fsdp is not None else None
     plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
-               device_model=ns.device_model)
+               device_model=ns.device_model, layout=layout)
     return plan, lambda record, style: fit_plan_view(record, style) + "\n"

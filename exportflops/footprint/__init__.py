@@ -16,6 +16,8 @@ import torch
 
 from .cpu_outputs import AsOnCpu
 from .liveness import cuda_blocks, exact
+from .optimizers import (build_optimizer, forward_context, in_precision, optimizer_name,
+                         OPTIMIZERS, PRECISIONS, Rebuilt, rebuilt)
 from .report import memory_report
 from .step import run_step, StepRun
 from .symbolic import symbolic_memory
@@ -24,16 +26,13 @@ from ..records.memory import MemoryReport
 from ..records.symbolic_memory import SymbolicMemoryReport
 from ..torch_internals import pytree, require
 
-#: The optimizers a training step can run, by name (their defaults: the state they allocate
-#: does not depend on the learning rate).
-OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
-    "adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
 ALLOCATORS: dict[str, Callable[[int], int]] = {"exact": exact, "cuda": cuda_blocks}
 
 
 def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
-           mode: str = "train", optimizer: str = "adamw", allocator: str = "exact",
-           optimizer_options: dict | None = None,
+           mode: str = "train", optimizer: str | torch.optim.Optimizer = "adamw",
+           allocator: str = "exact", optimizer_options: dict | None = None,
+           precision: str = "32-true",
            loss: Callable[[Any], torch.Tensor] | None = None,
            dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport:
     """The memory of one step of ``model`` on ``args``/``kwargs``: its peak, what holds it, per
@@ -42,12 +41,18 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     ``mode="train"``: step 2 of a loop of forward, ``loss``, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``, so the optimizer's states exist and gradients
     start at none; ``mode="forward"``: one forward under no_grad. ``optimizer``: ``adamw``,
-    ``adam`` or ``sgd`` (``optimizer_options={"momentum": 0.9}`` for its momentum buffer),
-    built with ``optimizer_options``. ``loss``: output -> scalar; by default the output's
-    ``.loss`` (a Hugging Face model given labels), else the sum of every floating output that
-    needs a gradient. ``allocator="cuda"`` rounds each storage up to the CUDA caching
-    allocator's 512-byte blocks. Nothing is computed: the step runs on a fake copy of the model
-    and its inputs (meta models too); the model is untouched.
+    ``adam``, ``sgd`` (``optimizer_options={"momentum": 0.9}`` for its momentum buffer),
+    ``adagrad`` or ``rmsprop``, built with ``optimizer_options``; or a
+    ``torch.optim.Optimizer`` over ``model``'s parameters, whose class and param_groups'
+    hyperparameters are rebuilt over the fake copy (its tensors are not read).
+    ``precision``: ``32-true`` (the model's dtypes), ``bf16-mixed`` (autocast to bf16 over
+    fp32 parameters, as Lightning's), ``bf16-true`` (everything in bf16) or
+    ``bf16-master`` (bf16 parameters, gradients and activations; an fp32 master copy, counted
+    as ``optimizer``, and fp32 states: `exportflops.footprint.optimizers`). ``loss``: output
+    -> scalar; by default the output's ``.loss`` (a Hugging Face model given labels), else the
+    sum of every floating output that needs a gradient. ``allocator="cuda"`` rounds each
+    storage up to the CUDA caching allocator's 512-byte blocks. Nothing is computed: the step
+    runs on a fake copy of the model and its inputs (meta models too); the model is untouched.
 
     ``dynamic_shapes`` (``analyze``'s convention: ``{dim: torch.export.Dim(name)}`` per input,
     by forward's argument names or in their order): a `SymbolicMemoryReport`, each kind a
@@ -57,12 +62,16 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
     name = type(model).__name__
     if not isinstance(model, torch.nn.Module):
         raise InputError(f"memory() takes a torch.nn.Module, not {name}.")
-    check_options(name, mode, optimizer, allocator)
+    check_options(name, mode, optimizer, allocator, precision, instances=True)
     train = mode == "train"
+    label = optimizer_name(optimizer) if train else ""
+    if isinstance(optimizer, torch.optim.Optimizer):
+        optimizer = rebuilt(optimizer, model, name)
 
     def step(step_args: tuple, step_kwargs: dict) -> StepRun:
         return _run(model, step_args, step_kwargs, name=name, train=train, optimizer=optimizer,
-                    optimizer_options=optimizer_options, loss=loss or default_loss(name))
+                    optimizer_options=optimizer_options, loss=loss or default_loss(name),
+                    precision=precision)
 
     if dynamic_shapes is not None:
         if allocator != "exact":
@@ -70,35 +79,41 @@ def memory(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None,
                              f"CUDA allocator's rounding is no polynomial in the sizes; use "
                              f"allocator='exact', or memory() at each size.")
         return symbolic_memory(model, tuple(args), dict(kwargs or {}), dynamic_shapes, step,
-                               mode=mode, optimizer=optimizer if train else "")
+                               mode=mode, optimizer=label)
     run = step(tuple(args), dict(kwargs or {}))
-    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+    return memory_report(run, model, mode=mode, optimizer=label,
                          allocator=allocator, size=ALLOCATORS[allocator])
 
 
 def _run(model: torch.nn.Module, args: tuple, kwargs: dict, *, name: str, train: bool,
-         optimizer: str, optimizer_options: dict | None,
-         loss: Callable[[Any], torch.Tensor]) -> StepRun:
+         optimizer: str | Rebuilt, optimizer_options: dict | None,
+         loss: Callable[[Any], torch.Tensor], precision: str) -> StepRun:
     """The step on a fake copy of ``model`` and its inputs."""
     # Imported here: the parallel package loads every per-rank analysis, which memory needs not.
     from ..count.ranks import fake_copy
 
     return run_fake(*fake_copy(model, args, kwargs), name=name, train=train,
-                    optimizer=optimizer, optimizer_options=optimizer_options, loss=loss)
+                    optimizer=optimizer, optimizer_options=optimizer_options, loss=loss,
+                    precision=precision)
 
 
 def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *, name: str,
-             train: bool, optimizer: str, optimizer_options: dict | None,
+             train: bool, optimizer: str | Rebuilt, optimizer_options: dict | None,
              loss: Callable[[Any], torch.Tensor],
              resized: Callable[[], list[torch.Tensor]] | None = None,
-             replay: Callable[[Any], None] | None = None) -> StepRun:
-    """The step of ``fake_model`` (and its inputs) on fake tensors, under their fake mode;
-    ``resized``, ``replay``: as `run_step` takes them."""
+             replay: Callable[[Any], None] | None = None,
+             precision: str = "32-true") -> StepRun:
+    """The step of ``fake_model`` (and its inputs) on fake tensors, under their fake mode, in
+    ``precision``; ``resized``, ``replay``: as `run_step` takes them."""
     with _fake_mode_of(fake_model, fake_args, fake_kwargs), AsOnCpu():
-        built = _optimizer(optimizer, optimizer_options, fake_model, name) if train else None
+        fake_model, fake_args, fake_kwargs = in_precision(fake_model, fake_args, fake_kwargs,
+                                                          precision)
+        built = (build_optimizer(optimizer, optimizer_options, fake_model, name, precision)
+                 if train else None)
         try:
             return run_step(fake_model, fake_args, fake_kwargs, train=train, optimizer=built,
-                            loss=loss, resized=resized, replay=replay)
+                            loss=loss, resized=resized, replay=replay,
+                            forward_context=forward_context(precision))
         except (InputError, ProfileError):
             raise
         except Exception as error:  # the user's forward may raise anything on fake tensors
@@ -119,27 +134,29 @@ def _fake_mode_of(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: di
                     *pytree.tree_leaves((fake_args, fake_kwargs))) if isinstance(t, torch.Tensor)])
 
 
-def check_options(name: str, mode: str, optimizer: str, allocator: str) -> None:
-    """The step's options for model ``name``, checked before anything runs."""
+def check_options(name: str, mode: str, optimizer: str | torch.optim.Optimizer,
+                  allocator: str, precision: str = "32-true", instances: bool = False) -> None:
+    """The step's options for model ``name``, checked before anything runs; ``instances``:
+    whether the caller rebuilds a ``torch.optim.Optimizer`` given as ``optimizer``."""
     if mode not in ("train", "forward"):
         raise InputError(f"mode={mode!r} for {name}: memory() runs mode='train' (a training "
                          f"step) or mode='forward' (a forward under no_grad).")
-    if mode == "train" and optimizer not in OPTIMIZERS:
+    if isinstance(optimizer, torch.optim.Optimizer) and not instances:
+        raise InputError(f"optimizer={type(optimizer).__qualname__} instance for {name}: this "
+                         f"analysis takes the optimizer by name, one of "
+                         f"{', '.join(sorted(OPTIMIZERS))} (exportflops.memory takes an "
+                         f"instance).")
+    if mode == "train" and not (isinstance(optimizer, torch.optim.Optimizer)
+                                or optimizer in OPTIMIZERS):
         raise InputError(f"optimizer={optimizer!r} for {name}: memory() knows "
-                         f"{', '.join(sorted(OPTIMIZERS))}.")
+                         f"{', '.join(sorted(OPTIMIZERS))}, or takes a torch.optim.Optimizer "
+                         f"over the model's parameters.")
+    if precision not in PRECISIONS:
+        raise InputError(f"precision={precision!r} for {name}: memory() knows "
+                         f"{', '.join(PRECISIONS)} (docs/memory.md).")
     if allocator not in ALLOCATORS:
         raise InputError(f"allocator={allocator!r} for {name}: choose 'exact' (storage bytes) "
                          f"or 'cuda' (the CUDA caching allocator's 512-byte blocks).")
-
-
-def _optimizer(optimizer: str, options: dict | None, model: torch.nn.Module,
-               name: str) -> torch.optim.Optimizer:
-    kind = OPTIMIZERS[optimizer]
-    try:
-        return kind(model.parameters(), **(options or {}))
-    except (TypeError, ValueError) as error:
-        raise InputError(f"optimizer_options={options!r} for {name}: torch.optim."
-                         f"{kind.__name__} refuses them: {error}") from None
 
 
 def default_loss(name: str) -> Callable[[Any], torch.Tensor]:

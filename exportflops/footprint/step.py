@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .optimizers import MasterWeights
 from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
                                TorchDispatchMode)
 
@@ -218,10 +219,12 @@ def _saved_as_activations(storages: _Storages) -> Iterator[None]:
 
 
 def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
-             optimizer: torch.optim.Optimizer | None,
+             optimizer: torch.optim.Optimizer | MasterWeights | None,
              loss: Callable[[object], torch.Tensor],
              resized: Callable[[], list[torch.Tensor]] | None = None,
-             replay: Callable[[_Storages | None], None] | None = None) -> StepRun:
+             replay: Callable[[_Storages | None], None] | None = None,
+             forward_context: Callable[[], contextlib.AbstractContextManager]
+             = contextlib.nullcontext) -> StepRun:
     """Step 2 of the loop (forward, loss, backward, ``optimizer.step()``,
     ``optimizer.zero_grad(set_to_none=True)``), or one forward under no_grad, on ``model``
     (fake, as ``args``, ``kwargs`` and the optimizer's parameters), under its fake mode.
@@ -230,12 +233,16 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
     step (FSDP2's unsharded parameters), followed op by op. ``replay(storages)``: the
     forwards and backwards of the step instead of ``model``'s and ``loss``'s (a pipeline
     rank's microbatches, `exportflops.parallel.pipeline.stage_memory`), called with None in
-    step 1; it sets the phase of what it runs."""
+    step 1; it sets the phase of what it runs. ``forward_context()``: entered around each
+    forward and loss (autocast)."""
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
         if replay is not None:
             replay(None)
         else:
-            loss(model(*args, **kwargs)).backward()
+            with forward_context():
+                value = loss(model(*args, **kwargs))
+            value.backward()
+            del value
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
@@ -247,9 +254,10 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
         _hold_state(storages, model, args, kwargs, optimizer)
         with storages:
             if train:
-                output = _training_step(storages, model, args, kwargs, optimizer, loss, replay)
+                output = _training_step(storages, model, args, kwargs, optimizer, loss, replay,
+                                        forward_context)
             else:
-                with torch.no_grad():
+                with torch.no_grad(), forward_context():
                     output = model(*args, **kwargs) if replay is None else replay(storages)
         del output  # only now: the caller of a forward holds its output to the step's end
     return run
@@ -257,13 +265,15 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
 
 def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
                    optimizer: torch.optim.Optimizer, loss: Callable[[object], torch.Tensor],
-                   replay: Callable[[_Storages], None] | None = None) -> None:
+                   replay: Callable[[_Storages], None] | None = None,
+                   forward_context: Callable[[], contextlib.AbstractContextManager]
+                   = contextlib.nullcontext) -> None:
     value = None
     if replay is not None:
         with _saved_as_activations(storages):
             replay(storages)
     else:
-        with _saved_as_activations(storages):
+        with _saved_as_activations(storages), forward_context():
             value = loss(model(*args, **kwargs))
         storages.phase = "backward"
         value.backward()
@@ -272,6 +282,9 @@ def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwa
             storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
     storages.phase = "optimizer"
     del value
+    if isinstance(optimizer, MasterWeights):  # its fp32 gradients, made here, are gradients
+        for gradient in optimizer.gradients():
+            storages.hold(gradient, "gradients", len(storages.run.ops)).kind = "gradients"
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 

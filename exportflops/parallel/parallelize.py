@@ -25,13 +25,21 @@ from .fsdp_blocks import blocks_of
 
 
 def parallelize(model: torch.nn.Module, mesh, *, experts: str | None = None,
-                shard: Callable[[torch.nn.Module, object], None] | None = None) -> None:
+                shard: Callable[[torch.nn.Module, object], None] | None = None,
+                checkpoint: Callable[[torch.nn.Module], object] | None = None) -> None:
     """``model`` split in place on ``mesh`` (a `Layout`'s, dimensions ``fsdp`` and/or ``tp``):
-    `tensor_parallel` on ``mesh["tp"]``, then FSDP2 on ``mesh["fsdp"]`` by ``shard(model,
-    fsdp mesh)`` (default `fully_shard_blocks`). ``experts``: as `tensor_parallel` takes it."""
+    `tensor_parallel` on ``mesh["tp"]``, then ``checkpoint(model)`` where given (a fit plan's
+    ``apply``), then FSDP2 on ``mesh["fsdp"]`` by ``shard(model, fsdp mesh)`` (default
+    `fully_shard_blocks`). ``experts``: as `tensor_parallel` takes it. The order is
+    torchtitan's (``parallelize_llama`` in torchtitan/models/llama3/infra/parallelize.py:
+    ``apply_tp``, then ``apply_ac``, then ``apply_fsdp``): the tensor-parallel plan's module
+    paths (``blocks.*.up``) do not see through a checkpoint wrapper, and FSDP2
+    then shards the wrapped blocks."""
     dims = mesh.mesh_dim_names or ()
     if "tp" in dims:
         tensor_parallel(model, mesh["tp"], experts=experts)
+    if checkpoint is not None:
+        checkpoint(model)
     if "fsdp" in dims:
         (shard or fully_shard_blocks)(model, mesh["fsdp"])
 

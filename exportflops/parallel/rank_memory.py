@@ -13,6 +13,7 @@ by the ``torch.empty`` it passes to c10d.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +31,8 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  optimizer: str = "adamw", allocator: str = "exact",
                  optimizer_options: dict | None = None, loss=None,
                  schedule: str | None = None, microbatches: int | None = None,
-                 routing: list[int] | None = None, experts: str = "experts"
+                 routing: list[int] | None = None, experts: str = "experts",
+                 checkpoint: Callable[[torch.nn.Module], object] | None = None
                  ) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
     ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
@@ -39,15 +41,22 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     takes them); without ``rank``, every rank's, naming the rank with the
     highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
     ``args`` is one microbatch, and a step runs ``microbatches``, default ``pp``, under
-    ``schedule``: `exportflops.parallel.pipeline.stage_memory`); the other options as
-    `exportflops.memory` takes them."""
+    ``schedule``: `exportflops.parallel.pipeline.stage_memory`); ``checkpoint(model)`` (a fit
+    plan's ``apply``): applied to each rank's copy between tensor parallelism and FSDP2
+    (`parallelize`), on ``fsdp``/``tp`` layouts; the other options as `exportflops.memory`
+    takes them."""
     from ..footprint import check_options
 
     _check_layout(layout, rank, schedule=schedule, microbatches=microbatches, routing=routing)
+    if checkpoint is not None and max(layout.pp, layout.cp, layout.ep) > 1:
+        raise LayoutError(f"{layout}: memory_ranks checkpoints blocks (checkpoint=, a fit "
+                          f"plan) on tensor-parallel and FSDP2 ranks (Layout(fsdp=F, tp=T)); "
+                          f"a pipeline's, a context ring's or expert ranks' are not modelled "
+                          f"yet.")
     check_options(getattr(model, "__name__", type(model).__name__), mode, optimizer, allocator)
     options = dict(mode=mode, optimizer=optimizer, allocator=allocator,
                    optimizer_options=optimizer_options, loss=loss)
-    one_rank = _rank
+    one_rank = functools.partial(_rank, checkpoint=checkpoint)
     if layout.pp > 1:
         one_rank = functools.partial(_pipeline_rank, schedule=schedule or DEFAULT_SCHEDULE,
                                      microbatches=microbatches)
@@ -66,7 +75,8 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
 
 def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layout: Layout,
           rank: int, *, mode: str, optimizer: str, allocator: str,
-          optimizer_options: dict | None, loss) -> MemoryReport:
+          optimizer_options: dict | None, loss,
+          checkpoint: Callable[[torch.nn.Module], object] | None = None) -> MemoryReport:
     from ..count.ranks import fake_copy
     from ..footprint import ALLOCATORS, default_loss, run_fake
     from ..footprint.report import memory_report
@@ -76,7 +86,7 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
         built, args, kwargs = built_model(model, args, kwargs)
         name = type(built).__name__
         fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
-        parallelize(fake_model, mesh)
+        parallelize(fake_model, mesh, checkpoint=checkpoint)
         train = mode == "train"
         run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                        optimizer=optimizer, optimizer_options=optimizer_options,

@@ -4,33 +4,37 @@
 `exportflops.checkpointing` wraps blocks in activation checkpointing; ``budget`` reads a
 budget; ``sizes`` finds the largest batch and length that fit from the step's memory at
 symbolic sizes (or searches a size over steps at each). Every peak
-is `exportflops.memory` of the model with the plan applied, every recompute
-`exportflops.analyze` (mode="train") of it.
+is `exportflops.memory` of the model with the plan applied (on a parallel layout, the highest
+rank's `exportflops.parallel.memory_ranks`), every recompute `exportflops.analyze`
+(mode="train") of it.
 Definitions: docs/fit.md.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .budget import budget_bytes
 from ..capture.export import without_cache
 from .sizes import MOST_ROWS, Resize, example_sizes, largest_sizes
-from ..checkpointing import wrapped
+from ..checkpointing import wrap_blocks, wrapped
 from ..errors import DoesNotFitError, InputError
 from ..records.fit import FitCandidate, FitPlan
 from ..records.memory import MemoryReport
 from ..records.symbolic import largest_size
 from ..records.symbolic_memory import SymbolicMemoryReport
 
+if TYPE_CHECKING:
+    from ..parallel.layout import Layout
+
 
 def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         budget: int | str, mode: str = "train", optimizer: str = "adamw",
         device_model: str | None = None, resize: Resize | None = None,
-        search_batch: bool = True, **options: Any) -> FitPlan:
+        search_batch: bool = True, layout: Layout | None = None, **options: Any) -> FitPlan:
     """The checkpointing plan that adds the least recompute to a training step of ``model``
     on ``args``/``kwargs`` while its predicted peak stays at most ``budget``.
 
@@ -44,7 +48,10 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     largest batch and length that fit, with the plan and without, come from the step's memory
     at symbolic sizes (`sizes.largest_sizes`); a given ``resize(batch) -> (args, kwargs)``
     sizes the example instead, for a search of the batch over steps at each size
-    (``search_batch=False`` skips both). Nothing
+    (``search_batch=False`` skips both). With a ``layout`` (``Layout(fsdp=F, tp=T)``), every
+    peak is the highest rank's (`_highest_rank`), the plan checkpoints the same blocks on every
+    rank, and the largest batch and length are a rank's, searched over steps at each size (no
+    symbolic memory per rank yet); the recompute stays the whole step's. Nothing
     fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
     chosen blocks.
     """
@@ -67,6 +74,9 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
              dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport:
         from ..footprint import memory
 
+        if layout is not None:
+            return _highest_rank(model, step_args, step_kwargs, layout,
+                                 _wrapped_paths(paths, shape), optimizer=optimizer, **options)
         with wrapped(model, *_wrapped_paths(paths, shape)) as planned:
             return memory(planned, step_args, step_kwargs, optimizer=optimizer,
                           dynamic_shapes=dynamic_shapes, **options)
@@ -91,7 +101,7 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
                   for count, selective in shapes]
     chosen = cheapest(candidates, limit)
     if chosen is None:
-        raise _does_not_fit(name, given, limit, reports, paths)
+        raise _does_not_fit(name, given, limit, reports, paths, layout)
     example = example_sizes(model, args, kwargs)
     plan = (chosen.blocks, chosen.selective)
 
@@ -102,14 +112,17 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         if resize is not None:  # the user's resize: steps searched one batch at a time
             return {"batch": largest_size(
                 lambda batch: peak(shape, *resize(batch)).peak_bytes <= limit, 1, MOST_ROWS)}
-        return largest_sizes(model, args, kwargs, limit, functools.partial(peak, shape))
+        return largest_sizes(model, args, kwargs, limit, functools.partial(peak, shape),
+                             symbolic=layout is None)
 
     plain = most((0, False))
     planned = most(plan) if chosen.blocks else plain
     whole, selective = _wrapped_paths(paths, plan)
     return FitPlan(
         model=name, optimizer=optimizer, budget_bytes=limit, budget=given,
-        device_model=device_model or "", blocks=paths, checkpointed=whole, selective=selective,
+        device_model=device_model or "", layout=str(layout or ""),
+        peak_rank=reports[plan].rank if layout is not None else None, blocks=paths,
+        checkpointed=whole, selective=selective,
         peak_bytes=chosen.peak_bytes, by_kind=reports[plan].by_kind,
         recompute_flops=chosen.recompute_flops, recompute_time_s=chosen.recompute_time_s,
         candidates=candidates, example_batch=example.get("batch", 0),
@@ -126,6 +139,21 @@ def _wrapped_paths(paths: list[str], shape: Shape) -> tuple[list[str], list[str]
     """The blocks a candidate wraps whole, and those it wraps selectively."""
     count, selective = shape
     return ([], paths[:count]) if selective else (paths[:count], [])
+
+
+def _highest_rank(model: torch.nn.Module, args: tuple, kwargs: dict, layout: Layout,
+                  wrapped_paths: tuple[list[str], list[str]], **options: Any) -> MemoryReport:
+    """The `MemoryReport` of the rank with the highest peak of ``model``'s step split by
+    ``layout``, the blocks at ``wrapped_paths`` (whole, selective) checkpointed on every rank
+    between tensor parallelism and FSDP2, as torchtitan orders them (`memory_ranks`'s
+    ``checkpoint``)."""
+    from ..parallel.rank_memory import memory_ranks
+
+    whole, selective = wrapped_paths
+    plan = functools.partial(wrap_blocks, paths=whole, name=type(model).__name__,
+                             selective=selective)
+    ranks = memory_ranks(model, args, kwargs, layout=layout, checkpoint=plan, **options)
+    return next(report for report in ranks.ranks if report.rank == ranks.peak_rank)
 
 
 def block_paths(model: torch.nn.Module) -> list[str]:
@@ -184,15 +212,17 @@ def _recompute(model: torch.nn.Module, args: tuple, kwargs: dict, paths: list[st
 
 
 def _does_not_fit(name: str, given: str, limit: int, reports: dict[Shape, MemoryReport],
-                  paths: list[str]) -> DoesNotFitError:
+                  paths: list[str], layout: Layout | None) -> DoesNotFitError:
     best = min(reports, key=lambda shape: reports[shape].peak_bytes)
     kinds = reports[best].by_kind
     held = ", ".join(f"{kind} {getattr(kinds, kind)}" for kind in type(kinds).model_fields
                      if getattr(kinds, kind))
     return DoesNotFitError(
         f"No checkpointing plan fits a training step of {name} into {given}"
+        f"{f' on each rank of {layout}' if layout is not None else ''}"
         f"{'' if given == f'{limit} bytes' else f' ({limit} bytes)'}: "
-        f"the smallest peak reachable is {reports[best].peak_bytes} bytes, with {best[0]} of "
+        f"the smallest peak reachable is {reports[best].peak_bytes} bytes"
+        f"{f' (rank {reports[best].rank})' if layout is not None else ''}, with {best[0]} of "
         f"{len(paths)} blocks checkpointed{' selectively' if best[1] else ''}; it holds "
         f"{held}. Use fewer rows (a smaller batch or sequence), a lighter optimizer "
         f"(optimizer='sgd'), or a larger device.")

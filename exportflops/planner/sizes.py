@@ -44,11 +44,12 @@ def example_sizes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str
 
 
 def largest_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, limit: int,
-                  memory_of: MemoryOf) -> dict[str, int]:
+                  memory_of: MemoryOf, *, symbolic: bool = True) -> dict[str, int]:
     """For each of `example_sizes`, the largest whose step's peak is at most ``limit`` bytes,
     the other at the example's: from the symbolic memory, sampled from 2; a batch of 1, below
     the samples, run as it is where 2 does not fit. Where the step changes with the size (the
-    symbolic memory refuses it), a search over steps at each size instead."""
+    symbolic memory refuses it), or without ``symbolic`` (a step per rank, which has no symbolic
+    memory yet), a search over steps at each size instead."""
     sizes = example_sizes(model, args, kwargs)
     found = {}
     for name, example in sizes.items():
@@ -59,9 +60,13 @@ def largest_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, limit: int,
             at = resized_inputs(args, kwargs, marks, {name: size})
             return memory_of(*at, None).peak_bytes <= limit
 
-        try:
-            largest = memory_of(args, kwargs, shapes).largest(name, limit)
-        except InputError:  # the step changes with the size: no polynomial, so run each
+        largest = None
+        if symbolic:
+            try:
+                largest = memory_of(args, kwargs, shapes).largest(name, limit)
+            except InputError:  # the step changes with the size: no polynomial, so run each
+                pass
+        if largest is None:
             largest = largest_size(fits, 1, ranges[name].max or MOST_ROWS)
         found[name] = largest if largest else int(fits(1))
     return found

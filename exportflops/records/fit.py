@@ -43,6 +43,12 @@ class FitPlan(Record):
     """The budget as given (``80GiB``, ``h100-sxm`` less its headroom, or bytes)."""
     device_model: str = ""
     """The device whose roofs time the recompute; ``""``: FLOPs decide."""
+    layout: str = ""
+    """The parallel layout planned per rank (``Layout(fsdp=2)``): every peak is then the
+    highest rank's, the sizes a rank's; ``""``: one device."""
+    peak_rank: int | None = None
+    """With a ``layout``, the rank whose peak is ``peak_bytes`` (the first of equal peaks);
+    None on one device."""
     blocks: list[str]
     """Every candidate block's path, in the order the model runs them."""
     checkpointed: list[str]

@@ -24,7 +24,8 @@ class KindBytes(Record):
     """The parameters' gradients (``.grad``), from the backward op that makes each."""
     optimizer: int = 0
     """The optimizer's states (AdamW: ``exp_avg``, ``exp_avg_sq`` and the 0-dim ``step`` per
-    parameter; SGD: the momentum buffer)."""
+    parameter; SGD: the momentum buffer) and, with ``precision="bf16-master"``, the fp32
+    master copy of the parameters."""
     activations: int = 0
     """Tensors the forward made that autograd saved for the backward."""
     temporaries: int = 0
@@ -107,7 +108,8 @@ class MemoryReport(Record):
     mode: Literal["train", "forward"]
     """What the step runs."""
     optimizer: str = ""
-    """The optimizer of a training step (``adamw``, ``adam``, ``sgd``); ``""`` in forward."""
+    """The optimizer of a training step (``adamw``, ``adam``, ``sgd``, ``adagrad``,
+    ``rmsprop``; the class of an instance given, ``Adagrad``); ``""`` in forward."""
     allocator: Literal["exact", "cuda"]
     """``exact``: each storage's bytes; ``cuda``: rounded up to whole 512-byte blocks as the CUDA
     caching allocator hands them out."""

@@ -19,11 +19,13 @@ def fit_plan_view(plan: FitPlan, style: Style = Style()) -> str:
     picked = (len(plan.checkpointed) + len(plan.selective), bool(plan.selective))
     timed = (f", {style.seconds(plan.recompute_time_s)} on {plan.device_model}'s roofs"
              if plan.recompute_time_s is not None else "")
+    per_rank = f" per rank of {plan.layout}" if plan.layout else ""
+    at_rank = f" (rank {plan.peak_rank}, the highest)" if plan.peak_rank is not None else ""
     lines = [
-        f"Fit {plan.model} into {plan.budget} ({style.count(plan.budget_bytes, 'B')}), "
-        f"training step with {plan.optimizer}",
+        f"Fit {plan.model} into {plan.budget} ({style.count(plan.budget_bytes, 'B')}){per_rank}"
+        f", training step with {plan.optimizer}",
         f"checkpoint: {chosen}",
-        f"peak {style.count(plan.peak_bytes, 'B')}; recompute "
+        f"peak {style.count(plan.peak_bytes, 'B')}{at_rank}; recompute "
         f"{style.count(plan.recompute_flops, 'FLOP')}{timed}",
         f"largest batch: {_rows(plan.largest_batch)} with the plan, "
         f"{_rows(plan.largest_batch_without_plan)} without (measured at {plan.example_batch})",

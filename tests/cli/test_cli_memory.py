@@ -143,3 +143,20 @@ def test_html_is_the_memory_page_with_its_timeline_and_the_fit(models, capsys, t
     out = page.read_text()
     assert out.startswith("<!DOCTYPE html>") and "id=\"memory-timeline\"" in out
     assert "Fits t4: peak 472 B" in out
+
+
+@pytest.mark.parametrize("flags, states", [
+    # Adagrad's state_sum per parameter and a 0-dim float32 `step` per tensor.
+    (("--optimizer", "adagrad"), PARAMS + 4 * FP32),
+    # bf16-master: an fp32 master copy and AdamW's two fp32 moments per parameter, the steps.
+    (("--precision", "bf16-master"), 3 * PARAMS + 4 * FP32),
+], ids=["adagrad", "bf16-master"])
+def test_the_optimizer_and_precision_flags_reach_the_step(models, capsys, flags, states):
+    code, out, err = _memory(models, capsys, "--mode", "train", *flags, "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["max_by_kind"]["optimizer"] == states
+
+
+def test_a_precision_without_a_training_step_is_refused(models, capsys):
+    code, _, err = _memory(models, capsys, "--precision", "bf16-master")
+    assert code == 2 and "--precision sets the dtypes of --memory --mode train's step" in err

@@ -189,7 +189,8 @@ def test_the_users_model_is_untouched():
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"optimizer": "lion"}, "optimizer='lion' for Linear: memory() knows adam, adamw, sgd"),
+    ({"optimizer": "lion"}, "optimizer='lion' for Linear: memory() knows adagrad, adam, adamw, "
+                            "rmsprop, sgd, or takes a torch.optim.Optimizer"),
     ({"mode": "eval"}, "mode='eval' for Linear"),
     ({"allocator": "xla"}, "allocator='xla' for Linear"),
     ({"optimizer_options": {"betas": 0.9}}, "optimizer_options={'betas': 0.9} for Linear: "

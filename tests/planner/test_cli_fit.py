@@ -64,3 +64,28 @@ def test_fit_plans_the_step_of_the_optimizer_given(tmp_path, capsys):
                      "json"]) == 0
         plan = json.loads(capsys.readouterr().out)
         assert (plan["optimizer"], plan["by_kind"]["optimizer"]) == (optimizer, states)
+
+
+def test_fit_with_fsdp_plans_per_rank_and_searches_a_ranks_batch_and_length(tmp_path, capsys):
+    from exportflops.parallel import Layout, memory_ranks
+
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    namespace: dict = {}
+    exec(MODEL, namespace)
+    ranks = memory_ranks(*namespace["blocks"](), layout=Layout(fsdp=2))
+    target = f"{tmp_path / 'fit_models.py'}:blocks"
+    # The budget: the plain step's highest rank peak, to the byte. The plan checkpoints
+    # nothing and peaks there; one more row (2 -> 3) or token (4 -> 5) a rank needs more
+    # activation bytes, so the largest batch and length are the example's.
+    assert main([target, "--fit", str(ranks.peak_bytes), "--fsdp", "2", "--format",
+                 "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["layout"], plan["checkpointed"], plan["selective"]) == ("Layout(fsdp=2)", [], [])
+    assert (plan["peak_bytes"], plan["peak_rank"]) == (ranks.peak_bytes, ranks.peak_rank)
+    assert (plan["largest_batch"], plan["largest_length"]) == (2, 4)
+
+
+def test_fit_refuses_a_split_it_does_not_plan_per_rank(tmp_path, capsys):
+    (tmp_path / "fit_models.py").write_text(MODEL)
+    code = main([f"{tmp_path / 'fit_models.py'}:blocks", "--fit", "1GiB", "--pp", "2"])
+    assert code == 2 and "a split other than --tp and --fsdp" in capsys.readouterr().err

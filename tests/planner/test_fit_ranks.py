@@ -1,0 +1,91 @@
+"""`exportflops.fit` per rank of a parallel layout, on `EmbeddedBlocks` (tests/planner/
+rank_models.py): the plan's peak is the highest rank's `memory_ranks` peak of the planned
+model, a larger budget never gives more recompute, and the plan applied on two real gloo
+ranks fits its budget on each by torch's profiler memory timeline."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from exportflops import fit
+from exportflops.checkpointing import wrap_blocks
+from exportflops.errors import LayoutError
+from exportflops.parallel import Layout, memory_ranks
+from exportflops.render.fit import fit_plan_view
+from tests.planner.rank_models import embedded_blocks
+from tests.torchrun import torchrun
+
+pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
+                                reason="torch built without torch.distributed")
+LAYOUTS = {"tp": Layout(tp=2), "fsdp": Layout(fsdp=2)}
+
+
+@functools.cache
+def _plain_peak(name: str) -> int:
+    """The highest rank's peak of the step without checkpointing."""
+    return memory_ranks(*embedded_blocks(), layout=LAYOUTS[name]).peak_bytes
+
+
+@functools.cache
+def _plan(name: str, budget: int):
+    return fit(*embedded_blocks(), budget=budget, layout=LAYOUTS[name], search_batch=False)
+
+
+def _tight(name: str):
+    """The plan for one byte under the plain step's highest peak: it must checkpoint."""
+    return _plan(name, _plain_peak(name) - 1)
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_the_plans_peak_is_the_highest_ranks_peak_of_the_planned_model(name):
+    plan = _tight(name)
+    assert plan.checkpointed or plan.selective
+    model, args = embedded_blocks()
+    ranks = memory_ranks(model, args, layout=LAYOUTS[name], checkpoint=functools.partial(
+        wrap_blocks, paths=plan.checkpointed, name=plan.model, selective=plan.selective))
+    assert (plan.peak_bytes, plan.peak_rank) == (ranks.peak_bytes, ranks.peak_rank)
+    assert plan.peak_bytes == max(report.peak_bytes for report in ranks.ranks)
+    assert plan.peak_bytes <= plan.budget_bytes and plan.layout == str(LAYOUTS[name])
+    view = fit_plan_view(plan)
+    assert f"kB) per rank of {LAYOUTS[name]}, training step" in view
+    assert f"(rank {ranks.peak_rank}, the highest); recompute" in view
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_a_larger_per_rank_budget_never_gives_more_recompute(name):
+    # The budgets: each candidate's peak, where the candidates that fit change.
+    budgets = sorted({c.peak_bytes for c in _tight(name).candidates})
+    recomputes = [_plan(name, budget).recompute_flops for budget in budgets]
+    assert recomputes == sorted(recomputes, reverse=True)
+    assert recomputes[-1] == 0 and recomputes[0] > 0
+
+
+def test_a_per_rank_plan_on_a_pipeline_is_refused_by_name():
+    with pytest.raises(LayoutError, match=r"Layout\(pp=2\).*not modelled yet"):
+        fit(*embedded_blocks(), budget=2**30, layout=Layout(pp=2), search_batch=False)
+
+
+#: memory() does not count the cpu RNG state torch's checkpoint stashes for each region until
+#: its backward (``ctx.fwd_cpu_state = torch.get_rng_state()`` in torch/utils/checkpoint.py,
+#: 5056 bytes on cpu: mt19937's state): the real peak with k blocks checkpointed is the
+#: predicted one plus k x 5056 bytes (measured here on one device and per rank). The tensor-
+#: parallel plan, one block selective, is predicted 1023 bytes under its budget: the missing
+#: 5056 bytes take it over. To count in exportflops/footprint (another branch's files).
+RNG_STATE_MISSED = pytest.mark.xfail(strict=True, reason="memory() misses checkpoint's stashed "
+                                     "cpu RNG state, 5056 bytes a region")
+
+
+@pytest.mark.parametrize("name", [pytest.param("tp", marks=RNG_STATE_MISSED), "fsdp"])
+def test_the_plan_applied_on_two_real_gloo_ranks_fits_its_budget_on_each(tmp_path, name):
+    plan = _tight(name)
+    (tmp_path / "plan.json").write_text(plan.model_dump_json())
+    done = torchrun(Path(__file__).with_name("rank_fit_worker.py"), name, str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in range(2):
+        measured = json.loads((tmp_path / f"rank{rank}.json").read_text())["peak_bytes"]
+        assert max(measured) <= plan.budget_bytes, (rank, measured)
