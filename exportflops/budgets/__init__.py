@@ -7,7 +7,8 @@ sets a budget beside an exported graph component by component.
 - `palm`: Chowdhery et al. 2022, appendix B, 6N + 12 L H Q T per token (MFU's numerator).
 
 Each takes a `TransformerConfig`, built from plain numbers or with one of its ``from_*``
-constructors (Hugging Face GPT-2, Llama, Mistral, Qwen2; nanoGPT; Meta's Llama params).
+constructors (Hugging Face GPT-2, Llama, Mistral, Qwen2; nanoGPT; Meta's Llama params), or
+read from a built model by `from_model.config_of`.
 """
 
 from .budget import Budget, BudgetItem

@@ -5,5 +5,6 @@
 ``saved`` for programs read back; ``blocks`` and ``fastpath`` are the fast path's cheap eager
 pass and its export with repeated blocks stubbed; ``dtensor`` and ``fsdp`` capture one rank of a
 parallelized model. ``hints`` turns torch's failures into the user's next step, ``placement``
-checks where the inputs live, and ``quiet`` silences torch's logs while a capture falls back.
+checks where the inputs live, ``quiet`` silences torch's logs while a capture falls back, and
+``dims`` makes named dynamic sizes (``batch``, ``seq``) the ``dynamic_shapes`` an export takes.
 """

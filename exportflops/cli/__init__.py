@@ -30,12 +30,12 @@ with warnings.catch_warnings():
 
 from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
-from ..hf.memory import free_bytes, memory_capped, out_of_memory  # noqa: E402
+from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
 from .targets import (  # noqa: E402
-    analyzed, build_target, config_sizes, device_named, hf_options,
+    analyzed, build_target, config_sizes, device_named, dynamic_shapes, hf_options, in_flags,
 )
 
 
@@ -119,32 +119,12 @@ class _Outcome:
 
 
 def _analyze(ns: argparse.Namespace) -> _Outcome:
-    """`_analysis`; on --device cpu, capped at the memory the machine has free, so that a
-    model or an example too large for it is refused with what to pass instead, not killed by
-    the kernel (BLT's hash embeddings are 12 GiB at any depth)."""
+    """`_analysis`; on --device cpu, capped at the memory the machine has free
+    (`hf.memory.within_free_memory`), its refusal naming the flags."""
     if ns.device != "cpu":
         return _analysis(ns)
-    free = free_bytes()
-    with memory_capped(free) as capped:
-        try:
-            return _analysis(ns)
-        except UsageError:
-            raise
-        except Exception as error:
-            refused = out_of_memory(error) if capped else None
-            if refused is None:
-                raise
-            raise UsageError(
-                f"{ns.model} on --device cpu needs more memory than this machine has free "
-                f"({free / 2**30:.1f} GiB; {type(refused).__name__}: "
-                f"{_first_line(refused)}). Pass --device meta, which counts the same without "
-                f"allocating; where real values are needed (--profile), a smaller model or "
-                f"example (--layers, --seq, --batch).") from error
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else "an allocation was refused"
+    with in_flags(), within_free_memory(ns.model):
+        return _analysis(ns)
 
 
 def _analysis(ns: argparse.Namespace) -> _Outcome:
@@ -181,25 +161,18 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                                        hf_options=hf_options(ns))
     if ns.generate is not None:
         from ..generation.decoder import analyze_generation
+        if not args:  # the command's prompt is forward's first positional input
+            raise UsageError(f"--generate analyzes a model that generates tokens from a prompt "
+                             f"of token ids, and {type(model).__name__} takes its inputs by "
+                             f"name ({', '.join(kwargs or {})}). Analyze its forward without "
+                             f"--generate.")
         try:
-            if not args:
-                raise ValueError(f"it takes its inputs by name ({', '.join(kwargs or {})})")
             return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
                                                cache=ns.cache, max_cache_len=ns.max_cache_len,
                                                full_logits=ns.full_logits,
                                                strict=ns.strict), None)
-        except InputError as error:
-            # A request the model cannot run (--input's prompt or --generate's tokens past its
-            # positions, --max-cache-len too short): the message names the limit and the fix.
+        except InputError as error:  # a request the model cannot run: the message says why
             raise UsageError(str(error)) from error
-        except ValueError as error:
-            if type(error) is not ValueError:  # a typed error of ours says what it is itself
-                raise
-            # analyze_generation's own check: the first input is no prompt.
-            raise UsageError(f"--generate analyzes a model that generates tokens from a prompt "
-                             f"of token ids (or from features: Whisper), and "
-                             f"{type(model).__name__} does not take one: {error}. Analyze its "
-                             f"forward without --generate.") from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
         from ..render.training import step_view
@@ -215,9 +188,8 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         return _with_roofline(ns, _Outcome(report, reprs))
     dynamic = None
     if ns.dims:
-        from .workflows import dynamic_shapes
         maxima = {name: max(values) for name, values in ns.points.items()}
-        dynamic = dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
+        dynamic = dynamic_shapes(ns, model, args, kwargs, maxima)
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
@@ -228,8 +200,12 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
         outcome.view = (conventions(report, config=model), conventions_view)
     if ns.budget:
         from ..budgets import compare
-        from .workflows import BUDGETS, budget_config
-        outcome.comparison = compare(report, BUDGETS[ns.budget](budget_config(model, args)))
+        from ..budgets.from_model import BUDGETS, config_of
+        try:
+            config = config_of(model, args)
+        except InputError as error:
+            raise UsageError(f"--budget {ns.budget}: {error}") from error
+        outcome.comparison = compare(report, BUDGETS[ns.budget](config))
     return _with_roofline(ns, _with_sweep(ns, outcome))
 
 
@@ -246,12 +222,10 @@ def _with_roofline(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
 
 def _with_sweep(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
     if ns.points:
-        known = {s.name for s in outcome.report.symbols}
-        missing = sorted(set(ns.points) - known)
-        if missing:
-            raise UsageError(f"--sweep {missing[0]}: {ns.model} has no dynamic size of that "
-                             f"name; its sizes: {', '.join(sorted(known)) or 'none'}.")
-        outcome.sweep = outcome.report.sweep(**ns.points)
+        try:
+            outcome.sweep = outcome.report.sweep(**ns.points)
+        except KeyError as error:  # a size the report has not (`Report.evaluate`)
+            raise UsageError(f"--sweep: {error.args[0]}.") from error
     return outcome
 
 

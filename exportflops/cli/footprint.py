@@ -84,14 +84,14 @@ def _symbolic_memory(ns: argparse.Namespace):
     from .. import memory
     from ..device_table import device_row
     from ..render.symbolic_memory import symbolic_memory_view
-    from .workflows import dynamic_shapes
+    from .targets import dynamic_shapes
 
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
                     precision=ns.precision or "32-true",
-                    dynamic_shapes=dynamic_shapes(model, args, kwargs or {}, ns.dims, {}))
+                    dynamic_shapes=dynamic_shapes(ns, model, args, kwargs, {}))
     largest, budget = {}, ""
     if ns.device_model is not None:
         budget = f"{ns.device_model} ({device_row(ns.device_model).memory_bytes} bytes)"

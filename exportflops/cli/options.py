@@ -60,6 +60,206 @@ package); 1 building or analyzing the model failed. --debug adds the traceback.
 """
 
 
+def _counts(text: str, *, least: int, example: str) -> list[int]:
+    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < least:
+        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
+                                         f"({example}), got {text!r}")
+    return counts
+
+
+#: Every option but MODEL: (flags, `add_argument`'s keywords) under the help's group of what it
+#: does, the groups in the order a run goes (what is built, what is counted, the analyses beside
+#: the counts, what is printed). A new option joins the group of its topic;
+#: tests/cli/test_cli_options.py checks that none is left in argparse's ungrouped "options".
+OPTIONS = {
+    "model and inputs": {
+        "--input": dict(action="append", default=[], metavar="SHAPE[:DTYPE]",
+                        help="one positional input of forward(), e.g. 1,3,224,224 or 1,1024:int64 "
+                             "(dtype default float32); repeat for several inputs"),
+        "--kwargs": dict(metavar="JSON", default=None,
+                         help="keyword arguments of forward() as a JSON object, e.g. "
+                              "'{\"use_cache\": false}'"),
+        "--layers": dict(type=int, default=None, metavar="N",
+                         help="hf: at most N layers in each stack (default: the config's own)"),
+        "--batch": dict(type=int, default=None, metavar="N",
+                        help="hf: batch size of the example inputs (default 1)"),
+        "--seq": dict(type=int, default=None, metavar="N",
+                      help="hf: tokens per example sequence (default 128, or the model's positions "
+                           "when fewer), or audio frames / waveform samples"),
+        "--device": dict(choices=("meta", "cpu", "cuda"), default=None,
+                         help="where the model and inputs are built (default meta: nothing is "
+                              "allocated, the counts are the same; cpu: capped at the memory the "
+                              "machine has free)"),
+    },
+    "analysis": {
+        "--mode": dict(choices=("forward", "train"), default="forward",
+                       help="train also counts the backward autograd runs (default forward)"),
+        "--split-backward": dict(action="store_true",
+                                 help="--mode train: count the backward as the two passes torch's "
+                                      "zero-bubble pipeline schedules run, input then weight "
+                                      "gradients (analyze(split_backward=True)); the summary "
+                                      "shows each"),
+        "--strict": dict(action="store_true",
+                         help="fail (exit 1) on an op with no formula instead of listing it"),
+        "--full-export": dict(action="store_true",
+                              help="trace every block (analyze(fast=False)) instead of tracing "
+                                   "each repeated block once and copying its counts; the same "
+                                   "report"),
+        "--dynamic": dict(action="append", default=[], metavar="NAME[=ARG:DIM]",
+                          help="export with a dynamic size: batch (dim 0 of the first input), seq "
+                               "(its dim 1), or NAME=ARG:DIM for dim DIM of positional input "
+                               "ARG; the counts become formulas of NAME"),
+        "--sweep": dict(action="append", default=[], metavar="NAME=V[,V...]",
+                        help="evaluate the dynamic size NAME at each value (one export), e.g. "
+                             "seq=512,1024,2048; several --sweep move together"),
+        "--memory": dict(action="store_true",
+                         help="the memory of one step instead of its counts: the peak, what holds "
+                              "it, per module (exportflops.memory); --device-model KEY says "
+                              "whether it fits that device; with --tp/--fsdp, the step of rank "
+                              "--rank"),
+        "--fit": dict(metavar="BUDGET", default=None,
+                      help="the blocks to checkpoint so a training step fits BUDGET (bytes, 80GiB, "
+                           "40GB or a device key such as h100-sxm), its peak, its recompute and "
+                           "the largest batch (exportflops.fit)"),
+        "--optimizer": dict(choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"), default=None,
+                            help="--memory --mode train, --fit: the step's optimizer (default "
+                                 "adamw)"),
+        "--precision": dict(choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
+                            default=None,
+                            help="--memory --mode train: the step's dtypes (default 32-true; "
+                                 "bf16-master: bf16 parameters, fp32 master copy and states)"),
+        "--budget": dict(choices=("karpathy", "kaplan", "chinchilla", "palm"), default=None,
+                         help="set a published transformer budget beside the graph, component by "
+                              "component (GPT-2, Llama, Mistral, Qwen2 layouts)"),
+    },
+    "runtime and roofline": {
+        "--profile": dict(action="store_true",
+                          help="also time the graph node by node (needs --device cpu or cuda): "
+                               "latency, achieved FLOP/s and MFU"),
+        "--warmup": dict(type=int, default=10,
+                         help="--profile: untimed iterations"),
+        "--repeat": dict(type=int, default=50,
+                         help="--profile: timed iterations"),
+        "--trace": dict(metavar="FILE", default=None,
+                        help="--profile: also write the timeline as a Chrome/Perfetto trace JSON "
+                             "(open it in ui.perfetto.dev or chrome://tracing)"),
+        "--device-model": dict(metavar="NAME", default=None,
+                               help="add the roofline on this device: each node's time predicted "
+                                    "from its FLOPs and bytes, and its bound (a device table key "
+                                    "such as h100-sxm or a100-sxm-80gb, or cpu: measured here); "
+                                    "with --profile, predicted beside measured"),
+    },
+    "generation": {
+        "--generate": dict(type=int, default=None, metavar="N",
+                           help="the cost of generating N tokens after the prompt (--input, token "
+                                "ids) with a KV cache: prefill, decode step per token, request "
+                                "(Hugging Face models)"),
+        "--cache": dict(choices=("dynamic", "static"), default="dynamic",
+                        help="--generate: a growing cache (useful work) or a static one (executed "
+                             "work over --max-cache-len entries)"),
+        "--max-cache-len": dict(type=int, default=None, metavar="N",
+                                help="--generate --cache static: entries of the cache (default: "
+                                     "prompt + N)"),
+        "--full-logits": dict(action="store_true",
+                              help="--generate: count the prefill's LM head on every prompt "
+                                   "position (default: the last only, as transformers' generate "
+                                   "runs it with logits_to_keep=1)"),
+    },
+    "training steps": {
+        "--seqlens": dict(type=partial(_counts, least=1, example="100,250,40"), default=None,
+                          metavar="L1,L2,...",
+                          help="one row packing documents of these lengths: the step's FLOPs per "
+                               "document and in total (exportflops.flops_per_batch; with --mode "
+                               "train, the training step's)"),
+        "--conventions": dict(action="store_true",
+                              help="--mode train, hf: models: the step's FLOPs by each stack's "
+                                   "convention beside the graph's (exportflops.conventions)"),
+    },
+    "parallelism": {
+        "--tp": dict(type=int, default=None, metavar="N",
+                     help="split the model N ways by its own tensor-parallel plan (built-in llama, "
+                          "hf: models with a tp_plan, a model's tp_plan attribute) in a fake "
+                          "process group, and analyze one rank: its local shards and its "
+                          "collectives (view collectives)"),
+        "--fsdp": dict(type=int, default=None, metavar="N",
+                       help="FSDP2 (fully_shard) over N ranks: each transformer block (a Hugging "
+                            "Face model's decoder layer, or each entry of a ModuleList), then "
+                            "the root, in a fake process group on fake tensors; analyze one rank "
+                            "(view collectives). With --tp M: a 2-D mesh (N, M), the plan on the "
+                            "inner dimension, as torchtitan does"),
+        "--pp": dict(type=int, default=None, metavar="N",
+                     help="pipeline parallelism: the model split by layer into N stages, each "
+                          "stage's work, sends and receives, and the schedule's timeline and "
+                          "bubble (docs/pipeline.md)"),
+        "--schedule": dict(default=None, metavar="NAME",
+                           help="--pp: the pipeline schedule (torch.distributed.pipelining's; "
+                                "docs/pipeline.md lists them)"),
+        "--microbatches": dict(type=int, default=None, metavar="M",
+                               help="--pp: microbatches per step"),
+        "--ep": dict(type=int, default=None, metavar="N",
+                     help="expert parallelism: a mixture of experts' experts sharded over N ranks, "
+                          "each rank's expert work and its all-to-alls; with --fsdp F, inside F "
+                          "FSDP2 ranks (docs/expert-parallel.md)"),
+        "--routing": dict(default=None, metavar="N1,N2,...",
+                          help="--ep: token copies per expert over all ranks' batches, to see skew "
+                               "(default: balanced routing)"),
+        "--cp": dict(type=int, default=None, metavar="N",
+                     help="context parallelism: the sequence split over N ranks, ring attention's "
+                          "work per rank and its key/value traffic; with --fsdp F, F rings "
+                          "inside F x N FSDP2 ranks; with --tp T, T tensor-parallel ranks at "
+                          "each place of a ring (docs/context-parallel.md)"),
+        "--no-load-balance": dict(action="store_true",
+                                  help="--cp: contiguous blocks of the sequence instead of torch's "
+                                       "round-robin in 2 x N chunks"),
+        "--rank": dict(type=int, default=0,
+                       help="--tp/--fsdp/--pp/--ep/--cp: the rank analyzed (default 0); with "
+                            "--fsdp N and --tp M, rank r is FSDP index r // M, tensor-parallel "
+                            "index r %% M"),
+        "--link-gbps": dict(type=float, default=None, metavar="GB/S",
+                            help="the collectives view adds each one's time at this bus bandwidth "
+                                 "between ranks, in GB/s (1e9 bytes/s)"),
+    },
+    "output": {
+        "--view": dict(action="append", default=None, metavar="VIEW[,VIEW]",
+                       help="summary, top, tree, operators, module_operators, collectives or "
+                            f"all (default {','.join(CLI_DEFAULT_VIEWS)}, and collectives "
+                            f"with --tp); with --format csv: tree "
+                            "(one row per module, the default) or operators (one row per op)"),
+        "--depth": dict(type=int, default=-1,
+                        help="deepest module level shown in the tree and top views (-1: all)"),
+        "--top": dict(type=int, default=3,
+                      help="module types per depth in the top view (-1: all; default 3)"),
+        "--group-by": dict(choices=("type", "path"), default="type",
+                           help="the top view ranks module types (default) or module paths"),
+        "--format": dict(choices=FORMATS, default="table",
+                         help="table (text), json (the whole report, reloadable with "
+                              "Report.model_validate_json), csv, md (Markdown) or html (one page "
+                              "with the pictures and tables, needs --output and "
+                              "exportflops[html])"),
+        "--output": dict(metavar="FILE", default=None,
+                         help="write there instead of stdout"),
+    },
+    "general": {
+        "-h --help": dict(action="help",
+                          help="show this help message and exit"),
+        "--debug": dict(action="store_true",
+                        help="print tracebacks"),
+        "--progress": dict(action="store_true",
+                           help="write each stage (imports, build, export, count, render) and the "
+                                "seconds since the start to stderr, one line each, also in a "
+                                "pipe or CI (on a terminal it is one line, shown by default)"),
+        "--version": dict(action="version", version=versions_text(),
+                          help="print the versions of exportflops, torch and transformers, and "
+                               "whether the suite runs on this torch"),
+    },
+}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):
         """argparse's own errors (a bad option or value), as one paragraph like the others."""
@@ -74,188 +274,10 @@ def parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
         add_help=False)  # -h/--help is added under "general", with --debug and --version
     parser.add_argument("model", metavar="MODEL", help="what to analyze (see below)")
-    # The help reads by topic: each option sits in the group of what it does, in the order a
-    # run goes (what is built, what is counted, the analyses beside the counts, what is
-    # printed). A new option joins the group of its topic; tests/cli/test_cli_options.py
-    # checks that none is left in argparse's ungrouped "options".
-
-    inputs = parser.add_argument_group("model and inputs")
-    inputs.add_argument("--input", action="append", default=[], metavar="SHAPE[:DTYPE]",
-                        help="one positional input of forward(), e.g. 1,3,224,224 or 1,1024:int64 "
-                             "(dtype default float32); repeat for several inputs")
-    inputs.add_argument("--kwargs", metavar="JSON", default=None,
-                        help='keyword arguments of forward() as a JSON object, e.g. '
-                             '\'{"use_cache": false}\'')
-    inputs.add_argument("--layers", type=int, default=None, metavar="N",
-                        help="hf: at most N layers in each stack (default: the config's own)")
-    inputs.add_argument("--batch", type=int, default=None, metavar="N",
-                        help="hf: batch size of the example inputs (default 1)")
-    inputs.add_argument("--seq", type=int, default=None, metavar="N",
-                        help="hf: tokens per example sequence (default 128, or the model's "
-                             "positions when fewer), or audio frames / waveform samples")
-    inputs.add_argument("--device", choices=("meta", "cpu", "cuda"), default=None,
-                        help="where the model and inputs are built (default meta: nothing is "
-                             "allocated, the counts are the same; cpu: capped at the memory "
-                             "the machine has free)")
-
-    analysis = parser.add_argument_group("analysis")
-    analysis.add_argument("--mode", choices=("forward", "train"), default="forward",
-                          help="train also counts the backward autograd runs (default forward)")
-    analysis.add_argument("--split-backward", action="store_true",
-                          help="--mode train: count the backward as the two passes torch's "
-                               "zero-bubble pipeline schedules run, input then weight gradients "
-                               "(analyze(split_backward=True)); the summary shows each")
-    analysis.add_argument("--strict", action="store_true",
-                          help="fail (exit 1) on an op with no formula instead of listing it")
-    analysis.add_argument("--full-export", action="store_true",
-                          help="trace every block (analyze(fast=False)) instead of tracing each "
-                               "repeated block once and copying its counts; the same report")
-    analysis.add_argument("--dynamic", action="append", default=[], metavar="NAME[=ARG:DIM]",
-                          help="export with a dynamic size: batch (dim 0 of the first input), seq "
-                               "(its dim 1), or NAME=ARG:DIM for dim DIM of positional input ARG; "
-                               "the counts become formulas of NAME")
-    analysis.add_argument("--sweep", action="append", default=[], metavar="NAME=V[,V...]",
-                          help="evaluate the dynamic size NAME at each value (one export), e.g. "
-                               "seq=512,1024,2048; several --sweep move together")
-    analysis.add_argument("--memory", action="store_true",
-                          help="the memory of one step instead of its counts: the peak, what "
-                               "holds it, per module (exportflops.memory); --device-model KEY "
-                               "says whether it fits that device; with --tp/--fsdp, the step "
-                               "of rank --rank")
-    analysis.add_argument("--fit", metavar="BUDGET", default=None,
-                          help="the blocks to checkpoint so a training step fits BUDGET "
-                               "(bytes, 80GiB, 40GB or a device key such as h100-sxm), its "
-                               "peak, its recompute and the largest batch (exportflops.fit)")
-    analysis.add_argument("--optimizer", choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"),
-                          default=None,
-                          help="--memory --mode train, --fit: the step's optimizer (default adamw)")
-    analysis.add_argument("--precision",
-                          choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
-                          default=None,
-                          help="--memory --mode train: the step's dtypes (default 32-true; "
-                               "bf16-master: bf16 parameters, fp32 master copy and states)")
-    analysis.add_argument("--budget", choices=("karpathy", "kaplan", "chinchilla", "palm"),
-                          default=None,
-                          help="set a published transformer budget beside the graph, component "
-                               "by component (GPT-2, Llama, Mistral, Qwen2 layouts)")
-
-    runtime = parser.add_argument_group("runtime and roofline")
-    runtime.add_argument("--profile", action="store_true",
-                         help="also time the graph node by node (needs --device cpu or cuda): "
-                              "latency, achieved FLOP/s and MFU")
-    runtime.add_argument("--warmup", type=int, default=10, help="--profile: untimed iterations")
-    runtime.add_argument("--repeat", type=int, default=50, help="--profile: timed iterations")
-    runtime.add_argument("--trace", metavar="FILE", default=None,
-                         help="--profile: also write the timeline as a Chrome/Perfetto trace "
-                              "JSON (open it in ui.perfetto.dev or chrome://tracing)")
-    runtime.add_argument("--device-model", metavar="NAME", default=None,
-                         help="add the roofline on this device: each node's time predicted from "
-                              "its FLOPs and bytes, and its bound (a device table key such as "
-                              "h100-sxm or a100-sxm-80gb, or cpu: measured here); with --profile, "
-                              "predicted beside measured")
-
-    generation = parser.add_argument_group("generation")
-    generation.add_argument("--generate", type=int, default=None, metavar="N",
-                            help="the cost of generating N tokens after the prompt (--input, token "
-                                 "ids) with a KV cache: prefill, decode step per token, request "
-                                 "(Hugging Face models)")
-    generation.add_argument("--cache", choices=("dynamic", "static"), default="dynamic",
-                            help="--generate: a growing cache (useful work) or a static one "
-                                 "(executed work over --max-cache-len entries)")
-    generation.add_argument("--max-cache-len", type=int, default=None, metavar="N",
-                            help="--generate --cache static: entries of the cache (default: prompt "
-                                 "+ N)")
-    generation.add_argument("--full-logits", action="store_true",
-                            help="--generate: count the prefill's LM head on every prompt "
-                                 "position (default: the last only, as transformers' generate "
-                                 "runs it with logits_to_keep=1)")
-
-    training = parser.add_argument_group("training steps")
-    training.add_argument("--seqlens", type=partial(_counts, least=1, example="100,250,40"),
-                          default=None, metavar="L1,L2,...",
-                          help="one row packing documents of these lengths: the step's FLOPs "
-                               "per document and in total (exportflops.flops_per_batch; with "
-                               "--mode train, the training step's)")
-    training.add_argument("--conventions", action="store_true",
-                          help="--mode train, hf: models: the step's FLOPs by each stack's "
-                               "convention beside the graph's (exportflops.conventions)")
-
-    parallel = parser.add_argument_group("parallelism")
-    parallel.add_argument("--tp", type=int, default=None, metavar="N",
-                          help="split the model N ways by its own tensor-parallel plan (built-in "
-                               "llama, hf: models with a tp_plan, a model's tp_plan attribute) "
-                               "in a fake process group, and analyze one rank: its local shards "
-                               "and its collectives (view collectives)")
-    parallel.add_argument("--fsdp", type=int, default=None, metavar="N",
-                          help="FSDP2 (fully_shard) over N ranks: each transformer block (a "
-                               "Hugging Face model's decoder layer, or each entry of a "
-                               "ModuleList), then the root, in a fake process group on fake "
-                               "tensors; analyze one rank (view collectives). With --tp M: a 2-D "
-                               "mesh (N, M), the plan on the inner dimension, as torchtitan does")
-    parallel.add_argument("--pp", type=int, default=None, metavar="N",
-                          help="pipeline parallelism: the model split by layer into N stages, "
-                               "each stage's work, sends and receives, and the schedule's "
-                               "timeline and bubble (docs/pipeline.md)")
-    parallel.add_argument("--schedule", default=None, metavar="NAME",
-                          help="--pp: the pipeline schedule (torch.distributed.pipelining's; "
-                               "docs/pipeline.md lists them)")
-    parallel.add_argument("--microbatches", type=int, default=None, metavar="M",
-                          help="--pp: microbatches per step")
-    parallel.add_argument("--ep", type=int, default=None, metavar="N",
-                          help="expert parallelism: a mixture of experts' experts sharded over "
-                               "N ranks, each rank's expert work and its all-to-alls; with "
-                               "--fsdp F, inside F FSDP2 ranks (docs/expert-parallel.md)")
-    parallel.add_argument("--routing", default=None, metavar="N1,N2,...",
-                          help="--ep: token copies per expert over all ranks' batches, to see "
-                               "skew (default: balanced routing)")
-    parallel.add_argument("--cp", type=int, default=None, metavar="N",
-                          help="context parallelism: the sequence split over N ranks, ring "
-                               "attention's work per rank and its key/value traffic; with "
-                               "--fsdp F, F rings inside F x N FSDP2 ranks; with --tp T, T "
-                               "tensor-parallel ranks at each place of a ring "
-                               "(docs/context-parallel.md)")
-    parallel.add_argument("--no-load-balance", action="store_true",
-                          help="--cp: contiguous blocks of the sequence instead of torch's "
-                               "round-robin in 2 x N chunks")
-    parallel.add_argument("--rank", type=int, default=0,
-                          help="--tp/--fsdp/--pp/--ep/--cp: the rank analyzed (default 0); "
-                               "with --fsdp N and --tp M, rank r is FSDP index r // M, "
-                               "tensor-parallel index r %% M")
-    parallel.add_argument("--link-gbps", type=float, default=None, metavar="GB/S",
-                          help="the collectives view adds each one's time at this bus bandwidth "
-                               "between ranks, in GB/s (1e9 bytes/s)")
-
-    output = parser.add_argument_group("output")
-    output.add_argument("--view", action="append", default=None, metavar="VIEW[,VIEW]",
-                        help="summary, top, tree, operators, module_operators, collectives or "
-                             f"all (default {','.join(CLI_DEFAULT_VIEWS)}, and collectives "
-                             f"with --tp); with --format csv: tree "
-                             "(one row per module, the default) or operators (one row per op)")
-    output.add_argument("--depth", type=int, default=-1,
-                        help="deepest module level shown in the tree and top views (-1: all)")
-    output.add_argument("--top", type=int, default=3,
-                        help="module types per depth in the top view (-1: all; default 3)")
-    output.add_argument("--group-by", choices=("type", "path"), default="type",
-                        help="the top view ranks module types (default) or module paths")
-    output.add_argument("--format", choices=FORMATS, default="table",
-                        help="table (text), json (the whole report, reloadable with "
-                             "Report.model_validate_json), csv, md (Markdown) or html (one "
-                             "page with the pictures and tables, needs --output and "
-                             "exportflops[html])")
-    output.add_argument("--output", metavar="FILE", default=None,
-                        help="write there instead of stdout")
-
-    general = parser.add_argument_group("general")
-    general.add_argument("-h", "--help", action="help",
-                         help="show this help message and exit")
-    general.add_argument("--debug", action="store_true", help="print tracebacks")
-    general.add_argument("--progress", action="store_true",
-                         help="write each stage (imports, build, export, count, render) and "
-                              "the seconds since the start to stderr, one line each, also in "
-                              "a pipe or CI (on a terminal it is one line, shown by default)")
-    general.add_argument("--version", action="version", version=versions_text(),
-                         help="print the versions of exportflops, torch and transformers, "
-                              "and whether the suite runs on this torch")
+    for title, options in OPTIONS.items():
+        group = parser.add_argument_group(title)
+        for flags, keywords in options.items():
+            group.add_argument(*flags.split(), **keywords)
     return parser
 
 
@@ -384,6 +406,11 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.split_backward and ns.mode != "train":
         raise UsageError("--split-backward splits the backward of one model's training step: "
                          "it needs --mode train.")
+    if ns.routing is not None:  # parsed here: argparse's own error would end the process
+        try:
+            ns.routing = _counts(ns.routing, least=0, example="10,30,20,4")
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"--routing {error}.") from None
     check_splits(ns)
     check_memory(ns)
     check_fit(ns)
@@ -409,20 +436,8 @@ def _check_cache(ns: argparse.Namespace) -> None:
                          f"{ns.max_cache_len}.")
 
 
-def _counts(text: str, *, least: int, example: str) -> list[int]:
-    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < least:
-        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
-                                         f"({example}), got {text!r}")
-    return counts
-
-
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
-    from .workflows import NAMED_DIMS
+    from ..capture.dims import NAMED_DIMS
 
     name, _, where = text.strip().partition("=")
     if not where:

@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any
 
 from .. import hf
-from ..errors import BuildError, ExportError, UsageError
+from ..errors import BuildError, ExportError, InputError, UsageError
 from ..hf.models import CpuRunError, split_sizes
 from ..hf.needs import innermost
 
@@ -58,6 +58,17 @@ def config_sizes(ns) -> dict:
         layers, tokens = split_sizes(ns.model.removeprefix("hf:"), layers=ns.layers,
                                      seq=ns.seq)
     return {"layers": layers, "tokens": None if ns.shapes else tokens}
+
+
+def dynamic_shapes(ns, model, args, kwargs, maxima: dict) -> dict:
+    """--dynamic's sizes as the ``dynamic_shapes`` of MODEL's export (`capture.dims`), its
+    error naming the flag."""
+    from ..capture.dims import dynamic_shapes
+
+    try:
+        return dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
+    except InputError as error:
+        raise UsageError(f"--dynamic: {error}") from error
 
 
 def device_named(name: str):

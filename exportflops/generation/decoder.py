@@ -156,8 +156,12 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
         return _check_features(model, input_ids, cache)
     if (not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2
             or input_ids.dtype.is_floating_point or input_ids.shape[1] < 1):
-        raise ValueError("input_ids must be token ids, an integer tensor of shape (batch, "
-                         "prompt length >= 1), e.g. torch.zeros(1, 128, dtype=torch.long)")
+        raise InputError(f"analyze_generation analyzes a model that generates tokens from a "
+                         f"prompt of token ids (or from features: Whisper), and "
+                         f"{type(model).__name__} does not take one: input_ids must be token "
+                         f"ids, an integer tensor of shape (batch, prompt length >= 1), e.g. "
+                         f"torch.zeros(1, 128, dtype=torch.long); it was given {_given(input_ids)}"
+                         f". Analyze its forward with analyze() instead.")
     if _is_reference_llama(model):
         if cache == "static":
             raise GenerationError(
@@ -183,6 +187,12 @@ def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
             f"dynamic_shapes=...) over the decoder's cache length.")
     _check_hf_cache(model, cache)
     return input_ids.shape[0], input_ids.shape[1]
+
+
+def _given(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def _check_hf_cache(model: Any, cache: str) -> None:
@@ -213,7 +223,7 @@ def _check_features(model: Any, features: Any, cache: str) -> tuple[int, int]:
     name = type(model).__name__
     if not isinstance(features, torch.Tensor) or not features.dtype.is_floating_point \
             or features.ndim != 3:
-        raise ValueError(f"{name}'s encoder takes input_features: pass them as the prompt, a "
+        raise InputError(f"{name}'s encoder takes input_features: pass them as the prompt, a "
                          f"float tensor (batch, mel bins, frames) as its feature extractor "
                          f"makes them, e.g. torch.zeros(1, 80, 3000, device='meta') for "
                          f"Whisper.")
@@ -224,7 +234,7 @@ def _check_features(model: Any, features: Any, cache: str) -> tuple[int, int]:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
             encoded = model.get_encoder()(input_features=features)
     except Exception as error:  # the encoder's own check of the features' shape
-        raise ValueError(f"{name}'s encoder rejects input_features of shape "
+        raise InputError(f"{name}'s encoder rejects input_features of shape "
                          f"{tuple(features.shape)}: {error}") from error
     return features.shape[0], encoded[0].shape[1]
 

@@ -107,3 +107,31 @@ def out_of_memory(error: BaseException) -> BaseException | None:
             refused = error
         errors += [error.__cause__, error.__context__]
     return refused
+
+
+@contextlib.contextmanager
+def within_free_memory(model_name: str):
+    """The block run capped at the memory the machine has free (`free_bytes`), an allocation
+    refused past it a `UsageError` that says what to pass instead, not the kernel killing the
+    process (BLT's hash embeddings are 12 GiB at any depth). Its arguments are the hf
+    library's (``device="meta"``, ``layers=``), which the command writes as its flags."""
+    from ..errors import UsageError
+
+    free = free_bytes()
+    with memory_capped(free) as capped:
+        try:
+            yield
+        except UsageError:
+            raise
+        except Exception as error:
+            refused = out_of_memory(error) if capped else None
+            if refused is None:
+                raise
+            text = str(refused).strip()
+            first = text.splitlines()[0] if text else "an allocation was refused"
+            raise UsageError(
+                f"{model_name} on device=\"cpu\" needs more memory than this machine has free "
+                f"({free / 2**30:.1f} GiB; {type(refused).__name__}: {first}). Pass "
+                f"device=\"meta\", which counts the same without allocating; where real values "
+                f"are needed (profiling), a smaller model or example (layers=, seq=, "
+                f"batch=).") from error

@@ -107,6 +107,16 @@ def test_saved_program(tmp_path):
     assert report_of(run(str(path), "--format", "json")).total.macs == MLP_MACS
 
 
+def test_a_sweep_of_a_size_a_saved_program_has_not_exits_2_naming_its_sizes(tmp_path, capsys):
+    # Exported with static shapes: the program has no dynamic size to evaluate at 2 and 4.
+    path = tmp_path / "linear.pt2"
+    torch.export.save(torch.export.export(torch.nn.Linear(4, 2), (torch.randn(3, 4),)), path)
+    assert main([str(path), "--sweep", "batch=2,4"]) == 2
+    err = capsys.readouterr().err
+    assert f"--sweep: {path} has no dynamic size batch; its dynamic sizes are: none" in err
+    assert one_paragraph(err)
+
+
 def test_hugging_face_gpt2_from_its_default_config():
     """transformers' GPT-2 default config (12 layers, width 768, vocab 50,257) at 16 tokens:
     per layer qkv 16*768*2,304 + scores and values 2*12*16*16*64 + proj 16*768^2
@@ -299,9 +309,10 @@ def test_a_model_past_the_memory_the_machine_has_free_exits_2_not_killed(
     import resource
 
     import exportflops.cli as cli
+    import exportflops.hf.memory
 
     (tmp_path / "big.py").write_text(BIG)
-    monkeypatch.setattr(cli, "free_bytes", lambda: 2**28)
+    monkeypatch.setattr(exportflops.hf.memory, "free_bytes", lambda: 2**28)
     monkeypatch.chdir(models)
     spec = f"{tmp_path / 'big.py'}:big" if factory == "big" else factory
     limits = resource.getrlimit(resource.RLIMIT_DATA)

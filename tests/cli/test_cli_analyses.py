@@ -69,7 +69,7 @@ def test_budget_karpathy_matches_the_gpt2_example_component_by_component():
     (["--dynamic", "width"], "--dynamic width: name batch or seq"),
     (["--dynamic", "batch,seq", "--sweep", "batch=2", "--sweep", "seq=2,3"], "move together"),
     (["--dynamic", "batch", "--sweep", "batch=2", "--sweep", "batch=3"], "swept twice"),
-    (["--budget", "palm"], "--budget compares a transformer the budgets know"),
+    (["--budget", "palm"], "--budget palm: a budget compares a transformer the budgets know"),
 ], ids=["profile-on-meta", "sweep-not-dynamic", "unknown-name", "uneven-sweeps",
         "swept-twice", "budget-of-an-mlp"])
 def test_an_analysis_that_cannot_apply_exits_2_with_a_sentence(models, args, message):

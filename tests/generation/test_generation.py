@@ -14,7 +14,7 @@ from exportflops import GenerationReport, analyze, analyze_generation  # noqa: E
 from exportflops.generation.cache_names import cache_argument  # noqa: E402
 from exportflops.generation.decoder import dynamic_cache_pytree  # noqa: E402
 from exportflops.records.symbolic import size_symbol  # noqa: E402
-from exportflops.errors import GenerationError  # noqa: E402
+from exportflops.errors import GenerationError, InputError  # noqa: E402
 
 # A tiny Llama: 2 layers, width 32, 4 query heads and 2 key/value heads of dim 8 (GQA), SwiGLU
 # MLP of width 48, a 64-token vocabulary, untied head; float32 (4 bytes).
@@ -197,6 +197,13 @@ def test_a_model_without_a_cache_is_a_typed_error():
     with pytest.raises(GenerationError, match="Hugging Face"):
         analyze_generation(torch.nn.Linear(4, 4), torch.zeros(1, 3, dtype=torch.long),
                            new_tokens=2)
+
+
+def test_a_prompt_that_is_no_token_ids_is_an_input_error_naming_the_model(model):
+    # Floats of shape (1, 3, 8): an image-like input, not (batch, prompt length) token ids.
+    with pytest.raises(InputError, match=r"and LlamaForCausalLM does not take one: .* it was "
+                                         r"given a float32 tensor of shape \[1, 3, 8\]"):
+        analyze_generation(model, torch.zeros(1, 3, 8), new_tokens=2)
 
 
 def test_arguments_are_checked(model, prompt):

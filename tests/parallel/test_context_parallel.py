@@ -162,10 +162,13 @@ def test_splits_that_cannot_be_made_are_refused_with_the_fix(model, kwargs, says
 
 # --- the command ---------------------------------------------------------------------------------
 
-def test_the_command_splits_the_built_in_llama_and_prints_the_record(capsys):
-    assert main(["llama", "--cp", "2", "--rank", "1", "--input", "1,256:int64",
-                 "--format", "json"]) == 0
-    r = ContextParallelReport.model_validate_json(capsys.readouterr().out)
+def test_the_built_in_llama_on_a_ring_of_two_and_the_command_prints_its_record(capsys):
+    from exportflops.examples.llama import llama
+    from exportflops.parallel import Layout, analyze_ranks
+
+    model, _ = llama("meta")  # as the command builds it, on 256 token ids (--input 1,256:int64)
+    r = analyze_ranks(model, (torch.zeros(1, 256, dtype=torch.long, device="meta"),),
+                      layout=Layout(cp=2))
     # 256 positions in 4 chunks of 64: rank 1 holds 64-127 and 128-191:
     # (65 + ... + 128) + (129 + ... + 192) = 6176 + 10272 = 16448 = 256 x 257 / 4.
     assert (r.cp, r.seq_len, r.load_balanced) == (2, 256, True)

@@ -6,7 +6,6 @@ checked on test_context_parallel's model and a two-block variant against sizes d
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -183,13 +182,15 @@ def models_file(tmp_path_factory):
     return path
 
 
-def test_the_command_reports_every_rank_of_fsdp_x_cp(models_file, capsys):
-    assert main([f"{models_file}:build", "--cp", "2", "--fsdp", "2", "--rank", "3",
-                 "--format", "json"]) == 0
-    record = json.loads(capsys.readouterr().out)
-    assert (record["cp"], record["fsdp"], len(record["ranks"])) == (2, 2, 4)
-    assert [r["cp_rank"] for r in record["ranks"]] == [0, 1, 0, 1]
-    assert [c["bytes"] for c in record["fsdp_collectives"]] == [ROOT_PARAMS * F32]  # forward
+def test_every_rank_of_fsdp_x_cp_is_reported():
+    from exportflops.parallel import Layout, analyze_ranks
+
+    # on meta, as the command builds MODELS' build for --cp 2 --fsdp 2
+    record = analyze_ranks(CausalAttention().to("meta"), (ids().to("meta"),),
+                           layout=Layout(fsdp=2, cp=2))
+    assert (record.cp, record.fsdp, len(record.ranks)) == (2, 2, 4)
+    assert [r.cp_rank for r in record.ranks] == [0, 1, 0, 1]
+    assert [c.bytes for c in record.fsdp_collectives] == [ROOT_PARAMS * F32]  # forward
 
 
 def test_a_ranks_report_carries_the_ranks_collectives():

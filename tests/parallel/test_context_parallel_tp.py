@@ -13,7 +13,6 @@ attend to 68 causal pairs each (test_context_parallel's derivation).
 
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
@@ -85,7 +84,7 @@ class Scaled(nn.Module):
 
 MODELS = """
 import torch
-from tests.parallel.test_context_parallel_tp import MaskedOncePerStep, Scaled, SplitAttention
+from tests.parallel.test_context_parallel_tp import MaskedOncePerStep, SplitAttention
 
 
 def ids(device):
@@ -98,10 +97,6 @@ def build(device):
 
 def masked(device):
     return MaskedOncePerStep().to(device), (ids(device),)
-
-
-def scaled(device):
-    return Scaled(), (ids(device),)
 """
 
 
@@ -222,15 +217,18 @@ def test_a_term_in_seq_squared_without_the_batch_is_refused_with_tp(models_file,
 
 
 @pytest.mark.parametrize("model, mul_inputs", [
-    ("build", None),  # moves itself with .to(device): torch cannot swap a fake parameter
-    ("scaled", ([1, 16, DIM], [DIM])),  # a plain tensor attribute goes onto fake tensors too
-])
-def test_fsdp_counts_models_built_on_meta_then_copied_onto_fake_tensors(models_file, capsys,
-                                                                         model, mul_inputs):
-    assert main([f"{models_file}:{model}", "--fsdp", "2", "--format", "json"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["world_size"] == 2
+    # moves itself with .to(device): torch cannot swap a fake parameter
+    (lambda device: SplitAttention().to(device), None),
+    # a plain tensor attribute goes onto fake tensors too
+    (lambda device: Scaled(), ([1, 16, DIM], [DIM])),
+], ids=["build", "scaled"])
+def test_fsdp_counts_models_built_on_meta_then_copied_onto_fake_tensors(model, mul_inputs):
+    def build(device):  # as the command calls a factory taking the device, for each rank
+        return model(device), (torch.zeros(1, 16, dtype=torch.long, device=device),), None
+
+    report = analyze_ranks(build, layout=Layout(fsdp=2), rank=0)
+    assert report.world_size == 2
     if mul_inputs:
-        mul = next(n for n in report["nodes"] if n["op"] == "aten.mul.Tensor")
-        assert [i["shape"] for i in mul["inputs"]] == list(mul_inputs)
-        assert mul["cost"]["flops"] == 128  # 16 tokens x 8 channels, one multiply each
+        mul = next(n for n in report.nodes if n.op == "aten.mul.Tensor")
+        assert [list(i.shape) for i in mul.inputs] == list(mul_inputs)
+        assert mul.cost.flops == 128  # 16 tokens x 8 channels, one multiply each

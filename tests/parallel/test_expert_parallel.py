@@ -275,25 +275,30 @@ def test_the_record_round_trips_through_json_and_its_view_names_the_busiest_rank
     assert "busiest" not in balanced and "Every rank computes" in balanced
 
 
-def _json_of(capsys, *args: str) -> dict:
-    assert main(list(args)) == 0, capsys.readouterr().err
-    return json.loads(capsys.readouterr().out)
+def test_a_factory_models_record_and_the_commands_view_of_it(models_file, capsys):
+    from exportflops.parallel import Layout, analyze_ranks
 
-
-def test_the_command_gives_the_record_of_a_factory_model(models_file, capsys):
+    # on meta, as the command builds `file.py:build` for --ep 2 (2 data-parallel ranks)
+    model, args = loaded_models(models_file).build(torch.device("meta"))
+    record = analyze_ranks(model, args, layout=Layout(dp=2, ep=2))
+    assert record.ranks[1].expert.macs == 2 * 16 * MACS_PER_COPY
+    skewed = analyze_ranks(model, args, layout=Layout(dp=2, ep=2), routing=[4, 4, 20, 4])
+    assert skewed.busiest_rank == 1
+    assert skewed.ranks[1].expert.macs == 2 * 24 * MACS_PER_COPY
     spec = f"{models_file}:build"
-    record = _json_of(capsys, spec, "--ep", "2", "--rank", "1", "--format", "json")
-    assert record["ranks"][1]["expert"]["macs"] == 2 * 16 * MACS_PER_COPY
-    skewed = _json_of(capsys, spec, "--ep", "2", "--routing", "4,4,20,4", "--format", "json")
-    assert skewed["busiest_rank"] == 1
-    assert skewed["ranks"][1]["expert"]["macs"] == 2 * 24 * MACS_PER_COPY
     assert main([spec, "--ep", "2", "--rank", "1", "--routing", "4,4,20,4"]) == 0
     assert "All-to-alls of rank 1 of 2" in capsys.readouterr().out
 
 
-def test_the_command_on_a_two_layer_mixtral(capsys):
-    record = _json_of(capsys, "hf:mixtral", "--layers", "2", "--ep", "2", "--rank", "1",
-                      "--format", "json")
+def test_a_two_layer_mixtral_on_two_expert_ranks():
+    from exportflops import hf
+    from exportflops.parallel import Layout, analyze_ranks
+
+    # as `exportflops hf:mixtral --layers 2 --ep 2` counts it: the single-device count by the
+    # hf: policy (decided on cpu where meta cannot)
+    record = analyze_ranks(*hf.build("mixtral", layers=2), layout=Layout(dp=2, ep=2),
+                           single_device=hf.analyze("mixtral", layers=2))
+    record = json.loads(record.model_dump_json())
     # Mixtral-8x7B's sizes: H 4096, F 14336, 8 experts, top 2; hf: builds a (1, 128) batch.
     per_copy = 4096 * 2 * 14336 + 14336 * 4096
     assert record["ranks"][1]["routed_tokens"] == 128 * 2

@@ -169,10 +169,12 @@ def test_a_record_written_before_fsdp_composed_reads_each_ranks_ep_rank_as_its_r
     assert [r.ep_rank for r in read.ranks] == [r.rank for r in read.ranks] == list(range(EP))
 
 
-def test_the_command_reports_every_fsdp_rank(models_file, capsys):
-    spec = f"{models_file}:build"
-    assert main([spec, "--ep", "2", "--fsdp", "4", "--rank", "3", "--format", "json"]) == 0
-    record = json.loads(capsys.readouterr().out)
+def test_every_fsdp_rank_is_reported(models_file):
+    from exportflops.parallel import Layout, analyze_ranks
+
+    # on meta, as the command builds `file.py:build` for --ep 2 --fsdp 4
+    model, args = loaded_models(models_file).build(torch.device("meta"))
+    record = json.loads(analyze_ranks(model, args, layout=Layout(fsdp=4, ep=2)).model_dump_json())
     assert (record["ep"], record["fsdp"], len(record["ranks"])) == (2, 4, 4)
     assert record["ranks"][3]["ep_rank"] == 1
     gathers = [c for c in record["fsdp_collectives"] if c["op"] == "all_gather"]

@@ -130,6 +130,14 @@ def test_a_tied_decoder_on_pp_by_fsdp_is_refused_with_the_next_step(tmp_path, ca
     assert "tie_word_embeddings=False" in capsys.readouterr().err
 
 
+def test_a_tied_decoder_on_pp_by_fsdp_is_refused_naming_the_arguments(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**CONFIG, "model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True}))
+    with pytest.raises(exportflops.errors.InputError,
+                       match=r"untied \(tie_word_embeddings=False\) for pp= with fsdp="):
+        analyze_ranks(*exportflops.hf.build(tmp_path, seq=16), layout=Layout(pp=2, fsdp=2))
+
+
 def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
     import torch
 
@@ -154,18 +162,21 @@ def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
     assert [c.params for c in cut] == [2 * 72, 2 * 72 + 8 * 32]
 
 
-def test_a_tied_head_is_split_with_the_embedding(tmp_path, capsys):
+def test_a_tied_head_is_split_with_the_embedding(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(
         {**CONFIG, "model_type": "qwen2", "num_hidden_layers": 2, "tie_word_embeddings": True}))
-    assert main([f"hf:{tmp_path}", "--seq", "16", "--tp", "2", "--format", "json"]) == 0
-    rank = exportflops.Report.model_validate_json(capsys.readouterr().out)
+
+    def build(device):  # as `exportflops hf:DIR --seq 16` builds it, for each rank
+        return tuple(exportflops.hf.build(tmp_path, device=device, seq=16))
+
+    rank = analyze_ranks(build, layout=Layout(tp=2), rank=0)
     # The tied weight is sharded once, on the vocabulary: half of 256 x 64 on each rank, and
     # the head's matmul makes this rank's half of the logits, 16 tokens x 64 x 128.
     assert rank.module("model.embed_tokens").params == 256 * 64 // 2
     assert rank.module("lm_head").inclusive.macs == 16 * 64 * 128
     assert [(c.op, c.bytes) for c in rank.collectives][-1] == ("all_gather", 16 * 256 * F32)
-    assert main([f"hf:{tmp_path}", "--seq", "16", "--pp", "2", "--tp", "2", "--rank", "3"]) \
-        == 0
+    # and on pipeline stages of tp ranks: rank 3, index 1 of the last stage's group
+    assert analyze_ranks(build, layout=Layout(pp=2, tp=2), rank=3).rank == 3
 
 
 def _zero_bubble(decoder, **degrees: int) -> PipelineReport:

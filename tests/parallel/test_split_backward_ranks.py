@@ -260,13 +260,14 @@ def test_zero_bubble_stages_on_tensor_parallel_ranks_split_their_backward_and_re
             second.backward_input_s + second.backward_input_collectives_s)
 
 
-def test_the_command_runs_dualpipev_on_pp_by_tp_stages_whole_backwards_counted_whole(capsys):
-    from exportflops.cli import main
-    from exportflops.records.pipeline import PipelineReport
+def test_dualpipev_on_pp_by_tp_stages_counts_whole_backwards_whole():
+    from exportflops.examples.llama import llama
+    from exportflops.parallel import Layout, analyze_ranks
 
-    assert main(["llama", "--pp", "2", "--tp", "2", "--schedule", "dualpipev",
-                 "--microbatches", "4", "--mode", "train", "--format", "json"]) == 0
-    record = PipelineReport.model_validate_json(capsys.readouterr().out)
+    # The built-in llama's example, as `exportflops llama --pp 2 --tp 2` builds it.
+    model, args = llama("meta")
+    record = analyze_ranks(model, args, layout=Layout(pp=2, tp=2), schedule="dualpipev",
+                           microbatches=4, mode="train")
     first, *later = record.stages
     assert first.backward_weight == first.backward
     for stage in later:

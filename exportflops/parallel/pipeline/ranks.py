@@ -31,7 +31,7 @@ from ..layout import Layout
 from ..per_rank import Builder, built_model, counted_rank_of
 from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
 from .mesh import llama_stages, on_mesh
-from .schedules import SCHEDULES
+from .schedules import SCHEDULES, stages_per_rank
 
 
 def analyze_pipeline(model: torch.nn.Module | Builder | None, args: Any = (),
@@ -88,6 +88,9 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
     the mesh (`on_mesh`: `exportflops.parallel.pipeline.mesh.rank_report` gives a global
     rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
+    # The checks of parallel.checks.check_call, which analyze_ranks runs, repeated here:
+    # parallel.checks reads this package's schedule table, so importing it here would close
+    # an import cycle (checks -> pipeline -> ranks -> checks).
     if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
         raise InputError(f"{layout}: a pipeline composes with fsdp and tp, not with dp, cp or "
                          f"ep yet: analyze those alone.")
@@ -96,7 +99,7 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
         raise InputError(f"schedule {schedule!r}: the schedules are {', '.join(SCHEDULES)} "
                          f"(docs/pipeline.md).")
     built, args, kwargs = built_model(model, args, kwargs)
-    per_rank = 2 if SCHEDULES[schedule].looped else 1  # pp is the ranks
+    per_rank = stages_per_rank(schedule)  # pp is the ranks
     composed = layout.fsdp > 1 or layout.tp > 1
     own_modules = composed and isinstance(built, Llama)
     two_passes = SCHEDULES[schedule].split_backward and mode == "train"

@@ -116,8 +116,8 @@ def stage_units(model: torch.nn.Module, split_points: list[str],
                 raise InputError(f"{type(model).__name__}'s parameter of {path!r} is tied to one "
                                  f"in another stage (tied embeddings): each stage would hold it, "
                                  f"which FSDP2 cannot shard as one parameter in two units; build "
-                                 f"the model untied (tie_word_embeddings=False) for --pp with "
-                                 f"--fsdp")
+                                 f"the model untied (tie_word_embeddings=False) for pp= with "
+                                 f"fsdp=")
         units[stage].append(module)
     return units
 
