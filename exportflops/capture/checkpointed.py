@@ -18,7 +18,7 @@ from .quiet import quiet_fake_tensor_log
 
 #: The qualified name torch gives the pack hook of a non-reentrant checkpoint
 #: (torch/utils/checkpoint.py, class ``_checkpoint_hook``).
-_CHECKPOINT_HOOK = "_checkpoint_hook."
+CHECKPOINT_HOOK = "_checkpoint_hook."
 
 
 def checkpointed_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> frozenset[str]:
@@ -30,7 +30,7 @@ def checkpointed_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> f
 
     def inside(module, _args):
         hooks = top_hooks(True)
-        if hooks is not None and _CHECKPOINT_HOOK in getattr(hooks[0], "__qualname__", ""):
+        if hooks is not None and CHECKPOINT_HOOK in getattr(hooks[0], "__qualname__", ""):
             found.add(paths.get(id(module), ""))
 
     handles = [module.register_forward_pre_hook(inside) for module in model.modules()]

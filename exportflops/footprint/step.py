@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .optimizers import MasterWeights
+from .rng_states import checkpoint_regions, rng_state_bytes
 from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
                                TorchDispatchMode)
 
@@ -254,13 +255,29 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
         _hold_state(storages, model, args, kwargs, optimizer)
         with storages:
             if train:
-                output = _training_step(storages, model, args, kwargs, optimizer, loss, replay,
-                                        forward_context)
+                with checkpoint_regions(model, lambda: storages.phase == "forward",
+                                        lambda: len(run.ops)) as regions:
+                    output = _training_step(storages, model, args, kwargs, optimizer, loss,
+                                            replay, forward_context)
+                run.storages.extend(_rng_states(run, regions))
             else:
                 with torch.no_grad(), forward_context():
                     output = model(*args, **kwargs) if replay is None else replay(storages)
         del output  # only now: the caller of a forward holds its output to the step's end
     return run
+
+
+def _rng_states(run: StepRun, regions: list[tuple[str, int]]) -> list[Storage]:
+    """The generator state each checkpoint region keeps (`rng_states`), from its start to the
+    end of its backward: saved for the backward, so an activation of the region's module."""
+    nbytes = rng_state_bytes()
+    held = []
+    for path, start in regions:
+        backward = [index for index, op in enumerate(run.ops) if op.phase == "backward"
+                    and (op.module == path or op.module.startswith(path + "."))]
+        held.append(Storage(nbytes, "activations", start, path,
+                            end=(backward[-1] if backward else start) + 1))
+    return held
 
 
 def _training_step(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs: dict,
