@@ -34,9 +34,8 @@ import inspect
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy
 import sympy
 import torch
 
@@ -46,6 +45,9 @@ from ..errors import InputError
 from ..records.symbolic import size_symbol
 from ..records.symbolic_memory import KindExpressions, MemorySize, SymbolicMemoryReport
 from ..records.symbolic_memory import SymbolicPoint
+
+if TYPE_CHECKING:  # numpy is imported where a symbolic step runs: `import exportflops` needs none
+    import numpy
 from ..torch_internals import pytree
 
 #: The degree in each size the samples determine (attention's scores: seq**2).
@@ -58,6 +60,7 @@ def symbolic_memory(model: torch.nn.Module, args: tuple, kwargs: dict, dynamic_s
                     step: Step, **record: Any) -> SymbolicMemoryReport:
     """The step's memory as polynomials in the sizes ``dynamic_shapes`` names; ``step(args,
     kwargs)`` runs one fake step; ``record``: the report's mode, optimizer and allocator."""
+    import numpy
     name = type(model).__name__
     marks, sizes = marked_sizes(model, args, kwargs, dynamic_shapes)
     samples = [dict(zip(sizes, offsets))
@@ -188,6 +191,7 @@ def _op(op: Any) -> str:
 def _differences(grid: numpy.ndarray) -> numpy.ndarray:
     """Forward differences of ``grid`` (sample offsets 0..DEGREE per size, then op and kind)
     along each size's axis: the coefficients of ``C(x - p, j)`` (Newton's forward formula)."""
+    import numpy
     sizes = grid.ndim - 2
     for axis in range(sizes):
         rows = [grid.take(j, axis=axis) for j in range(DEGREE + 1)]
@@ -198,6 +202,7 @@ def _differences(grid: numpy.ndarray) -> numpy.ndarray:
 
 def _weights(sizes: dict[str, MemorySize], at: dict[str, int]) -> numpy.ndarray:
     """``C(x - p, j)`` multiplied over the sizes, for each term j, in the grid's order."""
+    import numpy
     return numpy.array([math.prod(math.comb(at[name] - size.min, j)
                                   for (name, size), j in zip(sizes.items(), term))
                         for term in itertools.product(range(DEGREE + 1), repeat=len(sizes))],
@@ -207,6 +212,7 @@ def _weights(sizes: dict[str, MemorySize], at: dict[str, int]) -> numpy.ndarray:
 def _verified(name: str, *, model_step: Callable[[], StepRun], first: StepRun,
               coefficients: numpy.ndarray, sizes: dict[str, MemorySize], at: dict) -> None:
     """Step 4 of the module's docstring."""
+    import numpy
     run = model_step()
     _same_step(name, first, run, _at(sizes, dict.fromkeys(sizes, 0)), at)
     measured = numpy.array([[live[k] for k in KINDS] for live in live_by_kind(run)], dtype=object)
@@ -227,6 +233,7 @@ def _undominated(rows: numpy.ndarray) -> set[int]:
     """The rows (one op each, in step order: its coefficients) that no other row bounds
     everywhere while being earlier or larger by a constant (step 5 of the module's
     docstring)."""
+    import numpy
     unique, first = numpy.unique(rows, axis=0, return_index=True)
     kept = set()
     for row, index in zip(unique, first):

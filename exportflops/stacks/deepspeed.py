@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -133,6 +132,8 @@ def _einsum(equation, *operands) -> tuple[int, int]:
     equation = equation.replace(" ", "")
     letters = OrderedDict((k, 0) for k in equation if k.isalpha()).keys()
     equation = equation.translate({ord(x): 97 + i for i, x in enumerate(letters)})
+    import numpy as np  # here: `import exportflops` needs no numpy
+
     arrays = [np.zeros(tuple(o.shape)) for o in operands]
     for line in np.einsum_path(equation, *arrays, optimize="optimal")[1].split("\n"):
         if "optimized flop" in line.lower():
