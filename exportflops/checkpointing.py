@@ -15,11 +15,10 @@ import functools
 from collections.abc import Iterator
 
 import torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl, CheckpointWrapper, checkpoint_wrapper)
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .errors import InputError
+from .torch_internals import CheckpointImpl, CheckpointWrapper, checkpoint_wrapper
 
 _aten = torch.ops.aten
 #: The ops whose outputs a selective plan keeps: the matrix products and the attention kernels,

@@ -46,6 +46,13 @@ _feature("HigherOrderOperator", "torch._ops:HigherOrderOperator", _CORE)
 _feature("higher_order_ops", "torch._ops:_higher_order_ops", _CORE)
 _feature("FakeTensor", "torch._subclasses.fake_tensor:FakeTensor", _CORE)
 _feature("FakeTensorMode", "torch._subclasses.fake_tensor:FakeTensorMode", _CORE)
+_CHECKPOINT_WRAPPER = "torch.distributed.algorithms._checkpoint.checkpoint_wrapper"
+_feature("CheckpointImpl", f"{_CHECKPOINT_WRAPPER}:CheckpointImpl",
+         "activation checkpointing plans (fit) and their memory")
+_feature("CheckpointWrapper", f"{_CHECKPOINT_WRAPPER}:CheckpointWrapper",
+         "activation checkpointing plans (fit) and their memory")
+_feature("checkpoint_wrapper", f"{_CHECKPOINT_WRAPPER}:checkpoint_wrapper",
+         "activation checkpointing plans (fit) and their memory")
 _feature("DataDependentOutputException",
          "torch._subclasses.fake_tensor:DataDependentOutputException", "hf: models on meta")
 _feature("DynamicOutputShapeException",

@@ -66,7 +66,7 @@ def may_checkpoint(model: torch.nn.Module) -> bool:
     ``forward`` that names ``checkpoint`` (``torch.utils.checkpoint.checkpoint(...)``). The
     eager search `checkpointed_modules` costs about a forward on fake tensors (0.55 s of a 1.2 s
     training analysis of a 4-layer GPT-2 shape): it runs only where this says so."""
-    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+    from ..torch_internals import CheckpointWrapper
 
     for module in model.modules():
         code = getattr(type(module).forward, "__code__", None)

@@ -17,11 +17,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 
 import torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (CheckpointImpl,
-                                                                         CheckpointWrapper)
 
 from ..capture.checkpointed import CHECKPOINT_HOOK
-from ..torch_internals import require
+from ..capture.module_hooks import call_hooks
+from ..torch_internals import CheckpointImpl, CheckpointWrapper, require
 
 
 @contextlib.contextmanager
@@ -34,29 +33,17 @@ def checkpoint_regions(model: torch.nn.Module, forward: Callable[[], bool],
     regions: list[tuple[str, int]] = []
     inside: list[bool] = []
 
-    def enter(path: str):
-        def hook(module, _args):
-            hooks = top_hooks(True)
-            hooked = hooks is not None and CHECKPOINT_HOOK in getattr(hooks[0], "__qualname__", "")
-            reentrant = (isinstance(module, CheckpointWrapper)
-                         and module.checkpoint_impl == CheckpointImpl.REENTRANT)
-            if forward() and not any(inside) and (hooked or reentrant):
-                regions.append((path, position()))
-            inside.append(hooked or reentrant)
-        return hook
+    def enter(path: str, module: torch.nn.Module) -> None:
+        hooks = top_hooks(True)
+        hooked = hooks is not None and CHECKPOINT_HOOK in getattr(hooks[0], "__qualname__", "")
+        reentrant = (isinstance(module, CheckpointWrapper)
+                     and module.checkpoint_impl == CheckpointImpl.REENTRANT)
+        if forward() and not any(inside) and (hooked or reentrant):
+            regions.append((path, position()))
+        inside.append(hooked or reentrant)
 
-    def leave(*_):
-        inside.pop()
-
-    handles = []
-    for path, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(path)))
-        handles.append(module.register_forward_hook(leave, always_call=True))
-    try:
+    with call_hooks(model.named_modules(), enter, inside.pop):
         yield regions
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def rng_state_bytes() -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .optimizers import MasterWeights
+from ..capture.module_hooks import call_hooks
 from .rng_states import checkpoint_regions, rng_state_bytes
 from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
                                TorchDispatchMode)
@@ -169,20 +170,6 @@ def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
     stack: list[str] = []
     numbers: list[int] = []
     paths: list[str] = []
-    handles = []
-
-    def enter(path: str):
-        def hook(*_):
-            stack.append(path)
-        return hook
-
-    def leave(*_):
-        stack.pop()
-
-    for path, module in model.named_modules():
-        handles.append(module.register_forward_pre_hook(enter(path)))
-        handles.append(module.register_forward_hook(leave, always_call=True))
-
     def running() -> str:
         node = current_node()
         if stack or node is None:  # a forward runs (a checkpoint's recomputation too)
@@ -196,11 +183,8 @@ def _module_paths(model: torch.nn.Module) -> Iterator[Callable[[], str]]:
         at = bisect.bisect_right(numbers, sequence_nr(node))
         return paths[at] if at < len(paths) else ""
 
-    try:
+    with call_hooks(model.named_modules(), lambda path, _: stack.append(path), stack.pop):
         yield running
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextlib.contextmanager

@@ -26,8 +26,10 @@ from itertools import chain
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.overrides import TorchFunctionMode
+
+from ..capture.module_hooks import call_hooks
+from ..torch_internals import FakeTensorMode
 
 #: The methods Python's binary operators reach: ``a + b`` is ``Tensor.add`` to a mode.
 OPERATOR_METHODS = frozenset({torch.Tensor.add, torch.Tensor.mul})
@@ -75,23 +77,9 @@ def _module_paths(model: torch.nn.Module):
     """A stack of the paths of the modules running, kept by forward hooks that are removed
     on exit."""
     stack = [""]
-
-    def entered(path: str):
-        return lambda *_: stack.append(path)  # returns None: the input is left as it is
-
-    def left(*_) -> None:  # a forward hook returning a value would replace the output
-        stack.pop()
-
-    handles = []
-    for path, module in model.named_modules():
-        if path:
-            handles.append(module.register_forward_pre_hook(entered(path)))
-            handles.append(module.register_forward_hook(left, always_call=True))
-    try:
+    with call_hooks(((path, module) for path, module in model.named_modules() if path),
+                    lambda path, _: stack.append(path), stack.pop):
         yield stack
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @contextmanager

@@ -261,7 +261,7 @@ def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], g
     """The input passes of the rank's graph, each node's stage read off an earlier count of
     the same rank by its name (the trace names its nodes alike each time: checked, each
     backward op must have the name of the same op in the first count)."""
-    from torch._ops import OpOverload
+    from ...torch_internals import OpOverload
 
     from ...graph.walk import phase
 
