@@ -92,6 +92,19 @@ def _generation(*, fails: bool):
     return lambda: exportflops.analyze_generation(model, prompt, new_tokens=2)
 
 
+def _generation_memory(*, fails: bool):
+    """A Llama's prefill and decode steps; the failing one asks for one new token (no decode)."""
+    from exportflops.generation import generation_memory
+
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                      num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(config)
+    prompt = torch.zeros(1, 4, dtype=torch.long)
+    return lambda: generation_memory(model, prompt, new_tokens=1 if fails else 2)
+
+
 def _memory(*, fails: bool):
     model = BranchOnValue() if fails else nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
     args = (torch.randn(2, 8),)
@@ -183,6 +196,8 @@ def _conventions(*, fails: bool):
     (lambda: _profile(fails=True), True),
     (lambda: _generation(fails=False), False),
     (lambda: _generation(fails=True), True),
+    (lambda: _generation_memory(fails=False), False),
+    (lambda: _generation_memory(fails=True), True),
     (lambda: _memory(fails=False), False),
     (lambda: _memory(fails=True), True),
     (lambda: _fit(fails=False), False),
@@ -199,7 +214,8 @@ def _conventions(*, fails: bool):
     (lambda: _conventions(fails=True), True),
 ], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
-        "profile-fails", "generation", "generation-fails", "memory", "memory-fails", "fit",
+        "profile-fails", "generation", "generation-fails",
+        "generation-memory", "generation-memory-fails", "memory", "memory-fails", "fit",
         "fit-fails", "ranks", "ranks-fails", "memory-ranks", "memory-ranks-fails",
         "pipeline-memory", "pipeline-memory-fails", "expert-memory", "expert-memory-fails",
         "conventions", "conventions-fails"])
