@@ -28,7 +28,7 @@ import torch
 from ..torch_internals import pytree, require
 
 #: The dtypes whose oneDNN convolution forward holds the bytes below, as measured; a bfloat16
-#: backward holds more (oneDNN's own transposed copies), and is not modeled.
+#: backward holds more, in buffers oneDNN sizes itself, and is not modeled.
 _FORWARD_DTYPES = (torch.float32, torch.bfloat16)
 
 Workspace = Callable[..., int]
@@ -83,19 +83,17 @@ def _weight(weight: torch.Tensor, block: int, first: bool) -> int:
 
 def _on_mkldnn(dtypes: tuple[torch.dtype, ...], input: torch.Tensor, weight: torch.Tensor,
                stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-               transposed: bool,
-               output_padding: Sequence[int], groups: int,
+               transposed: bool, output_padding: Sequence[int], groups: int,
                bias_sizes: Sequence[int] | None) -> bool:
     """Whether torch's cpu convolution runs this one on oneDNN, a plain 2-d one in one of
     ``dtypes`` (grouped, 3-d and transposed convolutions block otherwise, and are not
     modeled)."""
-    if input.dtype not in dtypes:
+    if input.dtype not in dtypes or input.dim() != 4 or groups != 1 or transposed:
         return False
     backend = require("select_conv_backend")(input, weight, None, list(stride), list(padding),
                                              list(dilation), transposed, list(output_padding),
                                              groups, bias_sizes)
-    return (backend == require("ConvBackend").Mkldnn and input.dim() == 4 and groups == 1
-            and not transposed)
+    return backend == require("ConvBackend").Mkldnn
 
 
 def _channels_last(input: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -131,7 +129,8 @@ def mkldnn_convolution(output: torch.Tensor, input: torch.Tensor, weight: torch.
     if not _on_mkldnn(_FORWARD_DTYPES, input, weight, stride, padding, dilation, transposed,
                       output_padding, groups, bias_sizes):
         return 0
-    block, first = channel_block(), input.shape[1] < channel_block()
+    block = channel_block()
+    first = input.shape[1] < block
     channels_last = _channels_last(input, weight)
     copies = _copies(channels_last, input, weight)
     if channels_last:
@@ -148,37 +147,48 @@ def mkldnn_convolution_backward(
         weight: torch.Tensor, bias_sizes: Sequence[int] | None, stride: Sequence[int],
         padding: Sequence[int], dilation: Sequence[int], transposed: bool,
         output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]) -> int:
-    """``mkldnn_convolution_backward``: grad_input first (``mkldnn_convolution_backward_input``:
-    grad_output and the weight reordered, grad_input computed blocked, then copied dense), then
-    grad_weight (``..._backward_weights``: grad_output and the input reordered, grad_weight
-    computed blocked, then copied dense), while grad_input is held. Channels-last: the weight's
-    reorder for grad_input; grad_weight's blocked copy and its dense copy before the
-    channels-last one returned."""
+    """``mkldnn_convolution_backward``: grad_input first, then grad_weight (and grad_bias)
+    while grad_input is held; the most of the two, less the outputs."""
     if not _on_mkldnn((torch.float32,), input, weight, stride, padding, dilation, transposed,
                       output_padding, groups, bias_sizes):
         return 0
     grad_input, grad_weight, grad_bias = grads
-    block, first = channel_block(), input.shape[1] < channel_block()
+    block = channel_block()
     channels_last = _channels_last(input, weight)
-    copies = _copies(channels_last, grad_output, input, weight)
     held = _nbytes(grad_input)
-    blocked_grad_output = 0 if channels_last else _blocked(grad_output, block)
-    most = 0
-    if output_mask[0]:
-        weight_reorder = _weight(weight, block, first=False)
-        if channels_last:
-            most = weight_reorder + held
-        else:
-            blocked = _blocked(grad_input, block)
-            most = max(blocked_grad_output + weight_reorder + blocked, blocked + held)
-    if output_mask[1] or output_mask[2]:
-        weights = (_weight(weight, block, first=first or channels_last)
-                   + (_padded(weight.shape[0], block) * weight.element_size()
-                      if output_mask[2] else 0))
-        if channels_last:  # the blocked and the dense copies live as the returned one is made
-            most = max(most, held + weights + 2 * _nbytes(grad_weight))
-        else:
-            reorders = blocked_grad_output + (0 if first else _blocked(input, block))
-            most = max(most, held + reorders + weights,
-                       held + weights + _nbytes(grad_weight) + _nbytes(grad_bias))
-    return copies + max(most - held - _nbytes(grad_weight) - _nbytes(grad_bias), 0)
+    most = max(_grad_input(grad_output, weight, grad_input, block, channels_last)
+               if output_mask[0] else 0,
+               held + _grad_weight(grad_output, input, weight, grad_weight, grad_bias, block,
+                                   channels_last) if output_mask[1] or output_mask[2] else 0)
+    return (_copies(channels_last, grad_output, input, weight) + most
+            - held - _nbytes(grad_weight) - _nbytes(grad_bias))
+
+
+def _grad_input(grad_output: torch.Tensor, weight: torch.Tensor, grad_input: torch.Tensor,
+                block: int, channels_last: bool) -> int:
+    """The most ``mkldnn_convolution_backward_input`` holds, grad_input included: grad_output
+    and the weight reordered, grad_input computed blocked, then copied dense. Channels-last:
+    the weight's reorder, grad_input computed in place."""
+    weight_reorder = _weight(weight, block, first=False)
+    if channels_last:
+        return weight_reorder + _nbytes(grad_input)
+    blocked = _blocked(grad_input, block)
+    return max(_blocked(grad_output, block) + weight_reorder + blocked,
+               blocked + _nbytes(grad_input))
+
+
+def _grad_weight(grad_output: torch.Tensor, input: torch.Tensor, weight: torch.Tensor,
+                 grad_weight: torch.Tensor | None, grad_bias: torch.Tensor | None, block: int,
+                 channels_last: bool) -> int:
+    """The most ``mkldnn_convolution_backward_weights`` holds, its outputs included:
+    grad_output and the input reordered (a first convolution's input read as it is),
+    grad_weight and grad_bias computed blocked, then copied dense. Channels-last: nothing
+    reordered; the blocked and the dense grad_weight live as the channels-last one returned
+    is made of them."""
+    first = input.shape[1] < block
+    blocked = _weight(weight, block, first) + (
+        _padded(weight.shape[0], block) * weight.element_size() if grad_bias is not None else 0)
+    if channels_last:
+        return blocked + 2 * _nbytes(grad_weight) + _nbytes(grad_bias)
+    reorders = _blocked(grad_output, block) + (0 if first else _blocked(input, block))
+    return max(reorders + blocked, blocked + _nbytes(grad_weight) + _nbytes(grad_bias))
