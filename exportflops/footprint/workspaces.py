@@ -13,8 +13,8 @@ blocked layout (``nChw16c`` with AVX-512, its channels padded to the block) befo
 primitive runs, the result is computed blocked and copied back into the dense output
 (``mkldnn_to_dense``); a channels-last tensor is viewed as it is, and only the weight is
 reordered. The layouts were read from oneDNN's verbose log (``ONEDNN_VERBOSE=1``) and the
-bytes from torch's profiler on an AVX-512 cpu with oneDNN 3.12 (docs/memory.md lists the cases
-measured and those that differ).
+bytes from torch's profiler on an AVX-512 cpu with oneDNN 3.12, and on the same cpu limited to
+AVX2 (docs/memory.md lists the cases measured and those that differ).
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def workspace_bytes(func: Any, result: Any, args: tuple, kwargs: dict) -> int:
 
 def channel_block() -> int:
     """The channels of oneDNN's blocked layouts on this cpu: 16 floats fill an AVX-512 register
-    (``nChw16c``, as the verbose log shows here), 8 an AVX2 one (``nChw8c``)."""
+    (``nChw16c``, as the verbose log shows), 8 an AVX2 one (``nChw8c``, as it shows under
+    ``ONEDNN_MAX_CPU_ISA=AVX2``). ATen's capability stands for oneDNN's ISA: both are read from
+    the cpu, unless ``ATEN_CPU_CAPABILITY`` and ``ONEDNN_MAX_CPU_ISA`` set them apart."""
     return 16 if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else 8
 
 
