@@ -111,6 +111,9 @@ _feature("is_traceable_wrapper_subclass",
          "memory of a parallelized model (DTensor shards)")
 _feature("prims", "torch._prims", "deciding branches by values")
 _feature("make_fx", "torch.fx.experimental.proxy_tensor:make_fx", "per-rank capture under FSDP2")
+_feature("select_conv_backend", "torch._C:_select_conv_backend",
+         "memory: the workspaces of cpu convolutions")
+_feature("ConvBackend", "torch._C:_ConvBackend", "memory: the workspaces of cpu convolutions")
 _feature("all_to_all_single_autograd",
          "torch.distributed._functional_collectives:all_to_all_single_autograd",
          "memory_ranks under expert parallelism (the dispatch and combine)")

@@ -1,8 +1,9 @@
 """Memory: where the bytes of one step go (`memory`, the record `MemoryReport`).
 
-``step`` runs the step on a fake copy of the model and records every storage's lifetime;
-``liveness`` sweeps those lifetimes into the live bytes by kind at every op; ``report`` builds
-the record (peak, kinds, module tree, timeline). Definitions: docs/memory.md.
+``step`` runs the step on a fake copy of the model and records every storage's lifetime (and,
+from ``workspaces``, the bytes a cpu kernel holds inside itself at its op); ``liveness``
+sweeps those lifetimes into the live bytes by kind at every op; ``report`` builds the record
+(peak, kinds, module tree, timeline). Definitions: docs/memory.md.
 """
 
 from __future__ import annotations

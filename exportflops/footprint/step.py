@@ -27,6 +27,7 @@ import torch
 from .optimizers import MasterWeights
 from ..capture.module_hooks import call_hooks
 from .rng_states import checkpoint_regions, rng_state_bytes
+from .workspaces import workspace_bytes
 from ..torch_internals import (is_traceable_wrapper_subclass, pytree, require, sequence_nr,
                                TorchDispatchMode)
 
@@ -150,6 +151,10 @@ class _Storages(TorchDispatchMode):
             for a in args)))
         for tensor in tensors:
             self.hold(tensor, "temporaries", index, module)
+        workspace = workspace_bytes(func, result, args, kwargs or {})
+        if workspace:  # held while the kernel runs: live at this op only
+            self.run.storages.append(Storage(workspace, "temporaries", index, module,
+                                             end=index + 1))
         return result
 
 

@@ -16,13 +16,6 @@ from tests.footprint.profiled import Measured, forward_step, profiled, training_
 
 #: Issue 50's bar: the predicted peak within 3% of the profiler's.
 TOLERANCE = 0.03
-#: A known gap: on cpu, oneDNN's convolution_backward allocates reorder buffers inside the
-#: kernel (two of grad_output's size and one of the weight's, seen as the profiler's
-#: allocations under aten::convolution_backward), below the dispatch level the step is
-#: recorded at: the CNN's training peak is 8% over the prediction.
-CONV_WORKSPACES = pytest.mark.xfail(strict=True, reason="cpu convolution_backward workspaces")
-TRAIN_CASES = [pytest.param(name, id=name, marks=CONV_WORKSPACES if "resnet" in name else ())
-               for name in CASES]
 
 
 @functools.cache
@@ -36,7 +29,7 @@ def _train(name: str) -> tuple[MemoryReport, Measured]:
     return predicted, profiled(training_step(model, lambda: case.loss(model(*args, **kwargs))))
 
 
-@pytest.mark.parametrize("name", TRAIN_CASES)
+@pytest.mark.parametrize("name", CASES)
 def test_a_training_steps_peak_is_the_profilers_within_3_percent(name):
     predicted, measured = _train(name)
     assert predicted.peak_bytes == pytest.approx(measured.peak_bytes, rel=TOLERANCE)
