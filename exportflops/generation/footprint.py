@@ -122,14 +122,16 @@ def _lines(step: str, runs: dict[int, MemoryReport], low: int) -> list[PeakLine]
         lines.append(PeakLine(step=step, index=a.index, op=a.op,
                               fixed_bytes=a.live.total - grown,
                               bytes_per_sequence=grown // low))
+    # At low the line misses its point where the growth is no whole number per sequence.
     for line, a, c in zip(lines, once.timeline, thrice.timeline):
         if line.at(low) != a.live.total or line.at(3 * low) != c.live.total:
+            advice = ("pass allocator='exact' (the CUDA allocator's rounding is not linear in "
+                      "the batch)" if once.allocator == "cuda" else
+                      "run generation_memory at the batch you mean to run")
             raise ProfileError(
                 f"At {a.op} #{a.index} of the {step} step of {once.model}, the live bytes at "
                 f"batches {low}, {2 * low} and {3 * low} lie on no line with a whole number "
-                f"of bytes per sequence: pass allocator='exact' (the CUDA allocator's "
-                f"rounding is not linear in the batch), or run generation_memory at the "
-                f"batch you mean to run.")
+                f"of bytes per sequence: {advice}.")
     return lines
 
 

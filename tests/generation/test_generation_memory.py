@@ -14,7 +14,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import exportflops  # noqa: E402
-from exportflops.errors import GenerationError, InputError  # noqa: E402
+from exportflops.errors import GenerationError, InputError, ProfileError  # noqa: E402
 from exportflops.generation import generation_memory  # noqa: E402
 from exportflops.generation.cache_names import cache_argument  # noqa: E402
 from exportflops.records.generation_memory import GenerationMemory  # noqa: E402
@@ -119,6 +119,11 @@ def test_largest_batch_takes_a_device_or_a_budget(call, error, words):
         call(_predicted())
 
 
+def test_a_batch_of_no_sequence_has_no_peak():
+    with pytest.raises(InputError, match=re.escape("a step runs at least one sequence")):
+        _predicted().peak_bytes_at(0)
+
+
 def test_one_new_token_runs_no_decode_step_and_is_refused():
     with pytest.raises(InputError, match="new_tokens=1 for LlamaForCausalLM"):
         generation_memory(_llama(), torch.zeros(1, 4, dtype=torch.long), new_tokens=1)
@@ -174,3 +179,14 @@ def test_gpt2s_decode_step_starts_with_a_key_and_a_value_per_cached_token():
     # 8 + 4 - 2 = 10 entries cached: a key and a value of 4 heads x 16 per layer, float32
     entries = GPT2_PROMPT + GPT2_NEW - 2
     assert _gpt2_predicted(1).kv_cache_bytes == 1 * 2 * 1 * 4 * 16 * entries * FP32
+
+
+def test_bytes_that_lie_on_no_line_in_the_batch_are_refused():
+    # The CUDA allocator rounds each block up to 512 B: the prompt's ids, 8 x 8 B per sequence,
+    # take one block at batches 4 and 8 (256, 512 B) and two at 12 (768 B).
+    model = transformers.GPT2LMHeadModel(GPT2_CONFIG).eval()
+    with pytest.raises(ProfileError, match=re.escape(
+            "batches 4, 8 and 12 lie on no line with a whole number of bytes per sequence: "
+            "pass allocator='exact'")):
+        generation_memory(model, torch.zeros(4, GPT2_PROMPT, dtype=torch.long),
+                          new_tokens=GPT2_NEW, allocator="cuda")
