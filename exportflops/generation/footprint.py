@@ -47,7 +47,9 @@ def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     prompts ``input_ids`` (batch x P) with transformers' dynamic cache: the prefill's peak
     (the LM head on the last position, as ``generate`` runs it), the peak of the decode step
     at the request's largest context (P + ``new_tokens`` - 1 positions), and the largest batch
-    that fits a device (`GenerationMemory.largest_batch`). ``allocator``: as `memory`'s.
+    that fits a device (`GenerationMemory.largest_batch`). ``allocator``: as `memory`'s; under
+    ``"cuda"`` the lines hold at the batches run, and elsewhere a point can be off by the
+    rounding, under 512 bytes per storage live there (or refused where the check shows it).
     Works on ``meta``. A request the model cannot run is an `InputError` naming the limit."""
     name = type(model).__name__
     batch, prompt_len = _check(model, input_ids, new_tokens, "dynamic", {})
