@@ -11,8 +11,15 @@ temporary, and the old one is freed once the cache drops it, as in a real step.
 
 The largest batch: every storage of a step is either the same at every batch (weights, a
 batch-free mask) or proportional to it, so each point of a step's timeline is a line in the
-batch, read from the step run at ``batch`` and at ``2 * batch``
-(`records.generation_memory.PeakLine`).
+batch (`records.generation_memory.PeakLine`):
+
+1. The lines are read from the step run at ``b = max(batch, 2)`` and at ``2 b``, and must
+   give the step run at ``3 b`` at every point (else a `ProfileError`): exact where it ran,
+   and elsewhere a line checked at one more batch, as `memory`'s symbolic sizes are.
+2. They start at batch 2: at batch 1 torch takes other paths (eager GPT-2's attention
+   reshapes its transposed keys as a view at batch 1, as a copy from batch 2), as
+   ``torch.export`` specializes sizes 0 and 1. The peak of one sequence is the steps' own,
+   run at batch 1.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from ..count.ranks import fake_copy
 from ..errors import GenerationError, InputError, ProfileError
 from ..footprint import ALLOCATORS, check_options, default_loss, run_fake
 from ..footprint.report import memory_report
-from ..records.generation_memory import GenerationMemory, PeakLine
+from ..records.generation_memory import LINES_FROM_BATCH, GenerationMemory, PeakLine
 from ..records.memory import MemoryReport
 from ..torch_internals import require
 
@@ -40,7 +47,9 @@ def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     prompts ``input_ids`` (batch x P) with transformers' dynamic cache: the prefill's peak
     (the LM head on the last position, as ``generate`` runs it), the peak of the decode step
     at the request's largest context (P + ``new_tokens`` - 1 positions), and the largest batch
-    that fits a device (`GenerationMemory.largest_batch`). ``allocator``: as `memory`'s.
+    that fits a device (`GenerationMemory.largest_batch`). ``allocator``: as `memory`'s; under
+    ``"cuda"`` the lines hold at the batches run, and elsewhere a point can be off by the
+    rounding, under 512 bytes per storage live there (or refused where the check shows it).
     Works on ``meta``. A request the model cannot run is an `InputError` naming the limit."""
     name = type(model).__name__
     batch, prompt_len = _check(model, input_ids, new_tokens, "dynamic", {})
@@ -56,17 +65,19 @@ def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     check_request(model, prompt_len, new_tokens, None)
     context = prompt_len + new_tokens - 1
     keep = _prefill_logits(model, prompt_len, full_logits=False).keywords
+    low = max(batch, LINES_FROM_BATCH)  # step 1 of the module's docstring
+    prefills, decodes, cache_bytes = {}, {}, {}
     with dynamic_cache_pytree():  # the cache's tensors are the step's inputs (pytree leaves)
-        steps = {b: (_step(model, b, prompt_len, 0, keep, allocator),
-                     _step(model, b, 1, context - 1, {}, allocator))
-                 for b in (batch, 2 * batch)}
-    (prefill, _), (decode, kv_bytes) = steps[batch]
+        for b in sorted({1, batch, low, 2 * low, 3 * low}):
+            prefills[b], _ = _step(model, b, prompt_len, 0, keep, allocator)
+            decodes[b], cache_bytes[b] = _step(model, b, 1, context - 1, {}, allocator)
     return GenerationMemory(
         model=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
-        context=context, allocator=allocator, kv_cache_bytes=kv_bytes, prefill=prefill,
-        decode=decode, peak_lines=_upper_envelope([
-            *_lines("prefill", steps[batch][0][0], steps[2 * batch][0][0], batch),
-            *_lines("decode", steps[batch][1][0], steps[2 * batch][1][0], batch)]))
+        context=context, allocator=allocator, kv_cache_bytes=cache_bytes[batch],
+        prefill=prefills[batch], decode=decodes[batch],
+        one_sequence_peak_bytes=max(prefills[1].peak_bytes, decodes[1].peak_bytes),
+        peak_lines=_upper_envelope([*_lines("prefill", prefills, low),
+                                    *_lines("decode", decodes, low)]))
 
 
 def _step(model: Any, batch: int, tokens: int, cached: int, keywords: dict,
@@ -101,33 +112,44 @@ def _filled_cache(fake_model: torch.nn.Module, layout: list[torch.Tensor]):
     return cache
 
 
-def _lines(step: str, once: MemoryReport, twice: MemoryReport, batch: int) -> list[PeakLine]:
-    """Each point of ``step`` as a line in the batch, from its timeline at ``batch``
-    (``once``) and at ``2 * batch`` (``twice``)."""
-    ops = [point.op for point in once.timeline], [point.op for point in twice.timeline]
-    if ops[0] != ops[1]:
-        at = next((i for i, (a, b) in enumerate(zip(*ops)) if a != b), min(map(len, ops)))
-        raise ProfileError(
-            f"The {step} step of {once.model} runs other ops at batch {2 * batch} than at "
-            f"{batch} (from op #{at}), so its memory is no line in the batch: run "
-            f"generation_memory at the batch you mean to run.")
+def _lines(step: str, runs: dict[int, MemoryReport], low: int) -> list[PeakLine]:
+    """Each point of ``step`` as a line in the batch, read from its timelines at ``low`` and
+    ``2 * low`` and checked at ``3 * low`` (``runs``: the step's report per batch)."""
+    once, twice, thrice = runs[low], runs[2 * low], runs[3 * low]
+    for other in (2 * low, 3 * low):
+        _check_same_ops(step, runs, low, other)
     lines = []
     for a, b in zip(once.timeline, twice.timeline):
         grown = b.live.total - a.live.total
-        if grown % batch:
-            raise ProfileError(
-                f"At {a.op} #{a.index} of the {step} step of {once.model}, the live bytes "
-                f"grow by {grown} from batch {batch} to {2 * batch}, no whole number per "
-                f"sequence: pass allocator='exact' (the CUDA allocator's rounding is not "
-                f"linear in the batch).")
         lines.append(PeakLine(step=step, index=a.index, op=a.op,
                               fixed_bytes=a.live.total - grown,
-                              bytes_per_sequence=grown // batch))
+                              bytes_per_sequence=grown // low))
+    # At low the line misses its point where the growth is no whole number per sequence.
+    for line, a, c in zip(lines, once.timeline, thrice.timeline):
+        if line.at(low) != a.live.total or line.at(3 * low) != c.live.total:
+            advice = ("pass allocator='exact' (the CUDA allocator's rounding is not linear in "
+                      "the batch)" if once.allocator == "cuda" else
+                      "run generation_memory at the batch you mean to run")
+            raise ProfileError(
+                f"At {a.op} #{a.index} of the {step} step of {once.model}, the live bytes at "
+                f"batches {low}, {2 * low} and {3 * low} lie on no line with a whole number "
+                f"of bytes per sequence: {advice}.")
     return lines
 
 
+def _check_same_ops(step: str, runs: dict[int, MemoryReport], batch: int, other: int) -> None:
+    """`ProfileError` unless ``step`` runs the same ops at batches ``batch`` and ``other``."""
+    ops = [[point.op for point in runs[b].timeline] for b in (batch, other)]
+    if ops[0] != ops[1]:
+        at = next((i for i, (a, b) in enumerate(zip(*ops)) if a != b), min(map(len, ops)))
+        raise ProfileError(
+            f"The {step} step of {runs[batch].model} runs other ops at batch {other} than at "
+            f"{batch} (from op #{at}), so its memory is no line in the batch: run "
+            f"generation_memory at the batch you mean to run.")
+
+
 def _upper_envelope(lines: list[PeakLine]) -> list[PeakLine]:
-    """The lines that are the highest at some batch >= 1, by growing slope (a monotone
+    """The lines that are the highest at some batch >= 2, by growing slope (a monotone
     chain: a line is dropped when the one after it overtakes it no later than the one before
     it gave way)."""
     best: dict[int, PeakLine] = {}  # per slope, the highest (the first of equal ones)
@@ -145,9 +167,9 @@ def _upper_envelope(lines: list[PeakLine]) -> list[PeakLine]:
 
 
 def _overtaken(middle: PeakLine, steeper: PeakLine, before: PeakLine | None) -> bool:
-    """Whether ``middle`` is nowhere the highest at batch >= 1 between ``before`` and
-    ``steeper``: ``steeper`` reaches it at or before 1, or before ``before`` gives way."""
-    if steeper.at(1) >= middle.at(1):
+    """Whether ``middle`` is nowhere the highest at batch >= 2 between ``before`` and
+    ``steeper``: ``steeper`` reaches it at or before 2, or before ``before`` gives way."""
+    if steeper.at(LINES_FROM_BATCH) >= middle.at(LINES_FROM_BATCH):
         return True
     if before is None:
         return False

@@ -11,10 +11,16 @@ from ..device_table import device_row
 from ..errors import InputError, UnknownDeviceError
 
 
+#: The least batch the lines hold at. At batch 1 torch takes other paths: a reshape of a
+#: transposed tensor is a view where from batch 2 it is a copy (eager GPT-2's attention), as
+#: torch.export specializes sizes 0 and 1 (docs/memory.md, "Generation").
+LINES_FROM_BATCH = 2
+
+
 class PeakLine(Record):
-    """The live bytes at one point of a step as a line in the batch B: ``fixed_bytes +
-    B * bytes_per_sequence`` (every storage of the step is either the same at every batch, a
-    weight, or proportional to it, an activation or a sequence's cache)."""
+    """The live bytes at one point of a step as a line in the batch B >= `LINES_FROM_BATCH`:
+    ``fixed_bytes + B * bytes_per_sequence`` (every storage of the step is either the same at
+    every batch, a weight, or proportional to it, an activation or a sequence's cache)."""
 
     step: Literal["prefill", "decode"]
     """The step the point is in."""
@@ -35,9 +41,10 @@ class GenerationMemory(Record):
     """The memory of a request of ``new_tokens`` tokens after prompts of ``prompt_len``, on
     ``batch`` sequences: the prefill (one forward under no_grad over the prompt, filling an
     empty cache) and the decode step of the largest context (the last fed token, at
-    ``context - 1`` cached entries), each a `MemoryReport`; and, from the same two steps run
-    at batch ``2 * batch``, each point of both as a line in the batch (`PeakLine`), so that
-    the peak at any batch and the largest batch that fits a budget follow."""
+    ``context - 1`` cached entries), each a `MemoryReport`; from the same two steps run at
+    three batches from 2 up, each point of both as a line in the batch (`PeakLine`), and
+    from them run at batch 1 the peak of one sequence, so that the peak at any batch and the
+    largest batch that fits a budget follow."""
 
     schema_version: int = SCHEMA_VERSION
     """Version of this record layout."""
@@ -60,8 +67,11 @@ class GenerationMemory(Record):
     """The prefill step."""
     decode: MemoryReport
     """The decode step of the largest context."""
+    one_sequence_peak_bytes: int
+    """The higher of the two steps' peaks with one sequence, from the steps run at batch 1
+    (the lines start at batch 2, `LINES_FROM_BATCH`)."""
     peak_lines: list[PeakLine]
-    """The points of both steps that are the highest at some batch >= 1, by growing
+    """The points of both steps that are the highest at some batch >= 2, by growing
     ``bytes_per_sequence``: the upper envelope of every point's line."""
 
     @property
@@ -71,6 +81,11 @@ class GenerationMemory(Record):
 
     def peak_bytes_at(self, batch: int) -> int:
         """The higher of the two steps' peaks with ``batch`` sequences."""
+        if batch < 1:
+            raise InputError(f"peak_bytes_at({batch}) of {self.model}: a step runs at least "
+                             f"one sequence.")
+        if batch < LINES_FROM_BATCH:
+            return self.one_sequence_peak_bytes
         return max(line.at(batch) for line in self.peak_lines)
 
     def largest_batch(self, device: str | None = None, *, budget_bytes: int | None = None
@@ -80,9 +95,11 @@ class GenerationMemory(Record):
         Only tensor storage is counted (docs/memory.md), so leave room for the CUDA context
         and kernels' workspaces."""
         budget = self._budget(device, budget_bytes)
-        growing = [line for line in self.peak_lines if line.bytes_per_sequence > 0]
-        if any(line.fixed_bytes + line.bytes_per_sequence > budget for line in self.peak_lines):
+        if self.one_sequence_peak_bytes > budget:
             return 0
+        if self.peak_bytes_at(LINES_FROM_BATCH) > budget:
+            return LINES_FROM_BATCH - 1
+        growing = [line for line in self.peak_lines if line.bytes_per_sequence > 0]
         if not growing:
             raise InputError(f"No point of {self.model}'s steps grows with the batch: every "
                              f"batch fits {budget} bytes.")

@@ -13,7 +13,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from exportflops.errors import GenerationError, InputError  # noqa: E402
+import exportflops  # noqa: E402
+from exportflops.errors import GenerationError, InputError, ProfileError  # noqa: E402
 from exportflops.generation import generation_memory  # noqa: E402
 from exportflops.generation.cache_names import cache_argument  # noqa: E402
 from exportflops.records.generation_memory import GenerationMemory  # noqa: E402
@@ -85,8 +86,8 @@ def test_the_decode_step_starts_with_a_key_and_a_value_per_layer_per_cached_toke
 
 
 def test_the_peak_at_another_batch_is_that_batchs_own_peak():
-    # The lines read at batches 2 and 4 predict batch 6, which they were not read from.
-    assert _predicted().peak_bytes_at(6) == _predicted(6).peak_bytes
+    # The lines read at batches 2 and 4 (and checked at 6) predict batch 5, never run for them.
+    assert _predicted().peak_bytes_at(5) == _predicted(5).peak_bytes
 
 
 def test_the_largest_batch_fits_and_one_more_does_not():
@@ -99,6 +100,7 @@ def test_the_largest_batch_fits_and_one_more_does_not():
 def test_a_budget_below_one_sequence_fits_none_and_a_device_fits_many():
     report = _predicted()
     assert report.largest_batch(budget_bytes=report.peak_bytes_at(1) - 1) == 0
+    assert report.largest_batch(budget_bytes=report.peak_bytes_at(2) - 1) == 1
     # 141 GB hold more than a million sequences of this model's < 150 kB each
     assert report.largest_batch("h200-sxm") > 10 ** 6
 
@@ -117,6 +119,11 @@ def test_largest_batch_takes_a_device_or_a_budget(call, error, words):
         call(_predicted())
 
 
+def test_a_batch_of_no_sequence_has_no_peak():
+    with pytest.raises(InputError, match=re.escape("a step runs at least one sequence")):
+        _predicted().peak_bytes_at(0)
+
+
 def test_one_new_token_runs_no_decode_step_and_is_refused():
     with pytest.raises(InputError, match="new_tokens=1 for LlamaForCausalLM"):
         generation_memory(_llama(), torch.zeros(1, 4, dtype=torch.long), new_tokens=1)
@@ -129,3 +136,57 @@ def test_a_model_without_a_transformers_cache_is_refused():
                               head_dim=4, ffn_dim=16, max_seq_len=16))
     with pytest.raises(GenerationError, match="decoder-only models with their DynamicCache"):
         generation_memory(model, torch.zeros(1, 4, dtype=torch.long), new_tokens=2)
+
+
+# A 1-layer GPT-2 (transformers), width 64, 4 heads of 16, vocab 128, eager attention: its
+# attention reshapes the transposed keys as a view at batch 1 and as a copy from batch 2, so
+# its prefill runs other ops at batch 1 than at 2.
+GPT2_CONFIG = transformers.GPT2Config(n_layer=1, n_embd=64, n_head=4, vocab_size=128,
+                                      n_positions=64, bos_token_id=0, eos_token_id=0,
+                                      attn_implementation="eager")
+GPT2_PROMPT, GPT2_NEW = 8, 4
+
+
+@functools.cache
+def _gpt2_predicted(batch: int) -> GenerationMemory:
+    model = transformers.GPT2LMHeadModel(GPT2_CONFIG).eval()
+    return generation_memory(model, torch.zeros(batch, GPT2_PROMPT, dtype=torch.long),
+                             new_tokens=GPT2_NEW)
+
+
+def _gpt2_prefill_peak(batch: int) -> int:
+    """memory() of the prefill as generate runs it, with ``batch`` sequences."""
+    model = transformers.GPT2LMHeadModel(GPT2_CONFIG).eval()
+    ids = torch.zeros(batch, GPT2_PROMPT, dtype=torch.long)
+    return exportflops.memory(model, (), {
+        "input_ids": ids, cache_argument(model): transformers.DynamicCache(config=GPT2_CONFIG),
+        "use_cache": True, "logits_to_keep": 1}, mode="forward").peak_bytes
+
+
+def test_gpt2s_steps_at_one_sequence_are_its_own_and_its_lines_start_at_two():
+    # Each batch's peak is the higher of memory()'s prefill and that batch's own decode step.
+    def peak(batch: int) -> int:
+        return max(_gpt2_prefill_peak(batch), _gpt2_predicted(batch).decode.peak_bytes)
+
+    report = _gpt2_predicted(1)
+    assert report.peak_bytes_at(1) == peak(1)
+    # The lines read at batches 2 and 4 (checked at 6) give batch 3, never run for them.
+    assert report.peak_bytes_at(3) == peak(3)
+    assert _gpt2_predicted(3).peak_bytes_at(1) == peak(1)
+
+
+def test_gpt2s_decode_step_starts_with_a_key_and_a_value_per_cached_token():
+    # 8 + 4 - 2 = 10 entries cached: a key and a value of 4 heads x 16 per layer, float32
+    entries = GPT2_PROMPT + GPT2_NEW - 2
+    assert _gpt2_predicted(1).kv_cache_bytes == 1 * 2 * 1 * 4 * 16 * entries * FP32
+
+
+def test_bytes_that_lie_on_no_line_in_the_batch_are_refused():
+    # The CUDA allocator rounds each block up to 512 B: the prompt's ids, 8 x 8 B per sequence,
+    # take one block at batches 4 and 8 (256, 512 B) and two at 12 (768 B).
+    model = transformers.GPT2LMHeadModel(GPT2_CONFIG).eval()
+    with pytest.raises(ProfileError, match=re.escape(
+            "batches 4, 8 and 12 lie on no line with a whole number of bytes per sequence: "
+            "pass allocator='exact'")):
+        generation_memory(model, torch.zeros(4, GPT2_PROMPT, dtype=torch.long),
+                          new_tokens=GPT2_NEW, allocator="cuda")
