@@ -41,9 +41,7 @@ def analyzed(ns, model, args, kwargs, **options):
 
     if not ns.model.startswith("hf:"):
         return analyze(model, args, kwargs, **options)
-    on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
-                      kwargs=ns.kwargs, hf_options=hf_options(ns))
-              if ns.device is None else None)
+    on_cpu = partial(built, ns, device_named("cpu")) if ns.device is None else None
     with in_flags():
         return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
 
@@ -79,6 +77,13 @@ def device_named(name: str):
                          "(is this a CPU build of torch?); use --device meta, which counts the "
                          "same without allocating anything.")
     return torch.device(name)
+
+
+def built(ns, device=None) -> tuple[Any, Any, dict | None]:
+    """MODEL as the flags build it (`build_target`): on ``device`` (default: --device's, meta
+    unless given), with --input's shapes, --kwargs and hf:'s sizes (`hf_options`)."""
+    return build_target(ns.model, device or device_named(ns.device or "meta"),
+                        shapes=ns.shapes, kwargs=ns.kwargs, hf_options=hf_options(ns))
 
 
 def hf_options(ns) -> dict:
