@@ -33,7 +33,7 @@ from ..render.outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
 from .targets import (  # noqa: E402
-    analyzed, built, config_sizes, dynamic_shapes, in_flags,
+    analyzed, built, dynamic_shapes, in_flags,
 )
 
 
@@ -125,7 +125,7 @@ def _analysis(ns: argparse.Namespace) -> Results:
         return _beside(ns, analyze(ns.model, strict=ns.strict, mode=ns.mode,
                                    split_backward=ns.split_backward))
     if ns.pp is not None or ns.cp is not None:
-        check_split_sizes(ns, **config_sizes(ns))
+        check_split_sizes(ns)
     # A split's all-ranks view; with --memory, one rank's step (below).
     if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory:
         from .ranks import analyze_split

@@ -323,14 +323,12 @@ def check(ns: argparse.Namespace) -> None:
 
 
 def _check_hf(ns: argparse.Namespace) -> None:
-    """--layers, --batch and --seq size the model and inputs hf: builds."""
+    """--layers, --batch and --seq size the model and inputs hf: builds (`hf.build` checks
+    their counts)."""
     given = [f"--{name}" for name in ("layers", "batch", "seq") if getattr(ns, name) is not None]
     if given and not ns.model.startswith("hf:"):
         raise UsageError(f"{given[0]} sizes a model built by hf:; for {ns.model} give the "
                          f"inputs' shapes with --input SHAPE[:DTYPE].")
-    if any(getattr(ns, name) is not None and getattr(ns, name) < 1
-           for name in ("layers", "batch", "seq")):
-        raise UsageError("--layers, --batch and --seq take a count of at least 1.")
     if given and ns.input and given != ["--layers"]:
         raise UsageError("--batch and --seq size the example inputs hf: makes; --input "
                          "replaces them: give one or the other.")
