@@ -29,7 +29,7 @@ from ..errors import BuildError, InputError, MissingExtraError, UsageError  # no
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
-from ..render.outputs import Results, to_format  # noqa: E402
+from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
 from .targets import (  # noqa: E402
@@ -93,7 +93,7 @@ def _written(ns: argparse.Namespace, path: str, text: str, flag: str, more: str 
 
 
 def _rendered(ns: argparse.Namespace, outcome: Results) -> tuple[str | None, Exception | None]:
-    """The report's text (`render.outputs.to_format`), or why it could not be drawn: reported
+    """The report's text (`outputs.to_format`), or why it could not be drawn: reported
     once the progress line is gone (`_fail` writes to the same terminal)."""
     from ..render import RenderOptions
 

@@ -1,4 +1,4 @@
-"""`render.outputs.to_format`: the command's formats of the values its analyses return, from
+"""`outputs.to_format`: the command's formats of the values its analyses return, from
 Python. TwoLayerMLP(32, 64, 10) on (4, 32), as tests/records/test_render.py derives it: MACs
 4*32*64 + 4*64*10 = 10,752; FLOPs 16,640 (fc1) + 256 (relu) + 5,160 (fc2) = 22,056."""
 
@@ -13,7 +13,7 @@ import torch
 
 from exportflops import Report, analyze
 from exportflops.render import MARKDOWN, RenderOptions, Style
-from exportflops.render.outputs import FORMATS, Results, to_format
+from exportflops.outputs import FORMATS, Results, to_format
 from exportflops.roofline import roofline
 from tests.models import TwoLayerMLP
 

@@ -2,7 +2,8 @@
 ``csv``, ``md``, ``html``): `Results` holds the values the analyses returned (a FLOPs report
 with its sweep, budget comparison or roofline beside it, or a record with a text view of its
 own: a step's memory, a fit plan, a split's ranks, a packed row's step, the conventions), and
-`to_format` writes them. Pure, as every renderer here: values in, text out; imports no torch.
+`to_format` writes them with the renderers of `render` (and `budgets.comparison_table`, which
+is why this sits above both, not in `render`). Pure: values in, text out; imports no torch.
 
 From Python, the same text as ``exportflops gpt2 --device-model h100-sxm --format md``::
 
@@ -17,13 +18,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..budgets.table import comparison_table
-from ..records import Report
-from ..records.memory import MemoryOnDevice, MemoryReport
-from . import RenderOptions, flops_report, to_markdown
-from .format import MARKDOWN, Style
-from .roofline import roofline_view
-from .tables import sweep_view, to_csv
+from .budgets.table import comparison_table
+from .records import Report
+from .records.memory import MemoryOnDevice, MemoryReport
+from .render import RenderOptions, flops_report, to_markdown
+from .render.format import MARKDOWN, Style
+from .render.roofline import roofline_view
+from .render.tables import sweep_view, to_csv
 
 FORMATS = ("table", "json", "csv", "md", "html")
 
@@ -67,7 +68,7 @@ def to_format(results: Results, format: str = "table",
     if format == "json":
         return _json(results)
     if format == "html":
-        from .html import html_report
+        from .render.html import html_report
 
         peaks, bandwidth = results.roofs or (None, None)
         return html_report(results.report, roofline=results.roofline, peaks=peaks,
@@ -95,11 +96,11 @@ def _record(results: Results, format: str) -> str:
     if format == "json":
         return record.model_dump_json(indent=2) + "\n"
     if format == "html" and isinstance(record, (MemoryReport, MemoryOnDevice)):
-        from .memory_html import memory_page
+        from .render.memory_html import memory_page
 
         return memory_page(record)
     if format == "html":  # a split's ranks: a bar per rank (and a pipeline's timeline)
-        from .html import parallel_page
+        from .render.html import parallel_page
 
         return parallel_page(record, view=results.view)
     return results.view(record, style=MARKDOWN if format == "md" else Style())
