@@ -32,9 +32,7 @@ from ..hf.models import import_transformers  # noqa: E402
 from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import (  # noqa: E402
-    analyzed, built, dynamic_shapes, in_flags,
-)
+from .targets import analyzed, built, dynamic_shapes, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -98,14 +98,12 @@ def _symbolic_memory(ns: argparse.Namespace):
 def _rank_memory(ns: argparse.Namespace):
     """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
     microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp."""
-    from ..errors import LayoutError
+    from ..errors import InputError
     from ..parallel.rank_memory import memory_ranks
-    from .splits import split_flags, split_layout
+    from .splits import flag_error, split_options
 
     try:
-        return memory_ranks(partial(built, ns), layout=split_layout(ns), rank=ns.rank,
-                            mode=ns.mode, optimizer=ns.optimizer or "adamw",
-                            schedule=ns.schedule, microbatches=ns.microbatches,
-                            routing=ns.routing)
-    except LayoutError as error:  # a model without a plan
-        raise UsageError(f"--memory {split_flags(ns)}: {error}") from error
+        return memory_ranks(partial(built, ns), rank=ns.rank, mode=ns.mode,
+                            optimizer=ns.optimizer or "adamw", **split_options(ns))
+    except InputError as error:  # a model without a plan, an example the layout cannot split
+        raise flag_error(ns, error) from error

@@ -24,7 +24,7 @@ import argparse
 from functools import partial
 
 from ..errors import InputError
-from .splits import flag_error, split_layout
+from .splits import flag_error, split_layout, split_options
 from .targets import analyzed, built
 
 
@@ -66,9 +66,8 @@ def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):
     from ..parallel.entry import analyze_ranks
 
     try:
-        return analyze_ranks(model, args, kwargs, layout=split_layout(ns), mode=ns.mode,
-                             schedule=ns.schedule, microbatches=ns.microbatches,
-                             routing=ns.routing, strict=ns.strict, **options)
+        return analyze_ranks(model, args, kwargs, mode=ns.mode, strict=ns.strict,
+                             **split_options(ns), **options)
     except InputError as error:
         raise flag_error(ns, error) from error
 

@@ -82,6 +82,13 @@ def split_layout(ns: argparse.Namespace) -> Layout:
         raise flag_error(ns, error) from error
 
 
+def split_options(ns: argparse.Namespace) -> dict:
+    """The split flags as `analyze_ranks` and `memory_ranks` take them: the `Layout`,
+    --schedule, --microbatches and --routing."""
+    return dict(layout=split_layout(ns), schedule=ns.schedule, microbatches=ns.microbatches,
+                routing=ns.routing)
+
+
 def flag_error(ns: argparse.Namespace, error: InputError) -> UsageError:
     """The library's ``error`` about the split flags' layout as a usage error naming the
     flags: its arguments as flags, led by the split flags given (and --schedule and
