@@ -107,17 +107,16 @@ def _record(results: Results, format: str) -> str:
 
 
 def _json(results: Results) -> str:
-    """The report; with its roofline or comparison, both in one object; a sweep's reports in
-    a list."""
+    """The report; with its roofline and its comparison, all in one object; a sweep's reports
+    in a list."""
     def dumped(record: Any) -> Any:
         return record.model_dump(mode="json")
 
-    if results.roofline is not None:
-        value = {"report": dumped(results.report), "roofline": dumped(results.roofline)}
-    elif results.sweep is not None:
-        value = [dumped(report) for report in results.sweep]
-    elif results.comparison is not None:
-        value = {"report": dumped(results.report), "comparison": dumped(results.comparison)}
-    else:
+    if results.sweep is not None:
+        return json.dumps([dumped(report) for report in results.sweep], indent=2) + "\n"
+    beside = {name: dumped(value) for name, value in (("roofline", results.roofline),
+                                                       ("comparison", results.comparison))
+              if value is not None}
+    if not beside:
         return results.report.model_dump_json(indent=2) + "\n"
-    return json.dumps(value, indent=2) + "\n"
+    return json.dumps({"report": dumped(results.report), **beside}, indent=2) + "\n"

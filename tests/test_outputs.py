@@ -33,6 +33,14 @@ def test_json_holds_the_report_alone_or_beside_its_roofline(report):
     assert (both["report"]["total"]["flops"], both["roofline"]["device"]) == (FLOPS, "h100-sxm")
 
 
+def test_json_keeps_the_roofline_and_the_comparison_when_both_are_beside_the_report(report):
+    # A record stands in for the --budget comparison: the JSON keeps what it is given.
+    results = Results(report, roofline=roofline(report, "h100-sxm"), comparison=report.total)
+    written = json.loads(to_format(results, "json"))
+    assert set(written) == {"report", "roofline", "comparison"}
+    assert written["comparison"]["flops"] == FLOPS
+
+
 @pytest.mark.parametrize(("view", "first_column"), [(("operators",), "op"),
                                                    (("tree",), "path")],
                          ids=["operators", "modules"])

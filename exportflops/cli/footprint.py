@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from ..errors import UsageError
+from ..errors import InputError, UsageError
 from .targets import built
 
 #: The splits --memory gives one rank's step of.
@@ -61,10 +61,10 @@ def analyze_memory(ns: argparse.Namespace):
     if ns.dims:
         return _symbolic_memory(ns)
     split = any(getattr(ns, name) is not None for name in SPLITS)
-    report = _rank_memory(ns) if split else _memory(ns)
+    record = _rank_memory(ns) if split else _memory(ns)
     if ns.device_model is not None:
-        report = MemoryOnDevice(memory=report, fit=report.fits(ns.device_model))
-    return report, lambda record, style: memory_view(record, style, ns.depth) + "\n"
+        record = MemoryOnDevice(memory=record, fit=record.fits(ns.device_model))
+    return record, lambda record, style: memory_view(record, style, ns.depth) + "\n"
 
 
 def _memory(ns: argparse.Namespace, dynamic: bool = False):
@@ -98,7 +98,6 @@ def _symbolic_memory(ns: argparse.Namespace):
 def _rank_memory(ns: argparse.Namespace):
     """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
     microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp."""
-    from ..errors import InputError
     from ..parallel.rank_memory import memory_ranks
     from .splits import flag_error, split_options
 
