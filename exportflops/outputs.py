@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .budgets.table import comparison_table
+from .errors import InputError
 from .records import Report
 from .records.memory import MemoryOnDevice, MemoryReport
 from .render import RenderOptions, flops_report, to_markdown
@@ -62,7 +63,8 @@ def to_format(results: Results, format: str = "table",
     ``extra_reprs`` are ``results.extra_reprs``; ``format="csv"`` writes one row per op where
     ``options.view`` is ``("operators",)``, else one per module)."""
     if format not in FORMATS:
-        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+        raise InputError(f"to_format(format={format!r}): the formats are "
+                         f"{', '.join(FORMATS)}.")
     if results.record is not None:
         return _record(results, format)
     if format == "json":

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from exportflops import Report, analyze
+from exportflops.errors import InputError
 from exportflops.render import MARKDOWN, RenderOptions, Style
 from exportflops.outputs import FORMATS, Results, to_format
 from exportflops.roofline import roofline
@@ -73,5 +74,5 @@ def test_a_records_own_view_gets_the_markdown_style_for_md_and_plain_text_otherw
 
 
 def test_an_unknown_format_is_refused_with_the_formats(report):
-    with pytest.raises(ValueError, match=", ".join(FORMATS)):
+    with pytest.raises(InputError, match=f"format='xml'.*{', '.join(FORMATS)}"):
         to_format(Results(report), "xml")
