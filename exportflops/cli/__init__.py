@@ -1,6 +1,7 @@
 """The ``exportflops`` command: parse arguments, build the model, analyze, render.
 
-Orchestration only: counting is `analyze`'s, rendering is `render`'s. Exit status 0 on success,
+The flags mapped to the library's analyses, their `Results` written by
+`exportflops.outputs.to_format`; counting is `analyze`'s. Exit status 0 on success,
 2 when the command cannot run as written (bad arguments, a MODEL that does not resolve, a missing
 file or package, a --device cpu run past the memory the machine has free), 1 when building or
 analyzing the model fails; each failure prints one paragraph on stderr, and the traceback only
