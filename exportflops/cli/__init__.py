@@ -1,6 +1,7 @@
 """The ``exportflops`` command: parse arguments, build the model, analyze, render.
 
-Orchestration only: counting is `analyze`'s, rendering is `render`'s. Exit status 0 on success,
+The flags mapped to the library's analyses, their `Results` written by
+`exportflops.outputs.to_format`; counting is `analyze`'s. Exit status 0 on success,
 2 when the command cannot run as written (bad arguments, a MODEL that does not resolve, a missing
 file or package, a --device cpu run past the memory the machine has free), 1 when building or
 analyzing the model fails; each failure prints one paragraph on stderr, and the traceback only
@@ -12,15 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import logging
 import os
 import sys
 import traceback
 import warnings
-from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 # torch warns on import where numpy is missing ("Failed to initialize NumPy"): the command uses
 # no numpy, so the warning would be the only thing on stderr. Scoped to the import.
@@ -32,11 +30,10 @@ from ..errors import BuildError, InputError, MissingExtraError, UsageError  # no
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
+from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import (  # noqa: E402
-    analyzed, build_target, config_sizes, device_named, dynamic_shapes, hf_options, in_flags,
-)
+from .targets import analyzed, built, dynamic_shapes, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,14 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{type(error).__name__}: {error}", 1)
     if ns.trace:
         from ..render.trace import to_trace
-        try:
-            with open(ns.trace, "w", encoding="utf-8") as file:
-                file.write(to_trace(outcome.report))
-        except OSError as error:
-            return _fail(ns, f"exportflops: error: cannot write --trace {ns.trace!r} "
-                             f"({error.strerror}); pass a path in an existing, writable "
-                             f"folder.", 2)
-        print(f"exportflops: wrote {ns.trace}", file=sys.stderr)
+        if not _written(ns, ns.trace, to_trace(outcome.report), "--trace"):
+            return 2
     try:
         if unrendered is not None:
             raise unrendered
@@ -82,43 +73,39 @@ def main(argv: list[str] | None = None) -> int:
     if not ns.output:
         sys.stdout.write(text)
         return 0
+    return 0 if _written(ns, ns.output, text, "--output", ", or leave --output out to print "
+                                                           "the report") else 2
+
+
+def _written(ns: argparse.Namespace, path: str, text: str, flag: str, more: str = "") -> bool:
+    """``text`` written to ``path``, said on stderr; False (and why, on stderr) where it
+    cannot be."""
     try:
-        with open(ns.output, "w", encoding="utf-8") as f:
-            f.write(text)
+        with open(path, "w", encoding="utf-8") as file:
+            file.write(text)
     except OSError as error:
-        return _fail(ns, f"exportflops: error: cannot write --output {ns.output!r} "
-                         f"({error.strerror}); pass a path in an existing, writable folder, "
-                         f"or leave --output out to print the report.", 2)
-    print(f"exportflops: wrote {ns.output}", file=sys.stderr)
-    return 0
+        _fail(ns, f"exportflops: error: cannot write {flag} {path!r} ({error.strerror}); pass a "
+                  f"path in an existing, writable folder{more}.", 2)
+        return False
+    print(f"exportflops: wrote {path}", file=sys.stderr)
+    return True
 
 
-def _rendered(ns: argparse.Namespace, outcome: _Outcome) -> tuple[str | None, Exception | None]:
-    """The report's text, or why it could not be drawn: reported once the progress line is
-    gone (`_fail` writes to the same terminal)."""
+def _rendered(ns: argparse.Namespace, outcome: Results) -> tuple[str | None, Exception | None]:
+    """The report's text (`outputs.to_format`), or why it could not be drawn: reported
+    once the progress line is gone (`_fail` writes to the same terminal)."""
+    from ..render import RenderOptions
+
+    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     try:
-        return _render(ns, outcome), None
+        options = RenderOptions(view=ns.views, depth=ns.depth, top=ns.top,
+                                group_by=ns.group_by, link_bytes_per_s=link)
+        return to_format(outcome, ns.format, options), None
     except Exception as error:  # noqa: BLE001 - raised again by main, after the progress
         return None, error
 
 
-@dataclass
-class _Outcome:
-    report: Any
-    extra_reprs: dict | None
-    """Each module's extra_repr() for the tree (None for a .pt2)."""
-    sweep: list | None = None
-    """The report evaluated at each --sweep point."""
-    comparison: Any = None
-    """The --budget comparison."""
-    view: Any = None
-    """An analysis with a record and a view of its own (--seqlens, --pp, --ep, --cp): (the
-    record, a function of the record and a `render.Style` returning its text)."""
-    roofline: Any = None
-    """The --device-model roofline."""
-
-
-def _analyze(ns: argparse.Namespace) -> _Outcome:
+def _analyze(ns: argparse.Namespace) -> Results:
     """`_analysis`; on --device cpu, capped at the memory the machine has free
     (`hf.memory.within_free_memory`), its refusal naming the flags."""
     if ns.device != "cpu":
@@ -127,38 +114,35 @@ def _analyze(ns: argparse.Namespace) -> _Outcome:
         return _analysis(ns)
 
 
-def _analysis(ns: argparse.Namespace) -> _Outcome:
+def _analysis(ns: argparse.Namespace) -> Results:
     from ..api import analyze
 
     if ns.model.endswith(".pt2"):
         if not os.path.isfile(ns.model):
             raise UsageError(f"no saved program at {ns.model!r}: pass the path of a file written "
                              f"by torch.export.save(program, path).")
-        outcome = _Outcome(analyze(ns.model, strict=ns.strict, mode=ns.mode,
-                                   split_backward=ns.split_backward), None)
-        return _with_roofline(ns, _with_sweep(ns, outcome))
+        return _beside(ns, analyze(ns.model, strict=ns.strict, mode=ns.mode,
+                                   split_backward=ns.split_backward))
     if ns.pp is not None or ns.cp is not None:
-        check_split_sizes(ns, **config_sizes(ns))
+        check_split_sizes(ns)
     # A split's all-ranks view; with --memory, one rank's step (below).
     if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory:
         from .ranks import analyze_split
-        report, view = analyze_split(ns)
-        return _Outcome(report, None, view=view)
+        return _shown(*analyze_split(ns))
     if ns.fit is not None:
         from .planner import analyze_fit
-        return _Outcome(None, None, view=analyze_fit(ns))
+        return _shown(*analyze_fit(ns))
     if ns.memory:
         from .footprint import analyze_memory
-        return _Outcome(None, None, view=analyze_memory(ns))
+        return _shown(*analyze_memory(ns))
     if ns.tp is not None or ns.fsdp is not None:
         from .ranks import analyze_parallelized
-        return _Outcome(*analyze_parallelized(ns))
+        report, reprs = analyze_parallelized(ns)
+        return Results(report, extra_reprs=reprs)
     if ns.conventions and (ns.mode != "train" or not ns.model.startswith("hf:")):
         raise UsageError("--conventions compares training steps of a Hugging Face model: "
                          "pass --mode train and an hf: MODEL (its config holds the sizes).")
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
+    model, args, kwargs = built(ns)
     if ns.generate is not None:
         from ..generation.decoder import analyze_generation
         if not args:  # the command's prompt is forward's first positional input
@@ -167,25 +151,23 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
                              f"name ({', '.join(kwargs or {})}). Analyze its forward without "
                              f"--generate.")
         try:
-            return _Outcome(analyze_generation(model, args[0], new_tokens=ns.generate,
-                                               cache=ns.cache, max_cache_len=ns.max_cache_len,
-                                               full_logits=ns.full_logits,
-                                               strict=ns.strict), None)
+            return Results(analyze_generation(model, args[0], new_tokens=ns.generate,
+                                              cache=ns.cache, max_cache_len=ns.max_cache_len,
+                                              full_logits=ns.full_logits, strict=ns.strict))
         except InputError as error:  # a request the model cannot run: the message says why
             raise UsageError(str(error)) from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
         from ..render.training import step_view
         fpb = flops_per_batch(model, args, kwargs, mode=ns.mode)
-        return _Outcome(fpb.report, None, view=(fpb.step(seqlens=ns.seqlens),
-                                                partial(step_view, model=fpb.report.model)))
+        return _shown(fpb.step(seqlens=ns.seqlens), partial(step_view, model=fpb.report.model))
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
     if ns.profile:
         from ..runtime.measure import profile
-        report = profile(model, args, kwargs, warmup=ns.warmup, repeat=ns.repeat)
-        return _with_roofline(ns, _Outcome(report, reprs))
+        return _beside(ns, profile(model, args, kwargs, warmup=ns.warmup, repeat=ns.repeat),
+                       reprs)
     dynamic = None
     if ns.dims:
         maxima = {name: max(values) for name, values in ns.points.items()}
@@ -193,40 +175,50 @@ def _analysis(ns: argparse.Namespace) -> _Outcome:
     report = analyzed(ns, model, args, kwargs, strict=ns.strict, mode=ns.mode,
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
-    outcome = _Outcome(report, reprs)
     if ns.conventions:
         from ..render.conventions import conventions_view
         from ..stacks import conventions
-        outcome.view = (conventions(report, config=model), conventions_view)
-    if ns.budget:
-        from ..budgets import compare
-        from ..budgets.from_model import BUDGETS, config_of
-        try:
-            config = config_of(model, args)
-        except InputError as error:
-            raise UsageError(f"--budget {ns.budget}: {error}") from error
-        outcome.comparison = compare(report, BUDGETS[ns.budget](config))
-    return _with_roofline(ns, _with_sweep(ns, outcome))
+        return _shown(conventions(report, config=model), conventions_view)
+    return _beside(ns, report, reprs, comparison=_comparison(ns, report, model, args))
 
 
-def _with_roofline(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
-    if ns.device_model is not None:
-        from ..roofline import roofline
-
-        report = outcome.report
-        if report.symbols:  # dynamic sizes: the roofline at the example sizes
-            report = report.evaluate()
-        outcome.roofline = roofline(report, ns.device_model)
-    return outcome
+def _shown(record, view) -> Results:
+    """An analysis whose ``record`` is what is printed, drawn by ``view``."""
+    return Results(record=record, view=view)
 
 
-def _with_sweep(ns: argparse.Namespace, outcome: _Outcome) -> _Outcome:
+def _comparison(ns: argparse.Namespace, report, model, args):
+    """--budget's published budget of MODEL's config beside ``report``."""
+    if not ns.budget:
+        return None
+    from ..budgets import compare
+    from ..budgets.from_model import BUDGETS, config_of
+    try:
+        config = config_of(model, args)
+    except InputError as error:
+        raise UsageError(f"--budget {ns.budget}: {error}") from error
+    return compare(report, BUDGETS[ns.budget](config))
+
+
+def _beside(ns: argparse.Namespace, report, reprs: dict | None = None,
+            comparison=None) -> Results:
+    """``report`` with what the flags add beside it: --sweep's points, --device-model's
+    roofline (at the example sizes, where the sizes are dynamic) and, on an HTML page, that
+    device's roofs."""
+    sweep = roofline = roofs = None
     if ns.points:
         try:
-            outcome.sweep = outcome.report.sweep(**ns.points)
+            sweep = report.sweep(**ns.points)
         except KeyError as error:  # a size the report has not (`Report.evaluate`)
             raise UsageError(f"--sweep: {error.args[0]}.") from error
-    return outcome
+    if ns.device_model is not None:
+        from ..roofline import roofline as on_device
+        roofline = on_device(report.evaluate() if report.symbols else report, ns.device_model)
+    if ns.format == "html" and ns.device_model not in (None, "cpu"):
+        from ..roofline.predict import device_roofs
+        roofs = device_roofs(ns.device_model, report)
+    return Results(report, sweep=sweep, points=ns.points, comparison=comparison,
+                   roofline=roofline, roofs=roofs, extra_reprs=reprs)
 
 
 @contextlib.contextmanager
@@ -247,68 +239,6 @@ def _quiet_torch(debug: bool):
             yield
     finally:
         logging.disable(previous)
-
-
-def _render(ns: argparse.Namespace, outcome: _Outcome) -> str:
-    from ..render import RenderOptions, flops_report, sweep_view, to_csv, to_markdown
-
-    report = outcome.report
-    if outcome.view is not None:
-        from ..render import MARKDOWN, Style
-        record, view = outcome.view
-        if ns.format == "json":
-            return record.model_dump_json(indent=2) + "\n"
-        if ns.format == "html" and ns.memory:
-            from .footprint import memory_html
-            return memory_html(record)
-        if ns.format == "html":  # --pp, --ep, --cp: a bar per rank (and the timeline)
-            from ..render.html import parallel_page
-            return parallel_page(record, view=view)
-        return view(record, style=MARKDOWN if ns.format == "md" else Style())
-    if ns.format == "json":
-        if outcome.roofline is not None:
-            return json.dumps({"report": report.model_dump(mode="json"),
-                               "roofline": outcome.roofline.model_dump(mode="json")},
-                              indent=2) + "\n"
-        if outcome.sweep is not None:
-            return json.dumps([r.model_dump(mode="json") for r in outcome.sweep], indent=2) + "\n"
-        if outcome.comparison is not None:
-            return json.dumps({"report": report.model_dump(mode="json"),
-                               "comparison": outcome.comparison.model_dump(mode="json")},
-                              indent=2) + "\n"
-        return report.model_dump_json(indent=2) + "\n"
-    if ns.format == "html":
-        return _html(ns, outcome)
-    if outcome.sweep is not None:
-        tablefmt = {"md": "github", "csv": "csv"}.get(ns.format, "simple")
-        return sweep_view(outcome.sweep, ns.points, tablefmt) + "\n"
-    if ns.format == "csv":
-        return to_csv(report, rows="operators" if ns.views == ["operators"] else "modules")
-    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
-    options = RenderOptions(view=ns.views, depth=ns.depth, top=ns.top, group_by=ns.group_by,
-                            extra_reprs=outcome.extra_reprs, link_bytes_per_s=link)
-    text = (to_markdown if ns.format == "md" else flops_report)(report, options)
-    if outcome.comparison is not None:
-        from ..budgets import comparison_table
-        tablefmt = "github" if ns.format == "md" else "simple"
-        text += "\n" + comparison_table(outcome.comparison, tablefmt=tablefmt) + "\n"
-    if outcome.roofline is not None:
-        from ..render import MARKDOWN, Style, roofline_view
-        style = MARKDOWN if ns.format == "md" else Style()
-        text += "\n" + roofline_view(outcome.roofline, style, depth=ns.depth, top=ns.top)
-    return text
-
-
-def _html(ns: argparse.Namespace, outcome: _Outcome) -> str:
-    """The page; with --device-model its roofline and (for a table row) the device's roofs."""
-    from ..render.html import html_report
-
-    peaks = bandwidth = None
-    if ns.device_model not in (None, "cpu"):
-        from ..roofline.predict import device_roofs
-        peaks, bandwidth = device_roofs(ns.device_model, outcome.report)
-    return html_report(outcome.report, roofline=outcome.roofline, peaks=peaks,
-                       bandwidth_byte_per_s=bandwidth)
 
 
 def _fail(ns: argparse.Namespace, message: str, code: int) -> int:

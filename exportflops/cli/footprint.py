@@ -7,10 +7,10 @@ device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microba
 from __future__ import annotations
 
 import argparse
-import sys
+from functools import partial
 
-from ..errors import UsageError
-from .targets import build_target, device_named, hf_options
+from ..errors import InputError, UsageError
+from .targets import built
 
 #: The splits --memory gives one rank's step of.
 SPLITS = ("tp", "fsdp", "pp", "ep", "cp")
@@ -56,49 +56,41 @@ def check_memory(ns: argparse.Namespace) -> None:
 def analyze_memory(ns: argparse.Namespace):
     """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
     from ..records.memory import MemoryOnDevice
+    from ..render.memory import memory_view
 
     if ns.dims:
         return _symbolic_memory(ns)
     split = any(getattr(ns, name) is not None for name in SPLITS)
-    report = _rank_memory(ns) if split else _memory(ns)
-    if ns.device_model is None:
-        return report, lambda record, style: _memory_text(record, style, ns.depth)
-    return (MemoryOnDevice(memory=report, fit=report.fits(ns.device_model)),
-            lambda record, style: _on_device_text(record, style, ns.depth))
+    record = _rank_memory(ns) if split else _memory(ns)
+    if ns.device_model is not None:
+        record = MemoryOnDevice(memory=record, fit=record.fits(ns.device_model))
+    return record, lambda record, style: memory_view(record, style, ns.depth) + "\n"
 
 
-def _memory(ns: argparse.Namespace):
+def _memory(ns: argparse.Namespace, dynamic: bool = False):
+    """`exportflops.memory` of MODEL with --mode, --optimizer and --precision; ``dynamic``:
+    in --dynamic's sizes."""
     from .. import memory
+    from .targets import dynamic_shapes
 
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
+    model, args, kwargs = built(ns)
+    shapes = dynamic_shapes(ns, model, args, kwargs, {}) if dynamic else None
     return memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
-                  precision=ns.precision or "32-true")
+                  precision=ns.precision or "32-true", dynamic_shapes=shapes)
 
 
 def _symbolic_memory(ns: argparse.Namespace):
     """--memory --dynamic: the step's memory in those sizes (`SymbolicMemoryReport`); with
-    --device-model, the largest value of each size whose peak fits its memory, the
-    others at the example's (or the smallest sampled, where the example is below it)."""
-    from .. import memory
+    --device-model, the largest value of each size whose peak fits its memory, the others at
+    the example's (`SymbolicMemoryReport.largest_each`)."""
     from ..device_table import device_row
     from ..render.symbolic_memory import symbolic_memory_view
-    from .targets import dynamic_shapes
 
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
-    report = memory(model, args, kwargs, mode=ns.mode, optimizer=ns.optimizer or "adamw",
-                    precision=ns.precision or "32-true",
-                    dynamic_shapes=dynamic_shapes(ns, model, args, kwargs, {}))
+    report = _memory(ns, dynamic=True)
     largest, budget = {}, ""
     if ns.device_model is not None:
         budget = f"{ns.device_model} ({device_row(ns.device_model).memory_bytes} bytes)"
-        examples = {s.name: max(s.example, s.min) for s in report.sizes}
-        largest = {name: report.largest(name, ns.device_model, **{
-            other: value for other, value in examples.items() if other != name})
-            for name in examples}
+        largest = report.largest_each(ns.device_model)
     return report, lambda record, style: symbolic_memory_view(record, style, largest,
                                                               budget) + "\n"
 
@@ -106,40 +98,11 @@ def _symbolic_memory(ns: argparse.Namespace):
 def _rank_memory(ns: argparse.Namespace):
     """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
     microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp."""
-    from ..errors import LayoutError
     from ..parallel.rank_memory import memory_ranks
-    from .splits import split_flags, split_layout
-
-    def build(device):
-        return build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
-                            hf_options=hf_options(ns))
+    from .splits import flag_error, split_options
 
     try:
-        return memory_ranks(build, layout=split_layout(ns), rank=ns.rank, mode=ns.mode,
-                            optimizer=ns.optimizer or "adamw", schedule=ns.schedule,
-                            microbatches=ns.microbatches, routing=ns.routing)
-    except LayoutError as error:  # a model without a plan
-        raise UsageError(f"--memory {split_flags(ns)}: {error}") from error
-
-
-def _memory_text(report, style, depth: int) -> str:
-    from ..render.memory import memory_view
-
-    return memory_view(report, style, max_depth=depth if depth >= 0 else sys.maxsize) + "\n"
-
-
-def _on_device_text(record, style, depth: int) -> str:
-    from ..render.memory import fit_view
-
-    return _memory_text(record.memory, style, depth) + "\n" + fit_view(record.fit, style) + "\n"
-
-
-def memory_html(record) -> str:
-    """--memory --format html: the `MemoryReport`'s page, and with --device-model whether it
-    fits."""
-    from ..records.memory import MemoryOnDevice
-    from ..render.memory_html import memory_page
-
-    if isinstance(record, MemoryOnDevice):
-        return memory_page(record.memory, fit=record.fit)
-    return memory_page(record)
+        return memory_ranks(partial(built, ns), rank=ns.rank, mode=ns.mode,
+                            optimizer=ns.optimizer or "adamw", **split_options(ns))
+    except InputError as error:  # a model without a plan, an example the layout cannot split
+        raise flag_error(ns, error) from error

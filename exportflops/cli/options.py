@@ -7,7 +7,7 @@ import json
 import math
 from functools import partial
 
-from ..errors import UsageError
+from ..errors import UnknownDeviceError, UsageError
 from .footprint import check_memory
 from .planner import check_fit
 from .splits import check_splits, refuse
@@ -323,14 +323,12 @@ def check(ns: argparse.Namespace) -> None:
 
 
 def _check_hf(ns: argparse.Namespace) -> None:
-    """--layers, --batch and --seq size the model and inputs hf: builds."""
+    """--layers, --batch and --seq size the model and inputs hf: builds (`hf.build` checks
+    their counts)."""
     given = [f"--{name}" for name in ("layers", "batch", "seq") if getattr(ns, name) is not None]
     if given and not ns.model.startswith("hf:"):
         raise UsageError(f"{given[0]} sizes a model built by hf:; for {ns.model} give the "
                          f"inputs' shapes with --input SHAPE[:DTYPE].")
-    if any(getattr(ns, name) is not None and getattr(ns, name) < 1
-           for name in ("layers", "batch", "seq")):
-        raise UsageError("--layers, --batch and --seq take a count of at least 1.")
     if given and ns.input and given != ["--layers"]:
         raise UsageError("--batch and --seq size the example inputs hf: makes; --input "
                          "replaces them: give one or the other.")
@@ -387,13 +385,13 @@ def _check_analyses(ns: argparse.Namespace) -> None:
         refuse(ns, asked, what, refused)
     if ns.profile and (ns.warmup < 0 or ns.repeat < 1):
         raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
-    if ns.device_model is not None:
-        from ..device_table import DEVICES
+    if ns.device_model not in (None, "cpu"):
+        from ..device_table import device_row
 
-        keys = [d.key for d in DEVICES] + ["cpu"]
-        if ns.device_model not in keys:
-            raise UsageError(f"--device-model {ns.device_model!r} is not in the device table; "
-                             f"choose one of {', '.join(keys)}.")
+        try:
+            device_row(ns.device_model)
+        except UnknownDeviceError as error:  # it names the table's keys
+            raise UsageError(f"--device-model: {error}") from None
     if ns.trace and not ns.profile:
         raise UsageError("--trace writes the measured timeline: add --profile (and --device cpu "
                          "or cuda).")

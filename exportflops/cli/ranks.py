@@ -24,8 +24,8 @@ import argparse
 from functools import partial
 
 from ..errors import InputError
-from .splits import flag_error, split_layout
-from .targets import analyzed, build_target, device_named, hf_options
+from .splits import flag_error, split_layout, split_options
+from .targets import analyzed, built
 
 
 def analyze_parallelized(ns: argparse.Namespace):
@@ -38,16 +38,13 @@ def analyze_parallelized(ns: argparse.Namespace):
 
 
 def analyze_split(ns: argparse.Namespace):
-    """(None: the record is what is printed, (the record of every rank of --pp, --ep or --cp,
-    its view))."""
+    """(the record of every rank of --pp, --ep or --cp, its view)."""
     from ..parallel.pipeline.analysis import DEFAULT_DEVICE
     from ..render.context import context_view
     from ..render.experts import experts_view
     from ..render.pipeline import pipeline_view
 
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
+    model, args, kwargs = built(ns)
     link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     if ns.pp is not None:
         options = dict(device=ns.device_model or DEFAULT_DEVICE, link_bytes_per_s=link,
@@ -60,7 +57,7 @@ def analyze_split(ns: argparse.Namespace):
     else:
         options = dict(load_balance=not ns.no_load_balance)
         view = partial(context_view, rank=ns.rank)
-    return None, (_ranks(ns, model, args, kwargs, **options), view)
+    return _ranks(ns, model, args, kwargs, **options), view
 
 
 def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):
@@ -69,9 +66,8 @@ def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):
     from ..parallel.entry import analyze_ranks
 
     try:
-        return analyze_ranks(model, args, kwargs, layout=split_layout(ns), mode=ns.mode,
-                             schedule=ns.schedule, microbatches=ns.microbatches,
-                             routing=ns.routing, strict=ns.strict, **options)
+        return analyze_ranks(model, args, kwargs, mode=ns.mode, strict=ns.strict,
+                             **split_options(ns), **options)
     except InputError as error:
         raise flag_error(ns, error) from error
 
@@ -81,7 +77,6 @@ def _build(ns: argparse.Namespace, reprs: dict, device):
     ``reprs``."""
     from ..attribution import extra_reprs
 
-    model, args, kwargs = build_target(ns.model, device, shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
+    model, args, kwargs = built(ns, device)
     reprs.update(extra_reprs(model))
     return model, args, kwargs

@@ -10,7 +10,7 @@ import argparse
 
 from ..errors import InputError, UsageError
 from ..parallel.layout import Layout
-from .targets import flags
+from .targets import flags, in_flags
 
 #: The flags giving a split's degree, each a field of `Layout`.
 SPLITS = ("pp", "fsdp", "cp", "tp", "ep")
@@ -82,6 +82,13 @@ def split_layout(ns: argparse.Namespace) -> Layout:
         raise flag_error(ns, error) from error
 
 
+def split_options(ns: argparse.Namespace) -> dict:
+    """The split flags as `analyze_ranks` and `memory_ranks` take them: the `Layout`,
+    --schedule, --microbatches and --routing."""
+    return dict(layout=split_layout(ns), schedule=ns.schedule, microbatches=ns.microbatches,
+                routing=ns.routing)
+
+
 def flag_error(ns: argparse.Namespace, error: InputError) -> UsageError:
     """The library's ``error`` about the split flags' layout as a usage error naming the
     flags: its arguments as flags, led by the split flags given (and --schedule and
@@ -117,17 +124,17 @@ def check_splits(ns: argparse.Namespace) -> None:
         raise flag_error(ns, error) from error
 
 
-def check_split_sizes(ns: argparse.Namespace, *, layers: int | None = None,
-                      tokens: int | None = None) -> None:
-    """The split flags against the sizes of what they split, before the model is built
-    (building and counting a model takes seconds to minutes): --pp's stages against the
-    ``layers`` of MODEL's one stack, --cp's chunks against the ``tokens`` of its example
-    (`exportflops.parallel.checks.check_sizes`). None: known once MODEL is built."""
-    from ..parallel.checks import check_sizes
+def check_split_sizes(ns: argparse.Namespace) -> None:
+    """The split flags against the sizes of what they split, an hf: MODEL's config
+    (`hf.check_layout`), before the model is built."""
+    from .. import hf
 
+    if not ns.model.startswith("hf:"):
+        return
     try:
-        check_sizes(split_layout(ns), model=ns.model, schedule=ns.schedule, layers=layers,
-                    tokens=tokens, load_balance=not ns.no_load_balance,
-                    capped=layers is not None and ns.layers == layers)
+        with in_flags():
+            hf.check_layout(ns.model, split_layout(ns), layers=ns.layers, seq=ns.seq,
+                            schedule=ns.schedule, load_balance=not ns.no_load_balance,
+                            example=not ns.shapes)
     except InputError as error:
         raise flag_error(ns, error) from error

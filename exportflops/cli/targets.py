@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import hf
 from ..errors import BuildError, ExportError, InputError, UsageError
-from ..hf.models import CpuRunError, split_sizes
+from ..hf.models import CpuRunError
 from ..hf.needs import innermost
 
 #: The library's arguments its errors name, and the command's flag for each: the hf library's
@@ -28,7 +28,7 @@ FLAGS = {"seq": "--seq", "batch": "--batch", "layers": "--layers", "device": "--
          "load_balance": "--no-load-balance"}
 #: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``,
 #: ``schedule='1f1b'``, ``load_balance=False`` (a switch: the flag alone), or bare (``kwargs=``).
-_ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|'\w+'|\d+|[A-Z]\b|True|False)?")
+_ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|'\w+'|-?\d+|[A-Z]\b|True|False)?")
 #: A `Layout` as it prints, ``Layout(fsdp=3, ep=2)``: quoted as it is, the value named.
 _LAYOUT = re.compile(r"(Layout\([^)]*\))")
 
@@ -41,23 +41,9 @@ def analyzed(ns, model, args, kwargs, **options):
 
     if not ns.model.startswith("hf:"):
         return analyze(model, args, kwargs, **options)
-    on_cpu = (partial(build_target, ns.model, device_named("cpu"), shapes=ns.shapes,
-                      kwargs=ns.kwargs, hf_options=hf_options(ns))
-              if ns.device is None else None)
+    on_cpu = partial(built, ns, device_named("cpu")) if ns.device is None else None
     with in_flags():
         return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
-
-
-def config_sizes(ns) -> dict:
-    """What `splits.check_split_sizes` checks the split flags against, from an hf: MODEL's
-    config (`hf.models.split_sizes`: nothing is built): its one stack's layers and, unless
-    --input gives the inputs, its example's tokens; nothing for another MODEL."""
-    if not ns.model.startswith("hf:"):
-        return {}
-    with in_flags():
-        layers, tokens = split_sizes(ns.model.removeprefix("hf:"), layers=ns.layers,
-                                     seq=ns.seq)
-    return {"layers": layers, "tokens": None if ns.shapes else tokens}
 
 
 def dynamic_shapes(ns, model, args, kwargs, maxima: dict) -> dict:
@@ -81,10 +67,17 @@ def device_named(name: str):
     return torch.device(name)
 
 
+def built(ns, device=None) -> tuple[Any, Any, dict | None]:
+    """MODEL as the flags build it (`build_target`): on ``device`` (default: --device's, meta
+    unless given), with --input's shapes, --kwargs and hf:'s sizes (`hf_options`)."""
+    return build_target(ns.model, device or device_named(ns.device or "meta"),
+                        shapes=ns.shapes, kwargs=ns.kwargs, hf_options=hf_options(ns))
+
+
 def hf_options(ns) -> dict:
     """--layers, --batch and --seq as `hf.build` takes them, and the KV cache kept on for
     --generate."""
-    return {"layers": ns.layers, "batch": ns.batch or 1, "seq": ns.seq,
+    return {"layers": ns.layers, "batch": 1 if ns.batch is None else ns.batch, "seq": ns.seq,
             "use_cache": ns.generate is not None}
 
 

@@ -31,9 +31,10 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import BuildError, ExportError, UsageError
-from .models import analyze_deciding_on_cpu, hf_model, missed_input, raised_by
+from .models import analyze_deciding_on_cpu, hf_model, missed_input, raised_by, split_sizes
 
 if TYPE_CHECKING:
+    from ..parallel.layout import Layout
     from ..records import Report
 
 
@@ -105,6 +106,24 @@ def analyze_built(built: Built, *, on_cpu: Callable[[], Built] | None = None,
             raise BuildError(f"transformers' {type(model).__name__}.forward raised in "
                              f"{raised_by(error)}: {error.torch_message}") from error
         raise
+
+
+def check_layout(spec: str | os.PathLike, layout: Layout, *, layers: int | None = None,
+                 seq: int | None = None, schedule: str | None = None,
+                 load_balance: bool = True, example: bool = True) -> None:
+    """``layout`` against the config of the model ``spec`` names (`build`'s ``layers`` and
+    ``seq``), before anything is built (building and counting a model takes seconds to
+    minutes; `split_sizes` reads the config alone): a pipeline's stages against the layers of
+    its one stack, a ring's chunks against its example's tokens (``example=False``: the
+    caller's own inputs, not checked). An `InputError` naming the arguments
+    (`exportflops.parallel.checks.check_sizes`); what the config does not say is left to the
+    analysis."""
+    from ..parallel.checks import check_sizes
+
+    stack, tokens = split_sizes(_spec(spec), layers=layers, seq=seq)
+    check_sizes(layout, model=os.fspath(spec), schedule=schedule, layers=stack,
+                tokens=tokens if example else None, load_balance=load_balance,
+                capped=stack is not None and layers == stack)
 
 
 def _spec(spec: str | os.PathLike) -> str:

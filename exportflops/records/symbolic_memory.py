@@ -142,6 +142,19 @@ class SymbolicMemoryReport(Record):
             return self._at({**given, size: value}, parsed).peak_bytes <= limit
         return largest_size(fits, ranges[size].min, high)
 
+    def largest_each(self, budget: int | str) -> dict[str, int]:
+        """{size: `largest` of it}, each with the other sizes at the example's
+        (`example_sizes`)."""
+        example = self.example_sizes()
+        return {size: self.largest(size, budget, **{other: value for other, value
+                                                    in example.items() if other != size})
+                for size in example}
+
+    def example_sizes(self) -> dict[str, int]:
+        """The example's sizes, each at least its size's smallest sampled value (an example
+        below the samples is taken at their first)."""
+        return {s.name: max(s.example, s.min) for s in self.sizes}
+
     def _capacity(self, device: str) -> int:
         row = device_row(device)  # an unknown key: UnknownDeviceError naming the keys
         if row.memory_bytes is None:

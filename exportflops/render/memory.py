@@ -7,16 +7,21 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import optional_module
-from ..records.memory import DeviceFit, KindBytes, MemoryReport
+from ..records.memory import DeviceFit, KindBytes, MemoryOnDevice, MemoryReport
 from .format import Style
 
 _KIND_HEADERS = ("kind", "at the peak", "share", "own maximum")
 _TREE_HEADERS = ("module", "activations saved", "own", "largest temporary", "made by")
 
 
-def memory_view(report: MemoryReport, style: Style = Style(), max_depth: int = 3) -> str:
+def memory_view(report: MemoryReport | MemoryOnDevice, style: Style = Style(),
+                max_depth: int = 3) -> str:
     """The summary, the kinds table (its "at the peak" column sums to the peak, the last row),
-    and the module tree to ``max_depth``."""
+    and the module tree to ``max_depth`` (-1: every level); a `MemoryOnDevice` adds whether the
+    peak fits its device (`fit_view`)."""
+    if isinstance(report, MemoryOnDevice):
+        return (memory_view(report.memory, style, max_depth) + "\n\n"
+                + fit_view(report.fit, style))
     step = (f"training step ({report.optimizer}, step 2 of the loop)" if report.mode == "train"
             else "forward under no_grad")
     rank = (f" on rank {report.rank} of {report.world_size}" if report.world_size > 1
@@ -60,7 +65,7 @@ def _tree(report: MemoryReport, style: Style, max_depth: int) -> str:
     rows = [[f"{style.indent * module.depth}{module.path or report.model}",
              style.count(module.activations, "B"), style.count(module.own_activations, "B"),
              style.count(module.largest_temporary, "B"), module.largest_temporary_op or "-"]
-            for module in report.modules if module.depth <= max_depth]
+            for module in report.modules if max_depth == -1 or module.depth <= max_depth]
     return style.table(rows, _TREE_HEADERS, "lrrrl")
 
 

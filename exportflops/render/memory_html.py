@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from ..records.memory import DeviceFit, KindBytes, MemoryReport
+from ..records.memory import DeviceFit, KindBytes, MemoryOnDevice, MemoryReport
 from ..records.names import short_name
 from .format import Style
 from .html import _page, _plots, _table
@@ -26,10 +26,12 @@ KIND_COLORS: dict[str, str] = dict(zip(KindBytes.model_fields, PALETTE))
 _PHASE_SHADES = {"backward": "rgba(171, 99, 250, 0.08)", "optimizer": "rgba(255, 161, 90, 0.12)"}
 
 
-def memory_page(report: MemoryReport, fit: DeviceFit | None = None) -> str:
+def memory_page(report: MemoryReport | MemoryOnDevice, fit: DeviceFit | None = None) -> str:
     """The whole page: ``#summary`` (the text view's title and kinds; with ``fit``, whether
     the peak fits its device), ``#memory-timeline`` (the picture), ``#kinds`` and
-    ``#memory-modules`` (sortable tables)."""
+    ``#memory-modules`` (sortable tables). A `MemoryOnDevice` is its memory with its fit."""
+    if isinstance(report, MemoryOnDevice):
+        report, fit = report.memory, report.fit
     summary = memory_view(report, _STYLE, max_depth=0)
     if fit is not None:
         summary += "\n\n" + fit_view(fit, _STYLE)

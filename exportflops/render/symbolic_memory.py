@@ -13,8 +13,8 @@ def symbolic_memory_view(report: SymbolicMemoryReport, style: Style = Style(),
                          largest: dict[str, int] | None = None, budget: str = "") -> str:
     """The summary, the candidates' table and, given ``largest`` (size -> the largest value
     whose peak fits ``budget``, the other sizes at the example's), a line per size."""
-    at = {s.name: max(s.example, s.min) for s in report.sizes}  # an example below the samples:
-    example = report.evaluate(**at)                              # their first size
+    at = report.example_sizes()
+    example = report.evaluate(**at)
     sizes = ", ".join(f"{s.name} in [{s.min}, {s.max if s.max else 'inf'}] (example "
                       f"{s.example})" for s in report.sizes)
     step = f"training step with {report.optimizer}" if report.mode == "train" else "forward"

@@ -202,10 +202,17 @@ def test_help_shows_the_examples_and_exit_codes():
     (["gpt2", "--depth", "-2"], "--depth and --top take a count, or -1 for all"),
     (["gpt2", "--view", "summary", "--output", "no/such/dir/x.txt"], "cannot write --output"),
     (["hf:no_such_type"], "knows no model_type 'no_such_type'"),
+    # hf.build's own checks of its counts, its arguments written as the flags.
+    (["hf:llama", "--batch", "0"], "--batch 0: give a count of at least 1."),
+    (["hf:llama", "--layers", "-1"], "--layers -1: give a count of at least 1."),
+    # device_table.device_row's own refusal, naming the table's keys.
+    (["gpt2", "--device-model", "h200x"], "--device-model: No device 'h200x' in the table; "
+                                          "its keys are a100-sxm-40gb,"),
 ], ids=["unknown-name", "missing-file", "missing-module", "missing-factory", "not-a-module",
         "no-inputs", "missing-pt2", "bad-dtype", "bad-shape", "bad-kwargs-json",
         "kwargs-not-object", "unknown-view", "unknown-format", "view-with-json", "bad-depth",
-        "unwritable-output", "unknown-hf-type"])
+        "unwritable-output", "unknown-hf-type", "zero-batch", "negative-layers",
+        "unknown-device-model"])
 def test_usage_errors_exit_2_with_one_paragraph(models, capsys, args, message):
     """In this process, through the command's ``main`` (the subprocess tests above and below
     show the console script exits with what ``main`` returns)."""

@@ -43,10 +43,10 @@ def test_a_report_that_cannot_be_drawn_is_told_after_the_last_stage(
     """Rendering is a stage, and its failure is told once the stages are done, as before."""
     import exportflops.cli as cli
 
-    def render(ns, outcome):
+    def to_format(results, format, options):
         raise raised
 
-    monkeypatch.setattr(cli, "_render", render)
+    monkeypatch.setattr(cli, "to_format", to_format)
     monkeypatch.chdir(models)
     assert main(["cli_models:mlp", "--progress"]) == code
     err = capsys.readouterr().err.splitlines()

@@ -136,6 +136,14 @@ def test_the_largest_size_is_the_last_whose_evaluated_peak_fits():
     assert report.largest("batch", 1000) == 0
 
 
+def test_the_largest_of_each_size_is_the_last_whose_evaluated_peak_fits():
+    report = _symbolic("llama-4-layers", "seq")
+    assert report.example_sizes() == {"seq": 32}  # CASES' example (2, 32)
+    budget = report.evaluate(seq=40).peak_bytes
+    assert report.largest_each(budget) == {"seq": 40}
+    assert report.largest_each(budget - 1) == {"seq": 39}
+
+
 def test_the_command_prints_the_polynomials_and_the_largest_batch_a_device_holds(tmp_path,
                                                                                   capsys):
     from exportflops.cli import main

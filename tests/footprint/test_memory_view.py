@@ -41,3 +41,14 @@ def test_the_title_names_the_peak_and_the_tree_indents_each_level():
         "backward at aten.mm.default #7 in block.fc; storage bytes")
     assert "\n  block " in text and "\n    block.fc " in text
     assert "block.fc" not in memory_view(_report(), max_depth=1).split("Per module")[1]
+
+
+def test_on_a_device_the_view_adds_whether_it_fits_and_minus_one_shows_every_level():
+    from exportflops.records.memory import MemoryOnDevice
+
+    report = _report()
+    on_device = MemoryOnDevice(memory=report, fit=report.fits("t4"))
+    text = memory_view(on_device, max_depth=-1)
+    assert text.startswith(memory_view(report, max_depth=-1))
+    assert text.splitlines()[-1].startswith("Fits t4: peak 2.37 kB")  # PEAK 2,370 B
+    assert "block.fc" in text.split("Per module")[1]  # depth 2: -1 shows every level

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 
@@ -161,3 +162,28 @@ def test_a_type_that_needs_a_package_transformers_lacks_names_the_package_on_its
         hf.build("dinat", layers=1)
     first = str(caught.value).splitlines()[0]
     assert "ImportError: DinatModel requires the natten library" in first
+
+
+@pytest.mark.parametrize(("layout", "options", "words"), [
+    # llama's config capped at layers=2 holds 2 decoder layers: 3 stages need 3.
+    (dict(pp=3), dict(layers=2), "pp=3 schedule='1f1b': llama has 2 layers (layers=2), and a "
+                                 "stage holds whole layers: 3 stages need 3 layers or more"),
+    # seq=100, load balanced over cp=4: 2 x 4 = 8 chunks, and 100 = 8 x 12 + 4.
+    (dict(cp=4), dict(layers=2, seq=100), "cp=4: llama's example has 100 tokens, which do not "
+                                          "split into 8 equal chunks"),
+], ids=["stages-past-layers", "tokens-past-chunks"])
+def test_check_layout_refuses_a_layout_the_config_cannot_split(layout, options, words):
+    from exportflops.errors import InputError
+    from exportflops.parallel import Layout
+
+    with pytest.raises(InputError, match=re.escape(words)):
+        hf.check_layout("llama", Layout(**layout), **options)
+
+
+def test_check_layout_leaves_the_callers_own_inputs_and_what_splits_to_the_analysis():
+    from exportflops.parallel import Layout
+
+    # 2 x 4 = 8 chunks do not divide seq=100, but inputs of the caller's own replace the
+    # example; 2 stages hold 2 layers.
+    hf.check_layout("llama", Layout(cp=4), layers=2, seq=100, example=False)
+    hf.check_layout("hf:llama", Layout(pp=2), layers=2)
