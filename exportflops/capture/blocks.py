@@ -341,7 +341,7 @@ def _op_key(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _leaf(value)
     if isinstance(value, (list, tuple)):
-        return (type(value), *[_op_key(v) for v in value])
+        return (type(value), *map(_op_key, value))
     if isinstance(value, dict):
         return (dict, *[(k, _op_key(v)) for k, v in value.items()])
     return _leaf(value)
