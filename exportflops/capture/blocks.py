@@ -366,29 +366,22 @@ def _slot(tensor: torch.Tensor) -> TensorSlot:
 
 def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) -> Plan:
     """Repeats chosen outermost first; a repeat and its model are never inside or around
-    another repeat, and a repeat never around or inside a model."""
+    another repeat, and a repeat never around or inside a model. A call's model is the first
+    call, in call order, with its key (`_Keys`)."""
     runs = Counter(call.path for call in trace.calls)
-    modules = dict(model.named_modules(remove_duplicate=False))
     once = [call for call in trace.calls
             if call.path and runs[call.path] == 1 and call.path not in trace.escaped]
-    # Calls that share no inputs, outputs and length with another cannot share the whole
-    # key below: its costly parts (a subtree's modules, a body of every op) are left unread.
-    alike = Counter(map(_outline, once))
-    by_key: dict[tuple, _Call] = {}
-    candidates = []
-    for call in once:
-        if alike[_outline(call)] < 2 or not _private(call.path, modules, owners):
-            continue
-        key = (_tree_key(modules[call.path]), call.inputs, call.out_key,
-               _body(trace.events, call))
-        first = by_key.setdefault(key, call)
-        if first is not call and not _nested(first.path, call.path):
-            candidates.append((call.path.count("."), call, first))
+    keys = _Keys(model, owners, trace, once)
     plan = Plan()
     repeats, taken = _Paths(), _Paths()  # the repeats; the repeats and their models
-    for _, call, first in sorted(candidates, key=lambda c: c[0]):
+    for call in sorted(once, key=lambda c: c.path.count(".")):
+        # Touching a repeat or a model (a call inside a block chosen already): never chosen,
+        # so its key is never made (most calls of a stack of blocks).
+        if taken.touches(call.path):
+            continue
+        first = keys.first(call)
         # A repeat's nodes are copied from its model's, which must all be traced.
-        if taken.touches(call.path) or repeats.touches(first.path):
+        if first is None or _nested(first.path, call.path) or repeats.touches(first.path):
             continue
         plan.repeats[call.path] = Repeat(call.path, first.path, call.outputs,
                                              call.grad_inputs)
@@ -396,6 +389,54 @@ def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) 
         taken.add(call.path)
         taken.add(first.path)
     return plan
+
+
+class _Keys:
+    """Each call's first call with an equal key (tree, inputs, outputs and body), the keys made
+    only as `_choose` asks: a call's key and those of the calls before it that it could equal."""
+
+    def __init__(self, model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace,
+                 once: list[_Call]) -> None:
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.owners, self.events = owners, trace.events
+        # Calls that share no inputs, outputs and length with another cannot share the whole
+        # key: its costly parts (a subtree's modules, a body of every op) are left unread.
+        # Each outline is hashed once (a pytree spec's hash is Python): calls hold its number.
+        numbers: dict[tuple, int] = {}
+        self.outline: dict[int, int] = {}
+        """id of each call -> the number of its outline."""
+        self.alike: dict[int, list[_Call]] = defaultdict(list)
+        for call in once:
+            number = self.outline[id(call)] = numbers.setdefault(_outline(call), len(numbers))
+            self.alike[number].append(call)
+        self.keyed: dict[int, int] = defaultdict(int)
+        """Outline number -> how many of its calls, in call order, are keyed."""
+        self.first_of: dict[tuple, _Call] = {}
+        self.key_of: dict[int, tuple | None] = {}
+        """id of each keyed call -> its key; None for a call that cannot repeat (not private)."""
+
+    def first(self, call: _Call) -> _Call | None:
+        """The first call with ``call``'s key, or None when no other call can have it."""
+        outline = self.outline[id(call)]
+        alike = self.alike[outline]
+        if len(alike) < 2:
+            return None
+        while id(call) not in self.key_of:
+            earlier = alike[self.keyed[outline]]
+            self.keyed[outline] += 1
+            key = self._key(earlier, outline)
+            self.key_of[id(earlier)] = key
+            if key is not None:
+                self.first_of.setdefault(key, earlier)
+        key = self.key_of[id(call)]
+        first = None if key is None else self.first_of[key]
+        return None if first is call else first
+
+    def _key(self, call: _Call, outline: int) -> tuple | None:
+        """The tree, the inputs, the outputs (in the outline) and the body of the call."""
+        if not _private(call.path, self.modules, self.owners):
+            return None
+        return outline, _tree_key(self.modules[call.path]), _body(self.events, call)
 
 
 def _outline(call: _Call) -> tuple:
