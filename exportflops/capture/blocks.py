@@ -222,6 +222,8 @@ class _Trace:
                 handle.remove()
 
     def _enter(self, path: str | None):
+        above = ancestors(path)[:-1] if path is not None else []
+
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
@@ -233,9 +235,9 @@ class _Trace:
             except _Unique:
                 call.path = None
             self.events.append(("enter", path))
-            if path is not None:
+            if above:
                 running = {c.path for c in self.open}
-                self.escaped.update(a for a in ancestors(path)[:-1] if a not in running)
+                self.escaped.update(a for a in above if a not in running)
             self.calls.append(call)
             self.open.append(call)
         return hook
