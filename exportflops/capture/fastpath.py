@@ -134,8 +134,8 @@ class Chains:
     """Forward only: a stub called right after a stub of the same model and parent, with no op
     traced between them (the export's graph has not grown), returns the other's tensors and
     makes no op. Each export op costs as much as some 10 ops under FlopCounterMode, and
-    Llama-3-70B's 80 stubs made 80 of its 133 (benchmarks/oneshot.py). `Expansion` puts such
-    a repeat's copies right after those of the repeat it follows."""
+    Llama-3-70B's 80 stubs made 80 of its 137 ops (59 with chains). `Expansion` puts such a
+    repeat's copies right after those of the repeat it follows."""
 
     def __init__(self) -> None:
         self.follows: dict[str, str] = {}
