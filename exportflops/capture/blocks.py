@@ -190,7 +190,6 @@ class _Call:
     start: int
     inputs: tuple = ()
     end: int = -1
-    outputs: Any = None
     out_key: tuple = ()
     grad_inputs: bool = False
 
@@ -248,11 +247,7 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                # Flattened once for both (pytree is most of a hook's time).
-                leaves, spec = pytree.tree_flatten(output)
-                call.out_key = _key(leaves, spec)
-                call.outputs = pytree.tree_unflatten(
-                    [_slot(t) if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+                call.out_key = _key(*pytree.tree_flatten(output))
             except _Unique:
                 call.path = None
         return hook
@@ -362,8 +357,13 @@ def _autocast() -> tuple:
                   torch.get_autocast_dtype(device)) for device in ("cpu", "cuda"))
 
 
-def _slot(tensor: torch.Tensor) -> TensorSlot:
-    return TensorSlot(tuple(tensor.shape), tensor.dtype, tensor.device, tensor.requires_grad)
+def _outputs(out_key: tuple) -> Any:
+    """A call's output as its stub must make it, read from its key (made for every call, where
+    this is for the repeats alone): `_leaf` keys a tensor by its shape, stride, dtype, device
+    and ``requires_grad``, a plain value by its type and itself."""
+    spec, *leaves = out_key
+    return pytree.tree_unflatten([TensorSlot(k[0], k[2], k[3], k[4]) if len(k) == 5 else k[1]
+                                  for k in leaves], spec)
 
 
 def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) -> Plan:
@@ -385,8 +385,8 @@ def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) 
         # A repeat's nodes are copied from its model's, which must all be traced.
         if first is None or _nested(first.path, call.path) or repeats.touches(first.path):
             continue
-        plan.repeats[call.path] = Repeat(call.path, first.path, call.outputs,
-                                             call.grad_inputs)
+        plan.repeats[call.path] = Repeat(call.path, first.path, _outputs(call.out_key),
+                                         call.grad_inputs)
         repeats.add(call.path)
         taken.add(call.path)
         taken.add(first.path)
