@@ -59,9 +59,13 @@ def analyze(model: Any, args: Any = (), kwargs: dict | None = None, *,
     it may be a function of the rank's traced graph returning the input pass's backward nodes
     (`exportflops.graph.passes.stage_input_way`: the stages of a pipeline cut from the rank).
     """
-    return build_report(count_call(model, args, kwargs, dynamic_shapes=dynamic_shapes,
-                                   strict=strict, formulas=formulas, mode=mode,
-                                   progress=progress, fast=fast, split_backward=split_backward))
+    # Building the report allocates as much as counting does (a record per module, operator
+    # and module x operator): with the collector paused for both.
+    with collector_paused():
+        return build_report(count_call(model, args, kwargs, dynamic_shapes=dynamic_shapes,
+                                       strict=strict, formulas=formulas, mode=mode,
+                                       progress=progress, fast=fast,
+                                       split_backward=split_backward))
 
 
 def count_call(model: Any, args: Any = (), kwargs: dict | None = None, *,
@@ -221,8 +225,8 @@ def count_captured(captured, *, strict: bool = False,
     ``notes``: how the call captured differs from the call as given (`Report.capture_notes`)."""
     with collector_paused():
         counted = _count(captured, _table(formulas), strict=strict, mode="forward")
-    return build_report(dataclasses.replace(counted, model=name or counted.model,
-                                            capture_notes=[*counted.capture_notes, *notes]))
+        return build_report(dataclasses.replace(counted, model=name or counted.model,
+                                                capture_notes=[*counted.capture_notes, *notes]))
 
 
 def _grad_mode(mode: str) -> contextlib.AbstractContextManager:

@@ -43,8 +43,9 @@ def module_tree(nodes: Iterable[NodeCall], parameters: Iterable[tuple[str, torch
     call_keys: dict[str, set[str]] = defaultdict(set)
 
     def add(path: str) -> ModuleInfo:
-        for p in ancestors(path):
-            tree.setdefault(p, ModuleInfo(p))
+        if path not in tree:  # a path in the tree has its ancestors there too
+            for p in ancestors(path):
+                tree.setdefault(p, ModuleInfo(p))
         return tree[path]
 
     if model is not None:

@@ -90,6 +90,8 @@ _feature("dtrace_env_var", "torch._logging._internal:DTRACE_ENV_VAR",
 _feature("use_lazy_graph_module", "torch.fx._lazy_graph_module:_use_lazy_graph_module", _CORE)
 _feature("dynamo_config", "torch._dynamo:config", _CORE)
 _feature("dynamo_reset", "torch._dynamo:reset", "the fast path")
+_feature("get_proxy_mode", "torch.fx.experimental.proxy_tensor:get_proxy_mode",
+         "the fast path's stubs without an op (one op per stub without it)")
 _feature("fake_store", "torch.testing._internal.distributed.fake_pg:FakeStore",
          "fake_process_group (per-rank analyses in one process)")
 _feature("dynamo_graph_capture_for_export",

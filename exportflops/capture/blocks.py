@@ -190,7 +190,6 @@ class _Call:
     start: int
     inputs: tuple = ()
     end: int = -1
-    outputs: Any = None
     out_key: tuple = ()
     grad_inputs: bool = False
 
@@ -222,6 +221,8 @@ class _Trace:
                 handle.remove()
 
     def _enter(self, path: str | None):
+        above = ancestors(path)[:-1] if path is not None else []
+
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
@@ -233,9 +234,9 @@ class _Trace:
             except _Unique:
                 call.path = None
             self.events.append(("enter", path))
-            if path is not None:
+            if above:
                 running = {c.path for c in self.open}
-                self.escaped.update(a for a in ancestors(path)[:-1] if a not in running)
+                self.escaped.update(a for a in above if a not in running)
             self.calls.append(call)
             self.open.append(call)
         return hook
@@ -246,11 +247,7 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                # Flattened once for both (pytree is most of a hook's time).
-                leaves, spec = pytree.tree_flatten(output)
-                call.out_key = _key(leaves, spec)
-                call.outputs = pytree.tree_unflatten(
-                    [_slot(t) if isinstance(t, torch.Tensor) else t for t in leaves], spec)
+                call.out_key = _key(*pytree.tree_flatten(output))
             except _Unique:
                 call.path = None
         return hook
@@ -341,7 +338,7 @@ def _op_key(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         return _leaf(value)
     if isinstance(value, (list, tuple)):
-        return (type(value), *[_op_key(v) for v in value])
+        return (type(value), *map(_op_key, value))
     if isinstance(value, dict):
         return (dict, *[(k, _op_key(v)) for k, v in value.items()])
     return _leaf(value)
@@ -360,42 +357,88 @@ def _autocast() -> tuple:
                   torch.get_autocast_dtype(device)) for device in ("cpu", "cuda"))
 
 
-def _slot(tensor: torch.Tensor) -> TensorSlot:
-    return TensorSlot(tuple(tensor.shape), tensor.dtype, tensor.device, tensor.requires_grad)
+def _outputs(out_key: tuple) -> Any:
+    """A call's output as its stub must make it, read from its key (made for every call, where
+    this is for the repeats alone): `_leaf` keys a tensor by its shape, stride, dtype, device
+    and ``requires_grad``, a plain value by its type and itself."""
+    spec, *leaves = out_key
+    return pytree.tree_unflatten([TensorSlot(k[0], k[2], k[3], k[4]) if len(k) == 5 else k[1]
+                                  for k in leaves], spec)
 
 
 def _choose(model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace) -> Plan:
     """Repeats chosen outermost first; a repeat and its model are never inside or around
-    another repeat, and a repeat never around or inside a model."""
+    another repeat, and a repeat never around or inside a model. A call's model is the first
+    call, in call order, with its key (`_Keys`)."""
     runs = Counter(call.path for call in trace.calls)
-    modules = dict(model.named_modules(remove_duplicate=False))
     once = [call for call in trace.calls
             if call.path and runs[call.path] == 1 and call.path not in trace.escaped]
-    # Calls that share no inputs, outputs and length with another cannot share the whole
-    # key below: its costly parts (a subtree's modules, a body of every op) are left unread.
-    alike = Counter(map(_outline, once))
-    by_key: dict[tuple, _Call] = {}
-    candidates = []
-    for call in once:
-        if alike[_outline(call)] < 2 or not _private(call.path, modules, owners):
-            continue
-        key = (_tree_key(modules[call.path]), call.inputs, call.out_key,
-               _body(trace.events, call))
-        first = by_key.setdefault(key, call)
-        if first is not call and not _nested(first.path, call.path):
-            candidates.append((call.path.count("."), call, first))
+    keys = _Keys(model, owners, trace, once)
     plan = Plan()
     repeats, taken = _Paths(), _Paths()  # the repeats; the repeats and their models
-    for _, call, first in sorted(candidates, key=lambda c: c[0]):
-        # A repeat's nodes are copied from its model's, which must all be traced.
-        if taken.touches(call.path) or repeats.touches(first.path):
+    for call in sorted(once, key=lambda c: c.path.count(".")):
+        # Touching a repeat or a model (a call inside a block chosen already): never chosen,
+        # so its key is never made (most calls of a stack of blocks).
+        if taken.touches(call.path):
             continue
-        plan.repeats[call.path] = Repeat(call.path, first.path, call.outputs,
-                                             call.grad_inputs)
+        first = keys.first(call)
+        # A repeat's nodes are copied from its model's, which must all be traced.
+        if first is None or _nested(first.path, call.path) or repeats.touches(first.path):
+            continue
+        plan.repeats[call.path] = Repeat(call.path, first.path, _outputs(call.out_key),
+                                         call.grad_inputs)
         repeats.add(call.path)
         taken.add(call.path)
         taken.add(first.path)
     return plan
+
+
+class _Keys:
+    """Each call's first call with an equal key (tree, inputs, outputs and body), the keys made
+    only as `_choose` asks: a call's key and those of the calls before it that it could equal."""
+
+    def __init__(self, model: torch.nn.Module, owners: dict[int, set[str]], trace: _Trace,
+                 once: list[_Call]) -> None:
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.owners, self.events = owners, trace.events
+        # Calls that share no inputs, outputs and length with another cannot share the whole
+        # key: its costly parts (a subtree's modules, a body of every op) are left unread.
+        # Each outline is hashed once (a pytree spec's hash is Python): calls hold its number.
+        numbers: dict[tuple, int] = {}
+        self.outline: dict[int, int] = {}
+        """id of each call -> the number of its outline."""
+        self.alike: dict[int, list[_Call]] = defaultdict(list)
+        for call in once:
+            number = self.outline[id(call)] = numbers.setdefault(_outline(call), len(numbers))
+            self.alike[number].append(call)
+        self.keyed: dict[int, int] = defaultdict(int)
+        """Outline number -> how many of its calls, in call order, are keyed."""
+        self.first_of: dict[tuple, _Call] = {}
+        self.key_of: dict[int, tuple | None] = {}
+        """id of each keyed call -> its key; None for a call that cannot repeat (not private)."""
+
+    def first(self, call: _Call) -> _Call | None:
+        """The first call with ``call``'s key, or None when no other call can have it."""
+        outline = self.outline[id(call)]
+        alike = self.alike[outline]
+        if len(alike) < 2:
+            return None
+        while id(call) not in self.key_of:
+            earlier = alike[self.keyed[outline]]
+            self.keyed[outline] += 1
+            key = self._key(earlier, outline)
+            self.key_of[id(earlier)] = key
+            if key is not None:
+                self.first_of.setdefault(key, earlier)
+        key = self.key_of[id(call)]
+        first = None if key is None else self.first_of[key]
+        return None if first is call else first
+
+    def _key(self, call: _Call, outline: int) -> tuple | None:
+        """The tree, the inputs, the outputs (in the outline) and the body of the call."""
+        if not _private(call.path, self.modules, self.owners):
+            return None
+        return outline, _tree_key(self.modules[call.path]), _body(self.events, call)
 
 
 def _outline(call: _Call) -> tuple:

@@ -41,6 +41,50 @@ class Block(nn.Module):
         return x + self.linear(x) * self.scale
 
 
+class Stage(nn.Module):
+    def __init__(self, blocks: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(16, (16,)) for _ in range(blocks))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+class TwoStages(nn.Module):
+    """Stages of 3 and 2 alike blocks, one right after the other: first.blocks.2's stub makes
+    no op after first.blocks.1's, second.blocks.0's (another stack's) makes its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = Stage(3), Stage(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x))
+
+
+class Runner(nn.Module):
+    def forward(self, x: torch.Tensor, blocks: nn.ModuleList) -> torch.Tensor:
+        for block in blocks:
+            x = block(x)
+        return x
+
+
+class RunTwice(nn.Module):
+    """Four alike blocks run by one runner, three in its first call and one in its second:
+    blocks.3's stub makes no op after blocks.2's, though it runs in the runner's second call.
+    Its copies must not take the first call's frames (the runner ran twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(16, (16,)) for _ in range(4))
+        self.runner = Runner()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.runner(self.runner(x, self.blocks[:3]), self.blocks[3:])
+
+
 class OneShapeApart(nn.Module):
     """Four blocks alike but for block 2's scale, (1,) instead of (16,): the same output
     shapes, another mul (a broadcast of one element)."""
@@ -99,6 +143,8 @@ CASES = {
         d_model=D, d_ff=FFN, num_layers=LAYERS, num_heads=HEADS, d_kv=D // HEADS,
         vocab_size=VOCAB, use_cache=False)), (IDS,), {"decoder_input_ids": IDS}),
     "one_shape_apart": lambda: (OneShapeApart(), (torch.zeros(2, 16),), None),
+    "two_stages": lambda: (TwoStages(), (torch.zeros(2, 16),), None),
+    "run_twice": lambda: (RunTwice(), (torch.zeros(2, 16),), None),
 }
 
 
@@ -263,13 +309,17 @@ def _zeros(program, outside: dict) -> int:
                            node.meta.get("nn_module_stack", {}).values()))
 
 
-def test_a_forward_stub_exports_one_op_for_all_its_outputs():
+def test_forward_stubs_export_one_op_for_all_their_outputs_and_a_run_of_them():
     # The Llama example's block returns three tensors (its output, its key and its value): a
-    # stub of one op (zeros of the first) exports one zeros per repeat, beside the model's own
-    # zeros (those of the full export outside the repeated blocks).
+    # stub of one op (zeros of the first) for all three. Layers 1 and 2 repeat layer 0 one
+    # right after the other: layer 2's stub makes no op, layer 1's zeros stand for both. The
+    # final norm repeats layer 0's first norm: one zeros. So 2 zeros beside the model's own
+    # (those of the full export outside the repeated blocks).
     model, args, _ = small_llama()
     repeats = plan_blocks(model, args, {}).repeats
-    stubbed, _ = fast_capture(model, args, None, train=False)
+    stubbed, expansion = fast_capture(model, args, None, train=False)
     own = _zeros(capture(model, args, forward_only=True).program, repeats)
-    assert repeats
-    assert _zeros(stubbed.program, {}) == own + len(repeats)
+    assert {path: r.model for path, r in repeats.items()} == \
+        {"layers.1": "layers.0", "layers.2": "layers.0", "norm": "layers.0.attention_norm"}
+    assert expansion.after == {"layers.1": "layers.2"}
+    assert _zeros(stubbed.program, {}) == own + 2
