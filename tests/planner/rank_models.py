@@ -2,11 +2,13 @@
 needs a gradient and a reentrant checkpoint keeps its parameters' gradients), then two
 `NormMLP` blocks whose MLPs its tensor-parallel plan splits; a step of 4 x 32 tokens, whose
 activations (4 x 32 x 64 floats after each up-projection) outweigh its 2 x 16 x 64 weights a
-block, so that checkpointing moves the peak. `AttentionBlocks`: the same with causal
-self-attention (one head, ``scaled_dot_product_attention``) before each MLP, for a
-context-parallel ring, whose ring attention replaces those calls."""
+block, so that checkpointing moves the peak. `attention_blocks`: the same with causal
+self-attention (one head, ``scaled_dot_product_attention``) before each MLP (`AttentionBlock`),
+for a context-parallel ring, whose ring attention replaces those calls."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,12 +21,12 @@ BATCH, SEQ = 4, 32
 
 
 class EmbeddedBlocks(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, block: Callable[[], nn.Module] = lambda: NormMLP(HIDDEN, FFN)) -> None:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         super().__init__()
         self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.ModuleList([NormMLP(HIDDEN, FFN) for _ in range(2)])
+        self.blocks = nn.ModuleList([block() for _ in range(2)])
         self.tp_plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -53,19 +55,6 @@ class AttentionBlock(nn.Module):
         return x + self.mlp(x)
 
 
-class AttentionBlocks(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, HIDDEN)
-        self.blocks = nn.ModuleList([AttentionBlock() for _ in range(2)])
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)  # (B, T, H)
-        for block in self.blocks:
-            x = block(x)
-        return x
-
-
-def attention_blocks() -> tuple[AttentionBlocks, tuple[torch.Tensor]]:
+def attention_blocks() -> tuple[EmbeddedBlocks, tuple[torch.Tensor]]:
     torch.manual_seed(0)
-    return AttentionBlocks(), (torch.randint(0, VOCAB, (BATCH, SEQ)),)
+    return EmbeddedBlocks(AttentionBlock), (torch.randint(0, VOCAB, (BATCH, SEQ)),)

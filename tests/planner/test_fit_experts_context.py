@@ -1,6 +1,6 @@
 """`exportflops.fit` per rank of an expert-parallel layout (the tiny Mixtral of
 tests/footprint/models.py, ``Layout(dp=2, ep=2)``) and of a context-parallel ring
-(`AttentionBlocks` of tests/planner/rank_models.py, ``Layout(cp=2)``): the plan's peak is the
+(`attention_blocks` of tests/planner/rank_models.py, ``Layout(cp=2)``): the plan's peak is the
 highest rank's `memory_ranks` peak of the planned model, and a ring's largest length is a
 length it splits."""
 
