@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
@@ -42,8 +43,24 @@ def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def wrap_blocks(model: torch.nn.Module, paths: list[str], *, name: str,
-                selective: list[str] = ()) -> torch.nn.Module:
+class Blocks(NamedTuple):
+    """The blocks a checkpointing plan wraps, by their paths in the model: whole and
+    selectively (`wrap_blocks`). A `FitPlan` has the same two fields, so either is a plan."""
+
+    checkpointed: Sequence[str] = ()
+    selective: Sequence[str] = ()
+
+
+def held_blocks(plan: Blocks, module: torch.nn.Module) -> Blocks:
+    """The blocks of ``plan`` (a `Blocks` or a `FitPlan`) that ``module`` holds at the same
+    paths: a pipeline stage keeps the model's module paths, and holds its own blocks only."""
+    paths = {path for path, _ in module.named_modules()}
+    return Blocks([path for path in plan.checkpointed if path in paths],
+                  [path for path in plan.selective if path in paths])
+
+
+def wrap_blocks(model: torch.nn.Module, paths: Sequence[str], *, name: str,
+                selective: Sequence[str] = ()) -> torch.nn.Module:
     """``model`` with each block at ``paths`` replaced, in place, by torch's reentrant
     ``checkpoint_wrapper`` around it, and each at ``selective`` by a non-reentrant one whose
     ``context_fn`` is `save_matmuls`'s selective contexts. The wrapper keeps the state dict's
@@ -61,6 +78,11 @@ def wrap_blocks(model: torch.nn.Module, paths: list[str], *, name: str,
         setattr(parent, child, checkpoint_wrapper(parent.get_submodule(child),
                                                   **(whole if index < len(paths) else some)))
     return model
+
+
+def wrap_plan(model: torch.nn.Module, plan: Blocks, *, name: str) -> torch.nn.Module:
+    """``model`` with ``plan``'s blocks (a `Blocks` or a `FitPlan`) wrapped (`wrap_blocks`)."""
+    return wrap_blocks(model, plan.checkpointed, name=name, selective=plan.selective)
 
 
 @contextlib.contextmanager

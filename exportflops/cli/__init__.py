@@ -125,8 +125,8 @@ def _analysis(ns: argparse.Namespace) -> Results:
                                    split_backward=ns.split_backward))
     if ns.pp is not None or ns.cp is not None:
         check_split_sizes(ns)
-    # A split's all-ranks view; with --memory, one rank's step (below).
-    if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory:
+    # A split's all-ranks view; with --memory, one rank's step, with --fit, its plan (below).
+    if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory and ns.fit is None:
         from .ranks import analyze_split
         return _shown(*analyze_split(ns))
     if ns.fit is not None:

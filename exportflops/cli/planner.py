@@ -1,6 +1,7 @@
 """``--fit BUDGET``: the checkpointing plan that fits MODEL's training step into BUDGET
 (`exportflops.fit`): bytes, a size (80GiB, 40GB) or a device key (h100-sxm); with --tp N
-and/or --fsdp N, per rank of that layout (the rank with the highest peak decides)."""
+and/or --fsdp N, --pp N (--schedule, --microbatches), --ep N (--routing) or --cp N, per rank of
+that layout (the rank with the highest peak decides)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,9 @@ import argparse
 from ..errors import UsageError
 from .targets import build_target, device_named, hf_options
 
-#: What --fit does not combine with: the flags of other analyses, by their dest; the splits
-#: other than --tp and --fsdp, which a per-rank plan does not model yet.
-_OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens", "pp",
-                   "ep", "cp", "trace", "split_backward")
+#: What --fit does not combine with: the flags of other analyses, by their dest.
+_OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens",
+                   "trace", "split_backward")
 
 
 def check_fit(ns: argparse.Namespace) -> None:
@@ -24,21 +24,26 @@ def check_fit(ns: argparse.Namespace) -> None:
         raise UsageError("--fit BUDGET plans a training step of a model built here, printed as "
                          "a table or JSON: not a saved .pt2, not with --view, and not with "
                          "--memory, --profile, --trace, --dynamic, --sweep, --budget, "
-                         "--generate, --seqlens, --split-backward or a split other "
-                         "than --tp and --fsdp.")
+                         "--generate, --seqlens or --split-backward.")
 
 
 def analyze_fit(ns: argparse.Namespace):
     """(the `FitPlan`, its view)."""
+    from ..errors import LayoutError
     from ..planner import fit
     from ..render.fit import fit_plan_view
-    from .splits import split_layout
+    from .splits import SPLITS, split_flags, split_layout
 
     model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
                                        shapes=ns.shapes, kwargs=ns.kwargs,
                                        hf_options=hf_options(ns))
     budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
-    layout = split_layout(ns) if ns.tp is not None or ns.fsdp is not None else None
-    plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
-               device_model=ns.device_model, layout=layout)
+    split = any(getattr(ns, name) is not None for name in SPLITS)
+    options = dict(layout=split_layout(ns), schedule=ns.schedule,
+                   microbatches=ns.microbatches, routing=ns.routing) if split else {}
+    try:  # --routing is the example's histogram: no other batch or length has it
+        plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
+                   device_model=ns.device_model, search_batch=ns.routing is None, **options)
+    except LayoutError as error:  # a layout, or a block, a per-rank step does not model
+        raise UsageError(f"--fit {split_flags(ns)}: {error}") from error
     return plan, lambda record, style: fit_plan_view(record, style) + "\n"

@@ -13,17 +13,20 @@ by the ``torch.empty`` it passes to c10d.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..checkpointing import Blocks, wrap_plan
 from ..errors import LayoutError
 from ..records.memory import MemoryReport, RanksMemory
 from .checks import DEFAULT_SCHEDULE, check_call
 from .layout import Layout
 from .per_rank import Builder, built_model
 from .parallelize import parallelize
+
+if TYPE_CHECKING:
+    from ..records.fit import FitPlan
 
 
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
@@ -32,8 +35,7 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  optimizer_options: dict | None = None, loss=None,
                  schedule: str | None = None, microbatches: int | None = None,
                  routing: list[int] | None = None, experts: str = "experts",
-                 checkpoint: Callable[[torch.nn.Module], object] | None = None
-                 ) -> MemoryReport | RanksMemory:
+                 checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
     ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
     `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
@@ -41,22 +43,18 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
     takes them); without ``rank``, every rank's, naming the rank with the
     highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
     ``args`` is one microbatch, and a step runs ``microbatches``, default ``pp``, under
-    ``schedule``: `exportflops.parallel.pipeline.stage_memory`); ``checkpoint(model)`` (a fit
-    plan's ``apply``): applied to each rank's copy between tensor parallelism and FSDP2
-    (`parallelize`), on ``fsdp``/``tp`` layouts; the other options as `exportflops.memory`
-    takes them."""
+    ``schedule``: `exportflops.parallel.pipeline.stage_memory`); ``checkpoint``: a `FitPlan`
+    or `exportflops.checkpointing.Blocks`, its blocks checkpointed on each rank's copy as
+    torchtitan orders it: between tensor parallelism and FSDP2 (`parallelize`), after the
+    experts are sharded, on each pipeline stage the blocks it holds (every block in one stage);
+    the other options as `exportflops.memory` takes them."""
     from ..footprint import check_options
 
     _check_layout(layout, rank, schedule=schedule, microbatches=microbatches, routing=routing)
-    if checkpoint is not None and max(layout.pp, layout.cp, layout.ep) > 1:
-        raise LayoutError(f"{layout}: memory_ranks checkpoints blocks (checkpoint=, a fit "
-                          f"plan) on tensor-parallel and FSDP2 ranks (Layout(fsdp=F, tp=T)); "
-                          f"a pipeline's, a context ring's or expert ranks' are not modelled "
-                          f"yet.")
     check_options(getattr(model, "__name__", type(model).__name__), mode, optimizer, allocator)
     options = dict(mode=mode, optimizer=optimizer, allocator=allocator,
-                   optimizer_options=optimizer_options, loss=loss)
-    one_rank = functools.partial(_rank, checkpoint=checkpoint)
+                   optimizer_options=optimizer_options, loss=loss, checkpoint=checkpoint)
+    one_rank = _rank
     if layout.pp > 1:
         one_rank = functools.partial(_pipeline_rank, schedule=schedule or DEFAULT_SCHEDULE,
                                      microbatches=microbatches)
@@ -75,8 +73,8 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
 
 def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layout: Layout,
           rank: int, *, mode: str, optimizer: str, allocator: str,
-          optimizer_options: dict | None, loss,
-          checkpoint: Callable[[torch.nn.Module], object] | None = None) -> MemoryReport:
+          optimizer_options: dict | None, loss, checkpoint: Blocks | FitPlan | None
+          ) -> MemoryReport:
     from ..count.ranks import fake_copy
     from ..footprint import ALLOCATORS, default_loss, run_fake
     from ..footprint.report import memory_report
@@ -86,7 +84,8 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
         built, args, kwargs = built_model(model, args, kwargs)
         name = type(built).__name__
         fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
-        parallelize(fake_model, mesh, checkpoint=checkpoint)
+        parallelize(fake_model, mesh, checkpoint=functools.partial(
+            wrap_plan, plan=checkpoint, name=name) if checkpoint is not None else None)
         train = mode == "train"
         run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                        optimizer=optimizer, optimizer_options=optimizer_options,

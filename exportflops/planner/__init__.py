@@ -20,10 +20,10 @@ import torch
 from .budget import budget_bytes
 from ..capture.export import without_cache
 from .sizes import MOST_ROWS, Resize, example_sizes, largest_sizes
-from ..checkpointing import wrap_blocks, wrapped
-from ..errors import DoesNotFitError, InputError
+from ..checkpointing import Blocks, wrapped
+from ..errors import DoesNotFitError, InputError, LayoutError
 from ..records.fit import FitCandidate, FitPlan
-from ..records.memory import MemoryReport
+from ..records.memory import MemoryReport, RanksMemory
 from ..records.symbolic import largest_size
 from ..records.symbolic_memory import SymbolicMemoryReport
 
@@ -48,10 +48,13 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     largest batch and length that fit, with the plan and without, come from the step's memory
     at symbolic sizes (`sizes.largest_sizes`); a given ``resize(batch) -> (args, kwargs)``
     sizes the example instead, for a search of the batch over steps at each size
-    (``search_batch=False`` skips both). With a ``layout`` (``Layout(fsdp=F, tp=T)``), every
-    peak is the highest rank's (`_highest_rank`), the plan checkpoints the same blocks on every
-    rank, and the largest batch and length are a rank's, searched over steps at each size (no
-    symbolic memory per rank yet); the recompute stays the whole step's. Nothing
+    (``search_batch=False`` skips both). With a ``layout`` (``Layout(fsdp=F, tp=T)``,
+    ``Layout(pp=P)``, ``Layout(dp=E, ep=E)`` or ``Layout(cp=C)``, as `memory_ranks` takes them,
+    its options such as ``schedule=`` in ``**options``), every peak is the highest rank's
+    (`_every_rank`), the plan checkpoints the same blocks on every rank (on a pipeline, each
+    in the stage holding it), and the largest batch and length are a rank's (a pipeline's: one
+    microbatch's; a ring's: the sequence it splits, a multiple of C), searched over steps at
+    each size (no symbolic memory per rank yet); the recompute stays the whole step's. Nothing
     fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
     chosen blocks.
     """
@@ -60,6 +63,11 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         raise InputError(f"mode={mode!r} for {name}: fit() plans activation checkpointing, "
                          f"which only a training step has (mode='train').")
     limit, given = budget_bytes(budget)
+    if layout is not None and options.get("routing") is not None and search_batch:
+        raise InputError(f"{layout}: routing= gives the token copies per expert of {name}'s "
+                         f"example, which another batch or length does not have: pass "
+                         f"search_batch=False to plan at the example, or no routing (balanced) "
+                         f"to search the largest batch and length too.")
     # A cache in a training step is written again by each checkpointed block's recompute (and
     # breaks a selective one's replay): the step planned is the one without it, as
     # transformers' own gradient checkpointing turns it off.
@@ -71,26 +79,29 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
                          f"outermost ModuleList or a Hugging Face model's _no_split_modules.")
 
     def peak(shape: Shape, step_args: tuple, step_kwargs: dict,
-             dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport:
+             dynamic_shapes: Any = None) -> MemoryReport | SymbolicMemoryReport | RanksMemory:
         from ..footprint import memory
 
         if layout is not None:
-            return _highest_rank(model, step_args, step_kwargs, layout,
-                                 _wrapped_paths(paths, shape), optimizer=optimizer, **options)
+            return _every_rank(model, step_args, step_kwargs, layout,
+                               _wrapped_paths(paths, shape), optimizer=optimizer, **options)
         with wrapped(model, *_wrapped_paths(paths, shape)) as planned:
             return memory(planned, step_args, step_kwargs, optimizer=optimizer,
                           dynamic_shapes=dynamic_shapes, **options)
 
     shapes = [(count, False) for count in range(len(paths) + 1)]
     shapes += [(count, True) for count in range(1, len(paths) + 1)]
-    reports = {(0, False): peak((0, False), args, kwargs)}
+    steps = {(0, False): peak((0, False), args, kwargs)}
     for shape in shapes[1:]:
         try:
-            reports[shape] = peak(shape, args, kwargs)
+            steps[shape] = peak(shape, args, kwargs)
+        except LayoutError:  # the layout cannot checkpoint the block: its own words
+            raise
         except InputError as error:  # the output needs no gradient once the block is wrapped
             raise _loses_gradients(name, paths[shape[0] - 1]) from error
-        if reports[shape].max_by_kind.gradients != reports[0, False].max_by_kind.gradients:
+        if _gradients(steps[shape]) != _gradients(steps[0, False]):
             raise _loses_gradients(name, paths[shape[0] - 1])
+    reports = {shape: _highest(step) for shape, step in steps.items()}
     costs = {selective: _recompute(model, args, kwargs, paths, device_model, selective)
              for selective in (False, True)}
     candidates = [FitCandidate(blocks=count, selective=selective,
@@ -113,7 +124,8 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
             return {"batch": largest_size(
                 lambda batch: peak(shape, *resize(batch)).peak_bytes <= limit, 1, MOST_ROWS)}
         return largest_sizes(model, args, kwargs, limit, functools.partial(peak, shape),
-                             symbolic=layout is None)
+                             symbolic=layout is None,
+                             multiples={"length": layout.cp} if layout is not None else None)
 
     plain = most((0, False))
     planned = most(plan) if chosen.blocks else plain
@@ -141,19 +153,29 @@ def _wrapped_paths(paths: list[str], shape: Shape) -> tuple[list[str], list[str]
     return ([], paths[:count]) if selective else (paths[:count], [])
 
 
-def _highest_rank(model: torch.nn.Module, args: tuple, kwargs: dict, layout: Layout,
-                  wrapped_paths: tuple[list[str], list[str]], **options: Any) -> MemoryReport:
-    """The `MemoryReport` of the rank with the highest peak of ``model``'s step split by
-    ``layout``, the blocks at ``wrapped_paths`` (whole, selective) checkpointed on every rank
-    between tensor parallelism and FSDP2, as torchtitan orders them (`memory_ranks`'s
-    ``checkpoint``)."""
+def _every_rank(model: torch.nn.Module, args: tuple, kwargs: dict, layout: Layout,
+                wrapped_paths: tuple[list[str], list[str]], **options: Any) -> RanksMemory:
+    """Every rank's step of ``model`` split by ``layout``, the blocks at ``wrapped_paths``
+    (whole, selective) checkpointed on every rank as torchtitan orders it (`memory_ranks`'s
+    ``checkpoint``: between tensor parallelism and FSDP2, after expert parallelism, on a
+    pipeline in the stage holding each block)."""
     from ..parallel.rank_memory import memory_ranks
 
-    whole, selective = wrapped_paths
-    plan = functools.partial(wrap_blocks, paths=whole, name=type(model).__name__,
-                             selective=selective)
-    ranks = memory_ranks(model, args, kwargs, layout=layout, checkpoint=plan, **options)
-    return next(report for report in ranks.ranks if report.rank == ranks.peak_rank)
+    return memory_ranks(model, args, kwargs, layout=layout, checkpoint=Blocks(*wrapped_paths),
+                        **options)
+
+
+def _highest(step: MemoryReport | RanksMemory) -> MemoryReport:
+    """The step's report: on a layout, the rank's with the highest peak."""
+    if isinstance(step, RanksMemory):
+        return next(report for report in step.ranks if report.rank == step.peak_rank)
+    return step
+
+
+def _gradients(step: MemoryReport | RanksMemory) -> list[int]:
+    """The gradient bytes each rank holds (a rank's own: the highest rank may change with the
+    plan, and two ranks hold different parameters)."""
+    return [report.max_by_kind.gradients for report in getattr(step, "ranks", [step])]
 
 
 def block_paths(model: torch.nn.Module) -> list[str]:

@@ -44,20 +44,23 @@ def example_sizes(model: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str
 
 
 def largest_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, limit: int,
-                  memory_of: MemoryOf, *, symbolic: bool = True) -> dict[str, int]:
+                  memory_of: MemoryOf, *, symbolic: bool = True,
+                  multiples: dict[str, int] | None = None) -> dict[str, int]:
     """For each of `example_sizes`, the largest whose step's peak is at most ``limit`` bytes,
     the other at the example's: from the symbolic memory, sampled from 2; a batch of 1, below
     the samples, run as it is where 2 does not fit. Where the step changes with the size (the
     symbolic memory refuses it), or without ``symbolic`` (a step per rank, which has no symbolic
-    memory yet), a search over steps at each size instead."""
+    memory yet), a search over steps at each size instead, of the sizes that are multiples of
+    ``multiples[name]`` where given (a context-parallel ring splits a length it divides)."""
     sizes = example_sizes(model, args, kwargs)
     found = {}
     for name, example in sizes.items():
         shapes = _dynamic_shapes(model, args, kwargs, name, example)
         marks, ranges = marked_sizes(model, args, kwargs, shapes)
+        unit = (multiples or {}).get(name, 1)
 
-        def fits(size: int, name: str = name, marks: dict = marks) -> bool:
-            at = resized_inputs(args, kwargs, marks, {name: size})
+        def fits(units: int, name: str = name, marks: dict = marks, unit: int = unit) -> bool:
+            at = resized_inputs(args, kwargs, marks, {name: units * unit})
             return memory_of(*at, None).peak_bytes <= limit
 
         largest = None
@@ -67,8 +70,8 @@ def largest_sizes(model: torch.nn.Module, args: tuple, kwargs: dict, limit: int,
             except InputError:  # the step changes with the size: no polynomial, so run each
                 pass
         if largest is None:
-            largest = largest_size(fits, 1, ranges[name].max or MOST_ROWS)
-        found[name] = largest if largest else int(fits(1))
+            largest = unit * largest_size(fits, 1, (ranges[name].max or MOST_ROWS) // unit)
+        found[name] = largest if largest else unit * int(fits(1))
     return found
 
 

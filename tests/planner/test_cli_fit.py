@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from exportflops.cli import main
+from exportflops.parallel import Layout, memory_ranks
 
 MODEL = '''
 import torch
@@ -66,26 +69,65 @@ def test_fit_plans_the_step_of_the_optimizer_given(tmp_path, capsys):
         assert (plan["optimizer"], plan["by_kind"]["optimizer"]) == (optimizer, states)
 
 
-def test_fit_with_fsdp_plans_per_rank_and_searches_a_ranks_batch_and_length(tmp_path, capsys):
-    from exportflops.parallel import Layout, memory_ranks
-
+@pytest.mark.parametrize(("flag", "layout"), [
+    ("--fsdp", Layout(fsdp=2)), ("--pp", Layout(pp=2))], ids=["fsdp", "pp"])
+def test_fit_with_a_split_plans_per_rank_and_searches_a_ranks_batch_and_length(
+        tmp_path, capsys, flag, layout):
     (tmp_path / "fit_models.py").write_text(MODEL)
     namespace: dict = {}
     exec(MODEL, namespace)
-    ranks = memory_ranks(*namespace["blocks"](), layout=Layout(fsdp=2))
+    ranks = memory_ranks(*namespace["blocks"](), layout=layout)
     target = f"{tmp_path / 'fit_models.py'}:blocks"
     # The budget: the plain step's highest rank peak, to the byte. The plan checkpoints
-    # nothing and peaks there; one more row (2 -> 3) or token (4 -> 5) a rank needs more
-    # activation bytes, so the largest batch and length are the example's.
-    assert main([target, "--fit", str(ranks.peak_bytes), "--fsdp", "2", "--format",
+    # nothing and peaks there; one more row (2 -> 3) or token (4 -> 5) a rank (on a pipeline,
+    # a microbatch) needs more activation bytes, so the largest batch and length are the
+    # example's.
+    assert main([target, "--fit", str(ranks.peak_bytes), flag, "2", "--format",
                  "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert (plan["layout"], plan["checkpointed"], plan["selective"]) == ("Layout(fsdp=2)", [], [])
+    assert (plan["layout"], plan["checkpointed"], plan["selective"]) == (str(layout), [], [])
     assert (plan["peak_bytes"], plan["peak_rank"]) == (ranks.peak_bytes, ranks.peak_rank)
     assert (plan["largest_batch"], plan["largest_length"]) == (2, 4)
 
 
-def test_fit_refuses_a_split_it_does_not_plan_per_rank(tmp_path, capsys):
+def test_fit_refuses_a_split_a_ranks_step_does_not_model_by_its_flags(tmp_path, capsys):
     (tmp_path / "fit_models.py").write_text(MODEL)
-    code = main([f"{tmp_path / 'fit_models.py'}:blocks", "--fit", "1GiB", "--pp", "2"])
-    assert code == 2 and "a split other than --tp and --fsdp" in capsys.readouterr().err
+    code = main([f"{tmp_path / 'fit_models.py'}:blocks", "--fit", "1GiB", "--pp", "2",
+                 "--tp", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--fit --pp 2 --tp 2: Layout(pp=2, tp=2)" in err
+    assert "tp with pp are not modelled yet" in err
+
+
+def test_fit_with_cp_plans_per_rank_and_searches_lengths_the_ring_splits(capsys):
+    from tests.planner.rank_models import BATCH, SEQ, attention_blocks
+
+    ranks = memory_ranks(*attention_blocks(), layout=Layout(cp=2))
+    # The budget: the plain step's highest rank peak, to the byte: one more row, or the next
+    # length a ring of 2 splits (SEQ + 2), needs more bytes.
+    assert main(["tests/planner/rank_models.py:attention_blocks", "--fit",
+                 str(ranks.peak_bytes), "--cp", "2", "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["layout"], plan["peak_bytes"]) == ("Layout(cp=2)", ranks.peak_bytes)
+    assert (plan["largest_batch"], plan["largest_length"]) == (BATCH, SEQ)
+
+
+def test_fit_with_ep_and_routing_plans_per_rank_at_the_example_only(tmp_path, capsys):
+    # The tiny Mixtral of tests/footprint/models.py on its token ids alone (a command's
+    # factory gives forward's positional arguments).
+    (tmp_path / "moe.py").write_text(
+        "from tests.footprint.models import mixtral\n\n\n"
+        "def moe():\n"
+        "    model, _, kwargs = mixtral()\n"
+        "    return model, (kwargs['input_ids'],)\n")
+    namespace: dict = {}
+    exec((tmp_path / "moe.py").read_text(), namespace)
+    model, args = namespace["moe"]()
+    # 2 ranks x 64 tokens x top-2 copies over 4 experts, balanced: memory_ranks' default.
+    ranks = memory_ranks(model, args, {"use_cache": False}, layout=Layout(dp=2, ep=2))
+    assert main([f"{tmp_path / 'moe.py'}:moe", "--fit", str(ranks.peak_bytes - 1), "--ep", "2",
+                 "--routing", "64,64,64,64"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Fit MixtralForCausalLM into ")
+    assert "per rank of Layout(dp=2, ep=2)" in out
+    assert "checkpoint: nothing" not in out and "largest batch: not searched" in out

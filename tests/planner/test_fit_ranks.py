@@ -1,7 +1,8 @@
 """`exportflops.fit` per rank of a parallel layout, on `EmbeddedBlocks` (tests/planner/
 rank_models.py): the plan's peak is the highest rank's `memory_ranks` peak of the planned
-model, a larger budget never gives more recompute, and the plan applied on two real gloo
-ranks fits its budget on each by torch's profiler memory timeline."""
+model, a larger budget never gives more recompute, a pipeline's plan checkpoints each block in
+the stage that holds it, and the plan applied on two real gloo ranks fits its budget on each by
+torch's profiler memory timeline."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from exportflops import fit
-from exportflops.checkpointing import wrap_blocks
+from exportflops.checkpointing import Blocks
 from exportflops.errors import LayoutError
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.render.fit import fit_plan_view
@@ -22,7 +23,7 @@ from tests.torchrun import torchrun
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch built without torch.distributed")
-LAYOUTS = {"tp": Layout(tp=2), "fsdp": Layout(fsdp=2)}
+LAYOUTS = {"tp": Layout(tp=2), "fsdp": Layout(fsdp=2), "pp": Layout(pp=2)}
 
 
 @functools.cache
@@ -45,9 +46,7 @@ def _tight(name: str):
 def test_the_plans_peak_is_the_highest_ranks_peak_of_the_planned_model(name):
     plan = _tight(name)
     assert plan.checkpointed or plan.selective
-    model, args = embedded_blocks()
-    ranks = memory_ranks(model, args, layout=LAYOUTS[name], checkpoint=functools.partial(
-        wrap_blocks, paths=plan.checkpointed, name=plan.model, selective=plan.selective))
+    ranks = memory_ranks(*embedded_blocks(), layout=LAYOUTS[name], checkpoint=plan)
     assert (plan.peak_bytes, plan.peak_rank) == (ranks.peak_bytes, ranks.peak_rank)
     assert plan.peak_bytes == max(report.peak_bytes for report in ranks.ranks)
     assert plan.peak_bytes <= plan.budget_bytes and plan.layout == str(LAYOUTS[name])
@@ -65,9 +64,39 @@ def test_a_larger_per_rank_budget_never_gives_more_recompute(name):
     assert recomputes[-1] == 0 and recomputes[0] > 0
 
 
-def test_a_per_rank_plan_on_a_pipeline_is_refused_by_name():
-    with pytest.raises(LayoutError, match=r"Layout\(pp=2\).*not modelled yet"):
-        fit(*embedded_blocks(), budget=2**30, layout=Layout(pp=2), search_batch=False)
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_every_candidate_with_less_recompute_than_the_plan_peaks_over_the_budget(name):
+    plan = _tight(name)
+    chosen = next(c for c in plan.candidates
+                  if (c.blocks, c.selective) == (len(plan.checkpointed or plan.selective),
+                                                 bool(plan.selective)))
+    assert chosen.peak_bytes == plan.peak_bytes <= plan.budget_bytes
+    cheaper = [c for c in plan.candidates if c.recompute_flops < plan.recompute_flops]
+    # The plain step is one of them, and one byte over the budget by construction.
+    assert cheaper and all(c.peak_bytes > plan.budget_bytes for c in cheaper)
+
+
+@pytest.mark.parametrize(("stage_rank", "block"), [(0, "blocks.0"), (1, "blocks.1")])
+def test_a_pipeline_checkpoints_each_block_in_the_stage_that_holds_it_only(stage_rank, block):
+    # Layout(pp=2) splits the two blocks one a stage: rank 0 holds the embedding and blocks.0,
+    # rank 1 blocks.1. Checkpointing a block changes its own stage's step and not the other's.
+    layout = Layout(pp=2)
+    plain = memory_ranks(*embedded_blocks(), layout=layout)
+    planned = memory_ranks(*embedded_blocks(), layout=layout, checkpoint=Blocks([block]))
+    other = 1 - stage_rank
+    assert planned.ranks[other].timeline == plain.ranks[other].timeline
+    # Reentrant checkpointing keeps a block's input, not what its ops saved, across the stage's
+    # microbatches in flight.
+    assert (planned.ranks[stage_rank].max_by_kind.activations
+            < plain.ranks[stage_rank].max_by_kind.activations)
+
+
+def test_a_pipeline_refuses_a_block_no_stage_calls_whole_by_name():
+    # torch's pipeline() split runs each stage's blocks as submodules of its graph; the
+    # ModuleList holding them is never called, so wrapping it would checkpoint nothing.
+    with pytest.raises(LayoutError, match=r"Layout\(pp=2\): EmbeddedBlocks's block 'blocks' "
+                                          r"is not a module any pipeline stage calls whole"):
+        memory_ranks(*embedded_blocks(), layout=Layout(pp=2), checkpoint=Blocks(["blocks"]))
 
 
 @pytest.mark.parametrize("name", ["tp", "fsdp"])

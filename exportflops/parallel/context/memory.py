@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ...checkpointing import Blocks, wrap_plan
 from ...errors import InputError
 from ...footprint.step import Storage, StepRun
 from ...records.memory import MemoryReport
@@ -35,9 +36,11 @@ _ACCUMULATED = 4
 
 def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *,
                         cp: int, rank: int, mode: str, optimizer: str, allocator: str,
-                        optimizer_options: dict | None, loss) -> MemoryReport:
+                        optimizer_options: dict | None, loss,
+                        checkpoint: Blocks | None = None) -> MemoryReport:
     """Rank ``rank`` of a ring of ``cp``: the step on its sequence shard with the ring's K/V
-    blocks (module docstring)."""
+    blocks (module docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped. A
+    recomputed attention call runs the ring again, and holds its blocks again."""
     from ...count.ranks import fake_copy
     from ...footprint import ALLOCATORS, default_loss, run_fake
     from ...footprint.report import memory_report
@@ -45,7 +48,10 @@ def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None
     name = type(model).__name__
     args, kwargs = sequence_shard(name, args, dict(kwargs or {}), cp)
     train = mode == "train"
-    run = run_fake(*fake_copy(model, args, kwargs), name=name, train=train,
+    fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
+    if checkpoint is not None:
+        wrap_plan(fake_model, checkpoint, name=name)
+    run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                    optimizer=optimizer, optimizer_options=optimizer_options,
                    loss=loss or default_loss(name))
     with_ring_buffers(run, cp, name)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checkpointing import Blocks, wrap_plan
 from ...errors import InputError
 from ...records.memory import MemoryReport
 from ...torch_internals import require
@@ -59,9 +60,12 @@ class ExpertShard(torch.nn.Module):
 def expert_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, ep: int,
                        rank: int, world_size: int, routing: list[int] | None, experts: str,
                        mode: str, optimizer: str, allocator: str,
-                       optimizer_options: dict | None, loss) -> MemoryReport:
+                       optimizer_options: dict | None, loss,
+                       checkpoint: Blocks | None = None) -> MemoryReport:
     """Rank ``rank`` of ``world_size`` (rank ``rank mod ep`` of its expert group): the step of
-    its rank-shaped copy (module docstring)."""
+    its rank-shaped copy (module docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`)
+    wrapped once its experts are sharded (torchtitan's order: expert parallelism, then
+    activation checkpointing); a recomputed block runs its all-to-alls again."""
     from ...count.ranks import fake_copy, fake_process_group
     from ...footprint import ALLOCATORS, default_loss, run_fake
     from ...footprint.report import memory_report
@@ -80,6 +84,8 @@ def expert_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None,
         fake_model, fake_args, fake_kwargs = fake_copy(model, args, dict(kwargs or {}))
         _shard_experts(fake_model, experts, slice(first, first + per_rank),
                        received=sum(histogram[first:first + per_rank]), ep=ep)
+        if checkpoint is not None:
+            wrap_plan(fake_model, checkpoint, name=name)
         run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                        optimizer=optimizer, optimizer_options=optimizer_options,
                        loss=loss or default_loss(name))

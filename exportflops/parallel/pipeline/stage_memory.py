@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from ...capture.pipeline_split import Stage, split_stages
-from ...errors import InputError
+from ...checkpointing import Blocks, held_blocks, wrap_plan
+from ...errors import InputError, LayoutError
 from ...records.memory import MemoryReport
 from ...torch_internals import pytree
 from ..layout import Layout
@@ -45,10 +46,13 @@ from .schedules import SCHEDULES, pipeline_order, stages_per_rank
 def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, *,
                     layout: Layout, rank: int, schedule: str, microbatches: int | None,
                     mode: str, optimizer: str, allocator: str,
-                    optimizer_options: dict | None, loss) -> MemoryReport:
+                    optimizer_options: dict | None, loss,
+                    checkpoint: Blocks | None = None) -> MemoryReport:
     """The `MemoryReport` of pipeline rank ``rank`` of ``model`` split into ``layout.pp``
     stages of whole layers (two per rank under a looped schedule), ``args``/``kwargs`` one
-    microbatch, one step of ``microbatches`` (default ``layout.pp``) under ``schedule``."""
+    microbatch, one step of ``microbatches`` (default ``layout.pp``) under ``schedule``;
+    ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped in the stages that hold them
+    (`_checkpoint_stages`)."""
     from ...count.ranks import fake_copy
     from ...footprint import ALLOCATORS, default_loss, run_fake
     from ...footprint.report import memory_report
@@ -61,13 +65,16 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
              else pipeline_order(schedule, layout.pp, m, per_rank)[rank])
     if mode == "forward":  # torch's eval(): the schedule's forwards, in its order
         order = [(s, "F", mb) for s, kind, mb in order if kind == "F"]
-    split = split_stages(built, tuple(args), kwargs,
-                         layer_split_points(built, layout.pp * per_rank), grad=mode == "train")
+    points = layer_split_points(built, layout.pp * per_rank)
+    split = split_stages(built, tuple(args), kwargs, points, grad=mode == "train")
     held = sorted({s for s, _, _ in order})
     rank_model = torch.nn.ModuleDict({f"stage{s}": split[s].module for s in held})
     fake_model, fake_args, fake_kwargs = fake_copy(
         rank_model, tuple(split[s].args for s in held),
         {s: split[s].kwargs for s in held if split[s].kwargs})
+    if checkpoint is not None:
+        _checkpoint_stages(fake_model, split, held, checkpoint, layout=layout, points=points,
+                           name=name)
     stages = {s: Stage(fake_model[f"stage{s}"], fake_args[i], fake_kwargs.get(s),
                        split[s].sources) for i, s in enumerate(held)}
     runtime = _Runtime(stages, m, last=len(split) - 1, loss=loss or default_loss(name),
@@ -80,6 +87,42 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
                            allocator=allocator, size=ALLOCATORS[allocator])
     return report.model_copy(update={"model": name, "world_size": layout.world_size,
                                      "rank": rank})
+
+
+def _checkpoint_stages(rank_model: torch.nn.ModuleDict, split: list[Stage], held: list[int],
+                       plan: Blocks, *, layout: Layout, points: list[str], name: str) -> None:
+    """The rank's stages (``rank_model["stage<s>"]``, a copy of ``split[s]``, for each of
+    ``held``; the split made before each of ``points``) with the blocks of ``plan`` each holds
+    wrapped. A stage keeps the model's module paths and runs a block it calls whole as that
+    submodule (``call_module`` in its graph), so wrapping the submodule checkpoints the block;
+    a block the split inlined, or split over two stages, is in no stage's calls, and wrapping
+    it would change nothing: refused."""
+    for path in [*plan.checkpointed, *plan.selective]:
+        if not any(_calls(stage.module, path) for stage in split):
+            raise LayoutError(
+                f"{layout}: {name}'s block {path!r} is not a module any pipeline stage calls "
+                f"whole (torch's pipeline() split before {', '.join(points)}), so "
+                f"checkpointing it there changes nothing: checkpoint blocks that are whole "
+                f"layers of one stage (exportflops.planner.block_paths), or plan without pp.")
+    for s in held:
+        wrap_plan(rank_model[f"stage{s}"], held_blocks(plan, split[s].module), name=name)
+
+
+def _calls(stage: torch.nn.Module, path: str) -> bool:
+    """Whether a graph of ``stage`` (its own, or one of its submodules') calls the module at
+    ``path`` as a module."""
+    parts = path.split(".")
+    for cut in range(len(parts)):
+        owner = ".".join(parts[:cut])
+        try:
+            graph = getattr(stage.get_submodule(owner), "graph", None)
+        except AttributeError:
+            return False
+        rest = ".".join(parts[cut:])
+        if isinstance(graph, torch.fx.Graph) and any(
+                node.op == "call_module" and node.target == rest for node in graph.nodes):
+            return True
+    return False
 
 
 def one_f_one_b(pp: int, stage: int, microbatches: int) -> list[tuple[int, str, int]]:
