@@ -98,7 +98,7 @@ def test_a_formula_that_needs_concrete_sizes_is_reported_not_crashed():
 
 
 def test_an_unbounded_dim_has_no_maximum():
-    from models import TwoLayerMLP
+    from tests.models import TwoLayerMLP
 
     report = analyze(TwoLayerMLP(), (torch.randn(4, 32),), dynamic_shapes=({0: Dim("batch")},))
     [batch] = report.symbols
