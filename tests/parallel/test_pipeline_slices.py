@@ -183,11 +183,23 @@ def _zero_bubble(decoder, **degrees: int) -> PipelineReport:
     return _ranks(decoder, pp=2, mode="train", schedule="zbvzerobubble", **degrees)
 
 
-def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder):
+def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder, monkeypatch):
     """The whole rank's backward cut at each stage's input (what the stage before depends on)
     against torch's split stages each counted with split_backward on one device: every MAC
-    of each pass is sharded by the plan, so each pass's MACs halve at tp 2."""
+    of each pass is sharded by the plan, so each pass's MACs halve at tp 2. The whole rank is
+    counted once, with its backward split (its stages read off the graph being counted)."""
+    from exportflops.parallel import per_rank
+
+    splits = []
+
+    def counted_once(*args, **options):
+        splits.append(options.get("split_backward"))
+        return count_call(*args, **options)
+
+    monkeypatch.setattr(per_rank, "count_call", counted_once)
     sharded = _zero_bubble(decoder, tp=2)
+    monkeypatch.undo()
+    assert len(splits) == 1 and callable(splits[0])  # no count of the rank unsplit first
     alone = _zero_bubble(decoder)
     assert [s.modules for s in sharded.stages] == [s.modules for s in alone.stages]
     for on_tp, single in zip(sharded.stages, alone.stages):

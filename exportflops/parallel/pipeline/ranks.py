@@ -217,19 +217,15 @@ def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
                 ranks: dict):
     """(the rank's model, its count, each node's stage) of the whole model, counted once per
     ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
-    stage's backward depends on, read off the unsplit count's stages."""
-    from ...graph.passes import stage_input_way
+    stage's backward depends on, the nodes' stages read off the graph being counted (no
+    count of the rank before it)."""
     from .slices import node_stages
 
     if split_backward not in ranks:
-        way = False
-        if split_backward:
-            _, unsplit, stage_of = _whole_rank(model, first, layout, split_points, False,
-                                               mode=mode, strict=strict, ranks=ranks)
-            way = partial(_stage_way, stage_input_way, stage_of,
-                          {node.name: node.op for node in unsplit.nodes})
         units: list[list[str]] = []  # each stage's unit, as module paths
         built, args, kwargs = first
+        way = partial(_stage_way, split_points, type(built).__name__) if split_backward \
+            else False
         split, counted = counted_rank_of(
             built, args, kwargs, Layout(fsdp=layout.fsdp, tp=layout.tp), rank=0,
             shard=partial(_stage_units, split_points, units), mode=mode, strict=strict,
@@ -257,22 +253,13 @@ def _check_untied(model) -> None:
                          f"or pick a schedule with a whole backward.")
 
 
-def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], graph):
-    """The input passes of the rank's graph, each node's stage read off an earlier count of
-    the same rank by its name (the trace names its nodes alike each time: checked, each
-    backward op must have the name of the same op in the first count)."""
-    from ...torch_internals import OpOverload
+def _stage_way(split_points: list[str], model: str, graph):
+    """The input passes of the rank's graph (of ``model``) cut into the stages of a split
+    before each of ``split_points``."""
+    from ...graph.passes import stage_input_way
+    from .slices import graph_stages
 
-    from ...graph.walk import phase
-
-    unnamed = [node.name for node in graph.nodes if node.op == "call_function"
-               and isinstance(node.target, OpOverload) and phase(node) == "backward"
-               and (node.name not in stage_of or ops.get(node.name) != str(node.target))]
-    if unnamed:
-        raise InputError(f"the rank traced again names {len(unnamed)} backward ops otherwise "
-                         f"than the first trace ({', '.join(unnamed[:3])}): their stages are "
-                         f"unknown, so the backward cannot be split at the stages' inputs; "
-                         f"pick a schedule with a whole backward.")
+    stage_of = graph_stages(graph, split_points, model)
     return stage_input_way(graph, lambda node: stage_of.get(node.name))
 
 
