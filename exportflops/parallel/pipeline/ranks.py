@@ -27,6 +27,7 @@ from ...count.ranks import fake_copy
 from ...errors import BuildError, InputError
 from ...examples.llama import Llama
 from ...records import Report
+from ..checks import DEFAULT_SCHEDULE, check_call
 from ..layout import Layout
 from ..per_rank import Builder, built_model, counted_rank_of
 from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
@@ -88,16 +89,8 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
     the mesh (`on_mesh`: `exportflops.parallel.pipeline.mesh.rank_report` gives a global
     rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
-    # The checks of parallel.checks.check_call, which analyze_ranks runs, repeated here:
-    # parallel.checks reads this package's schedule table, so importing it here would close
-    # an import cycle (checks -> pipeline -> ranks -> checks).
-    if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
-        raise InputError(f"{layout}: a pipeline composes with fsdp and tp, not with dp, cp or "
-                         f"ep yet: analyze those alone.")
-    schedule = schedule or "1f1b"
-    if schedule not in SCHEDULES:
-        raise InputError(f"schedule {schedule!r}: the schedules are {', '.join(SCHEDULES)} "
-                         f"(docs/pipeline.md).")
+    check_call(layout, schedule=schedule, microbatches=microbatches)
+    schedule = schedule or DEFAULT_SCHEDULE
     built, args, kwargs = built_model(model, args, kwargs)
     per_rank = stages_per_rank(schedule)  # pp is the ranks
     composed = layout.fsdp > 1 or layout.tp > 1
