@@ -17,9 +17,10 @@ from exportflops.cli import main
 from exportflops.parallel import Layout, analyze_ranks
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.capture.pipeline_split import split_stages
+from exportflops.aggregate import build_report
 from exportflops.api import count_call
 from exportflops.parallel.pipeline.slices import (held_parameters, node_stages, received,
-                                                  stage_report)
+                                                  stage_counted)
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")
@@ -57,8 +58,8 @@ def test_the_cut_of_the_whole_report_is_torchs_split(decoder, differentiates):
     points = layer_split_points(model, 4)
     stage_of = node_stages(whole, points)
     modules = split_stages(model, args, kwargs, points, grad=True)
-    cut = [stage_report(whole, s, stage_of, held_parameters(model, stage.module),
-                        received(stage)) for s, stage in enumerate(modules)]
+    cut = [build_report(stage_counted(whole, s, stage_of, held_parameters(model, stage.module),
+                                      received(stage))) for s, stage in enumerate(modules)]
     for stage, report in zip(split.record.stages, cut):
         assert (report.total - report.backward, report.backward, report.params) == \
             (stage.forward, stage.backward, stage.params)
@@ -156,8 +157,9 @@ def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
     whole = count_call(model, (x,), mode="train")
     points = layer_split_points(model, 2)
     stages = split_stages(model, (x,), None, points, grad=True)
-    cut = [stage_report(whole, s, node_stages(whole, points), held_parameters(model, st.module),
-                        received(st)) for s, st in enumerate(stages)]
+    cut = [build_report(stage_counted(whole, s, node_stages(whole, points),
+                                      held_parameters(model, st.module), received(st)))
+           for s, st in enumerate(stages)]
     # Two Linear(8, 8) a stage (72 each); the last also holds the 8 x 32 head.
     assert [c.params for c in cut] == [2 * 72, 2 * 72 + 8 * 32]
 

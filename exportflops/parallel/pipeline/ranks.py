@@ -1,6 +1,6 @@
 """A pipeline on a `Layout`'s mesh (pp, fsdp, tp), tp innermost as torchtitan lays it out: each
 stage counted once, as the rank of its (fsdp, tp) group with index 0, the others of the group
-doing the same work (`exportflops.parallel.pipeline.mesh.on_mesh` places them).
+doing the same work (`count_pipeline`'s ``fsdp`` and ``tp`` place them on the mesh).
 
 The built-in Llama's stages are built from its own modules (`llama_stages`), each counted
 under `exportflops.fake_process_group` of the group's ranks (a stage's own collectives stay in
@@ -21,17 +21,16 @@ from typing import Any
 
 import torch
 
-from ...aggregate import Counted, build_report
+from ...aggregate import Counted
 from ...api import count_call
 from ...count.ranks import fake_copy
 from ...errors import BuildError, InputError
 from ...examples.llama import Llama
-from ...records import Report
 from ..checks import DEFAULT_SCHEDULE, check_call
 from ..layout import Layout
 from ..per_rank import Builder, built_model, counted_rank_of
 from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
-from .mesh import llama_stages, on_mesh
+from .mesh import llama_stages
 from .schedules import SCHEDULES, stages_per_rank
 
 
@@ -87,8 +86,8 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     on each), each stage on ``layout.fsdp x layout.tp`` ranks (module docstring), one step of
     ``microbatches`` timed under ``schedule`` (default 1f1b) as `analyze_pipeline` times it
     (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
-    the mesh (`on_mesh`: `exportflops.parallel.pipeline.mesh.rank_report` gives a global
-    rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
+    the mesh (`exportflops.parallel.pipeline.mesh.rank_report` gives a global rank's
+    report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
     check_call(layout, schedule=schedule, microbatches=microbatches)
     schedule = schedule or DEFAULT_SCHEDULE
     built, args, kwargs = built_model(model, args, kwargs)
@@ -113,8 +112,8 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
         measure=measure, warmup=warmup, repeat=repeat,
         # The built-in llama's plan is the same on every layer: a stage alike another counts
         # alike on its rank too. A whole model cut into stages is counted once.
-        share_alike=own_modules)
-    return on_mesh(analysis, layout.fsdp, layout.tp)
+        share_alike=own_modules, fsdp=layout.fsdp, tp=layout.tp)
+    return analysis
 
 
 def _composed_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
@@ -158,7 +157,7 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
     layout = Layout(fsdp=fsdp or 1, tp=tp or 1)  # a stage's (fsdp, tp) group
 
-    def count(index: int, rank: int, stage) -> Report:
+    def count(index: int, rank: int, stage) -> Counted:
         # The stage's own collectives run in its (fsdp, tp) group: the group's rank 0 stands
         # for the stage, under a process group of that group's ranks. One group for every
         # stage also keeps torch's caches right: DeviceMesh compares equal by layout alone,
@@ -175,7 +174,7 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
                 fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
             counted = count_call(part, inputs, None, mode=mode, strict=strict,
                                  split_backward=split_backward and index > 0)
-        return build_report(_dims_named(counted, degrees))
+        return _dims_named(counted, degrees)
 
     return count
 
@@ -192,15 +191,15 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
     root, which holds nothing of its own. ``split_backward``: the rank counted again with each
     stage's backward in the zero-bubble schedules' two passes, split at the stage's input
     (`exportflops.graph.passes.stage_input_way`)."""
-    from .slices import held_parameters, received, stage_report
+    from .slices import held_parameters, received, stage_counted
 
     whole = partial(_whole_rank, model, first, layout, split_points, mode=mode, strict=strict,
                     ranks=ranks)
 
-    def count(index: int, rank: int, stage) -> Report:
+    def count(index: int, rank: int, stage) -> Counted:
         split, counted, stage_of = whole(split_backward)
-        return stage_report(counted, index, stage_of, held_parameters(split, stage.module),
-                            received(stage))
+        return stage_counted(counted, index, stage_of, held_parameters(split, stage.module),
+                             received(stage))
 
     return count
 

@@ -16,11 +16,11 @@ counted, and its nodes are cut as the split cuts the program (``SplitPoint.BEGIN
 - a parameter is every stage whose module of torch's split holds it (a tied embedding and head
   in the first stage and the last, as torch's split leaves them).
 
-Each stage's report is built from its nodes, selected from the rank's count (a `Counted`), as
-`exportflops.analyze` builds one from a whole count, with the parameters it holds (this rank's
-shards, a tied one at its first name in the stage). A plan's layers end replicated, so the
-stages pass what the unsplit rank passes between its layers: the sends and receives of torch's
-split of the unparallelized model.
+Each stage's count is its nodes, selected from the rank's count (a `Counted`), with the
+parameters it holds (this rank's shards, a tied one at its first name in the stage): its report
+is built from it as `exportflops.analyze` builds one from a whole count (`build_report`). A
+plan's layers end replicated, so the stages pass what the unsplit rank passes between its
+layers: the sends and receives of torch's split of the unparallelized model.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from typing import NamedTuple
 
 import torch
 
-from ...aggregate import Counted, build_report
+from ...aggregate import Counted
 from ...attribution import ModuleInfo, module_tree
 from ...count.ranks import local_parameters, rank_runs
 from ...capture.pipeline_split import Stage
 from ...errors import InputError
 from ...graph.walk import read_graph
-from ...records import NodeRecord, Report, TensorSpec
+from ...records import NodeRecord, TensorSpec
 from ...records.names import ancestors
 from ...torch_internals import pytree
 from ..fsdp_blocks import blocks_of
@@ -99,9 +99,10 @@ def _stages(nodes: Sequence[NodeRecord | _Placed], split_points: list[str], mode
     return stage_of
 
 
-def stage_report(counted: Counted, stage: int, stage_of: dict[str, int],
-                 parameters: list[tuple[str, torch.Tensor]], inputs: list[TensorSpec]) -> Report:
-    """The report of stage ``stage``, selected from the rank's ``counted``: its nodes
+def stage_counted(counted: Counted, stage: int, stage_of: dict[str, int],
+                  parameters: list[tuple[str, torch.Tensor]], inputs: list[TensorSpec],
+                  ) -> Counted:
+    """The count of stage ``stage``, selected from the rank's ``counted``: its nodes
     (`node_stages`) and collectives, the ``parameters`` it holds, (name, this rank's shard) as
     `local_parameters` gives them, and the ``inputs`` it receives (`received`)."""
     nodes = [n for n in counted.nodes if stage_of[n.name] == stage]
@@ -113,8 +114,8 @@ def stage_report(counted: Counted, stage: int, stage_of: dict[str, int],
             info.type_name, info.calls = counted.tree[path].type_name, counted.tree[path].calls
     tree = dict(sorted(tree.items(), key=lambda item: (item[1].depth, item[0])))
     collectives = [c for c in counted.collectives if stage_of.get(c.node) == stage]
-    return build_report(dataclasses.replace(counted, nodes=nodes, tree=tree, tied=tied,
-                                            inputs=inputs, collectives=collectives))
+    return dataclasses.replace(counted, nodes=nodes, tree=tree, tied=tied, inputs=inputs,
+                               collectives=collectives)
 
 
 def received(stage: Stage) -> list[TensorSpec]:
