@@ -2,7 +2,7 @@
 
 The 16 ranks of a pipeline of 4 stages, each stage on fsdp 2 x tp 2 ranks (the mesh (pp, fsdp,
 tp), tp innermost): the ranks of one stage differ only by their fsdp and tp index, so they do
-the same work on the same shapes, and `exportflops.parallel.pipeline.mesh.on_mesh` stands one
+the same work on the same shapes, and `count_pipeline` (given ``fsdp`` and ``tp``) stands one
 analysis of each stage (its rank with fsdp and tp index 0) for all four. This script times, in
 one run on this machine (cpu, fake tensors, a small Llama: 8 layers, 64 wide, a 2 x 64 batch,
 forward and backward):
@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import argparse
 
+from exportflops.aggregate import build_report
 from exportflops.parallel.pipeline.ranks import stage_rank_counter
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel.pipeline.analysis import count_pipeline
-from exportflops.parallel.pipeline.mesh import llama_stages, on_mesh
+from exportflops.parallel.pipeline.mesh import llama_stages
 from timing import median_seconds
 
 PP, FSDP, TP = 4, 2, 2
@@ -45,15 +46,15 @@ def _counter():
 
 def all_ranks():
     model, args = _build("meta")
-    analysis = count_pipeline(model, args, stages=llama_stages(model, args[0], PP),
-                              schedule="1f1b", microbatches=8, share_alike=True,
-                              mode="train", count_stage=_counter())
-    return on_mesh(analysis, FSDP, TP)
+    return count_pipeline(model, args, stages=llama_stages(model, args[0], PP),
+                          schedule="1f1b", microbatches=8, share_alike=True,
+                          mode="train", count_stage=_counter(), fsdp=FSDP, tp=TP)
 
 
 def one_rank():
-    """One rank of stage 1 (a middle stage: layers 2-3), counted alone."""
-    return _counter()(1, 1, None)
+    """One rank of stage 1 (a middle stage: layers 2-3), counted alone and built into its
+    report."""
+    return build_report(_counter()(1, 1, None))
 
 
 

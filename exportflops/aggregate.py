@@ -7,14 +7,14 @@ from __future__ import annotations
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 import sympy
 import torch
 
 from .attribution import ModuleInfo
-from .records.names import ancestors, parent
+from .records.names import Moved, ancestors, parent
 from .records import (Collective, Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 from .version import __version__
@@ -158,6 +158,21 @@ class Counted:
     value_guards: list[str] = field(default_factory=list)
     sizes: dict[str, int] | None = None
     """The sizes the report is evaluated at (`Report.evaluate`), where the call gave them."""
+
+
+def with_paths(counted: Counted, paths: dict[str, str]) -> Counted:
+    """``counted`` with each module path ``p`` of ``paths`` written ``paths[p]`` wherever it
+    names a module (`Moved`): the count of a call alike another's (a pipeline stage of the
+    same layers as an earlier one) under its own names, as `Report.with_paths` moves a
+    report."""
+    moved = Moved(paths)
+    return replace(
+        counted, nodes=[moved.node_record(n) for n in counted.nodes],
+        tree={moved.path(path): replace(info, path=moved.path(path))
+              for path, info in counted.tree.items()},
+        tied={moved.parameter(name): moved.parameter(first)
+              for name, first in counted.tied.items()},
+        collectives=[moved.collective(c) for c in counted.collectives])
 
 
 def build_report(counted: Counted) -> Report:

@@ -41,3 +41,37 @@ def outermost_named(paths, name: str) -> list[str]:
         if short_name(path) == name and not any(path.startswith(f"{outer}.") for outer in found):
             found.append(path)
     return found
+
+
+class Moved:
+    """Module paths written anew (``paths``: old path -> new), wherever a name holds one: a
+    module's path, a parameter's module part, a node's block part (a node copied into a
+    repeated block is named ``"<its path>:<name>"``). What a call alike another's (a pipeline
+    stage of the same layers as an earlier one) is reported under its own names with."""
+
+    __slots__ = ("paths",)
+
+    def __init__(self, paths: dict[str, str]) -> None:
+        self.paths = paths
+
+    def path(self, path: str) -> str:
+        return self.paths.get(path, path)
+
+    def parameter(self, name: str) -> str:
+        owner, _, leaf = name.rpartition(".")
+        return join(self.path(owner), leaf)
+
+    def node(self, name: str) -> str:
+        owner, colon, rest = name.rpartition(":")
+        return f"{self.path(owner)}{colon}{rest}"
+
+    def node_record(self, node):
+        """A `NodeRecord` under the new paths: its name, module and the node it differentiates."""
+        return node.model_copy(update={"name": self.node(node.name),
+                                       "module": self.path(node.module),
+                                       "differentiates": self.node(node.differentiates)})
+
+    def collective(self, collective):
+        """A `Collective` under the new paths: its module and node."""
+        return collective.model_copy(update={"module": self.path(collective.module),
+                                             "node": self.node(collective.node)})

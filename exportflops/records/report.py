@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from .names import join
+from .names import Moved
 from .symbolic import Evaluator
 from .base import SCHEMA_VERSION, Cost, NotebookRecord, Record, TensorSpec
 from .collectives import Collective
@@ -284,36 +284,23 @@ class Report(NotebookRecord):
         parameter's module part) and the measured nodes and modules. The report of a call
         alike another's (a pipeline stage of the same layers as an earlier one) under its own
         names."""
-        def moved(path: str) -> str:
-            return paths.get(path, path)
-
-        def parameter(name: str) -> str:
-            owner, _, leaf = name.rpartition(".")
-            return join(moved(owner), leaf)
-
-        def node(name: str) -> str:
-            # A node copied into a repeated block is named "<its path>:<name>".
-            owner, colon, rest = name.rpartition(":")
-            return f"{moved(owner)}{colon}{rest}"
-
+        moved = Moved(paths)
         return self.model_copy(update={
-            "modules": [m.model_copy(update={"path": moved(m.path)}) for m in self.modules],
-            "nodes": [n.model_copy(update={
-                "name": node(n.name), "module": moved(n.module),
-                "differentiates": node(n.differentiates)}) for n in self.nodes],
-            "uncounted": [u.model_copy(update={"modules": [moved(p) for p in u.modules],
-                                               "nodes": [node(n) for n in u.nodes]})
+            "modules": [m.model_copy(update={"path": moved.path(m.path)})
+                        for m in self.modules],
+            "nodes": [moved.node_record(n) for n in self.nodes],
+            "uncounted": [u.model_copy(update={"modules": [moved.path(p) for p in u.modules],
+                                               "nodes": [moved.node(n) for n in u.nodes]})
                           for u in self.uncounted],
-            "collectives": [c.model_copy(update={"module": moved(c.module),
-                                                 "node": node(c.node)})
-                            for c in self.collectives],
-            "tied_parameters": [t.model_copy(update={"name": parameter(t.name),
-                                                     "counted_as": parameter(t.counted_as)})
-                                for t in self.tied_parameters],
+            "collectives": [moved.collective(c) for c in self.collectives],
+            "tied_parameters": [t.model_copy(update={
+                "name": moved.parameter(t.name), "counted_as": moved.parameter(t.counted_as)})
+                for t in self.tied_parameters],
             "runtime": self.runtime and self.runtime.model_copy(update={
-                "nodes": [n.model_copy(update={"name": node(n.name), "module": moved(n.module)})
+                "nodes": [n.model_copy(update={"name": moved.node(n.name),
+                                               "module": moved.path(n.module)})
                           for n in self.runtime.nodes],
-                "modules": [m.model_copy(update={"path": moved(m.path)})
+                "modules": [m.model_copy(update={"path": moved.path(m.path)})
                             for m in self.runtime.modules]}),
         })
 

@@ -23,6 +23,7 @@ The training-loop form is `exportflops.runtime.profiler.FlopsProfiler`.
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import warnings
@@ -36,7 +37,8 @@ import torch.fx
 
 from ..roofline import devices
 from . import measured, timing
-from ..api import analyze, count_captured
+from ..aggregate import build_report
+from ..api import analyze, count_call, count_captured
 from ..capture.export import capture, without_cache
 from ..errors import ProfileError
 from ..progress import Progress, showing, stage
@@ -189,7 +191,7 @@ def _resolve(target: Any, args: Any, kwargs: dict | None, program: Any,
     elif isinstance(target, (str, os.PathLike)):
         # Loaded once; the report is named by the path, as analyze(path) names it.
         program = load(target)
-        report = analyze(program).model_copy(update={"model": os.fspath(target)})
+        report = build_report(dataclasses.replace(count_call(program), model=os.fspath(target)))
     else:
         raise TypeError(f"profile() takes an nn.Module, a torch.export.ExportedProgram (or the "
                         f"path of a saved one) or a Report; got {type(target).__name__}")

@@ -18,7 +18,8 @@ import sympy
 import torch
 from torch.export import Dim
 
-from ..api import analyze
+from ..aggregate import Counted, build_report
+from ..api import count_call
 from ..capture.checkpointed import checkpointed_modules
 from ..capture.value_read_sizes import on_meta, value_read_sizes
 from ..count.backward import RECOMPUTED
@@ -46,9 +47,12 @@ class FlopsPerBatch:
     def __init__(self, report: Report, signature: inspect.Signature,
                  dims: list[tuple[str, tuple, int, str]], *, batch: str, seq: str | None,
                  routed: dict[str, Any], checkpointed: frozenset[str] = frozenset(),
-                 positions: tuple[int, str] | None = None) -> None:
+                 counted: Counted, positions: tuple[int, str] | None = None) -> None:
         self.report = report
         """The analysis, symbolic in the sizes: per module and operator detail lives here."""
+        self.counted = counted
+        """What ``report`` is built from (`build_report`), for a report of the same call on a
+        rank at some sizes (`exportflops.parallel.context.ranks.context_rank_report`)."""
         self.batch, self.seq = batch, seq
         self._signature = signature
         self._dims = dims
@@ -289,8 +293,9 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
     if dynamic_shapes is None:
         args, kwargs, dynamic_shapes, has_seq = _marked(model, signature, args, kwargs)
         batch_dim, seq_dim = BATCH, (SEQ if has_seq else None)
-    report = analyze(model, args, kwargs, dynamic_shapes=dynamic_shapes, mode=mode,
-                     formulas=formulas, progress=progress)
+    counted = count_call(model, args, kwargs, dynamic_shapes=dynamic_shapes, mode=mode,
+                         formulas=formulas, progress=progress)
+    report = build_report(counted)
     names = {s.name for s in report.symbols}
     for role, name in (("batch_dim", batch_dim), ("seq_dim", seq_dim)):
         if name is not None and name not in names:
@@ -307,7 +312,8 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
                       f"(report.uncounted): flops_per_batch's counts are lower bounds "
                       f"(StepFlops.complete is False).", stacklevel=2)
     return FlopsPerBatch(report, signature, dims, batch=batch_dim, seq=seq_dim, routed=routed,
-                         checkpointed=checkpointed, positions=position_limit(model))
+                         checkpointed=checkpointed, counted=counted,
+                         positions=position_limit(model))
 
 
 def _marked(model, signature, args: tuple, kwargs: dict):

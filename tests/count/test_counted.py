@@ -21,7 +21,7 @@ from exportflops import analyze
 from exportflops.aggregate import build_report
 from exportflops.api import count_call
 from exportflops.parallel.pipeline import layer_split_points
-from exportflops.parallel.pipeline.slices import node_stages, stage_report
+from exportflops.parallel.pipeline.slices import node_stages, stage_counted
 from exportflops.records import TensorSpec
 
 LAYER_FLOPS = 2 * 2 * 8 * 8  # one (2, 8) x (8, 8) matmul
@@ -46,9 +46,9 @@ def test_a_stage_is_its_nodes_selected_from_the_count(stack):
     points = layer_split_points(model, 2)  # before layer 2: layers 0-1, then 2-3
     stage_of = node_stages(counted, points)
     received = [TensorSpec.of((2, 8), torch.float32)]
-    stages = [stage_report(counted, s, stage_of,
-                           [(name, p) for name, p in model.named_parameters()
-                            if int(name.split(".")[0]) // 2 == s], received)
+    stages = [build_report(stage_counted(counted, s, stage_of,
+                                         [(name, p) for name, p in model.named_parameters()
+                                          if int(name.split(".")[0]) // 2 == s], received))
               for s in range(2)]
     assert [(r.forward.flops, r.backward.flops, r.params) for r in stages] == [
         (2 * LAYER_FLOPS, LAYER_FLOPS + 2 * LAYER_FLOPS, 2 * 64),  # layer 0: weight's only
@@ -61,6 +61,6 @@ def test_a_stage_keeps_what_the_count_says_of_the_rank(stack):
     counted = dataclasses.replace(count_call(model, (x,)), world_size=4, rank=3,
                                   capture_notes=["a note on the call"])
     stage_of = node_stages(counted, layer_split_points(model, 2))
-    stage = stage_report(counted, 1, stage_of, [], [])
+    stage = build_report(stage_counted(counted, 1, stage_of, [], []))
     assert (stage.world_size, stage.rank, stage.capture_notes) == \
         (4, 3, ["a note on the call"])

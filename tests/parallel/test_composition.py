@@ -18,7 +18,7 @@ from exportflops.examples.llama import LLAMA3_8B, LlamaConfig, llama
 from exportflops.parallel.pipeline import analyze_pipeline
 from exportflops.parallel.pipeline.analysis import count_pipeline
 from exportflops.parallel import Layout
-from exportflops.parallel.pipeline.mesh import on_mesh, rank_report
+from exportflops.parallel.pipeline.mesh import rank_report
 from exportflops.records.pipeline import PipelineReport
 
 F32 = 4  # bytes per float32 element
@@ -41,8 +41,8 @@ def composed():
                                mode="forward", strict=True)
     single = analyze_pipeline(model, args, stages=2, mode="forward", device=None, strict=True)
     split = count_pipeline(model, args, stages=2, mode="forward", device=None, strict=True,
-                           count_stage=count)
-    return single, on_mesh(split, fsdp=1, tp=TP)
+                           count_stage=count, tp=TP)
+    return single, split
 
 
 def _module_flops(report, path: str) -> int:
@@ -214,8 +214,8 @@ def test_in_training_a_stage_rank_does_1_over_tp_of_each_matmuls_three_products(
     model, args = _build("meta")
     count = stage_rank_counter(_build, SMALL.n_layers, 2, tp=TP, fsdp=None,
                                mode="train", strict=True)
-    split = on_mesh(count_pipeline(model, args, stages=2, mode="train", device=None,
-                                   strict=True, count_stage=count), fsdp=1, tp=TP)
+    split = count_pipeline(model, args, stages=2, mode="train", device=None, strict=True,
+                           count_stage=count, tp=TP)
     # wq on stage 1 (its input, the received hidden state, needs a gradient): the forward,
     # the input's gradient and the weight's gradient, each 2 * tokens * 64 * 64 / tp FLOPs.
     wq = 2 * TOKENS * 64 * (4 * 16) // TP

@@ -17,20 +17,39 @@ def _never_built(device):
     raise AssertionError("the model was built: the layout's check came too late")
 
 
-@pytest.mark.parametrize("layout, options, words", [
+#: What a pipeline on a layout is refused, by analyze_ranks and by analyze_pipeline alike.
+PIPELINE_REFUSALS = [
     # torch's interleaved schedules take a multiple of their rounds (2 here, of 2 ranks): 5 is not.
-    (Layout(pp=2), {"schedule": "interleaved1f1b", "microbatches": 5},
-     "pp=2 schedule='interleaved1f1b': schedule 'interleaved1f1b' with 2 ranks"),
-    (Layout(pp=2), {"schedule": "zigzag"}, "schedule='zigzag': the schedules are gpipe, 1f1b"),
-    (Layout(pp=2, cp=2), {}, "pp=2 cp=2: a pipeline composes with fsdp= and tp=, not with cp="),
-    (Layout(tp=4, ep=2), {}, "pass ep=4, or add fsdp=F"),
-    (Layout(fsdp=2, tp=2), {"rank": 4}, "fsdp=2 tp=2 rank=4: rank= one of 0..3 (the fsdp x tp "
-                                        "ranks)"),
-], ids=["microbatches-torch-refuses", "unknown-schedule", "pp-with-cp", "ep-over-tp", "rank"])
+    pytest.param(Layout(pp=2), {"schedule": "interleaved1f1b", "microbatches": 5},
+                 "pp=2 schedule='interleaved1f1b': schedule 'interleaved1f1b' with 2 ranks",
+                 id="microbatches-torch-refuses"),
+    pytest.param(Layout(pp=2), {"schedule": "zigzag"},
+                 "schedule='zigzag': the schedules are gpipe, 1f1b", id="unknown-schedule"),
+    pytest.param(Layout(pp=2, cp=2), {},
+                 "pp=2 cp=2: a pipeline composes with fsdp= and tp=, not with cp=",
+                 id="pp-with-cp"),
+]
+
+
+@pytest.mark.parametrize("layout, options, words", [
+    *PIPELINE_REFUSALS,
+    pytest.param(Layout(tp=4, ep=2), {}, "pass ep=4, or add fsdp=F", id="ep-over-tp"),
+    pytest.param(Layout(fsdp=2, tp=2), {"rank": 4},
+                 "fsdp=2 tp=2 rank=4: rank= one of 0..3 (the fsdp x tp ranks)", id="rank"),
+])
 def test_a_layout_the_analyses_cannot_count_is_refused_before_the_model_is_built(layout, options,
                                                                                  words):
     with pytest.raises(LayoutError) as error:
         analyze_ranks(_never_built, layout=layout, **options)
+    assert words in str(error.value)
+
+
+@pytest.mark.parametrize("layout, options, words", PIPELINE_REFUSALS)
+def test_analyze_pipeline_on_a_layout_runs_the_same_checks(layout, options, words):
+    from exportflops.parallel.pipeline import analyze_pipeline
+
+    with pytest.raises(LayoutError) as error:
+        analyze_pipeline(_never_built, layout=layout, **options)
     assert words in str(error.value)
 
 

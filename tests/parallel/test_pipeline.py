@@ -20,6 +20,7 @@ import exportflops
 from exportflops.cli import main
 from exportflops.errors import InputError
 from exportflops.examples.llama import LlamaConfig, llama
+from exportflops.api import count_call
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.parallel.pipeline.analysis import count_pipeline
 from exportflops.parallel.pipeline.schedules import pipeline_order, timeline
@@ -318,7 +319,7 @@ def test_zero_bubble_schedules_refuse_what_does_not_split_the_backward():
     model = Stack()
     with pytest.raises(InputError, match="split_backward=True"):
         count_pipeline(model, (x,), stages=4, schedule="interleavedzerobubble",
-                       count_stage=lambda s, rank, stage: exportflops.analyze(
+                       count_stage=lambda s, rank, stage: count_call(
                            stage.module, stage.args, mode="train"))
 
 

@@ -12,6 +12,7 @@ import torch
 import exportflops
 from exportflops.capture.pipeline_split import split_stages
 from exportflops.examples.llama import LlamaConfig, llama
+from exportflops.api import count_call
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.parallel.pipeline.analysis import count_pipeline
 from exportflops.parallel.pipeline.mesh import llama_stages
@@ -132,7 +133,7 @@ def test_stages_counted_another_way_are_each_counted_unless_sharing_is_asked_for
 
     def count(index, rank, stage):
         counted.append(index)
-        return exportflops.analyze(stage.module, stage.args, stage.kwargs, mode="train")
+        return count_call(stage.module, stage.args, stage.kwargs, mode="train")
 
     record = count_pipeline(model, args, stages=4, device=None, count_stage=count).record
     # A count_stage may depend on the stage's index or rank (a plan that differs per layer):

@@ -17,9 +17,10 @@ from exportflops.cli import main
 from exportflops.parallel import Layout, analyze_ranks
 from exportflops.parallel.pipeline import analyze_pipeline, layer_split_points
 from exportflops.capture.pipeline_split import split_stages
+from exportflops.aggregate import build_report
 from exportflops.api import count_call
 from exportflops.parallel.pipeline.slices import (held_parameters, node_stages, received,
-                                                  stage_report)
+                                                  stage_counted)
 from exportflops.records.pipeline import PipelineReport
 
 pytest.importorskip("transformers")
@@ -57,8 +58,8 @@ def test_the_cut_of_the_whole_report_is_torchs_split(decoder, differentiates):
     points = layer_split_points(model, 4)
     stage_of = node_stages(whole, points)
     modules = split_stages(model, args, kwargs, points, grad=True)
-    cut = [stage_report(whole, s, stage_of, held_parameters(model, stage.module),
-                        received(stage)) for s, stage in enumerate(modules)]
+    cut = [build_report(stage_counted(whole, s, stage_of, held_parameters(model, stage.module),
+                                      received(stage))) for s, stage in enumerate(modules)]
     for stage, report in zip(split.record.stages, cut):
         assert (report.total - report.backward, report.backward, report.params) == \
             (stage.forward, stage.backward, stage.params)
@@ -156,8 +157,9 @@ def test_a_head_read_by_its_weight_alone_keeps_its_parameters_in_its_stage():
     whole = count_call(model, (x,), mode="train")
     points = layer_split_points(model, 2)
     stages = split_stages(model, (x,), None, points, grad=True)
-    cut = [stage_report(whole, s, node_stages(whole, points), held_parameters(model, st.module),
-                        received(st)) for s, st in enumerate(stages)]
+    cut = [build_report(stage_counted(whole, s, node_stages(whole, points),
+                                      held_parameters(model, st.module), received(st)))
+           for s, st in enumerate(stages)]
     # Two Linear(8, 8) a stage (72 each); the last also holds the 8 x 32 head.
     assert [c.params for c in cut] == [2 * 72, 2 * 72 + 8 * 32]
 
@@ -183,11 +185,23 @@ def _zero_bubble(decoder, **degrees: int) -> PipelineReport:
     return _ranks(decoder, pp=2, mode="train", schedule="zbvzerobubble", **degrees)
 
 
-def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder):
+def test_a_decoder_on_pp_by_tp_splits_each_stages_backward_at_its_input(decoder, monkeypatch):
     """The whole rank's backward cut at each stage's input (what the stage before depends on)
     against torch's split stages each counted with split_backward on one device: every MAC
-    of each pass is sharded by the plan, so each pass's MACs halve at tp 2."""
+    of each pass is sharded by the plan, so each pass's MACs halve at tp 2. The whole rank is
+    counted once, with its backward split (its stages read off the graph being counted)."""
+    from exportflops.parallel import per_rank
+
+    splits = []
+
+    def counted_once(*args, **options):
+        splits.append(options.get("split_backward"))
+        return count_call(*args, **options)
+
+    monkeypatch.setattr(per_rank, "count_call", counted_once)
     sharded = _zero_bubble(decoder, tp=2)
+    monkeypatch.undo()
+    assert len(splits) == 1 and callable(splits[0])  # no count of the rank unsplit first
     alone = _zero_bubble(decoder)
     assert [s.modules for s in sharded.stages] == [s.modules for s in alone.stages]
     for on_tp, single in zip(sharded.stages, alone.stages):

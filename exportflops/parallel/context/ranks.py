@@ -11,11 +11,13 @@ collectives are traced on a fake copy (`exportflops.parallel.context.fsdp_collec
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
 import torch
 
+from ...aggregate import build_report
 from ...errors import LayoutError
 from ...records import Report
 from ...records.context import ContextParallelReport
@@ -62,9 +64,9 @@ def context_rank_report(record: ContextParallelReport, fpb: FlopsPerBatch,
     if not 0 <= rank < record.world_size():
         raise LayoutError(f"rank {rank}: the context-parallel layout of {record.model} has "
                           f"ranks 0..{record.world_size() - 1}.")
-    report = fpb.report.evaluate(**{fpb.batch: record.batch, fpb.seq: record.seq_len})
-    return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
-                                     "collectives": record.collectives(rank)})
+    return build_report(dataclasses.replace(
+        fpb.counted, sizes={fpb.batch: record.batch, fpb.seq: record.seq_len},
+        world_size=record.world_size(), rank=rank, collectives=record.collectives(rank)))
 
 
 def _tensor_parallel_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,

@@ -5,9 +5,25 @@ stage's rank standing for its group, the built-in Llama's stages), ``slices`` a 
 rank cut into the stages, and ``ranks`` the public `analyze_pipeline` (the stages given, or a
 `Layout`: the pipeline composed with tp and fsdp, what `analyze_ranks` calls);
 ``stage_memory`` a pipeline rank's step memory (what `memory_ranks` calls with ``pp``).
+
+The public names load on first use (PEP 562): ``parallel.checks`` reads the schedule table
+below, and ``ranks`` runs those checks, so importing ``ranks`` with the package would close
+the import cycle checks -> pipeline -> ranks -> checks.
 """
 
-from .analysis import layer_split_points
-from .ranks import analyze_pipeline
+from __future__ import annotations
 
-__all__ = ["analyze_pipeline", "layer_split_points"]
+import importlib
+from typing import Any
+
+#: Public name -> the module of this package that defines it.
+_HOMES = {"analyze_pipeline": "ranks", "layer_split_points": "analysis"}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{home}", __name__), name)

@@ -13,18 +13,21 @@ stage's outputs as from the whole model's (`exportflops.count.backward`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
 import torch
 
-from ...api import analyze
+from ...aggregate import Counted, build_report, with_paths
+from ...api import count_call
 from ...capture.blocks import call_key
 from ...capture.pipeline_split import Stage, as_received, split_stages
 from ...errors import InputError
 from ...records import Collective, Report, TensorSpec
 from ...records.pipeline import PipelineReport, PipelineStage
 from .schedules import SCHEDULES, pipeline_order, timeline, with_step_actions
+from .stage_times import action_times, collective_seconds
 
 #: Predicted times with this device when none is named (the roofline's table key).
 DEFAULT_DEVICE = "h100-sxm"
@@ -36,12 +39,16 @@ ACTIVE_STAGES = 3
 
 class PipelineAnalysis(NamedTuple):
     """`analyze_pipeline`'s result (and `count_pipeline`'s): the step's record, and each stage's
-    full report."""
+    full report and the count it is built from."""
 
     record: PipelineReport
     stage_reports: list[Report]
-    """Stage s's report, with ``world_size`` the pipeline ranks, ``rank`` its rank and
-    ``collectives`` its sends and receives (the collectives view lists them)."""
+    """Stage s's report, its representative's on the mesh: ``world_size`` the ranks,
+    ``rank`` its (fsdp, tp index 0), ``collectives`` its own and its sends and receives (the
+    collectives view lists them), their peers the representatives of the other stages."""
+    stage_counts: list[Counted]
+    """What each of ``stage_reports`` is built from (`build_report`), for the report of
+    another rank of the stage (`exportflops.parallel.pipeline.mesh.rank_report`)."""
 
 
 def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict | None = None,
@@ -51,10 +58,10 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
                    mode: Literal["forward", "train"] = "train",
                    device: str | None = DEFAULT_DEVICE,
                    link_bytes_per_s: float | None = None, strict: bool = False,
-                   count_stage: Callable[[int, int, Stage], Report] | None = None,
-                   count_whole: Callable[[int, int, Stage], Report] | None = None,
+                   count_stage: Callable[[int, int, Stage], Counted] | None = None,
+                   count_whole: Callable[[int, int, Stage], Counted] | None = None,
                    measure: bool = False, warmup: int = 3, repeat: int = 10,
-                   share_alike: bool | None = None,
+                   share_alike: bool | None = None, fsdp: int = 1, tp: int = 1,
                    ) -> PipelineAnalysis:
     """The engine of `exportflops.parallel.pipeline.analyze_pipeline` (the public call, which
     takes a `Layout` for stages on tp/fsdp ranks): split ``model`` into pipeline stages, count
@@ -68,9 +75,13 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
     (`PipelineStage.counted_as`). ``stages_per_rank``: ``v`` for
     the looped schedules (default 2), stage s on rank s % (stages / v). ``device``: the
     roofline's device for each action's time, or None for one unit per action.
-    ``count_stage(stage index, pipeline rank, stage)``: the stage's report, when it is counted
-    another way than ``analyze(stage.module, ...)`` (`analyze_pipeline_ranks` passes one that
-    counts a tensor-parallel/FSDP2 rank of it); its collectives stay in the stage's report.
+    ``count_stage(stage index, pipeline rank, stage)``: the stage's count (`Counted`), when it
+    is counted another way than ``count_call(stage.module, ...)`` (`analyze_pipeline_ranks`
+    passes one that counts a tensor-parallel/FSDP2 rank of it); its collectives stay in the
+    stage's report. ``fsdp``, ``tp``: each stage runs on ``fsdp x tp`` ranks of the mesh
+    (pp, fsdp, tp), its count standing for its group (the record names the ranks it stands
+    for; its report is its rank's of fsdp and tp index 0, the world and peers in global
+    ranks).
     Under a schedule splitting the backward its reports are counted with ``split_backward``
     (but stage 0's, which torch runs whole), and ``count_whole``, taking the same arguments,
     counts a stage with its backward whole for the whole backwards DualPipeV also runs
@@ -109,19 +120,27 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
         kind == "B" for actions in order.values() for _, kind, _ in actions)
     share_alike = count_stage is None if share_alike is None else share_alike
 
-    def analyzed(stage: Stage, split_backward: bool) -> Report:
-        return analyze(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
-                       split_backward=split_backward)
+    def analyzed(stage: Stage, split_backward: bool) -> Counted:
+        return count_call(stage.module, stage.args, stage.kwargs, mode=mode, strict=strict,
+                          split_backward=split_backward)
 
     if count_stage is None:
-        def count_stage(s: int, rank: int, stage: Stage) -> Report:
+        def count_stage(s: int, rank: int, stage: Stage) -> Counted:
             # torch runs the first stage's backward whole, in its weight pass.
             return analyzed(stage, two_passes and s > 0)
-    reports, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
-                                   share=share_alike, first_apart=two_passes)
+    staged, counted_as = _counted(split, rank_of, count_stage, grad=mode == "train",
+                                  share=share_alike, first_apart=two_passes)
     if two_passes:
-        reports[0] = _in_weight_pass(reports[0])
-        _check_split(reports, schedule, link_bytes_per_s)
+        staged[0] = _in_weight_pass(staged[0])
+    width = fsdp * tp
+    sends, receives = _transfers(split, rank_of, mode, width)
+    # Each stage's report, built once: its own collectives, then its sends and receives.
+    counts = [dataclasses.replace(c, world_size=pp * width, rank=rank_of[s] * width,
+                                  collectives=[*c.collectives, *sends[s], *receives[s]])
+              for s, c in enumerate(staged)]
+    reports = [build_report(c) for c in counts]
+    if two_passes:
+        _check_split(reports, staged, schedule, link_bytes_per_s)
     if measure:
         where, timer, times = _measured(model, split, args, kwargs, mode, warmup, repeat,
                                         two_passes, whole_too)
@@ -129,18 +148,18 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
         where, timer = device or "unit", ""
         wholes = [None] * len(split)
         if whole_too and device:
-            wholes = _counted(split, rank_of, count_whole or (
-                lambda s, rank, stage: analyzed(stage, False)), grad=True, share=share_alike)[0]
-        times = [_times(report, device, two_passes, whole)
+            wholes = [build_report(c) for c in _counted(split, rank_of, count_whole or (
+                lambda s, rank, stage: analyzed(stage, False)), grad=True, share=share_alike)[0]]
+        times = [action_times(report, device, two_passes, whole)
                  for report, whole in zip(reports, wholes)]
     # A stage's own collectives (its tensor-parallel and FSDP2 ones), timed on the link when
     # the times are seconds, run between its ops: added to its action, as if not overlapped.
     timed = link_bytes_per_s is not None and device is not None
-    spent = [_collective_seconds(report, link_bytes_per_s, gather_once=v <= ACTIVE_STAGES)
-             if timed else dict.fromkeys("FBIWUR", 0.0) for report in reports]
+    spent = [collective_seconds(c.collectives, mode, link_bytes_per_s,
+                                gather_once=v <= ACTIVE_STAGES)
+             if timed else dict.fromkeys("FBIWUR", 0.0) for c in staged]
     order = with_step_actions(order, m, *({s for s, times in enumerate(spent) if times[kind]}
                                           for kind in "UR"))
-    sends, receives = _transfers(split, rank_of, mode)
     records = [PipelineStage(
         index=s, rank=rank_of[s], modules=_held(stage.module, depth), params=report.params,
         inputs=[TensorSpec.of(t.shape, t.dtype) for t in stage.args
@@ -152,8 +171,9 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
         backward_collectives_s=spent[s]["B"], backward_input_collectives_s=spent[s]["I"],
         backward_weight_collectives_s=spent[s]["W"], unshard_s=spent[s]["U"],
         reduce_grad_s=spent[s]["R"],
-        sends=sends[s], receives=receives[s],
-        collectives=report.collectives, stands_for=[rank_of[s]], counted_as=counted_as[s])
+        sends=sends[s], receives=receives[s], collectives=staged[s].collectives,
+        stands_for=list(range(rank_of[s] * width, (rank_of[s] + 1) * width)),
+        counted_as=counted_as[s])
         for s, (stage, report) in enumerate(zip(split, reports))]
 
     def transfer_s(src: int, dst: int, kind: str) -> float:
@@ -177,45 +197,41 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
     record = PipelineReport(
         model=type(model).__name__ if model is not None else "stages", mode=mode,
         schedule=schedule, torch_schedule=SCHEDULES[schedule].torch_class, microbatches=m,
-        pp=pp, stages_per_rank=v, device=where, timer=timer,
+        pp=pp, tp=tp, fsdp=fsdp, stages_per_rank=v, device=where, timer=timer,
         times="measured" if measure else "roofline" if device else "unit",
         link_bytes_per_s=link_bytes_per_s,
         stages=records, timeline=actions, ranks=ranks, step_time_s=step,
         bubble_fraction=bubble, slowest_rank=slowest)
-    stage_reports = [report.model_copy(update={
-        "world_size": pp, "rank": rank_of[s],
-        "collectives": [*report.collectives, *sends[s], *receives[s]]})
-        for s, report in enumerate(reports)]
-    return PipelineAnalysis(record, stage_reports)
+    return PipelineAnalysis(record, reports, counts)
 
 
 def _counted(split: list[Stage], rank_of: dict[int, int],
-             count_stage: Callable[[int, int, Stage], Report], grad: bool, share: bool,
-             first_apart: bool = False) -> tuple[list[Report], list[int]]:
-    """Each stage's report, and the stage whose analysis it is: with ``share``, a stage whose
+             count_stage: Callable[[int, int, Stage], Counted], grad: bool, share: bool,
+             first_apart: bool = False) -> tuple[list[Counted], list[int]]:
+    """Each stage's count, and the stage whose count it is: with ``share``, a stage whose
     call is alike an earlier stage's (`call_key`: the same ops on the same shapes, module for
     module; the middle stages of a stack of identical layers) is not counted again, but takes
-    that stage's report with its module paths, its own at the same places. ``first_apart``:
+    that stage's count with its module paths, its own at the same places. ``first_apart``:
     the first stage is counted otherwise (its backward whole), so it stands for no other."""
     if not share:
         return [count_stage(s, rank_of[s], stage) for s, stage in enumerate(split)], \
             list(range(len(split)))
     with torch.enable_grad() if grad else torch.no_grad():
         keys = [call_key(stage.module, stage.args, stage.kwargs) for stage in split]
-    reports: list[Report] = []
+    counts: list[Counted] = []
     counted_as: list[int] = []
     first: dict[tuple, int] = {}
     for s, (stage, key) in enumerate(zip(split, keys)):
         alike = s if key is None or (first_apart and s == 0) else first.setdefault(key, s)
         counted_as.append(alike)
         if alike == s:
-            reports.append(count_stage(s, rank_of[s], stage))
+            counts.append(count_stage(s, rank_of[s], stage))
             continue
         paths = dict(zip((p for p, _ in split[alike].module.named_modules(
                              remove_duplicate=False)),
                          (p for p, _ in stage.module.named_modules(remove_duplicate=False))))
-        reports.append(reports[alike].with_paths(paths))
-    return reports, counted_as
+        counts.append(with_paths(counts[alike], paths))
+    return counts, counted_as
 
 
 def _looped(schedule: str) -> bool:
@@ -303,9 +319,11 @@ def _chained(modules: list[torch.nn.Module], args: tuple, kwargs: dict | None,
     return stages
 
 
-def _transfers(stages: list[Stage], rank_of: dict[int, int], mode: str):
+def _transfers(stages: list[Stage], rank_of: dict[int, int], mode: str, width: int = 1):
     """Per stage: its sends and its receives, one per tensor a stage takes from a stage on
-    another rank (between two stages of one rank nothing crosses a link)."""
+    another rank (between two stages of one rank nothing crosses a link), each peer the
+    global rank ``pipeline rank * width`` (the representative of the peer stage's ``width``
+    ranks)."""
     sends: list[list[Collective]] = [[] for _ in stages]
     receives: list[list[Collective]] = [[] for _ in stages]
     for dst, stage in enumerate(stages):
@@ -313,13 +331,14 @@ def _transfers(stages: list[Stage], rank_of: dict[int, int], mode: str):
             if src is None or not isinstance(tensor, torch.Tensor) \
                     or rank_of[src] == rank_of[dst]:
                 continue
+            to, of = rank_of[dst] * width, rank_of[src] * width
             carried = f"stage {src} to stage {dst}"
-            sends[src].append(_p2p("send", tensor, "forward", rank_of[dst], carried))
-            receives[dst].append(_p2p("recv", tensor, "forward", rank_of[src], carried))
+            sends[src].append(_p2p("send", tensor, "forward", to, carried))
+            receives[dst].append(_p2p("recv", tensor, "forward", of, carried))
             if mode == "train" and tensor.requires_grad:
                 carried = f"gradient, stage {dst} to stage {src}"
-                sends[dst].append(_p2p("send", tensor, "backward", rank_of[src], carried))
-                receives[src].append(_p2p("recv", tensor, "backward", rank_of[dst], carried))
+                sends[dst].append(_p2p("send", tensor, "backward", of, carried))
+                receives[src].append(_p2p("recv", tensor, "backward", to, carried))
     return sends, receives
 
 
@@ -330,82 +349,26 @@ def _p2p(op: str, tensor: torch.Tensor, phase: str, peer: int, carried: str) -> 
                       torch_op=f"torch.distributed.i{op}", bandwidth_factor=1.0, peer=peer)
 
 
-def _times(report: Report, device: str | None, two_passes: bool,
-           whole: Report | None = None) -> dict[str, float]:
-    """Seconds of each of a stage's actions on one microbatch, keyed as torch's actions: ``F``
-    and ``B`` (the whole backward), with ``two_passes`` its input and weight passes ``I`` and
-    ``W`` too, ``B`` then the backward of ``whole`` (the stage counted with its backward whole)
-    or else the two passes'; the roofline's sums of its nodes on ``device``, or one unit per
-    action (None), a whole backward two where the schedule splits it."""
-    train = report.mode == "train"
-    if device is None:  # a whole backward is its two passes where the schedule splits it
-        units = {"F": 1.0, "B": (2.0 if two_passes else 1.0) if train else 0.0}
-        return {**units, "I": 1.0, "W": 1.0} if two_passes else units
-    from ...roofline import roofline
-
-    action = {node.name: "F" if node.phase == "forward" else
-              {"input": "I", "weight": "W"}.get(node.gradient, "B") for node in report.nodes}
-    spent = dict.fromkeys("FBIW", 0.0)
-    for node in roofline(report, device).nodes:
-        spent[action[node.name]] += node.predicted_s
-    if not two_passes:
-        return {"F": spent["F"], "B": spent["B"]}
-    if whole is None:
-        return {**spent, "B": spent["I"] + spent["W"]}
-    backward = {node.name for node in whole.nodes if node.phase == "backward"}
-    return {**spent, "B": sum(node.predicted_s for node in roofline(whole, device).nodes
-                              if node.name in backward)}
-
-
-def _in_weight_pass(report: Report) -> Report:
-    """The first stage's report with its whole backward in the weight pass: torch's
+def _in_weight_pass(counted: Counted) -> Counted:
+    """The first stage's count with its whole backward in the weight pass: torch's
     ``backward_one_chunk`` skips the input pass on stage 0 and runs its full backward when the
     weights' turn comes (torch/distributed/pipelining/stage.py)."""
     nodes, collectives = ([n.model_copy(update={"gradient": "weight"}) if n.phase == "backward"
-                           else n for n in items] for items in (report.nodes, report.collectives))
-    return report.model_copy(update={"nodes": nodes, "collectives": collectives,
-                                     "backward_weight": report.backward})
+                           else n for n in items] for items in (counted.nodes,
+                                                                counted.collectives))
+    return dataclasses.replace(counted, nodes=nodes, collectives=collectives, split=True)
 
 
-def _collective_seconds(report: Report, link_bytes_per_s: float, gather_once: bool,
-                        ) -> dict[str, float]:
-    """The seconds a stage's own collectives take in each of its actions on the link: its
-    forward's in ``F``, its backward's in ``B``, and with the backward in two passes each
-    pass's in ``I`` and ``W``. FSDP2's (c10d's in-place ops: tensor parallelism's are
-    functional) run once per step (`with_step_actions`): the reduce-scatters of its gradients
-    in ``R``, and with ``gather_once`` in training its parameters' all-gathers in ``U`` when
-    the backward gathers none again (they stay gathered after the forward: torchtitan's
-    ``reshard_after_forward=False`` under pipelining, and pipelining keeps them through each
-    backward). In a forward-only count, where the backward gathers again, or where a rank
-    holds more stages than torch keeps gathered, each forward gathers (an upper bound)."""
-    spent = dict.fromkeys("FBIWUR", 0.0)
-    fsdp = [c for c in report.collectives if c.torch_op.startswith("c10d.")]
-    kept = gather_once and report.mode == "train" and not any(
-        c.op == "all_gather" and c.phase == "backward" for c in fsdp)
-    for c in report.collectives:
-        seconds = c.seconds(link_bytes_per_s)
-        if c in fsdp and c.op == "all_gather" and kept:
-            spent["U"] += seconds
-        elif c.phase == "forward":
-            spent["F"] += seconds
-        elif c in fsdp and c.op == "reduce_scatter":
-            spent["R"] += seconds
-        else:
-            spent["B"] += seconds
-            if c.gradient:
-                spent["I" if c.gradient == "input" else "W"] += seconds
-    return spent
-
-
-def _check_split(reports: list[Report], schedule: str, link_bytes_per_s: float | None) -> None:
-    """A zero-bubble schedule's stages are counted in two backward passes, and their own
-    collectives are not told apart by pass."""
+def _check_split(reports: list[Report], counts: list[Counted], schedule: str,
+                 link_bytes_per_s: float | None) -> None:
+    """A zero-bubble schedule's stages are counted in two backward passes (``reports``), and
+    their own collectives (``counts``') are not told apart by pass."""
     if any(report.backward_weight is None for report in reports):
         raise InputError(f"schedule {schedule!r} runs each backward as two passes, input then "
-                         f"weight gradients: count_stage's reports must be counted with "
-                         f"analyze(..., split_backward=True)")
+                         f"weight gradients: count_stage's counts must be counted with "
+                         f"count_call(..., split_backward=True)")
     if link_bytes_per_s is not None and any(c.phase == "backward" and not c.gradient
-                                            for report in reports for c in report.collectives):
+                                            for counted in counts for c in counted.collectives):
         raise InputError(f"schedule {schedule!r} splits each backward in two passes, and a "
                          f"stage's own backward collectives are not assigned to either: count "
                          f"the stages with analyze(..., split_backward=True), or give no "

@@ -1,61 +1,37 @@
-"""A pipeline on the mesh (pp, fsdp, tp): each stage's rank standing for its (fsdp, tp) group,
-a global rank's report, and the built-in Llama's stages built from its own modules, so that a
-tensor-parallel plan or FSDP2 applied to the model holds in each stage
-(`exportflops.parallel.pipeline` splits and counts; `exportflops.parallel.pipeline.ranks`
-composes).
+"""A pipeline on the mesh (pp, fsdp, tp): a global rank's report, built from its stage's count
+(each stage's rank stands for its (fsdp, tp) group: `count_pipeline`'s ``fsdp`` and ``tp``),
+and the built-in Llama's stages built from its own modules, so that a tensor-parallel plan or
+FSDP2 applied to the model holds in each stage (`exportflops.parallel.pipeline` splits and
+counts; `exportflops.parallel.pipeline.ranks` composes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
 from typing import Any
 
 import torch
 
+from ...aggregate import build_report
 from ...capture.pipeline_split import Stage, as_received
 from ...records import Report
-from ...records.pipeline import PipelineReport
 from ..layout import Layout
 from .analysis import PipelineAnalysis, stage_layers
 
 
-def on_mesh(analysis: PipelineAnalysis, fsdp: int, tp: int) -> PipelineAnalysis:
-    """``analysis``, each stage counted as one rank of its (fsdp, tp) group (fsdp and tp index
-    0), placed on the mesh (pp, fsdp, tp): the record names the ranks each stage stands for,
-    each stage's report is its representative's, with the world and the peers in global
-    ranks."""
-    width = fsdp * tp
-    record = analysis.record
-    stages = [stage.model_copy(update={"stands_for": list(range(stage.rank * width,
-                                                                (stage.rank + 1) * width))})
-              for stage in record.stages]
-    record = record.model_copy(update={"tp": tp, "fsdp": fsdp, "stages": stages})
-    # A stage's report names its peers by pipeline rank: on the mesh, the representatives'.
-    reports = [_as_rank(report, record, stage.stands_for[0], lambda peer: peer * width)
-               for stage, report in zip(stages, analysis.stage_reports)]
-    return PipelineAnalysis(record, reports)
-
-
 def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
-    """The report of global ``rank`` of `on_mesh`'s ``analysis``: its pipeline rank's first
-    stage, as its representative counted it (the same work), its sends and receives going to
-    the ranks of its own fsdp and tp index on the other stages."""
+    """The report of global ``rank`` of ``analysis`` (stages on the mesh (pp, fsdp, tp),
+    `count_pipeline`'s ``fsdp`` and ``tp``): its pipeline rank's first stage, as its
+    representative counted it (the same work), its sends and receives going to the ranks of
+    its own fsdp and tp index on the other stages."""
     record = analysis.record
     layout = Layout(pp=record.pp, fsdp=record.fsdp, tp=record.tp)
     width = record.fsdp * record.tp
-    stage = record.ranks[layout.coordinates(rank)["pp"]].stages[0]
-    return _as_rank(analysis.stage_reports[stage], record, rank,
-                    lambda peer: peer // width * width + rank % width)
-
-
-def _as_rank(report: Report, record: PipelineReport, rank: int,
-             peer_of: Callable[[int], int]) -> Report:
-    """``report`` as global ``rank``'s: the world is the mesh, each send's and receive's peer
-    is ``peer_of(its peer)``."""
-    collectives = [c.model_copy(update={"peer": peer_of(c.peer)}) if c.mesh_dim == "pp" else c
-                   for c in report.collectives]
-    return report.model_copy(update={"world_size": record.world_size(), "rank": rank,
-                                     "collectives": collectives})
+    counted = analysis.stage_counts[record.ranks[layout.coordinates(rank)["pp"]].stages[0]]
+    # A peer is named by its stage's representative: here the rank of this one's index.
+    return build_report(dataclasses.replace(counted, rank=rank, collectives=[
+        c.model_copy(update={"peer": c.peer + rank % width}) if c.mesh_dim == "pp" else c
+        for c in counted.collectives]))
 
 
 def llama_stages(model: torch.nn.Module, tokens: torch.Tensor, stages: int,

@@ -1,6 +1,6 @@
 """A pipeline on a `Layout`'s mesh (pp, fsdp, tp), tp innermost as torchtitan lays it out: each
 stage counted once, as the rank of its (fsdp, tp) group with index 0, the others of the group
-doing the same work (`exportflops.parallel.pipeline.mesh.on_mesh` places them).
+doing the same work (`count_pipeline`'s ``fsdp`` and ``tp`` place them on the mesh).
 
 The built-in Llama's stages are built from its own modules (`llama_stages`), each counted
 under `exportflops.fake_process_group` of the group's ranks (a stage's own collectives stay in
@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from ...aggregate import Counted, build_report
+from ...aggregate import Counted
 from ...api import count_call
 from ...count.ranks import fake_copy
 from ...errors import BuildError, InputError
 from ...examples.llama import Llama
-from ...records import Report
+from ..checks import DEFAULT_SCHEDULE, check_call
 from ..layout import Layout
 from ..per_rank import Builder, built_model, counted_rank_of
 from .analysis import DEFAULT_DEVICE, PipelineAnalysis, count_pipeline, layer_split_points
-from .mesh import llama_stages, on_mesh
+from .mesh import llama_stages
 from .schedules import SCHEDULES, stages_per_rank
 
 
@@ -86,18 +86,10 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
     on each), each stage on ``layout.fsdp x layout.tp`` ranks (module docstring), one step of
     ``microbatches`` timed under ``schedule`` (default 1f1b) as `analyze_pipeline` times it
     (``device``, ``link_bytes_per_s``, ``measure``, ``warmup``, ``repeat`` are its), placed on
-    the mesh (`on_mesh`: `exportflops.parallel.pipeline.mesh.rank_report` gives a global
-    rank's report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
-    # The checks of parallel.checks.check_call, which analyze_ranks runs, repeated here:
-    # parallel.checks reads this package's schedule table, so importing it here would close
-    # an import cycle (checks -> pipeline -> ranks -> checks).
-    if layout.dp > 1 or layout.cp > 1 or layout.ep > 1:
-        raise InputError(f"{layout}: a pipeline composes with fsdp and tp, not with dp, cp or "
-                         f"ep yet: analyze those alone.")
-    schedule = schedule or "1f1b"
-    if schedule not in SCHEDULES:
-        raise InputError(f"schedule {schedule!r}: the schedules are {', '.join(SCHEDULES)} "
-                         f"(docs/pipeline.md).")
+    the mesh (`exportflops.parallel.pipeline.mesh.rank_report` gives a global rank's
+    report). ``model`` as `exportflops.parallel.analyze_ranks` takes it."""
+    check_call(layout, schedule=schedule, microbatches=microbatches)
+    schedule = schedule or DEFAULT_SCHEDULE
     built, args, kwargs = built_model(model, args, kwargs)
     per_rank = stages_per_rank(schedule)  # pp is the ranks
     composed = layout.fsdp > 1 or layout.tp > 1
@@ -120,8 +112,8 @@ def analyze_pipeline_ranks(model: torch.nn.Module | Builder, args: Any = (),
         measure=measure, warmup=warmup, repeat=repeat,
         # The built-in llama's plan is the same on every layer: a stage alike another counts
         # alike on its rank too. A whole model cut into stages is counted once.
-        share_alike=own_modules)
-    return on_mesh(analysis, layout.fsdp, layout.tp)
+        share_alike=own_modules, fsdp=layout.fsdp, tp=layout.tp)
+    return analysis
 
 
 def _composed_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
@@ -165,7 +157,7 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
     degrees = {name: n for name, n in (("fsdp", fsdp), ("tp", tp)) if n is not None}
     layout = Layout(fsdp=fsdp or 1, tp=tp or 1)  # a stage's (fsdp, tp) group
 
-    def count(index: int, rank: int, stage) -> Report:
+    def count(index: int, rank: int, stage) -> Counted:
         # The stage's own collectives run in its (fsdp, tp) group: the group's rank 0 stands
         # for the stage, under a process group of that group's ranks. One group for every
         # stage also keeps torch's caches right: DeviceMesh compares equal by layout alone,
@@ -182,7 +174,7 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
                 fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
             counted = count_call(part, inputs, None, mode=mode, strict=strict,
                                  split_backward=split_backward and index > 0)
-        return build_report(_dims_named(counted, degrees))
+        return _dims_named(counted, degrees)
 
     return count
 
@@ -199,15 +191,15 @@ def _sliced_counter(model: torch.nn.Module | Builder, first: tuple, layout: Layo
     root, which holds nothing of its own. ``split_backward``: the rank counted again with each
     stage's backward in the zero-bubble schedules' two passes, split at the stage's input
     (`exportflops.graph.passes.stage_input_way`)."""
-    from .slices import held_parameters, received, stage_report
+    from .slices import held_parameters, received, stage_counted
 
     whole = partial(_whole_rank, model, first, layout, split_points, mode=mode, strict=strict,
                     ranks=ranks)
 
-    def count(index: int, rank: int, stage) -> Report:
+    def count(index: int, rank: int, stage) -> Counted:
         split, counted, stage_of = whole(split_backward)
-        return stage_report(counted, index, stage_of, held_parameters(split, stage.module),
-                            received(stage))
+        return stage_counted(counted, index, stage_of, held_parameters(split, stage.module),
+                             received(stage))
 
     return count
 
@@ -217,19 +209,15 @@ def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
                 ranks: dict):
     """(the rank's model, its count, each node's stage) of the whole model, counted once per
     ``split_backward`` into ``ranks``; split, each stage's input pass is what an earlier
-    stage's backward depends on, read off the unsplit count's stages."""
-    from ...graph.passes import stage_input_way
+    stage's backward depends on, the nodes' stages read off the graph being counted (no
+    count of the rank before it)."""
     from .slices import node_stages
 
     if split_backward not in ranks:
-        way = False
-        if split_backward:
-            _, unsplit, stage_of = _whole_rank(model, first, layout, split_points, False,
-                                               mode=mode, strict=strict, ranks=ranks)
-            way = partial(_stage_way, stage_input_way, stage_of,
-                          {node.name: node.op for node in unsplit.nodes})
         units: list[list[str]] = []  # each stage's unit, as module paths
         built, args, kwargs = first
+        way = partial(_stage_way, split_points, type(built).__name__) if split_backward \
+            else False
         split, counted = counted_rank_of(
             built, args, kwargs, Layout(fsdp=layout.fsdp, tp=layout.tp), rank=0,
             shard=partial(_stage_units, split_points, units), mode=mode, strict=strict,
@@ -257,22 +245,13 @@ def _check_untied(model) -> None:
                          f"or pick a schedule with a whole backward.")
 
 
-def _stage_way(stage_input_way, stage_of: dict[str, int], ops: dict[str, str], graph):
-    """The input passes of the rank's graph, each node's stage read off an earlier count of
-    the same rank by its name (the trace names its nodes alike each time: checked, each
-    backward op must have the name of the same op in the first count)."""
-    from ...torch_internals import OpOverload
+def _stage_way(split_points: list[str], model: str, graph):
+    """The input passes of the rank's graph (of ``model``) cut into the stages of a split
+    before each of ``split_points``."""
+    from ...graph.passes import stage_input_way
+    from .slices import graph_stages
 
-    from ...graph.walk import phase
-
-    unnamed = [node.name for node in graph.nodes if node.op == "call_function"
-               and isinstance(node.target, OpOverload) and phase(node) == "backward"
-               and (node.name not in stage_of or ops.get(node.name) != str(node.target))]
-    if unnamed:
-        raise InputError(f"the rank traced again names {len(unnamed)} backward ops otherwise "
-                         f"than the first trace ({', '.join(unnamed[:3])}): their stages are "
-                         f"unknown, so the backward cannot be split at the stages' inputs; "
-                         f"pick a schedule with a whole backward.")
+    stage_of = graph_stages(graph, split_points, model)
     return stage_input_way(graph, lambda node: stage_of.get(node.name))
 
 

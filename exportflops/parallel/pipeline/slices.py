@@ -16,11 +16,11 @@ counted, and its nodes are cut as the split cuts the program (``SplitPoint.BEGIN
 - a parameter is every stage whose module of torch's split holds it (a tied embedding and head
   in the first stage and the last, as torch's split leaves them).
 
-Each stage's report is built from its nodes, selected from the rank's count (a `Counted`), as
-`exportflops.analyze` builds one from a whole count, with the parameters it holds (this rank's
-shards, a tied one at its first name in the stage). A plan's layers end replicated, so the
-stages pass what the unsplit rank passes between its layers: the sends and receives of torch's
-split of the unparallelized model.
+Each stage's count is its nodes, selected from the rank's count (a `Counted`), with the
+parameters it holds (this rank's shards, a tied one at its first name in the stage): its report
+is built from it as `exportflops.analyze` builds one from a whole count (`build_report`). A
+plan's layers end replicated, so the stages pass what the unsplit rank passes between its
+layers: the sends and receives of torch's split of the unparallelized model.
 """
 
 from __future__ import annotations
@@ -28,40 +28,69 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
-from ...aggregate import Counted, build_report
+from ...aggregate import Counted
 from ...attribution import ModuleInfo, module_tree
-from ...count.ranks import local_parameters
+from ...count.ranks import local_parameters, rank_runs
 from ...capture.pipeline_split import Stage
 from ...errors import InputError
-from ...records import Report, TensorSpec
+from ...graph.walk import read_graph
+from ...records import NodeRecord, TensorSpec
 from ...records.names import ancestors
 from ...torch_internals import pytree
 from ..fsdp_blocks import blocks_of
 
 
+class _Placed(NamedTuple):
+    """What places a node in a stage: a `NodeRecord`'s fields of the same names."""
+
+    name: str
+    phase: str
+    module: str
+    differentiates: str
+
+
 def node_stages(counted: Counted, split_points: list[str]) -> dict[str, int]:
     """Each node of ``counted`` -> the stage it runs in, for a split before each module path
     of ``split_points``."""
-    forward = [n for n in counted.nodes if n.phase == "forward"]
+    return _stages(counted.nodes, split_points, counted.model)
+
+
+def graph_stages(graph: torch.fx.Graph, split_points: list[str], model: str,
+                 ) -> dict[str, int]:
+    """Each node of a rank's traced ``graph`` (of ``model``) -> its stage, as `node_stages`
+    places the nodes of the rank's count of that graph (one record per call the rank runs, in
+    the same order, with the backward whole): what cuts the rank's backward at the stages'
+    inputs (`exportflops.graph.passes.stage_input_way`) while that count is being made, with
+    no count of the rank before it."""
+    runs = rank_runs(graph, read_graph(graph).nodes, train=True, split=False)
+    return _stages([_Placed(run.call.name, run.phase, run.call.module, run.differentiates)
+                    for run in runs], split_points, model)
+
+
+def _stages(nodes: Sequence[NodeRecord | _Placed], split_points: list[str], model: str,
+            ) -> dict[str, int]:
+    forward = [n for n in nodes if n.phase == "forward"]
     starts = []
     for point in split_points:
         first = next((i for i, n in enumerate(forward) if point in ancestors(n.module)), None)
         if first is None:
-            raise InputError(f"{counted.model}'s module {point!r} runs no node: it cannot start "
+            raise InputError(f"{model}'s module {point!r} runs no node: it cannot start "
                              f"a pipeline stage; give split points that run")
         starts.append(first)
     if starts != sorted(starts):
-        raise InputError(f"{counted.model}'s split points {split_points} do not run in that "
+        raise InputError(f"{model}'s split points {split_points} do not run in that "
                          f"order: give them in the order the forward runs them")
     stage_of = {n.name: bisect.bisect_right(starts, i) for i, n in enumerate(forward)}
     ran_in: dict[str, set[int]] = defaultdict(set)  # module -> the stages its forward ran in
     for node in forward:
         ran_in[node.module].add(stage_of[node.name])
     current = len(split_points)
-    for node in (n for n in counted.nodes if n.phase == "backward"):
+    for node in (n for n in nodes if n.phase == "backward"):
         if node.differentiates in stage_of:
             current = stage_of[node.differentiates]
         elif len(ran_in[node.module]) == 1:
@@ -70,9 +99,10 @@ def node_stages(counted: Counted, split_points: list[str]) -> dict[str, int]:
     return stage_of
 
 
-def stage_report(counted: Counted, stage: int, stage_of: dict[str, int],
-                 parameters: list[tuple[str, torch.Tensor]], inputs: list[TensorSpec]) -> Report:
-    """The report of stage ``stage``, selected from the rank's ``counted``: its nodes
+def stage_counted(counted: Counted, stage: int, stage_of: dict[str, int],
+                  parameters: list[tuple[str, torch.Tensor]], inputs: list[TensorSpec],
+                  ) -> Counted:
+    """The count of stage ``stage``, selected from the rank's ``counted``: its nodes
     (`node_stages`) and collectives, the ``parameters`` it holds, (name, this rank's shard) as
     `local_parameters` gives them, and the ``inputs`` it receives (`received`)."""
     nodes = [n for n in counted.nodes if stage_of[n.name] == stage]
@@ -84,8 +114,8 @@ def stage_report(counted: Counted, stage: int, stage_of: dict[str, int],
             info.type_name, info.calls = counted.tree[path].type_name, counted.tree[path].calls
     tree = dict(sorted(tree.items(), key=lambda item: (item[1].depth, item[0])))
     collectives = [c for c in counted.collectives if stage_of.get(c.node) == stage]
-    return build_report(dataclasses.replace(counted, nodes=nodes, tree=tree, tied=tied,
-                                            inputs=inputs, collectives=collectives))
+    return dataclasses.replace(counted, nodes=nodes, tree=tree, tied=tied, inputs=inputs,
+                               collectives=collectives)
 
 
 def received(stage: Stage) -> list[TensorSpec]:
