@@ -21,7 +21,6 @@ accumulators of the backward (docs/memory.md).
 
 from __future__ import annotations
 
-
 import torch
 
 from ...capture.held import copied
