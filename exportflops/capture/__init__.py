@@ -6,5 +6,7 @@
 pass and its export with repeated blocks stubbed; ``dtensor`` and ``fsdp`` capture one rank of a
 parallelized model. ``hints`` turns torch's failures into the user's next step, ``placement``
 checks where the inputs live, ``quiet`` silences torch's logs while a capture falls back, and
-``dims`` makes named dynamic sizes (``batch``, ``seq``) the ``dynamic_shapes`` an export takes.
+``dims`` makes named dynamic sizes (``batch``, ``seq``) the ``dynamic_shapes`` an export takes;
+``held`` finds every tensor a call's inputs hold (a filled cache's, in objects pytree does not
+know) and copies the inputs with each one replaced (the fake copy of a step).
 """

@@ -43,6 +43,7 @@ from ..records.names import qualified_name
 from ..torch_internals import (TorchDispatchMode, get_sequence_nr, pytree,
                                sequence_nr)
 from .export import run_kept
+from .held import copied
 from .outside import LIFT_FRESH, UNSEEN_WRITE, HostCalls, Unfilled
 
 
@@ -64,10 +65,15 @@ def eager_calls(model: torch.nn.Module, args: tuple, kwargs: dict, *,
                 train: bool) -> list[EagerCall]:
     """Every ATen op of one call ``model(*args, **kwargs)``, forward then (``train``) backward,
     with its module stack. The model's buffers and the random generators are as before after
-    it (`run_kept`), and no hook is left on any module or autograd node; what the model's own
-    ``forward`` does to itself (an attribute it sets) is its own. Raises what the run raises."""
+    it (`run_kept`), the objects holding the inputs too (a cache it grows), and no hook is left
+    on any module or autograd node; what the model's own ``forward`` does to itself (an
+    attribute it sets) or writes into an input tensor in place is its own. Raises what the run
+    raises."""
     paths = {id(module): path for path, module in model.named_modules()}
     recorder = _Recorder(model)
+    # The run's own copy of the objects holding the inputs' tensors, the tensors shared: a
+    # filled DynamicCache the step grows (each layer's keys reassigned) stays the user's length.
+    args, kwargs = copied((args, kwargs), lambda tensor: tensor)
     with run_kept(model, args, kwargs), _module_calls(model, paths, recorder), \
             torch.enable_grad() if train else torch.no_grad():
         with recorder.recording():

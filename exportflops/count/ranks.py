@@ -18,12 +18,13 @@ from typing import NamedTuple
 import torch
 import torch.fx
 
+from ..capture.held import copied
 from ..errors import DistributedError, InputError
 from ..formulas.collectives import KINDS, NAMESPACES, message_bytes
 from ..graph.passes import halves, input_way
 from ..graph.walk import NodeCall, phase, recomputed, reruns
 from ..records import Collective
-from ..torch_internals import FakeTensorMode, OpOverload, pytree, require
+from ..torch_internals import FakeTensorMode, OpOverload, require
 
 
 @contextlib.contextmanager
@@ -63,7 +64,8 @@ def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
     """A copy of ``model`` and its inputs on fake cpu tensors of the same dtypes (FSDP2 refuses
     meta; nothing is allocated, the caller's model is untouched), each parameter of
     ``local_shape(p)`` (default its shape), tied parameters kept tied, tensors held as plain
-    attributes copied too."""
+    attributes copied too; every tensor the inputs hold is a fake one, whatever holds it
+    (`capture.held.copied`: the user's objects, a filled cache, are left as they are)."""
     mode = FakeTensorMode()
 
     def fake(tensor: torch.Tensor, shape) -> torch.Tensor:
@@ -80,14 +82,17 @@ def fake_copy(model: torch.nn.Module, args: tuple, kwargs: dict,
         for value in vars(module).values():
             if isinstance(value, torch.Tensor) and id(value) not in memo:
                 memo[id(value)] = fake(value, value.shape)
-    copied = copy.deepcopy(model, memo)
+    fake_model = copy.deepcopy(model, memo)
 
-    def leaf(value):  # an input keeps whether it needs a gradient (a stage's hidden state)
-        if not isinstance(value, torch.Tensor):
-            return value
+    def leaf(value: torch.Tensor) -> torch.Tensor:
+        # An input keeps whether it needs a gradient (a stage's hidden state).
         return fake(value, value.shape).requires_grad_(value.requires_grad)
 
-    return copied, pytree.tree_map(leaf, args), pytree.tree_map(leaf, kwargs)
+    # Every tensor the inputs hold, in any object (a user's filled DynamicCache keeps its keys
+    # and values on its layers), and one memo with the model's: an input holding a parameter
+    # gets the fake parameter.
+    fake_args, fake_kwargs = copied((args, kwargs), leaf, memo)
+    return fake_model, fake_args, fake_kwargs
 
 
 def is_parallelized(model: object) -> bool:

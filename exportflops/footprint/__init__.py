@@ -22,6 +22,7 @@ from .optimizers import (build_optimizer, forward_context, in_precision, optimiz
 from .report import memory_report
 from .step import run_step, StepRun
 from .symbolic import symbolic_memory
+from ..capture.held import tensors_in
 from ..errors import InputError, ProfileError
 from ..records.memory import MemoryReport
 from ..records.symbolic_memory import SymbolicMemoryReport
@@ -130,9 +131,8 @@ def run_fake(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict, *
 def _fake_mode_of(fake_model: torch.nn.Module, fake_args: tuple, fake_kwargs: dict) -> Any:
     """The fake mode of the step's tensors. No list of them outlives this call: a step that
     drops an input (a decode step's cache, replaced by the one it grows into) frees it."""
-    return require("detect_fake_mode")([
-        t for t in (*fake_model.parameters(), *fake_model.buffers(),
-                    *pytree.tree_leaves((fake_args, fake_kwargs))) if isinstance(t, torch.Tensor)])
+    return require("detect_fake_mode")([*fake_model.parameters(), *fake_model.buffers(),
+                                         *tensors_in((fake_args, fake_kwargs))])
 
 
 def check_options(name: str, mode: str, optimizer: str | torch.optim.Optimizer,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .optimizers import MasterWeights
+from ..capture.held import copied, tensors_in
 from ..capture.module_hooks import call_hooks
 from .rng_states import checkpoint_regions, rng_state_bytes
 from .workspaces import workspace_bytes
@@ -225,19 +226,23 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
     rank's microbatches, `exportflops.parallel.pipeline.stage_memory`), called with None in
     step 1; it sets the phase of what it runs. ``forward_context()``: entered around each
     forward and loss (autocast)."""
+    # The step before the one recorded runs on its own copy of the objects holding the inputs
+    # (their tensors shared): a cache it grows is as given again for the recorded step.
+    first_args, first_kwargs = copied((args, kwargs), lambda tensor: tensor)
     if train:  # step 1: the optimizer's states exist after it, and gradients are none again
         if replay is not None:
             replay(None)
         else:
             with forward_context():
-                value = loss(model(*args, **kwargs))
+                value = loss(model(*first_args, **first_kwargs))
             value.backward()
             del value
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
         with torch.no_grad():
-            model(*args, **kwargs)
+            model(*first_args, **first_kwargs)
+    del first_args, first_kwargs
     run = StepRun()
     with _module_paths(model) as running:
         storages = _Storages(run, running, resized() if resized is not None else [])
@@ -305,9 +310,8 @@ def _hold_state(storages: _Storages, model: torch.nn.Module, args: tuple, kwargs
         for value in vars(module).values():
             if isinstance(value, torch.Tensor):
                 storages.hold(value, "buffers", BEFORE)
-    for tensor in pytree.tree_leaves((args, kwargs)):
-        if isinstance(tensor, torch.Tensor):
-            storages.hold(tensor, "inputs", BEFORE)
+    for tensor in tensors_in((args, kwargs)):  # a filled cache's keys and values too
+        storages.hold(tensor, "inputs", BEFORE)
     for state in (optimizer.state.values() if optimizer is not None else ()):
         for tensor in pytree.tree_leaves(state):
             if isinstance(tensor, torch.Tensor):

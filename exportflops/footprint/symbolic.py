@@ -41,6 +41,7 @@ import torch
 
 from .liveness import KINDS, live_by_kind
 from .step import StepRun
+from ..capture.held import copied
 from ..errors import InputError
 from ..records.symbolic import size_symbol
 from ..records.symbolic_memory import KindExpressions, MemorySize, SymbolicMemoryReport
@@ -150,14 +151,15 @@ def _range(name: str, size: torch.export.Dim, example: int) -> MemorySize:
 def resized_inputs(args: tuple, kwargs: dict, marks: dict[int, dict[int, str]],
              sizes: dict[str, int]) -> tuple[tuple, dict]:
     """The inputs with each marked dim at its size: the example's entries repeated in turn
-    (entry ``i`` is entry ``i % n``: token ids stay token ids; a fake step reads no value)."""
-    def resized(leaf: Any) -> Any:
-        for dim, size_name in marks.get(id(leaf), {}).items() if isinstance(
-                leaf, torch.Tensor) else ():
-            index = torch.arange(sizes[size_name], device=leaf.device) % leaf.shape[dim]
-            leaf = leaf.index_select(dim, index)
-        return leaf
-    return pytree.tree_map(resized, (args, kwargs))
+    (entry ``i`` is entry ``i % n``: token ids stay token ids; a fake step reads no value).
+    A tensor given twice (``input_ids`` as ``labels``) is one resized tensor twice, one
+    storage as in the step at the example's size."""
+    def resized(tensor: torch.Tensor) -> torch.Tensor:
+        for dim, size_name in marks.get(id(tensor), {}).items():
+            index = torch.arange(sizes[size_name], device=tensor.device) % tensor.shape[dim]
+            tensor = tensor.index_select(dim, index)
+        return tensor
+    return copied((args, kwargs), resized)
 
 
 def _same_step(name: str, first: StepRun, other: StepRun, at: dict, other_at: dict) -> None:

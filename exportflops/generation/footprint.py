@@ -67,10 +67,17 @@ def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     keep = _prefill_logits(model, prompt_len, full_logits=False).keywords
     low = max(batch, LINES_FROM_BATCH)  # step 1 of the module's docstring
     prefills, decodes, cache_bytes = {}, {}, {}
-    with dynamic_cache_pytree():  # the cache's tensors are the step's inputs (pytree leaves)
+    with dynamic_cache_pytree():  # the cache's layout may come from an exported prefill
+        # One fake copy of the model serves every step: a forward under no_grad leaves its
+        # parameters and buffers as they were, and the hooks a step puts on it go with it.
+        fake_model, _, _ = fake_copy(model, (), {})
+        # The decode step's cache layout once, as each tensor's shape after its batch dim
+        # (transformers' caches are batch first), from a prefill at batch low (>= 2).
+        layout = [(t.shape[1:], t.dtype) for t in _cache_tensors(
+            model, torch.zeros(low, 1, dtype=torch.long, device="meta"), context - 1)]
         for b in sorted({1, batch, low, 2 * low, 3 * low}):
-            prefills[b], _ = _step(model, b, prompt_len, 0, keep, allocator)
-            decodes[b], cache_bytes[b] = _step(model, b, 1, context - 1, {}, allocator)
+            prefills[b], _ = _step(model, fake_model, b, prompt_len, [], keep, allocator)
+            decodes[b], cache_bytes[b] = _step(model, fake_model, b, 1, layout, {}, allocator)
     return GenerationMemory(
         model=name, batch=batch, prompt_len=prompt_len, new_tokens=new_tokens,
         context=context, allocator=allocator, kv_cache_bytes=cache_bytes[batch],
@@ -80,35 +87,36 @@ def generation_memory(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
                                     *_lines("decode", decodes, low)]))
 
 
-def _step(model: Any, batch: int, tokens: int, cached: int, keywords: dict,
+def _step(model: Any, fake_model: torch.nn.Module, batch: int, tokens: int,
+          layout: list[tuple[tuple, torch.dtype]], keywords: dict,
           allocator: str) -> tuple[MemoryReport, int]:
-    """The step of ``tokens`` new tokens per sequence after ``cached`` cache entries, and the
-    bytes of the cache it starts with."""
-    ids = torch.zeros(batch, tokens, dtype=torch.long, device="meta")
-    layout = _cache_tensors(model, ids, cached) if cached else []
-    fake_model, args, kwargs = fake_copy(model, (), {"input_ids": ids})
-    with require("detect_fake_mode")([kwargs["input_ids"]]):
-        cache = _filled_cache(fake_model, layout)
+    """The step of ``tokens`` new tokens per sequence after a cache of ``layout`` (each key
+    then each value: its shape after the batch dim, its dtype; [] for none), on ``fake_model``
+    (`fake_copy` of ``model``), and the bytes of the cache it starts with."""
+    with require("detect_fake_mode")(list(fake_model.parameters())):
+        kwargs = {"input_ids": torch.zeros(batch, tokens, dtype=torch.long, device="cpu")}
+        cache = _filled_cache(fake_model, batch, layout)
     cache_bytes = sum(t.untyped_storage().nbytes() for layer in cache.layers
                       for t in (layer.keys, layer.values) if t is not None)
     kwargs.update({cache_argument(model): cache, "use_cache": True, **keywords})
     name = type(model).__name__
-    run = run_fake(fake_model, args, kwargs, name=name, train=False, optimizer="",
+    run = run_fake(fake_model, (), kwargs, name=name, train=False, optimizer="",
                    optimizer_options=None, loss=default_loss(name))
     return memory_report(run, model, mode="forward", optimizer="", allocator=allocator,
                          size=ALLOCATORS[allocator]), cache_bytes
 
 
-def _filled_cache(fake_model: torch.nn.Module, layout: list[torch.Tensor]):
-    """transformers' cache of ``fake_model`` filled with zeros of ``layout`` (meta tensors:
-    each layer's keys, then each layer's values), under the fake mode."""
+def _filled_cache(fake_model: torch.nn.Module, batch: int,
+                  layout: list[tuple[tuple, torch.dtype]]):
+    """transformers' cache of ``fake_model`` filled with zeros of ``layout`` (`_step`'s) for
+    ``batch`` sequences, under the fake mode."""
     from transformers import DynamicCache
 
     cache = DynamicCache(config=fake_model.config)
     keys, values = layout[:len(layout) // 2], layout[len(layout) // 2:]
-    for layer, (key, value) in enumerate(zip(keys, values)):
-        cache.update(torch.zeros(key.shape, dtype=key.dtype),
-                     torch.zeros(value.shape, dtype=value.dtype), layer)
+    for layer, ((key, key_dtype), (value, value_dtype)) in enumerate(zip(keys, values)):
+        cache.update(torch.zeros(batch, *key, dtype=key_dtype),
+                     torch.zeros(batch, *value, dtype=value_dtype), layer)
     return cache
 
 

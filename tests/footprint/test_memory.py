@@ -129,6 +129,17 @@ def test_buffers_and_tensors_held_as_attributes_are_buffers_used_or_not():
     assert report.max_by_kind.buffers == (100 + 3) * FP32
 
 
+class AddsTwoInputs(torch.nn.Module):
+    def forward(self, x, y):
+        return x + y
+
+
+def test_a_tensor_given_as_two_inputs_is_one_input_storage():
+    x = torch.randn(2, 3)  # as a language model gets input_ids again as labels
+    report = exportflops.memory(AddsTwoInputs(), (x, x), mode="forward")
+    assert report.max_by_kind.inputs == 2 * 3 * FP32
+
+
 def test_sgd_with_momentum_keeps_one_buffer_per_parameter_and_without_none():
     model, args = _linear()
     momentum = exportflops.memory(model, args, optimizer="sgd",

@@ -37,8 +37,8 @@ def test_a_context_parallel_rank_holds_every_parameter_and_its_sequence_shard(ra
     # AdamW: exp_avg and exp_avg_sq of every parameter, and a 0-dim float32 step per tensor
     assert (rank.max_by_kind.parameters, rank.max_by_kind.gradients,
             rank.max_by_kind.optimizer) == (held, held, 2 * held + LLAMA_TENSORS * FP32)
-    # input_ids and labels, each rows x seq / cp int64 ids
-    assert rank.max_by_kind.inputs == 2 * ROWS * (SEQ // CP) * INT64
+    # input_ids, given again as labels (one tensor, one shard): rows x seq / cp int64 ids
+    assert rank.max_by_kind.inputs == ROWS * (SEQ // CP) * INT64
 
 
 def test_the_ring_adds_its_kv_blocks_over_each_attention_call_and_nowhere_else(rank_and_shard):

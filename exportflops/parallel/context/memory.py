@@ -21,10 +21,9 @@ accumulators of the backward (docs/memory.md).
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+from ...capture.held import copied
 from ...checkpointing import Blocks, wrap_plan
 from ...errors import InputError
 from ...footprint.step import Storage, StepRun
@@ -79,12 +78,12 @@ def sequence_shard(name: str, args: tuple, kwargs: dict, cp: int) -> tuple[tuple
                          f"pass a sequence length that is a multiple of cp (2 x cp with load "
                          f"balancing).")
 
-    def shard(leaf: Any) -> Any:
-        if isinstance(leaf, torch.Tensor) and tuple(leaf.shape[:2]) == (rows, seq):
-            return leaf[:, :seq // cp]
-        return leaf
+    def shard(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor[:, :seq // cp] if tuple(tensor.shape[:2]) == (rows, seq) else tensor
 
-    return pytree.tree_map(shard, (args, kwargs))
+    # A tensor given twice (input_ids again as labels) is one shard, one storage, as on one
+    # device (`capture.held.copied`).
+    return copied((args, kwargs), shard)
 
 
 def with_ring_buffers(run: StepRun, cp: int, name: str) -> None:
