@@ -26,14 +26,14 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
-from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
+from ..errors import BuildError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
 from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import analyzed, built, dynamic_shapes, in_flags  # noqa: E402
+from .targets import analyzed, built, dynamic_shapes, flagged, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +94,8 @@ def _written(ns: argparse.Namespace, path: str, text: str, flag: str, more: str 
 def _rendered(ns: argparse.Namespace, outcome: Results) -> tuple[str | None, Exception | None]:
     """The report's text (`outputs.to_format`), or why it could not be drawn: reported
     once the progress line is gone (`_fail` writes to the same terminal)."""
-    from ..render import RenderOptions
-
-    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     try:
-        options = RenderOptions(view=ns.views, depth=ns.depth, top=ns.top,
-                                group_by=ns.group_by, link_bytes_per_s=link)
-        return to_format(outcome, ns.format, options), None
+        return to_format(outcome, ns.format, ns.render_options), None
     except Exception as error:  # noqa: BLE001 - raised again by main, after the progress
         return None, error
 
@@ -150,12 +145,10 @@ def _analysis(ns: argparse.Namespace) -> Results:
                              f"of token ids, and {type(model).__name__} takes its inputs by "
                              f"name ({', '.join(kwargs or {})}). Analyze its forward without "
                              f"--generate.")
-        try:
+        with flagged():  # a request the model cannot run: the message says why
             return Results(analyze_generation(model, args[0], new_tokens=ns.generate,
                                               cache=ns.cache, max_cache_len=ns.max_cache_len,
                                               full_logits=ns.full_logits, strict=ns.strict))
-        except InputError as error:  # a request the model cannot run: the message says why
-            raise UsageError(str(error)) from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
         from ..render.training import step_view
@@ -193,10 +186,8 @@ def _comparison(ns: argparse.Namespace, report, model, args):
         return None
     from ..budgets import compare
     from ..budgets.from_model import BUDGETS, config_of
-    try:
+    with flagged(f"--budget {ns.budget}"):
         config = config_of(model, args)
-    except InputError as error:
-        raise UsageError(f"--budget {ns.budget}: {error}") from error
     return compare(report, BUDGETS[ns.budget](config))
 
 

@@ -45,7 +45,7 @@ def analyze_split(ns: argparse.Namespace):
     from ..render.pipeline import pipeline_view
 
     model, args, kwargs = built(ns)
-    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
+    link = ns.render_options.link_bytes_per_s
     if ns.pp is not None:
         options = dict(device=ns.device_model or DEFAULT_DEVICE, link_bytes_per_s=link,
                        measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat)
