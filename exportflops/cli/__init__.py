@@ -123,13 +123,13 @@ def _analysis(ns: argparse.Namespace) -> Results:
     # A split's all-ranks view; with --memory, one rank's step (below).
     if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory:
         from .ranks import analyze_split
-        return _shown(*analyze_split(ns))
+        return analyze_split(ns)
     if ns.fit is not None:
         from .planner import analyze_fit
-        return _shown(*analyze_fit(ns))
+        return Results(record=analyze_fit(ns)[0])
     if ns.memory:
         from .footprint import analyze_memory
-        return _shown(*analyze_memory(ns))
+        return analyze_memory(ns)
     if ns.tp is not None or ns.fsdp is not None:
         from .ranks import analyze_parallelized
         report, reprs = analyze_parallelized(ns)
@@ -153,7 +153,8 @@ def _analysis(ns: argparse.Namespace) -> Results:
         from ..training import flops_per_batch
         from ..render.training import step_view
         fpb = flops_per_batch(model, args, kwargs, mode=ns.mode)
-        return _shown(fpb.step(seqlens=ns.seqlens), partial(step_view, model=fpb.report.model))
+        return Results(record=fpb.step(seqlens=ns.seqlens),
+                       view=partial(step_view, model=fpb.report.model))
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
@@ -169,15 +170,9 @@ def _analysis(ns: argparse.Namespace) -> Results:
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
     if ns.conventions:
-        from ..render.conventions import conventions_view
         from ..stacks import conventions
-        return _shown(conventions(report, config=model), conventions_view)
+        return Results(record=conventions(report, config=model))
     return _beside(ns, report, reprs, comparison=_comparison(ns, report, model, args))
-
-
-def _shown(record, view) -> Results:
-    """An analysis whose ``record`` is what is printed, drawn by ``view``."""
-    return Results(record=record, view=view)
 
 
 def _comparison(ns: argparse.Namespace, report, model, args):
