@@ -319,15 +319,14 @@ def check(ns: argparse.Namespace) -> None:
                          f"do not apply.")
 
 
-#: The dest of the flag that sets each field of `RenderOptions` the command gives.
-_RENDER_FLAGS = {"view": "view", "depth": "depth", "top": "top", "group_by": "group_by",
-                 "link_bytes_per_s": "link_gbps"}
+#: The flag that sets each field of `RenderOptions` the command gives, and its dest.
+_RENDER_FLAGS = {"view": ("--view", "views"), "depth": ("--depth", "depth"),
+                 "top": ("--top", "top"), "link_bytes_per_s": ("--link-gbps", "link_gbps")}
 
 
 def _render_options(ns: argparse.Namespace):
-    """The FLOPs views' `RenderOptions` (--view, --depth, --top, --group-by, --link-gbps),
-    checked by it (`records.collectives.check_link` the bandwidth); its refusal names the
-    flag."""
+    """The FLOPs views' `RenderOptions`, checked by it (the bandwidth by
+    `records.collectives.check_link`), its refusal naming the flag and the value given."""
     from pydantic import ValidationError
 
     from ..render import RenderOptions
@@ -338,14 +337,13 @@ def _render_options(ns: argparse.Namespace):
                              link_bytes_per_s=link)
     except ValidationError as error:
         first = error.errors()[0]
-        field, cause = first["loc"][0], first.get("ctx", {}).get("error")
-        dest = _RENDER_FLAGS[field]
-        flag = f"--{dest.replace('_', '-')}"
-        given = ",".join(ns.views) if field == "view" else getattr(ns, dest)
-        what = RenderOptions.model_fields[field].description
-        why = str(cause) if cause else (f"{first['msg'].lower()}: {flag} is the "
-                                         f"{what[0].lower()}{what[1:]}")
-        raise UsageError(f"{flag} {given}: {why}") from None
+        (flag, dest), field = _RENDER_FLAGS[first["loc"][0]], first["loc"][0]
+        given = getattr(ns, dest)
+        why = first.get("ctx", {}).get("error") or (
+            f"{first['msg'].lower()}: {flag} is the "
+            f"{RenderOptions.model_fields[field].description.lower()}")
+        raise UsageError(f"{flag} {','.join(given) if field == 'view' else given}: {why}"
+                         ) from None
 
 
 def _check_hf(ns: argparse.Namespace) -> None:

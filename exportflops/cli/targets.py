@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -216,9 +217,7 @@ def _zeros(sizes: list[int], dtype, device):
     try:
         return torch.zeros(sizes, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as error:
-        size = dtype.itemsize
-        for n in sizes:
-            size *= n
+        size = math.prod(sizes) * dtype.itemsize
         raise UsageError(f"--input {','.join(map(str, sizes))}: {size:,} bytes cannot be "
                          f"allocated on {device} ({type(error).__name__}); use --device meta, "
                          f"which counts any size without allocating.") from None

@@ -78,7 +78,7 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
 def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, cache: str,
                         max_cache_len: int | None, full_logits: bool,
                         kwargs: dict) -> GenerationReport:
-    batch, prompt_len = _check(model, input_ids, new_tokens, cache, max_cache_len, kwargs)
+    batch, prompt_len = _check(model, input_ids, new_tokens, cache, kwargs, max_cache_len)
     if cache == "static" and max_cache_len is None:
         max_cache_len = prompt_len + new_tokens
     check_request(model, prompt_len, new_tokens, max_cache_len)
@@ -142,8 +142,8 @@ def _prefill_logits(model: Any, prompt_len: int, full_logits: bool) -> _PrefillL
     return _PrefillLogits(1 if keep else prompt_len, keep_last=keep)
 
 
-def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any, max_cache_len: Any,
-           kwargs: dict) -> tuple[int, int]:
+def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any, kwargs: dict,
+           max_cache_len: Any = None) -> tuple[int, int]:
     unknown = sorted(set(kwargs) - set(_ANALYZE_OPTIONS))
     if unknown:
         raise TypeError(f"analyze_generation() got unknown keyword(s) {', '.join(unknown)}; "
