@@ -81,7 +81,7 @@ def _namespace(*flags: str) -> argparse.Namespace:
 
 
 def all_ranks():
-    return analyze_split(_namespace("--cp", "2", "--tp", "2", "--fsdp", "2"))[0]
+    return analyze_split(_namespace("--cp", "2", "--tp", "2", "--fsdp", "2")).record
 
 
 def one_rank():

@@ -21,13 +21,39 @@ from typing import Any
 from .budgets.table import comparison_table
 from .errors import InputError
 from .records import Report
+from .records.context import ContextParallelReport
+from .records.conventions import Conventions
+from .records.experts import ExpertParallelReport
+from .records.fit import FitPlan
 from .records.memory import MemoryOnDevice, MemoryReport
+from .records.pipeline import PipelineReport
 from .render import RenderOptions, flops_report, to_markdown
+from .render.context import context_view
+from .render.conventions import conventions_view
+from .render.experts import experts_view
+from .render.fit import fit_plan_view
 from .render.format import MARKDOWN, Style
+from .render.memory import memory_view
+from .render.pipeline import pipeline_view
 from .render.roofline import roofline_view
 from .render.tables import sweep_view, to_csv
 
 FORMATS = ("table", "json", "csv", "md", "html")
+
+#: The text view of each record an analysis prints as it is, as a function of (record, style,
+#: the `RenderOptions`, `Results.rank`): the memory tree to ``depth``, the experts' collectives
+#: timed at ``link_bytes_per_s``.
+RECORD_VIEWS: dict[type, Callable[[Any, Style, RenderOptions, int | None], str]] = {
+    MemoryReport: lambda record, style, o, rank: memory_view(record, style, o.depth) + "\n",
+    MemoryOnDevice: lambda record, style, o, rank: memory_view(record, style, o.depth) + "\n",
+    FitPlan: lambda record, style, o, rank: fit_plan_view(record, style) + "\n",
+    PipelineReport: lambda record, style, o, rank: pipeline_view(record, style, rank=rank),
+    ExpertParallelReport: lambda record, style, o, rank: experts_view(
+        record, rank=rank or 0, style=style, link_bytes_per_s=o.link_bytes_per_s),
+    ContextParallelReport: lambda record, style, o, rank: context_view(record, style=style,
+                                                                       rank=rank or 0),
+    Conventions: lambda record, style, o, rank: conventions_view(record, style=style),
+}
 
 
 @dataclass(frozen=True)
@@ -52,9 +78,13 @@ class Results:
     `exportflops.roofline.predict.device_roofs` gives them."""
     record: Any = None
     """An analysis with a record of its own (`MemoryReport`, `FitPlan`, `PipelineReport`,
-    ...): the record JSON writes and ``view`` draws."""
+    ...): the record JSON writes and its view in `RECORD_VIEWS` draws."""
+    rank: int | None = None
+    """The rank a per-rank record's view marks (a `PipelineReport`'s pipeline rank) or whose
+    traffic it lists (an expert or context-parallel rank; None: rank 0)."""
     view: Callable[..., str] | None = None
-    """``view(record, style=...)``: the record's text, as a table or (`MARKDOWN`) Markdown."""
+    """``view(record, style=...)``: the record's text, as a table or (`MARKDOWN`) Markdown, for
+    a record `RECORD_VIEWS` has no view of (or in place of its)."""
 
 
 def to_format(results: Results, format: str = "table",
@@ -66,7 +96,7 @@ def to_format(results: Results, format: str = "table",
         raise InputError(f"to_format(format={format!r}): the formats are "
                          f"{', '.join(FORMATS)}.")
     if results.record is not None:
-        return _record(results, format)
+        return _record(results, format, options)
     if format == "json":
         return _json(results)
     if format == "html":
@@ -92,11 +122,12 @@ def to_format(results: Results, format: str = "table",
     return text
 
 
-def _record(results: Results, format: str) -> str:
+def _record(results: Results, format: str, options: RenderOptions) -> str:
     """An analysis's own record: its JSON, its page, or its view."""
     record = results.record
     if format == "json":
         return record.model_dump_json(indent=2) + "\n"
+    view = results.view or _view_of(record, options, results.rank)
     if format == "html" and isinstance(record, (MemoryReport, MemoryOnDevice)):
         from .render.memory_html import memory_page
 
@@ -104,8 +135,18 @@ def _record(results: Results, format: str) -> str:
     if format == "html":  # a split's ranks: a bar per rank (and a pipeline's timeline)
         from .render.html import parallel_page
 
-        return parallel_page(record, view=results.view)
-    return results.view(record, style=MARKDOWN if format == "md" else Style())
+        return parallel_page(record, view=view)
+    return view(record, style=MARKDOWN if format == "md" else Style())
+
+
+def _view_of(record: Any, options: RenderOptions, rank: int | None) -> Callable[..., str]:
+    """``record``'s view in `RECORD_VIEWS`, called as ``view(record, style=...)``."""
+    drawn = RECORD_VIEWS.get(type(record))
+    if drawn is None:
+        raise InputError(f"Results(record=...) holds a {type(record).__name__}, which has no "
+                         f"view: pass Results(view=...) to draw it, or a record of "
+                         f"{', '.join(kind.__name__ for kind in RECORD_VIEWS)}.")
+    return lambda record, style: drawn(record, style, options, rank)
 
 
 def _json(results: Results) -> str:

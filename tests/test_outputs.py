@@ -76,3 +76,21 @@ def test_a_records_own_view_gets_the_markdown_style_for_md_and_plain_text_otherw
 def test_an_unknown_format_is_refused_with_the_formats(report):
     with pytest.raises(InputError, match=f"format='xml'.*{', '.join(FORMATS)}"):
         to_format(Results(report), "xml")
+
+
+def test_a_record_without_a_view_is_refused_naming_the_records_that_have_one():
+    with pytest.raises(InputError, match=r"holds a str, which has no view: pass "
+                                         r"Results\(view=...\).*MemoryReport, .*FitPlan"):
+        to_format(Results(record="the record"), "table")
+
+
+def test_a_memory_record_is_drawn_by_its_view_with_the_options_depth():
+    """RECORD_VIEWS picks the view by the record's type: TwoLayerMLP's module tree is the
+    root and its fc1, act and fc2, one level down, so depth 0 leaves those three rows out."""
+    from exportflops import memory
+
+    step = memory(TwoLayerMLP(), (torch.randn(4, 32),))
+    deep, shallow = ([line.split()[0] for line in to_format(
+        Results(record=step), "table", RenderOptions(depth=depth)).splitlines()
+        if line.startswith("  ")] for depth in (-1, 0))
+    assert (deep, shallow) == (["fc1", "act", "fc2"], [])

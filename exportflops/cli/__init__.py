@@ -26,14 +26,14 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch  # noqa: F401
 
-from ..errors import BuildError, InputError, MissingExtraError, UsageError  # noqa: E402
+from ..errors import BuildError, MissingExtraError, UsageError  # noqa: E402
 from ..progress import Progress, showing, stage  # noqa: E402
 from ..hf.memory import within_free_memory  # noqa: E402
 from ..hf.models import import_transformers  # noqa: E402
 from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import analyzed, built, dynamic_shapes, in_flags  # noqa: E402
+from .targets import analyzed, built, dynamic_shapes, flagged, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,13 +94,8 @@ def _written(ns: argparse.Namespace, path: str, text: str, flag: str, more: str 
 def _rendered(ns: argparse.Namespace, outcome: Results) -> tuple[str | None, Exception | None]:
     """The report's text (`outputs.to_format`), or why it could not be drawn: reported
     once the progress line is gone (`_fail` writes to the same terminal)."""
-    from ..render import RenderOptions
-
-    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
     try:
-        options = RenderOptions(view=ns.views, depth=ns.depth, top=ns.top,
-                                group_by=ns.group_by, link_bytes_per_s=link)
-        return to_format(outcome, ns.format, options), None
+        return to_format(outcome, ns.format, ns.render_options), None
     except Exception as error:  # noqa: BLE001 - raised again by main, after the progress
         return None, error
 
@@ -128,13 +123,13 @@ def _analysis(ns: argparse.Namespace) -> Results:
     # A split's all-ranks view; with --memory, one rank's step, with --fit, its plan (below).
     if (ns.pp, ns.ep, ns.cp) != (None, None, None) and not ns.memory and ns.fit is None:
         from .ranks import analyze_split
-        return _shown(*analyze_split(ns))
+        return analyze_split(ns)
     if ns.fit is not None:
         from .planner import analyze_fit
-        return _shown(*analyze_fit(ns))
+        return Results(record=analyze_fit(ns)[0])
     if ns.memory:
         from .footprint import analyze_memory
-        return _shown(*analyze_memory(ns))
+        return analyze_memory(ns)
     if ns.tp is not None or ns.fsdp is not None:
         from .ranks import analyze_parallelized
         report, reprs = analyze_parallelized(ns)
@@ -150,17 +145,16 @@ def _analysis(ns: argparse.Namespace) -> Results:
                              f"of token ids, and {type(model).__name__} takes its inputs by "
                              f"name ({', '.join(kwargs or {})}). Analyze its forward without "
                              f"--generate.")
-        try:
+        with flagged():  # a request the model cannot run: the message says why
             return Results(analyze_generation(model, args[0], new_tokens=ns.generate,
                                               cache=ns.cache, max_cache_len=ns.max_cache_len,
                                               full_logits=ns.full_logits, strict=ns.strict))
-        except InputError as error:  # a request the model cannot run: the message says why
-            raise UsageError(str(error)) from error
     if ns.seqlens is not None:
         from ..training import flops_per_batch
         from ..render.training import step_view
         fpb = flops_per_batch(model, args, kwargs, mode=ns.mode)
-        return _shown(fpb.step(seqlens=ns.seqlens), partial(step_view, model=fpb.report.model))
+        return Results(record=fpb.step(seqlens=ns.seqlens),
+                       view=partial(step_view, model=fpb.report.model))
     from ..attribution import extra_reprs
 
     reprs = extra_reprs(model)
@@ -176,15 +170,9 @@ def _analysis(ns: argparse.Namespace) -> Results:
                       dynamic_shapes=dynamic, fast=not ns.full_export,
                       split_backward=ns.split_backward)
     if ns.conventions:
-        from ..render.conventions import conventions_view
         from ..stacks import conventions
-        return _shown(conventions(report, config=model), conventions_view)
+        return Results(record=conventions(report, config=model))
     return _beside(ns, report, reprs, comparison=_comparison(ns, report, model, args))
-
-
-def _shown(record, view) -> Results:
-    """An analysis whose ``record`` is what is printed, drawn by ``view``."""
-    return Results(record=record, view=view)
 
 
 def _comparison(ns: argparse.Namespace, report, model, args):
@@ -193,10 +181,8 @@ def _comparison(ns: argparse.Namespace, report, model, args):
         return None
     from ..budgets import compare
     from ..budgets.from_model import BUDGETS, config_of
-    try:
+    with flagged(f"--budget {ns.budget}"):
         config = config_of(model, args)
-    except InputError as error:
-        raise UsageError(f"--budget {ns.budget}: {error}") from error
     return compare(report, BUDGETS[ns.budget](config))
 
 

@@ -10,6 +10,7 @@ import argparse
 from functools import partial
 
 from ..errors import InputError, UsageError
+from ..outputs import Results
 from .targets import built
 
 #: The splits --memory gives one rank's step of.
@@ -53,10 +54,9 @@ def check_memory(ns: argparse.Namespace) -> None:
                              f"knows the memory of {', '.join(sized)}.")
 
 
-def analyze_memory(ns: argparse.Namespace):
-    """(the `MemoryReport`, or with --device-model the `MemoryOnDevice`, its view)."""
+def analyze_memory(ns: argparse.Namespace) -> Results:
+    """The `MemoryReport`, or with --device-model the `MemoryOnDevice`."""
     from ..records.memory import MemoryOnDevice
-    from ..render.memory import memory_view
 
     if ns.dims:
         return _symbolic_memory(ns)
@@ -64,7 +64,7 @@ def analyze_memory(ns: argparse.Namespace):
     record = _rank_memory(ns) if split else _memory(ns)
     if ns.device_model is not None:
         record = MemoryOnDevice(memory=record, fit=record.fits(ns.device_model))
-    return record, lambda record, style: memory_view(record, style, ns.depth) + "\n"
+    return Results(record=record)
 
 
 def _memory(ns: argparse.Namespace, dynamic: bool = False):
@@ -91,8 +91,8 @@ def _symbolic_memory(ns: argparse.Namespace):
     if ns.device_model is not None:
         budget = f"{ns.device_model} ({device_row(ns.device_model).memory_bytes} bytes)"
         largest = report.largest_each(ns.device_model)
-    return report, lambda record, style: symbolic_memory_view(record, style, largest,
-                                                              budget) + "\n"
+    return Results(record=report, view=lambda record, style: symbolic_memory_view(
+        record, style, largest, budget) + "\n")
 
 
 def _rank_memory(ns: argparse.Namespace):

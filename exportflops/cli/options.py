@@ -11,6 +11,7 @@ from ..errors import UnknownDeviceError, UsageError
 from .footprint import check_memory
 from .planner import check_fit
 from .splits import check_splits, refuse
+from .targets import flagged
 from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
@@ -288,9 +289,8 @@ def check(ns: argparse.Namespace) -> None:
     views = [v.strip().replace("-", "_") for arg in (ns.view or []) for v in arg.split(",")]
     if "all" in views:
         views = list(VIEWS)
-    for view in views:
-        if view not in VIEWS:
-            raise UsageError(f"unknown view {view!r}; choose from {', '.join(VIEWS)} or all.")
+    ns.views = views or [*CLI_DEFAULT_VIEWS, *(["collectives"] if ns.tp or ns.fsdp else [])]
+    ns.render_options = _render_options(ns)
     if ns.format == "json" and views:
         raise UsageError("--view does not apply to --format json: the JSON holds the whole "
                          "report; render it again from Report.model_validate_json.")
@@ -300,9 +300,6 @@ def check(ns: argparse.Namespace) -> None:
     if ns.format == "html" and (views or not ns.output):
         raise UsageError("--format html writes one page with every picture and table to a "
                          "file: pass --output report.html, and no --view.")
-    ns.views = views or [*CLI_DEFAULT_VIEWS, *(["collectives"] if ns.tp or ns.fsdp else [])]
-    if ns.depth < -1 or ns.top < -1:
-        raise UsageError("--depth and --top take a count, or -1 for all.")
     ns.shapes = [_parse_input(text) for text in ns.input]
     if ns.kwargs is not None:
         try:
@@ -320,6 +317,33 @@ def check(ns: argparse.Namespace) -> None:
         raise UsageError(f"{ns.model} is a saved program: it is analyzed with the example "
                          f"inputs it was saved with, so --input, --kwargs, --device and --dynamic "
                          f"do not apply.")
+
+
+#: The flag that sets each field of `RenderOptions` the command gives, and its dest.
+_RENDER_FLAGS = {"view": ("--view", "views"), "depth": ("--depth", "depth"),
+                 "top": ("--top", "top"), "link_bytes_per_s": ("--link-gbps", "link_gbps")}
+
+
+def _render_options(ns: argparse.Namespace):
+    """The FLOPs views' `RenderOptions`, checked by it (the bandwidth by
+    `records.collectives.check_link`), its refusal naming the flag and the value given."""
+    from pydantic import ValidationError
+
+    from ..render import RenderOptions
+
+    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
+    try:
+        return RenderOptions(view=ns.views, depth=ns.depth, top=ns.top, group_by=ns.group_by,
+                             link_bytes_per_s=link)
+    except ValidationError as error:
+        first = error.errors()[0]
+        (flag, dest), field = _RENDER_FLAGS[first["loc"][0]], first["loc"][0]
+        given = getattr(ns, dest)
+        why = first.get("ctx", {}).get("error") or (
+            f"{first['msg'].lower()}: {flag} is the "
+            f"{RenderOptions.model_fields[field].description.lower()}")
+        raise UsageError(f"{flag} {','.join(given) if field == 'view' else given}: {why}"
+                         ) from None
 
 
 def _check_hf(ns: argparse.Namespace) -> None:
@@ -383,8 +407,10 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "(meta tensors hold no data to run).")
     for asked, what, refused in _ANALYSES:
         refuse(ns, asked, what, refused)
-    if ns.profile and (ns.warmup < 0 or ns.repeat < 1):
-        raise UsageError("--warmup takes a count >= 0 and --repeat one >= 1.")
+    if ns.profile:
+        from ..runtime.measure import check_iterations
+        with flagged():
+            check_iterations(ns.warmup, ns.repeat, "--profile")
     if ns.device_model not in (None, "cpu"):
         from ..device_table import device_row
 
@@ -399,8 +425,10 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.full_logits and ns.generate is None:
         raise UsageError("--full-logits counts the prefill of a generation: it needs "
                          "--generate N.")
-    if ns.generate is not None and ns.generate < 1:
-        raise UsageError(f"--generate N takes N >= 1 new tokens, got {ns.generate}.")
+    if ns.generate is not None:
+        from ..generation.limits import check_options
+        with flagged():
+            check_options(ns.generate, ns.cache, ns.max_cache_len)
     if ns.split_backward and ns.mode != "train":
         raise UsageError("--split-backward splits the backward of one model's training step: "
                          "it needs --mode train.")
@@ -412,8 +440,6 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     check_splits(ns)
     check_memory(ns)
     check_fit(ns)
-    if ns.link_gbps is not None and ns.link_gbps <= 0:
-        raise UsageError(f"--link-gbps takes a bandwidth > 0 in GB/s, got {ns.link_gbps}.")
 
 
 def _check_cache(ns: argparse.Namespace) -> None:
@@ -429,9 +455,6 @@ def _check_cache(ns: argparse.Namespace) -> None:
             else "--cache needs"
         raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
                          f"tokens generated after the prompt.")
-    if ns.max_cache_len is not None and ns.max_cache_len < 1:
-        raise UsageError(f"--max-cache-len takes a count of cache entries >= 1, got "
-                         f"{ns.max_cache_len}.")
 
 
 def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:

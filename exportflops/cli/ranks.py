@@ -24,6 +24,7 @@ import argparse
 from functools import partial
 
 from ..errors import InputError
+from ..outputs import Results
 from .splits import flag_error, split_layout, split_options
 from .targets import analyzed, built
 
@@ -37,27 +38,24 @@ def analyze_parallelized(ns: argparse.Namespace):
     return report, reprs
 
 
-def analyze_split(ns: argparse.Namespace):
-    """(the record of every rank of --pp, --ep or --cp, its view)."""
+def analyze_split(ns: argparse.Namespace) -> Results:
+    """The record of every rank of --pp, --ep or --cp, with the rank its view marks (a
+    pipeline's: the pipeline rank of --rank)."""
     from ..parallel.pipeline.analysis import DEFAULT_DEVICE
-    from ..render.context import context_view
-    from ..render.experts import experts_view
-    from ..render.pipeline import pipeline_view
 
     model, args, kwargs = built(ns)
-    link = None if ns.link_gbps is None else ns.link_gbps * 1e9
+    rank = ns.rank
     if ns.pp is not None:
-        options = dict(device=ns.device_model or DEFAULT_DEVICE, link_bytes_per_s=link,
+        options = dict(device=ns.device_model or DEFAULT_DEVICE,
+                       link_bytes_per_s=ns.render_options.link_bytes_per_s,
                        measure=ns.profile, warmup=ns.warmup, repeat=ns.repeat)
-        view = partial(pipeline_view, rank=split_layout(ns).coordinates(ns.rank)["pp"])
+        rank = split_layout(ns).coordinates(ns.rank)["pp"]
     elif ns.ep is not None:  # the batch's count as the command counts a model (`analyzed`)
         options = dict(single_device=analyzed(ns, model, args, kwargs, strict=ns.strict,
                                               mode=ns.mode, fast=not ns.full_export))
-        view = partial(experts_view, rank=ns.rank, link_bytes_per_s=link)
     else:
         options = dict(load_balance=not ns.no_load_balance)
-        view = partial(context_view, rank=ns.rank)
-    return _ranks(ns, model, args, kwargs, **options), view
+    return Results(record=_ranks(ns, model, args, kwargs, **options), rank=rank)
 
 
 def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):

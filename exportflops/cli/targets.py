@@ -7,6 +7,7 @@ import contextlib
 import importlib
 import importlib.util
 import inspect
+import math
 import os
 import re
 import sys
@@ -20,12 +21,14 @@ from ..hf.needs import innermost
 
 #: The library's arguments its errors name, and the command's flag for each: the hf library's
 #: (``args=`` is `exportflops.analyze`'s positional inputs: the command's --input) and those of
-#: `exportflops.parallel.analyze_ranks` and its `Layout` (`exportflops.parallel.checks`).
+#: `exportflops.parallel.analyze_ranks` and its `Layout` (`exportflops.parallel.checks`), of
+#: `analyze_generation` (`generation.limits.check_options`) and `profile`'s iterations.
 FLAGS = {"seq": "--seq", "batch": "--batch", "layers": "--layers", "device": "--device",
          "kwargs": "--kwargs", "args": "--input", "pp": "--pp", "fsdp": "--fsdp", "cp": "--cp",
          "tp": "--tp", "ep": "--ep", "rank": "--rank", "schedule": "--schedule",
          "microbatches": "--microbatches", "routing": "--routing",
-         "load_balance": "--no-load-balance"}
+         "load_balance": "--no-load-balance", "new_tokens": "--generate", "cache": "--cache",
+         "max_cache_len": "--max-cache-len", "warmup": "--warmup", "repeat": "--repeat"}
 #: An argument as the library writes it: ``seq=128``, ``layers=N``, ``device="cpu"``,
 #: ``schedule='1f1b'``, ``load_balance=False`` (a switch: the flag alone), or bare (``kwargs=``).
 _ARGUMENT = re.compile(rf"\b({'|'.join(FLAGS)})=(\"\w+\"|'\w+'|-?\d+|[A-Z]\b|True|False)?")
@@ -51,10 +54,8 @@ def dynamic_shapes(ns, model, args, kwargs, maxima: dict) -> dict:
     error naming the flag."""
     from ..capture.dims import dynamic_shapes
 
-    try:
+    with flagged("--dynamic"):
         return dynamic_shapes(model, args, kwargs or {}, ns.dims, maxima)
-    except InputError as error:
-        raise UsageError(f"--dynamic: {error}") from error
 
 
 def device_named(name: str):
@@ -92,6 +93,18 @@ def flags(text: str) -> str:
 
     return "".join(part if index % 2 else _ARGUMENT.sub(flag, part)
                    for index, part in enumerate(_LAYOUT.split(text)))
+
+
+@contextlib.contextmanager
+def flagged(lead: str = ""):
+    """The library's `InputError` raised in the block as a usage error: the arguments it names
+    written as flags (`flags`), led by ``lead`` (the flag given) where it names none first."""
+    try:
+        yield
+    except InputError as error:
+        text = flags(str(error))
+        raise UsageError(text if text.startswith("--") or not lead else f"{lead}: {text}"
+                         ) from error
 
 
 @contextlib.contextmanager
@@ -204,9 +217,7 @@ def _zeros(sizes: list[int], dtype, device):
     try:
         return torch.zeros(sizes, dtype=dtype, device=device)
     except (RuntimeError, MemoryError) as error:
-        size = dtype.itemsize
-        for n in sizes:
-            size *= n
+        size = math.prod(sizes) * dtype.itemsize
         raise UsageError(f"--input {','.join(map(str, sizes))}: {size:,} bytes cannot be "
                          f"allocated on {device} ({type(error).__name__}); use --device meta, "
                          f"which counts any size without allocating.") from None

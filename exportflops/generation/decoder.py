@@ -30,7 +30,7 @@ from .cache_names import cache_argument, returned_cache
 from ..capture.export import capture_forward
 from ..errors import GenerationError, InputError
 from .forked import beside
-from .limits import check_request
+from .limits import check_options, check_request
 from .seq2seq import cache_zeros, kv_counts, seq2seq
 from .sliding import cache_windows, decode_step
 from ..graph.program_edits import name_input_sizes
@@ -66,7 +66,9 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
     `GenerationReport.prefill_logit_positions` says which was counted.
 
     A request the model cannot run is an `InputError` naming the limit (`generation.limits`): a
-    prompt, or a prompt and new tokens, past a learned position table, a static cache too short.
+    prompt, or a prompt and new tokens, past a learned position table, a static cache too short;
+    so is an argument out of its range (``new_tokens=0``, ``cache="paged"``,
+    ``max_cache_len=0``: `generation.limits.check_options`).
     """
     with collector_paused():
         return _analyze_generation(model, input_ids, new_tokens, cache, max_cache_len,
@@ -76,9 +78,7 @@ def analyze_generation(model: Any, input_ids: torch.Tensor, *, new_tokens: int,
 def _analyze_generation(model: Any, input_ids: torch.Tensor, new_tokens: int, cache: str,
                         max_cache_len: int | None, full_logits: bool,
                         kwargs: dict) -> GenerationReport:
-    batch, prompt_len = _check(model, input_ids, new_tokens, cache, kwargs)
-    if cache == "dynamic" and max_cache_len is not None:
-        raise InputError("max_cache_len sizes a static cache: pass cache='static' with it.")
+    batch, prompt_len = _check(model, input_ids, new_tokens, cache, kwargs, max_cache_len)
     if cache == "static" and max_cache_len is None:
         max_cache_len = prompt_len + new_tokens
     check_request(model, prompt_len, new_tokens, max_cache_len)
@@ -142,16 +142,13 @@ def _prefill_logits(model: Any, prompt_len: int, full_logits: bool) -> _PrefillL
     return _PrefillLogits(1 if keep else prompt_len, keep_last=keep)
 
 
-def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any,
-           kwargs: dict) -> tuple[int, int]:
+def _check(model: Any, input_ids: Any, new_tokens: Any, cache: Any, kwargs: dict,
+           max_cache_len: Any = None) -> tuple[int, int]:
     unknown = sorted(set(kwargs) - set(_ANALYZE_OPTIONS))
     if unknown:
         raise TypeError(f"analyze_generation() got unknown keyword(s) {', '.join(unknown)}; "
                         f"it passes on {', '.join(_ANALYZE_OPTIONS)} to analyze().")
-    if cache not in ("dynamic", "static"):
-        raise ValueError(f"cache must be 'dynamic' or 'static', got {cache!r}")
-    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
-        raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+    check_options(new_tokens, cache, max_cache_len)
     if _takes_features(model):
         return _check_features(model, input_ids, cache)
     if (not isinstance(input_ids, torch.Tensor) or input_ids.ndim != 2

@@ -18,6 +18,9 @@ The limits, where they exist:
    many entries.
 3. A static cache's ``max_cache_len`` entries.
 
+`check_options` checks the request's arguments alone (the command runs it before building the
+model), `check_request` them against the model.
+
 A rotary, relative or ALiBi position encoding computes its positions and runs past the config's
 ``max_position_embeddings`` (the length it was trained to, not one it is bound to): not refused.
 """
@@ -46,6 +49,30 @@ class _Limit:
 
     def holds(self) -> str:
         return f"{self.source} holds positions 0 .. {self.positions - 1} ({self.reason})"
+
+
+def check_options(new_tokens: Any, cache: Any, max_cache_len: Any) -> None:
+    """`InputError` unless ``new_tokens`` is a count >= 1, ``cache`` ``"dynamic"`` or
+    ``"static"``, and ``max_cache_len`` None or (with ``cache="static"``) a count >= 1."""
+    if cache not in ("dynamic", "static"):
+        raise InputError(f"cache={cache!r}: analyze_generation counts a cache that grows "
+                         f"('dynamic') or a static one of max_cache_len entries ('static'); "
+                         f"pass one of them.")
+    if not _is_count(new_tokens):
+        raise InputError(f"new_tokens={new_tokens!r}: a request generates a count of new tokens "
+                         f">= 1 after the prompt; pass new_tokens=N with N >= 1.")
+    if max_cache_len is None:
+        return
+    if cache == "dynamic":
+        raise InputError("max_cache_len sizes a static cache: pass cache='static' with it.")
+    if not _is_count(max_cache_len):
+        raise InputError(f"max_cache_len={max_cache_len!r}: a static cache holds a count of "
+                         f"entries >= 1; pass max_cache_len=N with N >= 1, or leave it out for "
+                         f"the default, prompt + new tokens.")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def check_request(model: Any, prompt_len: int, new_tokens: int,

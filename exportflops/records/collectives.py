@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import math
+import numbers
+from typing import Any, Literal
 
+from ..errors import InputError
 from .base import Record
 
 
@@ -57,4 +60,15 @@ class Collective(Record):
 
     def seconds(self, link_bytes_per_s: float) -> float:
         """Time at a bus bandwidth of ``link_bytes_per_s`` (nccl-tests' busbw)."""
+        check_link(link_bytes_per_s)
         return self.bytes * self.bandwidth_factor / link_bytes_per_s
+
+
+def check_link(link_bytes_per_s: Any) -> None:
+    """`InputError` unless ``link_bytes_per_s`` is a bandwidth: a finite number of bytes/s > 0
+    (zero would divide by zero, a negative one give negative times)."""
+    if (isinstance(link_bytes_per_s, bool) or not isinstance(link_bytes_per_s, numbers.Real)
+            or not 0 < link_bytes_per_s < math.inf):
+        raise InputError(f"link_bytes_per_s={link_bytes_per_s!r}: a collective's time is its "
+                         f"bytes over the link's bus bandwidth, in bytes/s > 0; pass a positive "
+                         f"bandwidth (50e9 for 50 GB/s), or None for no times.")

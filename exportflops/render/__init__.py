@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..records import GenerationReport, Report
+from ..records.collectives import check_link
 from .collectives import collectives_view
 from .format import MARKDOWN, Style
 from .roofline import roofline_view
@@ -74,9 +75,16 @@ class RenderOptions(BaseModel):
     as_string: bool = True
     """Human-readable units (``4.09 GMACs``, ``1.23 ms``); raw integers and seconds when
     False."""
-    link_bytes_per_s: float | None = Field(None, gt=0)
+    link_bytes_per_s: float | None = None
     """Bus bandwidth of the link between ranks, bytes/s: the collectives view adds each one's
     estimated time (message bytes x bandwidth factor / this). None: no times."""
+
+    @field_validator("link_bytes_per_s")
+    @classmethod
+    def _a_bandwidth(cls, link_bytes_per_s: float | None) -> float | None:
+        if link_bytes_per_s is not None:
+            check_link(link_bytes_per_s)
+        return link_bytes_per_s
 
     @field_validator("view", mode="before")
     @classmethod

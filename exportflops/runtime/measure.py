@@ -40,7 +40,7 @@ from . import measured, timing
 from ..aggregate import build_report
 from ..api import analyze, count_call, count_captured
 from ..capture.export import capture, without_cache
-from ..errors import ProfileError
+from ..errors import InputError, ProfileError
 from ..progress import Progress, showing, stage
 from ..capture.placement import (
     check_counted_inputs, check_inputs, check_runnable, device_label, flat_inputs, wanted_device,
@@ -139,10 +139,13 @@ def check_peak_argument(peak_flop_per_s: Any, peak_flops: Any, caller: str) -> f
 
 
 def check_iterations(warmup: Any, repeat: Any, caller: str) -> None:
+    """`InputError` unless ``warmup`` (untimed iterations) is an integer >= 0 and ``repeat``
+    (timed ones) one >= 1; the message leads with ``caller``, the call that takes them."""
     integers = all(isinstance(n, int) and not isinstance(n, bool) for n in (warmup, repeat))
     if not (integers and warmup >= 0 and repeat >= 1):
-        raise ValueError(f"{caller} needs integers warmup >= 0 and repeat >= 1, got "
-                         f"warmup={warmup!r}, repeat={repeat!r}")
+        raise InputError(f"{caller} needs integers warmup >= 0 and repeat >= 1, got "
+                         f"warmup={warmup!r}, repeat={repeat!r}: pass warmup= the untimed "
+                         f"iterations (0 or more) and repeat= the timed ones (1 or more).")
 
 
 # --- what to run -------------------------------------------------------------------------------

@@ -199,7 +199,10 @@ def test_help_shows_the_examples_and_exit_codes():
     (["gpt2", "--view", "graph"], "unknown view 'graph'"),
     (["gpt2", "--format", "xml"], "invalid choice: 'xml'"),
     (["gpt2", "--format", "json", "--view", "tree"], "--view does not apply to --format json"),
-    (["gpt2", "--depth", "-2"], "--depth and --top take a count, or -1 for all"),
+    # RenderOptions' own bounds, written with the flag and what it sets.
+    (["gpt2", "--depth", "-2"], "--depth -2: input should be greater than or equal to -1: "
+                                "--depth is the deepest module level shown"),
+    (["gpt2", "--top", "-5"], "--top -5: input should be greater than or equal to -1"),
     (["gpt2", "--view", "summary", "--output", "no/such/dir/x.txt"], "cannot write --output"),
     (["hf:no_such_type"], "knows no model_type 'no_such_type'"),
     # hf.build's own checks of its counts, its arguments written as the flags.
@@ -211,6 +214,7 @@ def test_help_shows_the_examples_and_exit_codes():
 ], ids=["unknown-name", "missing-file", "missing-module", "missing-factory", "not-a-module",
         "no-inputs", "missing-pt2", "bad-dtype", "bad-shape", "bad-kwargs-json",
         "kwargs-not-object", "unknown-view", "unknown-format", "view-with-json", "bad-depth",
+        "bad-top",
         "unwritable-output", "unknown-hf-type", "zero-batch", "negative-layers",
         "unknown-device-model"])
 def test_usage_errors_exit_2_with_one_paragraph(models, capsys, args, message):

@@ -155,10 +155,15 @@ def test_no_option_is_left_without_a_topic():
     (["--cache", "static", "--max-cache-len", "16"],
      "--cache and --max-cache-len need --generate N"),
     (["--input", "1,8:int64", "--generate", "4", "--cache", "static", "--max-cache-len", "0"],
-     "--max-cache-len takes a count of cache entries >= 1, got 0."),
+     "--max-cache-len 0: a static cache holds a count of entries >= 1; pass --max-cache-len N "
+     "with N >= 1"),
+    # generation.limits.check_options' refusal, its arguments written as the flags.
+    (["--input", "1,8:int64", "--generate", "0"],
+     "--generate 0: a request generates a count of new tokens >= 1 after the prompt; pass "
+     "--generate N with N >= 1."),
 ], ids=["max-cache-len-alone", "max-cache-len-without-static", "max-cache-len-with-dynamic",
         "cache-without-generate", "cache-and-max-cache-len-without-generate",
-        "max-cache-len-zero"])
+        "max-cache-len-zero", "no-new-tokens"])
 def test_cache_options_say_which_flag_they_need(capsys, args, message):
     line = refused(capsys, "gpt2", *args)
     assert message in line
@@ -198,3 +203,16 @@ def test_an_input_of_exactly_the_largest_byte_count_passes_the_checks():
     ns = parser().parse_args(["gpt2", "--input", f"{INT64_MAX}:bool", "--device", "meta"])
     check(ns)
     assert ns.shapes == [([INT64_MAX], torch.bool)]
+
+
+# --- --warmup and --repeat ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "given"), [
+    (["--warmup", "-1"], "--warmup -1, --repeat 50"),
+    (["--repeat", "0"], "--warmup 10, --repeat 0"),
+], ids=["negative-warmup", "no-timed-run"])
+def test_profile_iterations_out_of_range_are_refused_by_the_profilers_check(capsys, args, given):
+    """runtime.measure.check_iterations, the check profile() runs, before the model is built."""
+    line = refused(capsys, "gpt2", "--device", "cpu", "--profile", *args)
+    assert (f"--profile needs integers warmup >= 0 and repeat >= 1, got {given}: pass --warmup "
+            f"the untimed iterations (0 or more) and --repeat the timed ones (1 or more).") in line

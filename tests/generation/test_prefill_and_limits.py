@@ -244,7 +244,7 @@ def factories(tmp_path):
      "cannot read a prompt of 20 tokens"),
     (["gpt2", "--input", "1,10:int64", "--generate", "10"], "Generate at most 7 new tokens"),
     (["llama", "--input", "1,5:int64", "--generate", "8", "--cache", "static",
-      "--max-cache-len", "11"], "max_cache_len=11 cannot hold"),
+      "--max-cache-len", "11"], "--max-cache-len 11 cannot hold"),
 ], ids=["prompt-too-long", "prompt-and-new-too-long", "static-cache-too-short"])
 def test_the_command_prints_the_refusal_and_exits_2(factories, capsys, args, message):
     assert main([f"{factories}:{args[0]}", *args[1:]]) == 2

@@ -168,7 +168,7 @@ def test_with_tensor_parallelism_each_rank_sends_its_share_of_the_key_value_head
     ns = parser().parse_args([f"hf:{tmp_path / 'config.json'}", "--layers", "1", "--batch",
                               str(B), "--seq", str(T), "--cp", str(CP), "--tp", "2"])
     check(ns)
-    record, _ = analyze_split(ns)
+    record = analyze_split(ns).record
     # Each of tp = 2 ranks holds 1 of the 2 key/value heads (2 of the 4 query heads):
     # 2 x B x 1 x 8 x 8 x 4 = 1024 bytes, where the rank's graph repeats it to 2 heads.
     assert [[s.bytes for s in rank.sends] for rank in record.ranks] == [

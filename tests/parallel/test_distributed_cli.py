@@ -33,7 +33,9 @@ def test_the_command_splits_a_factory_model_by_its_tp_plan_and_reports_the_rank_
 
 @pytest.mark.parametrize("args, message", [
     (("--tp", "2", "--rank", "2"), "--rank one of 0..1"),
-    (("--tp", "2", "--link-gbps", "0"), "--link-gbps takes a bandwidth > 0"),
+    (("--tp", "2", "--link-gbps", "0"), "--link-gbps 0.0: link_bytes_per_s=0.0: a collective's "
+                                       "time is its bytes over the link's bus bandwidth, in "
+                                       "bytes/s > 0"),
 ], ids=["rank_out_of_range", "bandwidth"])
 def test_the_command_refuses_tp_options_that_cannot_apply(args, message):
     result = run("tests.parallel_models:planned", *args, cwd=ROOT)

@@ -25,6 +25,7 @@ from ...capture.blocks import call_key
 from ...capture.pipeline_split import Stage, as_received, split_stages
 from ...errors import InputError
 from ...records import Collective, Report, TensorSpec
+from ...records.collectives import check_link
 from ...records.pipeline import PipelineReport, PipelineStage
 from .schedules import SCHEDULES, pipeline_order, timeline, with_step_actions
 from .stage_times import action_times, collective_seconds
@@ -97,6 +98,11 @@ def count_pipeline(model: torch.nn.Module | None, args: Any = (), kwargs: dict |
         raise InputError("measure=True times each stage where the model runs: it takes no "
                          "roofline device and no layout of tp or fsdp ranks (stages counted "
                          "on fake ranks have nothing to run)")
+    if measure:  # before the stages are counted
+        from ...runtime.measure import check_iterations
+        check_iterations(warmup, repeat, "analyze_pipeline(measure=True)")
+    if link_bytes_per_s is not None:
+        check_link(link_bytes_per_s)
     split, depth = _stages(model, args, kwargs, stages, mode)
     looped = _looped(schedule)
     v = (stages_per_rank or 2) if looped else (stages_per_rank or 1)
@@ -384,9 +390,7 @@ def _measured(model, split: list[Stage], args: Any, kwargs: dict | None, mode: s
     (else the two passes')."""
     from ...capture.placement import check_runnable, device_label
     from ...runtime.call_times import call_seconds
-    from ...runtime.measure import check_iterations
 
-    check_iterations(warmup, repeat, "analyze_pipeline(measure=True)")
     home = check_runnable(model if model is not None else split[0].module,
                           type(model).__name__ if model is not None else "stage 0",
                           args, kwargs, None)
