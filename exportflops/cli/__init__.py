@@ -126,7 +126,7 @@ def _analysis(ns: argparse.Namespace) -> Results:
         return analyze_split(ns)
     if ns.fit is not None:
         from .planner import analyze_fit
-        return Results(record=analyze_fit(ns)[0])
+        return Results(record=analyze_fit(ns))
     if ns.memory:
         from .footprint import analyze_memory
         return analyze_memory(ns)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import UsageError
-from .targets import build_target, device_named, hf_options
+from .targets import built
 
 #: What --fit does not combine with: the flags of other analyses, by their dest.
 _OTHER_ANALYSES = ("memory", "profile", "dims", "points", "budget", "generate", "seqlens",
@@ -28,15 +28,12 @@ def check_fit(ns: argparse.Namespace) -> None:
 
 
 def analyze_fit(ns: argparse.Namespace):
-    """(the `FitPlan`, its view)."""
+    """The `FitPlan` of MODEL as the flags build it."""
     from ..errors import LayoutError
     from ..planner import fit
-    from ..render.fit import fit_plan_view
     from .splits import SPLITS, split_flags, split_layout
 
-    model, args, kwargs = build_target(ns.model, device_named(ns.device or "meta"),
-                                       shapes=ns.shapes, kwargs=ns.kwargs,
-                                       hf_options=hf_options(ns))
+    model, args, kwargs = built(ns)
     budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
     split = any(getattr(ns, name) is not None for name in SPLITS)
     options = dict(layout=split_layout(ns), schedule=ns.schedule,
@@ -46,4 +43,4 @@ def analyze_fit(ns: argparse.Namespace):
                    device_model=ns.device_model, search_batch=ns.routing is None, **options)
     except LayoutError as error:  # a layout, or a block, a per-rank step does not model
         raise UsageError(f"--fit {split_flags(ns)}: {error}") from error
-    return plan, lambda record, style: fit_plan_view(record, style) + "\n"
+    return plan
