@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl, checkpoint_wrapper)
-from torch.utils.checkpoint import create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
 import exportflops
@@ -131,3 +131,12 @@ def test_a_region_is_found_where_the_model_runs_on_fake_tensors_only_when_traced
                 else 2 * ROWS * WIDTH * WIDTH + ROWS * WIDTH + ROWS * WIDTH)
     assert sum(n.cost.flops for n in _recomputed(report)) == expected
     assert report.total.flops - plain.total.flops == expected
+
+
+def test_the_selective_policy_keeps_transformers_grouped_product_and_reruns_pointwise_ops():
+    # Importing transformers' MoE integration registers its custom op.
+    from transformers.integrations import moe  # noqa: F401
+
+    grouped = torch.ops.transformers.grouped_mm_fallback.default
+    assert save_matmuls(None, grouped) == CheckpointPolicy.MUST_SAVE
+    assert save_matmuls(None, torch.ops.aten.silu.default) == CheckpointPolicy.PREFER_RECOMPUTE
