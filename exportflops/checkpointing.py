@@ -19,7 +19,7 @@ import torch
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from .errors import InputError
-from .torch_internals import CheckpointImpl, CheckpointWrapper, checkpoint_wrapper
+from .torch_internals import CheckpointImpl, CheckpointWrapper, OpOverload, checkpoint_wrapper
 
 _aten = torch.ops.aten
 #: The ops whose outputs a selective plan keeps: the matrix products and the attention kernels,
@@ -37,10 +37,20 @@ SAVED_OPS = frozenset({
 })
 
 
+#: The matrix products of libraries' custom ops, by name (such an op exists only once its
+#: library registers it): transformers' MoE experts' grouped product where torch's is not
+#: used, as under torch.compile and torch.export with weights other than bfloat16
+#: (transformers/integrations/moe.py, ``_can_use_grouped_mm``); eager float32 on cpu calls
+#: ``aten._grouped_mm``, which `SAVED_OPS` keeps, so a trace reruns what eager reruns.
+SAVED_CUSTOM_OPS = frozenset({"transformers::grouped_mm_fallback"})
+
+
 def save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """The selective plans' policy for ``create_selective_checkpoint_contexts``: keep the
-    outputs of `SAVED_OPS`, recompute the rest."""
-    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    outputs of `SAVED_OPS` and `SAVED_CUSTOM_OPS`, recompute the rest."""
+    saved = op in SAVED_OPS or (isinstance(op, OpOverload)
+                                and op.name() in SAVED_CUSTOM_OPS)
+    return CheckpointPolicy.MUST_SAVE if saved else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class Blocks(NamedTuple):

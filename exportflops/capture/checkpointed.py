@@ -21,9 +21,12 @@ from .quiet import quiet_fake_tensor_log
 CHECKPOINT_HOOK = "_checkpoint_hook."
 
 
-def checkpointed_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> frozenset[str]:
+def checkpointed_modules(model: torch.nn.Module, args: tuple,
+                         kwargs: dict) -> frozenset[str] | None:
     """The outermost module paths whose calls run inside a non-reentrant checkpoint (empty
-    where none does, or where the eager run fails: the export's own errors say why)."""
+    where none does); None where the eager run fails, which a traceable model can: its
+    forward may take another branch when traced (transformers' MoE experts call
+    ``torch._grouped_mm``, whose fake-tensor kernel refuses float32, only in eager)."""
     top_hooks = require("top_saved_tensors_hooks")
     paths = {id(module): path for path, module in model.named_modules()}
     found: set[str] = set()
@@ -38,8 +41,8 @@ def checkpointed_modules(model: torch.nn.Module, args: tuple, kwargs: dict) -> f
         with quiet_fake_tensor_log(), cheap_mode(model, args, kwargs), \
                 attributes_kept(model), torch.random.fork_rng(devices=[]), torch.enable_grad():
             model(*args, **kwargs)
-    except Exception:
-        return frozenset()
+    except Exception:  # noqa: BLE001 - unknown, not none: the caller asks the trace
+        return None
     finally:
         for handle in handles:
             handle.remove()

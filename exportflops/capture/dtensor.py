@@ -64,31 +64,36 @@ def _joint_graph(model: torch.nn.Module, args: tuple,
         except Exception as error:  # torch raises many types; all become one error with a hint
             raise _capture_error(model, error) from error
         _mark_gradients(joint.graph_module.graph)
-        _mark_whole_checkpoints(captured.graph, joint.graph_module.graph)
+        _mark_checkpoints(captured.graph, joint.graph_module.graph)
         yield joint.graph_module.graph
 
 
-def _mark_whole_checkpoints(captured: torch.fx.Graph, joint: torch.fx.Graph) -> None:
-    """``meta["checkpoint_whole"]`` on the joint graph's ops of each ``torch.utils.checkpoint``
-    region whose eager rerun does not stop early (`exportflops.graph.walk.reruns`): a
-    reentrant one (``use_reentrant`` unset is reentrant in torch 2.13, with a warning) or one
-    with ``early_stop=False``. Dynamo records each checkpoint call as a
-    ``tag_activation_checkpoint`` op with its arguments; AOT autograd numbers the regions in
-    the order they run, from a counter (``ac_graph_id``, torch/_higher_order_ops/wrap.py).
-    Where the counts differ (a checkpoint inside another) every region is taken whole: the
-    larger count."""
+def _mark_checkpoints(captured: torch.fx.Graph, joint: torch.fx.Graph) -> None:
+    """On the joint graph's ops of each ``torch.utils.checkpoint`` region,
+    ``meta["checkpoint_reentrant"]`` (True or False: which kind runs it, its recompute counted
+    by `exportflops.count.backward` or `exportflops.count.recompute`), and
+    ``meta["checkpoint_whole"]`` where its eager rerun does not stop early
+    (`exportflops.graph.walk.reruns`): a reentrant one (``use_reentrant`` unset is reentrant in
+    torch 2.13, with a warning) or one with ``early_stop=False``. Dynamo records each
+    checkpoint call as a ``tag_activation_checkpoint`` op with its arguments; AOT autograd
+    numbers the regions in the order they run, from a counter (``ac_graph_id``,
+    torch/_higher_order_ops/wrap.py). Where the counts differ (a checkpoint inside another)
+    every region is taken whole, and none is marked reentrant or not."""
     from ..torch_internals import HigherOrderOperator
 
-    whole = [node.kwargs.get("use_reentrant", True) or not node.kwargs.get("early_stop", True)
-             for node in captured.nodes if isinstance(node.target, HigherOrderOperator)
+    calls = [node.kwargs for node in captured.nodes if isinstance(node.target, HigherOrderOperator)
              and node.target.name() == "tag_activation_checkpoint"]
     ids = sorted({node.meta["ac_graph_id"] for node in joint.nodes
                   if node.meta.get("ac_graph_id") is not None})
-    if len(ids) != len(whole):
-        whole = [True] * len(ids)
-    rerun_whole = {region for region, kind in zip(ids, whole) if kind}
+    regions = dict(zip(ids, calls)) if len(ids) == len(calls) else {}
     for node in joint.nodes:
-        if node.meta.get("ac_graph_id") in rerun_whole:
+        region = node.meta.get("ac_graph_id")
+        if region is None:
+            continue
+        call = regions.get(region)
+        if call is not None:
+            node.meta["checkpoint_reentrant"] = bool(call.get("use_reentrant", True))
+        if call is None or call.get("use_reentrant", True) or not call.get("early_stop", True):
             node.meta["checkpoint_whole"] = True
 
 

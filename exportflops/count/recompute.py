@@ -39,25 +39,40 @@ def rerun_calls(model: torch.nn.Module, args: tuple,
     """The calls non-reentrant checkpointing reruns in a training step of ``model``, named
     ``<op>.recompute``, with the joint graph they are read from (open while the caller counts
     them: its tensors belong to the trace's fake mode); None when no module runs in such a
-    region. A region's ops outside the modules it calls (a checkpointed lambda's own ops) are
-    not found: `checkpointed_modules` sees module calls; nor is a checkpoint called from a
-    helper that no module's ``forward`` names (`may_checkpoint`)."""
-    regions = checkpointed_modules(model, args, kwargs) if may_checkpoint(model) else None
-    if not regions:
+    region. A region is non-reentrant as the capture marks it (``meta["checkpoint_reentrant"]``,
+    its every op); unmarked (a checkpoint inside another), as the eager search finds it
+    (`checkpointed_modules`: the ops of the modules it calls, not a checkpointed lambda's
+    own). Nor is a checkpoint called from a helper that no module's ``forward`` names found
+    (`may_checkpoint`)."""
+    regions = checkpointed_modules(model, args, kwargs) if may_checkpoint(model) else frozenset()
+    if regions == frozenset():  # None: the eager search failed, the trace tells
         yield None
         return
     with rank_graph(model, args, kwargs, train=True) as graph:
         read = read_graph(graph)
         again = set(reruns(graph))
         yield read, [replace(call, name=f"{call.name}.recompute") for call in read.nodes
-                     if call.node in again and not regions.isdisjoint(ancestors(call.module))]
+                     if call.node in again and _non_reentrant(call, regions or frozenset())]
+
+
+def _non_reentrant(call: NodeCall, regions: frozenset[str]) -> bool:
+    """Whether ``call`` runs in a non-reentrant region: the capture's mark, else whether a
+    module it runs in is one of the eager search's ``regions``."""
+    marked = call.node.meta.get("checkpoint_reentrant")
+    if marked is not None:
+        return not marked
+    return not regions.isdisjoint(ancestors(call.module))
 
 
 def checkpointed_regions(model: torch.nn.Module, args: tuple, kwargs: dict) -> str:
     """The non-reentrant regions' module paths, for `DYNAMIC_GAP` ("" when there are none)."""
     if not may_checkpoint(model):
         return ""
-    return ", ".join(sorted(checkpointed_modules(model, args, kwargs)))
+    regions = checkpointed_modules(model, args, kwargs)
+    if regions is None:
+        return ("its checkpointed modules (which an eager run on fake tensors finds, and "
+                "which failed)")
+    return ", ".join(sorted(regions))
 
 
 def may_checkpoint(model: torch.nn.Module) -> bool:

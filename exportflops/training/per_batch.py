@@ -307,6 +307,11 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
     routed = _routing(report, model, args, kwargs, routed_per_token, batch_dim, seq_dim)
     checkpointed = (checkpointed_modules(model, args, kwargs) if mode == "train"
                     else frozenset())
+    if checkpointed is None:
+        warnings.warn(f"{type(model).__name__} did not run eagerly on fake tensors, which finds "
+                      f"the modules non-reentrant checkpointing reruns: flops_per_batch leaves "
+                      f"their recompute out (analyze at fixed sizes counts it).", stacklevel=2)
+        checkpointed = frozenset()
     if report.uncounted:
         warnings.warn(f"{len(report.uncounted)} ops of {type(model).__name__} are uncounted "
                       f"(report.uncounted): flops_per_batch's counts are lower bounds "

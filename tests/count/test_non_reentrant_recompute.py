@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl, checkpoint_wrapper)
-from torch.utils.checkpoint import create_selective_checkpoint_contexts
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 from torch.utils.flop_counter import FlopCounterMode
 
 import exportflops
@@ -100,3 +100,43 @@ def test_with_dynamic_sizes_a_non_reentrant_recompute_is_a_noted_gap():
     assert _recomputed(report) == []
     assert any("non-reentrant activation checkpointing in block._checkpoint_wrapped_module is "
                "not counted with dynamic sizes" in note for note in report.capture_notes)
+
+
+class GroupedTail(nn.Module):
+    """A product by a weight, computed as transformers' MoE experts compute it: eager calls
+    ``torch._grouped_mm`` (a cpu kernel for float32, whose fake-tensor kernel refuses any
+    dtype but bfloat16), a trace another op (`torch.compiler.is_compiling`): the eager search
+    for checkpointed modules fails where the export does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(1, WIDTH, WIDTH))
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return x @ self.weight[0]
+        return torch._grouped_mm(x, self.weight, offs=torch.tensor([ROWS], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("selective", [False, True], ids=["whole", "selective"])
+def test_a_region_is_found_where_the_model_runs_on_fake_tensors_only_when_traced(selective):
+    x = torch.randn(ROWS, WIDTH)
+    assert GroupedTail()(x).shape == (ROWS, WIDTH)  # eager runs for real
+    plain = exportflops.analyze(nn.Sequential(Block(), GroupedTail()), (x,), mode="train")
+    model = nn.Sequential(_checkpointed(Block(), ".block", selective), GroupedTail())
+    report = exportflops.analyze(model, (x,), mode="train")
+    # As in the test above: whole, the up linear (2 x 2 x 4 x 4 MACs' FLOPs, its bias 2 x 4)
+    # and the relu (2 x 4) rerun; selective, the relu only (addmm's output is kept).
+    expected = (ROWS * WIDTH if selective
+                else 2 * ROWS * WIDTH * WIDTH + ROWS * WIDTH + ROWS * WIDTH)
+    assert sum(n.cost.flops for n in _recomputed(report)) == expected
+    assert report.total.flops - plain.total.flops == expected
+
+
+def test_the_selective_policy_keeps_transformers_grouped_product_and_reruns_pointwise_ops():
+    # Importing transformers' MoE integration registers its custom op.
+    from transformers.integrations import moe  # noqa: F401
+
+    grouped = torch.ops.transformers.grouped_mm_fallback.default
+    assert save_matmuls(None, grouped) == CheckpointPolicy.MUST_SAVE
+    assert save_matmuls(None, torch.ops.aten.silu.default) == CheckpointPolicy.PREFER_RECOMPUTE

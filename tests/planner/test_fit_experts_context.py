@@ -11,7 +11,9 @@ import functools
 import pytest
 import torch
 
-from exportflops import fit
+from exportflops import analyze, fit
+from exportflops.checkpointing import wrapped
+from exportflops.count.backward import RECOMPUTED
 from exportflops.errors import InputError
 from exportflops.parallel import Layout, memory_ranks
 from tests.footprint.models import mixtral
@@ -69,3 +71,23 @@ def test_a_routing_histogram_is_refused_for_a_search_of_other_sizes():
                                          r"copies per expert of MixtralForCausalLM's example.*"
                                          r"search_batch=False"):
         fit(*_example("ep"), budget=2**30, layout=LAYOUTS["ep"], routing=[64, 64, 64, 64])
+
+
+def test_the_mixtrals_selective_recompute_is_what_analyze_adds_and_no_matrix_product():
+    plan, _ = _tight("ep")
+    model, args, kwargs = _example("ep")
+    paths = plan.blocks
+    plain = analyze(model, args, kwargs, mode="train")
+    with wrapped(model, [], paths) as selective:
+        report = analyze(selective, args, kwargs, mode="train")
+    rerun = [n for n in report.nodes if n.note.startswith(RECOMPUTED)]
+    # Every block checkpointed selectively: the candidate of all blocks, the step's recompute.
+    candidate = next(c for c in plan.candidates if c.selective and c.blocks == len(paths))
+    assert candidate.recompute_flops == report.total.flops - plain.total.flops > 0
+    assert candidate.recompute_flops == sum(n.cost.flops for n in rerun)
+    # save_matmuls keeps the products (attention's, the router's, the experts' grouped one);
+    # the norms' rsqrt, the experts' silu, the router's softmax and top-k rerun.
+    assert not {n.op for n in rerun} & {"aten.mm.default", "aten.addmm.default",
+                                         "transformers.grouped_mm_fallback.default"}
+    assert {"aten.rsqrt.default", "aten.silu.default", "aten._softmax.default",
+            "aten.topk.default"} <= {n.op for n in rerun}
