@@ -39,7 +39,7 @@ def rerun_calls(model: torch.nn.Module, args: tuple,
     """The calls non-reentrant checkpointing reruns in a training step of ``model``, named
     ``<op>.recompute``, with the joint graph they are read from (open while the caller counts
     them: its tensors belong to the trace's fake mode); None when no module runs in such a
-    region. A region is non-reentrant as the capture marks it (``meta["checkpoint_reentrant"]``,
+    region. A region is non-reentrant as the capture marks it (`NodeCall.checkpoint_reentrant`,
     its every op); unmarked (a checkpoint inside another), as the eager search finds it
     (`checkpointed_modules`: the ops of the modules it calls, not a checkpointed lambda's
     own). Nor is a checkpoint called from a helper that no module's ``forward`` names found
@@ -58,7 +58,7 @@ def rerun_calls(model: torch.nn.Module, args: tuple,
 def _non_reentrant(call: NodeCall, regions: frozenset[str]) -> bool:
     """Whether ``call`` runs in a non-reentrant region: the capture's mark, else whether a
     module it runs in is one of the eager search's ``regions``."""
-    marked = call.node.meta.get("checkpoint_reentrant")
+    marked = call.checkpoint_reentrant
     if marked is not None:
         return not marked
     return not regions.isdisjoint(ancestors(call.module))

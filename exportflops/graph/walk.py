@@ -65,6 +65,12 @@ class NodeCall:
     def module(self) -> str:
         return self.stack[-1].path if self.stack else ""
 
+    @property
+    def checkpoint_reentrant(self) -> bool | None:
+        """Which activation checkpoint runs the op, as the capture marks its node (True:
+        reentrant, False: non-reentrant); None outside a marked region."""
+        return None if self.node is None else self.node.meta.get("checkpoint_reentrant")
+
 
 @dataclass(frozen=True)
 class SizeSymbol:
