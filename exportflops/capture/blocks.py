@@ -48,6 +48,8 @@ from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatc
 #: Leaves compared by value; any other object as an input or output makes a call unique.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
           torch.layout)
+#: The same types, matched exactly (`_op_key`'s first test).
+_EXACT_PLAIN = frozenset(_PLAIN)
 
 
 @dataclass(frozen=True)
@@ -333,12 +335,19 @@ def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
 
 def _op_key(value: Any) -> Any:
     """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
-    tuples or dicts of them: a nested tuple, without pytree's specs (the cheap pass's cost is
-    mostly this, once per op: tensors, the most common, are tried first)."""
+    tuples or dicts of them: a nested tuple, without pytree's specs. The cheap pass's cost is
+    mostly this, once per op, so the commonest leaves go first by exact type (a subclass takes
+    the general way, to the same key), and a tensor's shape stays a ``torch.Size`` (equal to
+    the tuple `_leaf` makes, with the same hash)."""
+    kind = type(value)
+    if kind in _EXACT_PLAIN:
+        return kind, value
+    if kind is tuple or kind is list:  # a size's ints keyed here, without a call each
+        return (kind, *[(type(v), v) if type(v) in _EXACT_PLAIN else _op_key(v) for v in value])
     if isinstance(value, torch.Tensor):
-        return _leaf(value)
+        return value.shape, value.stride(), value.dtype, value.device, value.requires_grad
     if isinstance(value, (list, tuple)):
-        return (type(value), *map(_op_key, value))
+        return (kind, *map(_op_key, value))
     if isinstance(value, dict):
         return (dict, *[(k, _op_key(v)) for k, v in value.items()])
     return _leaf(value)

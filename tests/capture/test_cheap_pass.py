@@ -57,6 +57,17 @@ def test_default_dtype_is_part_of_the_key():
     assert single.dtype == torch.float32 and double.dtype == torch.float64
 
 
+def test_equal_scalars_of_other_types_are_other_keys():
+    # aten.full infers its dtype from the fill value's type: 1, True and 1.0 compare equal in
+    # Python, and a key holding the value alone would hand the int64 result to the other two.
+    with _ops() as ops:
+        results = [torch.ops.aten.full.default([2], fill, device="meta")
+                   for fill in (1, True, 1.0, 1)]
+    assert [t.dtype for t in results] == [torch.int64, torch.bool, torch.float32, torch.int64]
+    assert len(ops.results) == 3  # the second int fill is the first's result again
+    assert ops.events[0] == ops.events[3] != ops.events[1]
+
+
 def test_plan_is_the_same_with_and_without_reuse(monkeypatch):
     config = LlamaConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=8, ffn_dim=64, max_seq_len=16)
