@@ -273,7 +273,7 @@ class _Ops(TorchDispatchMode):
         self.higher_order = False
         self.reuse = reuse
         self.results: dict[tuple, tuple] = {}
-        """(op, args key, kwargs key, default dtype) -> (result maker, result key)."""
+        """(op, args key, kwargs key, default dtype) -> (result maker, the op's event)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -286,19 +286,22 @@ class _Ops(TorchDispatchMode):
         except _Unique:
             self.events.append((func, object()))  # never equal to another op
             return func(*args, **kwargs)
-        if key in self.results:
-            make, out_key = self.results[key]
-            self.events.append((*key[:3], out_key))
+        reused = self.results.get(key)
+        if reused is not None:
+            make, event = reused
+            self.events.append(event)
             return make()
         out = func(*args, **kwargs)
         try:
-            out_key = _op_key(out)
+            event = (*key[:3], _op_key(out))
         except _Unique:
             self.events.append((func, object()))
             return out
-        self.events.append((*key[:3], out_key))
+        self.events.append(event)
         if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
-            self.results[key] = (_maker(out), out_key)
+            # The event itself, not an equal copy: bodies of repeated blocks then hold the
+            # same objects, which `_choose` compares by identity before their contents.
+            self.results[key] = (_maker(out), event)
         return out
 
 
