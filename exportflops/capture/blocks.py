@@ -228,7 +228,7 @@ class _Trace:
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
-                leaves, spec = pytree.tree_flatten((args, kwargs))
+                leaves, spec = _flattened_call(args, kwargs)
                 call.inputs = (_key(leaves, spec), torch.is_grad_enabled(),
                                torch.is_inference_mode_enabled(), _autocast())
                 call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -249,7 +249,7 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                call.out_key = _key(*pytree.tree_flatten(output))
+                call.out_key = _key(*_flattened_output(output))
             except _Unique:
                 call.path = None
         return hook
@@ -329,6 +329,35 @@ def _maker(out: Any):
     return lambda: pytree.tree_unflatten(
         [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
          for shape, stride, dtype in layouts], spec)
+
+
+#: Types pytree takes as leaves that module calls pass most: a call made of them alone is
+#: flattened without pytree's walk (`_flattened_call`).
+_LEAF_TYPES = _EXACT_PLAIN | {torch.Tensor, torch.nn.Parameter}
+
+
+def _flattened_call(args: tuple, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
+    """``pytree.tree_flatten((args, kwargs))``; for positional leaves alone (most module calls)
+    the spec is made once per count, and calls with it share one object, which `_choose`'s
+    comparisons find equal by identity."""
+    if not kwargs and all(type(a) in _LEAF_TYPES for a in args):
+        return list(args), _positional_spec(len(args))
+    return pytree.tree_flatten((args, kwargs))
+
+
+def _flattened_output(output: Any) -> tuple[list, pytree.TreeSpec]:
+    """``pytree.tree_flatten(output)``; a lone tensor's spec made once (`_flattened_call`)."""
+    if type(output) in _LEAF_TYPES:
+        return [output], _LEAF_SPEC
+    return pytree.tree_flatten(output)
+
+
+@functools.cache
+def _positional_spec(count: int) -> pytree.TreeSpec:
+    return pytree.tree_flatten((tuple(range(count)), {}))[1]
+
+
+_LEAF_SPEC = pytree.tree_flatten(0)[1]
 
 
 def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
