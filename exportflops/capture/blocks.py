@@ -48,6 +48,8 @@ from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatc
 #: Leaves compared by value; any other object as an input or output makes a call unique.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
           torch.layout)
+#: The same types, matched exactly (`_op_key`'s first test).
+_EXACT_PLAIN = frozenset(_PLAIN)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ class _Trace:
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
-                leaves, spec = pytree.tree_flatten((args, kwargs))
+                leaves, spec = _flattened_call(args, kwargs)
                 call.inputs = (_key(leaves, spec), torch.is_grad_enabled(),
                                torch.is_inference_mode_enabled(), _autocast())
                 call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
@@ -247,7 +249,7 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                call.out_key = _key(*pytree.tree_flatten(output))
+                call.out_key = _key(*_flattened_output(output))
             except _Unique:
                 call.path = None
         return hook
@@ -271,7 +273,7 @@ class _Ops(TorchDispatchMode):
         self.higher_order = False
         self.reuse = reuse
         self.results: dict[tuple, tuple] = {}
-        """(op, args key, kwargs key, default dtype) -> (result maker, result key)."""
+        """(op, args key, kwargs key, default dtype) -> (result maker, the op's event)."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -284,19 +286,22 @@ class _Ops(TorchDispatchMode):
         except _Unique:
             self.events.append((func, object()))  # never equal to another op
             return func(*args, **kwargs)
-        if key in self.results:
-            make, out_key = self.results[key]
-            self.events.append((*key[:3], out_key))
+        reused = self.results.get(key)
+        if reused is not None:
+            make, event = reused
+            self.events.append(event)
             return make()
         out = func(*args, **kwargs)
         try:
-            out_key = _op_key(out)
+            event = (*key[:3], _op_key(out))
         except _Unique:
             self.events.append((func, object()))
             return out
-        self.events.append((*key[:3], out_key))
+        self.events.append(event)
         if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
-            self.results[key] = (_maker(out), out_key)
+            # The event itself, not an equal copy: bodies of repeated blocks then hold the
+            # same objects, which `_choose` compares by identity before their contents.
+            self.results[key] = (_maker(out), event)
         return out
 
 
@@ -326,6 +331,35 @@ def _maker(out: Any):
          for shape, stride, dtype in layouts], spec)
 
 
+#: Types pytree takes as leaves that module calls pass most: a call made of them alone is
+#: flattened without pytree's walk (`_flattened_call`).
+_LEAF_TYPES = _EXACT_PLAIN | {torch.Tensor, torch.nn.Parameter}
+
+
+def _flattened_call(args: tuple, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
+    """``pytree.tree_flatten((args, kwargs))``; for positional leaves alone (most module calls)
+    the spec is made once per count, and calls with it share one object, which `_choose`'s
+    comparisons find equal by identity."""
+    if not kwargs and all(type(a) in _LEAF_TYPES for a in args):
+        return list(args), _positional_spec(len(args))
+    return pytree.tree_flatten((args, kwargs))
+
+
+def _flattened_output(output: Any) -> tuple[list, pytree.TreeSpec]:
+    """``pytree.tree_flatten(output)``; a lone tensor's spec made once (`_flattened_call`)."""
+    if type(output) in _LEAF_TYPES:
+        return [output], _LEAF_SPEC
+    return pytree.tree_flatten(output)
+
+
+@functools.cache
+def _positional_spec(count: int) -> pytree.TreeSpec:
+    return pytree.tree_flatten((tuple(range(count)), {}))[1]
+
+
+_LEAF_SPEC = pytree.tree_flatten(0)[1]
+
+
 def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
     """A flattened pytree's structure and each leaf's `_leaf`."""
     return (spec, *(_leaf(leaf) for leaf in leaves))
@@ -333,12 +367,19 @@ def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
 
 def _op_key(value: Any) -> Any:
     """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
-    tuples or dicts of them: a nested tuple, without pytree's specs (the cheap pass's cost is
-    mostly this, once per op: tensors, the most common, are tried first)."""
+    tuples or dicts of them: a nested tuple, without pytree's specs. The cheap pass's cost is
+    mostly this, once per op, so the commonest leaves go first by exact type (a subclass takes
+    the general way, to the same key), and a tensor's shape stays a ``torch.Size`` (equal to
+    the tuple `_leaf` makes, with the same hash)."""
+    kind = type(value)
+    if kind in _EXACT_PLAIN:
+        return kind, value
+    if kind is tuple or kind is list:  # a size's ints keyed here, without a call each
+        return (kind, *[(type(v), v) if type(v) in _EXACT_PLAIN else _op_key(v) for v in value])
     if isinstance(value, torch.Tensor):
-        return _leaf(value)
+        return value.shape, value.stride(), value.dtype, value.device, value.requires_grad
     if isinstance(value, (list, tuple)):
-        return (type(value), *map(_op_key, value))
+        return (kind, *map(_op_key, value))
     if isinstance(value, dict):
         return (dict, *[(k, _op_key(v)) for k, v in value.items()])
     return _leaf(value)

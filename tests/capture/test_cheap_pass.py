@@ -4,9 +4,12 @@ their base, in-place ops and ops on real tensors still run, and the plan is the 
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils import _pytree as pytree
 
-from exportflops.capture.blocks import _Ops, _Trace, plan_blocks
+from exportflops.capture.blocks import (_flattened_call, _flattened_output, _Ops, _Trace,
+                                        plan_blocks)
 from exportflops.examples.llama import Llama, LlamaConfig
 
 
@@ -57,6 +60,17 @@ def test_default_dtype_is_part_of_the_key():
     assert single.dtype == torch.float32 and double.dtype == torch.float64
 
 
+def test_equal_scalars_of_other_types_are_other_keys():
+    # aten.full infers its dtype from the fill value's type: 1, True and 1.0 compare equal in
+    # Python, and a key holding the value alone would hand the int64 result to the other two.
+    with _ops() as ops:
+        results = [torch.ops.aten.full.default([2], fill, device="meta")
+                   for fill in (1, True, 1.0, 1)]
+    assert [t.dtype for t in results] == [torch.int64, torch.bool, torch.float32, torch.int64]
+    assert len(ops.results) == 3  # the second int fill is the first's result again
+    assert ops.events[0] == ops.events[3] != ops.events[1]
+
+
 def test_plan_is_the_same_with_and_without_reuse(monkeypatch):
     config = LlamaConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=8, ffn_dim=64, max_seq_len=16)
@@ -69,3 +83,20 @@ def test_plan_is_the_same_with_and_without_reuse(monkeypatch):
     models = {path: repeat.model for path, repeat in with_reuse.repeats.items()}
     assert all(models[f"layers.{i}"] == "layers.0" for i in (1, 2, 3))
     assert with_reuse.repeats == without.repeats
+
+
+_T = torch.empty(2, device="meta")
+
+
+@pytest.mark.parametrize("args, kwargs", [
+    ((), {}), ((_T,), {}), ((_T, 1, None, 2.0, torch.nn.Parameter(_T), torch.float32), {}),
+    (([_T, _T],), {}), ((_T,), {"mask": None}),
+], ids=["nothing", "a tensor", "leaves", "a list", "a keyword"])
+def test_module_call_flattens_as_pytree_does(args, kwargs):
+    leaves, spec = _flattened_call(args, kwargs)
+    expected_leaves, expected_spec = pytree.tree_flatten((args, kwargs))
+    assert spec == expected_spec and hash(spec) == hash(expected_spec)
+    assert len(leaves) == len(expected_leaves)
+    assert all(a is b for a, b in zip(leaves, expected_leaves))
+    for output in args:
+        assert _flattened_output(output)[1] == pytree.tree_flatten(output)[1]
