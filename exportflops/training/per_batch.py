@@ -21,6 +21,7 @@ from torch.export import Dim
 from ..aggregate import Counted, build_report
 from ..api import count_call
 from ..capture.checkpointed import checkpointed_modules
+from ..count.recompute import may_checkpoint
 from ..capture.value_read_sizes import on_meta, value_read_sizes
 from ..count.backward import RECOMPUTED
 from ..errors import InputError
@@ -305,8 +306,10 @@ def flops_per_batch(model: torch.nn.Module, example_args: Any = (),
     arguments = signature.bind_partial(*args, **kwargs).arguments
     dims = _dims(arguments, dynamic_shapes, names)
     routed = _routing(report, model, args, kwargs, routed_per_token, batch_dim, seq_dim)
-    checkpointed = (checkpointed_modules(model, args, kwargs) if mode == "train"
-                    else frozenset())
+    # Only a model that may checkpoint is searched (`may_checkpoint`): a failed search of one
+    # that never does would warn of a recompute there is none of.
+    checkpointed = (checkpointed_modules(model, args, kwargs)
+                    if mode == "train" and may_checkpoint(model) else frozenset())
     if checkpointed is None:
         warnings.warn(f"{type(model).__name__} did not run eagerly on fake tensors, which finds "
                       f"the modules non-reentrant checkpointing reruns: flops_per_batch leaves "
