@@ -40,17 +40,11 @@ from typing import Any
 import torch
 
 from ..records.names import ancestors, qualified_name
+from .call_keys import Unique, flat_key, flattened_call, flattened_output, leaf_key, op_key
 from .cheap_run import attributes_kept, cheap_mode
 from .export import buffers_kept
 from .quiet import quiet_fake_tensor_log
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
-
-#: Leaves compared by value; any other object as an input or output makes a call unique.
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format,
-          torch.layout)
-#: The same types, matched exactly (`_op_key`'s first test).
-_EXACT_PLAIN = frozenset(_PLAIN)
-
 
 @dataclass(frozen=True)
 class TensorSlot:
@@ -79,10 +73,6 @@ class Repeat:
 class Plan:
     repeats: dict[str, Repeat] = field(default_factory=dict)
     """Path of each repeated module -> its repeat."""
-
-
-class _Unique(Exception):
-    """A value that makes a call incomparable with any other."""
 
 
 def plan_blocks(model: torch.nn.Module, args: tuple, kwargs: dict) -> Plan:
@@ -151,7 +141,7 @@ def call_key(module: torch.nn.Module, args: tuple, kwargs: dict | None) -> tuple
     # By name: an fx GraphModule's class is made anew for each instance.
     tree = tuple((qualified_name(type(m)), m.training) for _, m in named)
     # Each parameter and buffer by its module's place and its own name, tied ones under each.
-    tensors = tuple((place[owner], leaf, _leaf(t), isinstance(t, torch.nn.Parameter))
+    tensors = tuple((place[owner], leaf, leaf_key(t), isinstance(t, torch.nn.Parameter))
                     for name, t in [*module.named_parameters(remove_duplicate=False),
                                     *module.named_buffers(remove_duplicate=False)]
                     for owner, _, leaf in [name.rpartition(".")])
@@ -228,12 +218,12 @@ class _Trace:
         def hook(module, args, kwargs):
             call = _Call(path, len(self.events))
             try:
-                leaves, spec = _flattened_call(args, kwargs)
-                call.inputs = (_key(leaves, spec), torch.is_grad_enabled(),
+                leaves, spec = flattened_call(args, kwargs)
+                call.inputs = (flat_key(leaves, spec), torch.is_grad_enabled(),
                                torch.is_inference_mode_enabled(), _autocast())
                 call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
                                        for t in leaves)
-            except _Unique:
+            except Unique:
                 call.path = None
             self.events.append(("enter", path))
             if above:
@@ -249,8 +239,8 @@ class _Trace:
             self.events.append(("exit", path))
             call.end = len(self.events)
             try:
-                call.out_key = _key(*_flattened_output(output))
-            except _Unique:
+                call.out_key = flat_key(*flattened_output(output))
+            except Unique:
                 call.path = None
         return hook
 
@@ -282,8 +272,8 @@ class _Ops(TorchDispatchMode):
             self.events.append((func, object()))
             return func(*args, **kwargs)
         try:
-            key = (func, _op_key(args), _op_key(kwargs), torch.get_default_dtype())
-        except _Unique:
+            key = (func, op_key(args), op_key(kwargs), torch.get_default_dtype())
+        except Unique:
             self.events.append((func, object()))  # never equal to another op
             return func(*args, **kwargs)
         reused = self.results.get(key)
@@ -293,8 +283,8 @@ class _Ops(TorchDispatchMode):
             return make()
         out = func(*args, **kwargs)
         try:
-            event = (*key[:3], _op_key(out))
-        except _Unique:
+            event = (*key[:3], op_key(out))
+        except Unique:
             self.events.append((func, object()))
             return out
         self.events.append(event)
@@ -331,68 +321,6 @@ def _maker(out: Any):
          for shape, stride, dtype in layouts], spec)
 
 
-#: Types pytree takes as leaves that module calls pass most: a call made of them alone is
-#: flattened without pytree's walk (`_flattened_call`).
-_LEAF_TYPES = _EXACT_PLAIN | {torch.Tensor, torch.nn.Parameter}
-
-
-def _flattened_call(args: tuple, kwargs: dict) -> tuple[list, pytree.TreeSpec]:
-    """``pytree.tree_flatten((args, kwargs))``; for positional leaves alone (most module calls)
-    the spec is made once per count, and calls with it share one object, which `_choose`'s
-    comparisons find equal by identity."""
-    if not kwargs and all(type(a) in _LEAF_TYPES for a in args):
-        return list(args), _positional_spec(len(args))
-    return pytree.tree_flatten((args, kwargs))
-
-
-def _flattened_output(output: Any) -> tuple[list, pytree.TreeSpec]:
-    """``pytree.tree_flatten(output)``; a lone tensor's spec made once (`_flattened_call`)."""
-    if type(output) in _LEAF_TYPES:
-        return [output], _LEAF_SPEC
-    return pytree.tree_flatten(output)
-
-
-@functools.cache
-def _positional_spec(count: int) -> pytree.TreeSpec:
-    return pytree.tree_flatten((tuple(range(count)), {}))[1]
-
-
-_LEAF_SPEC = pytree.tree_flatten(0)[1]
-
-
-def _key(leaves: list, spec: pytree.TreeSpec) -> tuple:
-    """A flattened pytree's structure and each leaf's `_leaf`."""
-    return (spec, *(_leaf(leaf) for leaf in leaves))
-
-
-def _op_key(value: Any) -> Any:
-    """`_key` for an ATen op's arguments and results, which are tensors, plain values and lists,
-    tuples or dicts of them: a nested tuple, without pytree's specs. The cheap pass's cost is
-    mostly this, once per op, so the commonest leaves go first by exact type (a subclass takes
-    the general way, to the same key), and a tensor's shape stays a ``torch.Size`` (equal to
-    the tuple `_leaf` makes, with the same hash)."""
-    kind = type(value)
-    if kind in _EXACT_PLAIN:
-        return kind, value
-    if kind is tuple or kind is list:  # a size's ints keyed here, without a call each
-        return (kind, *[(type(v), v) if type(v) in _EXACT_PLAIN else _op_key(v) for v in value])
-    if isinstance(value, torch.Tensor):
-        return value.shape, value.stride(), value.dtype, value.device, value.requires_grad
-    if isinstance(value, (list, tuple)):
-        return (kind, *map(_op_key, value))
-    if isinstance(value, dict):
-        return (dict, *[(k, _op_key(v)) for k, v in value.items()])
-    return _leaf(value)
-
-
-def _leaf(leaf: Any) -> Any:
-    if isinstance(leaf, torch.Tensor):
-        return (tuple(leaf.shape), leaf.stride(), leaf.dtype, leaf.device, leaf.requires_grad)
-    if isinstance(leaf, _PLAIN):
-        return (type(leaf), leaf)
-    raise _Unique
-
-
 def _autocast() -> tuple:
     return tuple((device, torch.is_autocast_enabled(device),
                   torch.get_autocast_dtype(device)) for device in ("cpu", "cuda"))
@@ -400,7 +328,7 @@ def _autocast() -> tuple:
 
 def _outputs(out_key: tuple) -> Any:
     """A call's output as its stub must make it, read from its key (made for every call, where
-    this is for the repeats alone): `_leaf` keys a tensor by its shape, stride, dtype, device
+    this is for the repeats alone): `leaf_key` keys a tensor by its shape, stride, dtype, device
     and ``requires_grad``, a plain value by its type and itself."""
     spec, *leaves = out_key
     return pytree.tree_unflatten([TensorSlot(k[0], k[2], k[3], k[4]) if len(k) == 5 else k[1]
@@ -542,7 +470,7 @@ def _tree_key(module: torch.nn.Module) -> tuple:
     return (
         tuple((path, type(sub), sub.training)
               for path, sub in module.named_modules(remove_duplicate=False)),
-        tuple((name, _leaf(t), isinstance(t, torch.nn.Parameter))
+        tuple((name, leaf_key(t), isinstance(t, torch.nn.Parameter))
               for name, t in [*module.named_parameters(remove_duplicate=False),
                               *module.named_buffers(remove_duplicate=False)]),
     )

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from exportflops.capture.blocks import (_flattened_call, _flattened_output, _Ops, _Trace,
-                                        plan_blocks)
+from exportflops.capture.blocks import _Ops, _Trace, plan_blocks
+from exportflops.capture.call_keys import flattened_call, flattened_output
 from exportflops.examples.llama import Llama, LlamaConfig
 
 
@@ -93,10 +93,10 @@ _T = torch.empty(2, device="meta")
     (([_T, _T],), {}), ((_T,), {"mask": None}),
 ], ids=["nothing", "a tensor", "leaves", "a list", "a keyword"])
 def test_module_call_flattens_as_pytree_does(args, kwargs):
-    leaves, spec = _flattened_call(args, kwargs)
+    leaves, spec = flattened_call(args, kwargs)
     expected_leaves, expected_spec = pytree.tree_flatten((args, kwargs))
     assert spec == expected_spec and hash(spec) == hash(expected_spec)
     assert len(leaves) == len(expected_leaves)
     assert all(a is b for a, b in zip(leaves, expected_leaves))
     for output in args:
-        assert _flattened_output(output)[1] == pytree.tree_flatten(output)[1]
+        assert flattened_output(output)[1] == pytree.tree_flatten(output)[1]
