@@ -94,15 +94,20 @@ def _generation(*, fails: bool):
     return lambda: exportflops.analyze_generation(model, prompt, new_tokens=2)
 
 
-def _generation_memory(*, fails: bool):
-    """A Llama's prefill and decode steps; the failing one asks for one new token (no decode)."""
-    from exportflops.generation import generation_memory
-
+def _tiny_llama():
+    """A 1-layer transformers Llama of hidden size 32."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                                       num_hidden_layers=1, num_attention_heads=2,
                                       num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(config)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _generation_memory(*, fails: bool):
+    """A Llama's prefill and decode steps; the failing one asks for one new token (no decode)."""
+    from exportflops.generation import generation_memory
+
+    model = _tiny_llama()
     prompt = torch.zeros(1, 4, dtype=torch.long)
     return lambda: generation_memory(model, prompt, new_tokens=1 if fails else 2)
 
@@ -175,11 +180,7 @@ def _expert_memory(*, fails: bool):
 
 
 def _conventions(*, fails: bool):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
-                                      num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=2)
-    model = transformers.LlamaForCausalLM(config)
+    model = _tiny_llama()
     ids = torch.zeros(1, 8, dtype=torch.long)
     report = exportflops.analyze(model, (ids,), mode="train")
     return lambda: exportflops.conventions(report, config=None if fails else model)
