@@ -13,15 +13,18 @@ from ..records.memory import KindBytes, MemoryPoint, MemoryReport, ModuleMemory
 
 
 def memory_report(run: StepRun, model: torch.nn.Module, *, mode: str, optimizer: str,
-                  allocator: str, size: Callable[[int], int]) -> MemoryReport:
-    """The report of ``run``, a step of ``model`` (the user's: its module paths and classes)."""
+                  allocator: str, size: Callable[[int], int], name: str | None = None,
+                  world_size: int = 1, rank: int = 0) -> MemoryReport:
+    """The report of ``run``, a step of ``model`` (the user's: its module paths and classes),
+    named ``name`` (default: ``model``'s class), rank ``rank`` of ``world_size``."""
     live = live_by_kind(run, size)
     timeline = [MemoryPoint(index=i, op=op.name, module=op.module, phase=op.phase,
                             live=KindBytes(**bytes_by_kind))
                 for i, (op, bytes_by_kind) in enumerate(zip(run.ops, live))]
     peak = max(timeline, key=lambda point: point.live.total)  # the first of equal peaks
     return MemoryReport(
-        model=type(model).__name__, mode=mode, optimizer=optimizer, allocator=allocator,
+        model=name or type(model).__name__, world_size=world_size, rank=rank, mode=mode,
+        optimizer=optimizer, allocator=allocator,
         peak_bytes=peak.live.total, peak_phase=peak.phase,
         peak_node=f"{peak.op} #{peak.index}", peak_module=peak.module, by_kind=peak.live,
         max_by_kind=KindBytes(**{kind: max(point[kind] for point in live) for kind in KINDS}),

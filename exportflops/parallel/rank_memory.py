@@ -92,9 +92,9 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
                        loss=loss or default_loss(name),
                        resized=(lambda: unsharded_storages(fake_model))
                        if layout.fsdp > 1 else None)
-    report = memory_report(run, built, mode=mode, optimizer=optimizer if train else "",
-                           allocator=allocator, size=ALLOCATORS[allocator])
-    return report.model_copy(update={"world_size": layout.world_size, "rank": rank})
+    return memory_report(run, built, mode=mode, optimizer=optimizer if train else "",
+                         allocator=allocator, size=ALLOCATORS[allocator],
+                         world_size=layout.world_size, rank=rank)
 
 
 def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,

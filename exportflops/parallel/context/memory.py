@@ -54,9 +54,9 @@ def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None
                    optimizer=optimizer, optimizer_options=optimizer_options,
                    loss=loss or default_loss(name))
     with_ring_buffers(run, cp, name)
-    report = memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                           allocator=allocator, size=ALLOCATORS[allocator])
-    return report.model_copy(update={"world_size": cp, "rank": rank})
+    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+                         allocator=allocator, size=ALLOCATORS[allocator], world_size=cp,
+                         rank=rank)
 
 
 def sequence_shard(name: str, args: tuple, kwargs: dict, cp: int) -> tuple[tuple, dict]:

@@ -89,9 +89,9 @@ def expert_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None,
         run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
                        optimizer=optimizer, optimizer_options=optimizer_options,
                        loss=loss or default_loss(name))
-    report = memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                           allocator=allocator, size=ALLOCATORS[allocator])
-    return report.model_copy(update={"world_size": world_size, "rank": rank})
+    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+                         allocator=allocator, size=ALLOCATORS[allocator],
+                         world_size=world_size, rank=rank)
 
 
 def _shard_experts(model: torch.nn.Module, experts: str, held: slice, *, received: int,

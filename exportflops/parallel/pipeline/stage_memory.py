@@ -82,11 +82,10 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
     run = run_fake(fake_model, (), {}, name=name, train=mode == "train", optimizer=optimizer,
                    optimizer_options=optimizer_options, loss=runtime.loss,
                    replay=lambda storages: runtime.step(storages, order))
-    report = memory_report(run, fake_model, mode=mode,
-                           optimizer=optimizer if mode == "train" else "",
-                           allocator=allocator, size=ALLOCATORS[allocator])
-    return report.model_copy(update={"model": name, "world_size": layout.world_size,
-                                     "rank": rank})
+    return memory_report(run, fake_model, mode=mode,
+                         optimizer=optimizer if mode == "train" else "",
+                         allocator=allocator, size=ALLOCATORS[allocator], name=name,
+                         world_size=layout.world_size, rank=rank)
 
 
 def _checkpoint_stages(rank_model: torch.nn.ModuleDict, split: list[Stage], held: list[int],
