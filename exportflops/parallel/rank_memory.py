@@ -12,6 +12,7 @@ by the ``torch.empty`` it passes to c10d.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,12 @@ from .per_rank import Builder, built_model
 from .parallelize import parallelize
 
 if TYPE_CHECKING:
+    from ..footprint.step import StepRun
     from ..records.fit import FitPlan
+
+#: The splits each family's step composes with: a ring's ranks are split by tp and fsdp as
+#: `analyze_ranks` splits them (`exportflops.parallel.context.memory`).
+_COMPOSED = {"cp": ("fsdp", "tp")}
 
 
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
@@ -75,26 +81,43 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
           rank: int, *, mode: str, optimizer: str, allocator: str,
           optimizer_options: dict | None, loss, checkpoint: Blocks | FitPlan | None
           ) -> MemoryReport:
-    from ..count.ranks import fake_copy
-    from ..footprint import ALLOCATORS, default_loss, run_fake
+    from ..footprint import ALLOCATORS
     from ..footprint.report import memory_report
 
-    dims = tuple(name for name in ("fsdp", "tp") if getattr(layout, name) > 1)
-    with layout.mesh(*dims, rank=rank) as mesh:
-        built, args, kwargs = built_model(model, args, kwargs)
-        name = type(built).__name__
-        fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
-        parallelize(fake_model, mesh, checkpoint=functools.partial(
-            wrap_plan, plan=checkpoint, name=name) if checkpoint is not None else None)
-        train = mode == "train"
-        run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                       optimizer=optimizer, optimizer_options=optimizer_options,
-                       loss=loss or default_loss(name),
-                       resized=(lambda: unsharded_storages(fake_model))
-                       if layout.fsdp > 1 else None)
+    built, args, kwargs = built_model(model, args, kwargs)
+    train = mode == "train"
+    run = split_step(built, args, kwargs, layout, rank, train=train, optimizer=optimizer,
+                     optimizer_options=optimizer_options, loss=loss, checkpoint=checkpoint)
     return memory_report(run, built, mode=mode, optimizer=optimizer if train else "",
                          allocator=allocator, size=ALLOCATORS[allocator],
                          world_size=layout.world_size, rank=rank)
+
+
+def split_step(built: torch.nn.Module, args: tuple, kwargs: dict | None, layout: Layout,
+               rank: int, *, train: bool, optimizer: str, optimizer_options: dict | None, loss,
+               checkpoint: Blocks | FitPlan | None) -> StepRun:
+    """The step of rank ``rank`` of ``layout``'s mesh of ``fsdp`` and ``tp`` (a rank of those
+    dimensions) on a fake copy of ``built`` split on it (`parallelize`, ``checkpoint``'s
+    blocks wrapped between tensor parallelism and FSDP2); without either, one device's step
+    on the copy."""
+    from ..count.ranks import fake_copy
+    from ..footprint import default_loss, run_fake
+
+    name = type(built).__name__
+    dims = tuple(dim for dim in ("fsdp", "tp") if getattr(layout, dim) > 1)
+    wrap = functools.partial(wrap_plan, plan=checkpoint, name=name) \
+        if checkpoint is not None else None
+    with layout.mesh(*dims, rank=rank) if dims else contextlib.nullcontext() as mesh:
+        fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
+        if mesh is not None:
+            parallelize(fake_model, mesh, checkpoint=wrap)
+        elif wrap is not None:
+            wrap(fake_model)
+        return run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
+                        optimizer=optimizer, optimizer_options=optimizer_options,
+                        loss=loss or default_loss(name),
+                        resized=(lambda: unsharded_storages(fake_model))
+                        if layout.fsdp > 1 else None)
 
 
 def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
@@ -109,7 +132,7 @@ def _context_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | No
     from .context.memory import context_rank_memory
 
     built, args, kwargs = built_model(model, args, kwargs)
-    return context_rank_memory(built, args, kwargs, cp=layout.cp, rank=rank, **options)
+    return context_rank_memory(built, args, kwargs, layout=layout, rank=rank, **options)
 
 
 def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
@@ -139,14 +162,16 @@ def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
     modelled for."""
     check_call(layout, rank=rank, **options)
     alone = next((name for name in ("pp", "cp", "ep") if getattr(layout, name) > 1), None)
+    composed = (alone, *_COMPOSED.get(alone, ()))
     others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
-              if alone and name != alone and getattr(layout, name) > 1}
+              if alone and name not in composed and getattr(layout, name) > 1}
     if layout.dp > 1 and alone != "ep":  # expert groups sit in the dp ranks: Layout(dp=E, ep=E)
         others["dp"] = layout.dp
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
                           f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
-                          f"(Layout(pp=P)), of a context-parallel ring (Layout(cp=C)) or of expert "
+                          f"(Layout(pp=P)), of a context-parallel ring inside FSDP2 and over "
+                          f"tensor parallelism (Layout(fsdp=F, cp=C, tp=T)) or of expert "
                           f"parallelism (Layout(dp=E, ep=E)); "
                           f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
                           f"are not modelled yet.")

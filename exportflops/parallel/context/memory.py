@@ -21,42 +21,48 @@ accumulators of the backward (docs/memory.md).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ...capture.held import copied
-from ...checkpointing import Blocks, wrap_plan
+from ...checkpointing import Blocks
 from ...errors import InputError
 from ...footprint.step import Storage, StepRun
 from ...records.memory import MemoryReport
+from ..layout import Layout
+
+if TYPE_CHECKING:
+    from ...records.fit import FitPlan
 
 #: Bytes of the accumulation dtype of ring attention's backward (float32).
 _ACCUMULATED = 4
 
 
 def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *,
-                        cp: int, rank: int, mode: str, optimizer: str, allocator: str,
+                        layout: Layout, rank: int, mode: str, optimizer: str, allocator: str,
                         optimizer_options: dict | None, loss,
-                        checkpoint: Blocks | None = None) -> MemoryReport:
-    """Rank ``rank`` of a ring of ``cp``: the step on its sequence shard with the ring's K/V
-    blocks (module docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped. A
-    recomputed attention call runs the ring again, and holds its blocks again."""
-    from ...count.ranks import fake_copy
-    from ...footprint import ALLOCATORS, default_loss, run_fake
+                        checkpoint: Blocks | FitPlan | None = None) -> MemoryReport:
+    """Global rank ``rank`` of ``layout`` (rings of ``cp``, with ``fsdp`` and ``tp``): the step
+    on its sequence shard, of the model split on its `split_group` (the tensor-parallel plan,
+    FSDP2 over the fsdp x cp ranks), with the ring's K/V blocks at its own heads (module
+    docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped. A recomputed
+    attention call runs the ring again, and holds its blocks again."""
+    from ...footprint import ALLOCATORS
     from ...footprint.report import memory_report
+    from ..rank_memory import split_step
+    from .ranks import split_group
 
     name = type(model).__name__
-    args, kwargs = sequence_shard(name, args, dict(kwargs or {}), cp)
+    args, kwargs = sequence_shard(name, args, dict(kwargs or {}), layout.cp)
+    group, group_rank = split_group(layout, rank)
     train = mode == "train"
-    fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
-    if checkpoint is not None:
-        wrap_plan(fake_model, checkpoint, name=name)
-    run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                   optimizer=optimizer, optimizer_options=optimizer_options,
-                   loss=loss or default_loss(name))
-    with_ring_buffers(run, cp, name)
+    run = split_step(model, args, kwargs, group, group_rank, train=train, optimizer=optimizer,
+                     optimizer_options=optimizer_options, loss=loss, checkpoint=checkpoint)
+    with_ring_buffers(run, layout.cp, name)
     return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                         allocator=allocator, size=ALLOCATORS[allocator], world_size=cp,
-                         rank=rank)
+                         allocator=allocator, size=ALLOCATORS[allocator],
+                         world_size=layout.world_size, rank=rank)
 
 
 def sequence_shard(name: str, args: tuple, kwargs: dict, cp: int) -> tuple[tuple, dict]:
