@@ -8,7 +8,7 @@ import json
 import pytest
 
 from exportflops.cli import main
-from tests.footprint.models import MIXTRAL_PARAMS
+from tests.footprint.models import MIXTRAL_PARAMS, llama_rank_params
 
 FP32 = 4
 PARAMS = (4 * 8 + 8 + 8 * 2 + 2) * FP32  # 232 B
@@ -132,6 +132,19 @@ def test_cp_gives_the_step_of_the_rank_asked_on_its_sequence_shard(capsys):
     # tests/footprint/models.py's Llama on (2, 32) token ids: a ring of 2 runs 16 positions of
     # each row, int64 ids.
     record = _rank_record(capsys, "llama_ids", "--cp", "2")
+    assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
+
+
+def test_cp_with_tp_gives_the_step_of_a_ring_rank_on_its_tensor_parallel_shards(capsys):
+    # tests/footprint/models.py's Llama over a ring of 2 x tp 2: rank 3 holds its tp rank's
+    # shards of every parameter (cp shards none) and 16 positions of each row of int64 ids.
+    code = main(["tests.footprint.models:llama_ids", "--memory", "--cp", "2", "--tp", "2",
+                 "--rank", "3", "--format", "json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    record = json.loads(out)
+    assert (record["world_size"], record["rank"]) == (4, 3)
+    assert record["max_by_kind"]["parameters"] == llama_rank_params(2) * FP32
     assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
 
 

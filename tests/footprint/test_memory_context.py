@@ -10,7 +10,7 @@ import torch
 import exportflops
 from exportflops.errors import InputError, LayoutError
 from exportflops.parallel import Layout, memory_ranks
-from tests.footprint.models import FP32, LLAMA_PARAMS, LLAMA_TENSORS, llama
+from tests.footprint.models import FP32, LLAMA_PARAMS, LLAMA_TENSORS, gpt, llama
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch built without torch.distributed")
@@ -66,14 +66,23 @@ def test_every_ring_rank_is_reported_and_the_view_names_the_rank_with_the_highes
 
 
 @pytest.mark.parametrize("layout, error, words", [
-    (Layout(cp=2, fsdp=2), LayoutError, r"Layout\(fsdp=2, cp=2\).*fsdp with cp are not"),
-    (Layout(cp=2, tp=2), LayoutError, r"tp with cp are not modelled"),
+    (Layout(cp=2, dp=2), LayoutError, r"dp=2 cp=2: context parallelism composes with fsdp= "
+                                      r"and tp=, not with dp="),
+    (Layout(cp=2, pp=2), LayoutError, r"pp=2 cp=2: a pipeline composes with fsdp= and tp=, "
+                                      r"not with cp="),
     (Layout(cp=3), InputError, r"a sequence of 32 does not split over cp=3"),
-], ids=["cp-with-fsdp", "cp-with-tp", "sequence-not-split"])
+], ids=["cp-with-dp", "cp-with-pp", "sequence-not-split"])
 def test_what_a_ring_rank_does_not_model_is_refused_by_name(layout, error, words):
     model, args, kwargs = llama()
     with pytest.raises(error, match=words):
         memory_ranks(model, args, kwargs, layout=layout, rank=0)
+
+
+def test_a_ring_over_tp_of_a_model_without_a_plan_is_refused_with_where_a_plan_comes_from():
+    model, args, kwargs = gpt()
+    with pytest.raises(LayoutError, match=r"GPT has no tensor-parallel plan to split it 2 ways"
+                                          r".* a tp_plan attribute"):
+        memory_ranks(model, args, kwargs, layout=Layout(cp=2, tp=2), rank=0)
 
 
 def test_a_model_without_token_ids_has_no_sequence_to_split():
