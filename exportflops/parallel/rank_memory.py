@@ -43,7 +43,7 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  routing: list[int] | None = None, experts: str = "experts",
                  checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
+    ``tp``, ``pp`` pipeline ranks, or rings of ``cp`` ranks, with ``fsdp`` and ``tp`` too:
     `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
     `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
     takes them); without ``rank``, every rank's, naming the rank with the

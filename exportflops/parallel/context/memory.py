@@ -1,12 +1,16 @@
-"""The memory of one step of a context-parallel rank (``memory_ranks`` with ``Layout(cp=C)``).
+"""The memory of one step of a context-parallel rank (``memory_ranks`` with ``Layout(cp=C)``,
+inside FSDP2 and over tensor parallelism: ``Layout(fsdp=F, cp=C, tp=T)``).
 
-A rank holds every parameter (context parallelism alone shards none), their gradients and
-optimizer states, and runs its own ``seq / cp`` positions of each row: the step of
-`exportflops.memory` runs on the example's inputs cut to that shard, so the activations and
-temporaries are the shard's as the model's own code makes them. What that step lacks is the
-ring: torch's ring attention (``_templated_ring_attention`` and its backward in
-torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the default
-``rotate_method`` all-gather) holds, while one attention call runs,
+Context parallelism alone shards no parameter: a ring rank holds every parameter, or with
+``tp`` its tensor-parallel rank's shards, and with ``fsdp`` FSDP2's shards of those over the
+fsdp x cp ranks, as `analyze_ranks` splits the rank (`split_group`); their gradients and
+optimizer states. It runs its own ``seq / cp`` positions of each row: the step of
+`exportflops.memory` runs on the example's inputs cut to that shard, on a fake copy of the
+model split on the rank's group under a fake process group (`split_step`), so the activations
+and temporaries are the shard's as the model's own code makes them, at the rank's own heads.
+What that step lacks is the ring: torch's ring attention (``_templated_ring_attention`` and
+its backward in torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the
+default ``rotate_method`` all-gather) holds, while one attention call runs,
 
 1. forward: ``torch.cat`` of the call's key and value (one K/V block, the rank's own) and its
    all-gather over the ring (``cp`` blocks): ``cp + 1`` blocks;
@@ -14,7 +18,8 @@ torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the 
    around the ring (``dkv_rotater``, all-to-all): their ``torch.cat`` and the block received,
    two blocks at the accumulation dtype (float32: ``convert_to_f32`` defaults to True).
 
-Those are added as temporaries living over each attention op of the shard's step. Not counted:
+Those are added as temporaries living over each attention op of the shard's step, at the
+sizes of that op's key and value: with ``tp``, the rank's own heads. Not counted:
 the float32 copies `_SDPAMerger` keeps of the partial outputs, and the float32 gradient
 accumulators of the backward (docs/memory.md).
 """
