@@ -12,22 +12,20 @@ by the ``torch.empty`` it passes to c10d.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checkpointing import Blocks, wrap_plan
+from ..checkpointing import Blocks
 from ..errors import LayoutError
 from ..records.memory import MemoryReport, RanksMemory
 from .checks import DEFAULT_SCHEDULE, check_call
 from .layout import Layout
 from .per_rank import Builder, built_model
-from .parallelize import parallelize
+from .rank_step import split_step
 
 if TYPE_CHECKING:
-    from ..footprint.step import StepRun
     from ..records.fit import FitPlan
 
 #: The splits each family's step composes with: a ring's ranks are split by tp and fsdp as
@@ -93,33 +91,6 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
                          world_size=layout.world_size, rank=rank)
 
 
-def split_step(built: torch.nn.Module, args: tuple, kwargs: dict | None, layout: Layout,
-               rank: int, *, train: bool, optimizer: str, optimizer_options: dict | None, loss,
-               checkpoint: Blocks | FitPlan | None) -> StepRun:
-    """The step of rank ``rank`` of ``layout``'s mesh of ``fsdp`` and ``tp`` (a rank of those
-    dimensions) on a fake copy of ``built`` split on it (`parallelize`, ``checkpoint``'s
-    blocks wrapped between tensor parallelism and FSDP2); without either, one device's step
-    on the copy."""
-    from ..count.ranks import fake_copy
-    from ..footprint import default_loss, run_fake
-
-    name = type(built).__name__
-    dims = tuple(dim for dim in ("fsdp", "tp") if getattr(layout, dim) > 1)
-    wrap = functools.partial(wrap_plan, plan=checkpoint, name=name) \
-        if checkpoint is not None else None
-    with layout.mesh(*dims, rank=rank) if dims else contextlib.nullcontext() as mesh:
-        fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
-        if mesh is not None:
-            parallelize(fake_model, mesh, checkpoint=wrap)
-        elif wrap is not None:
-            wrap(fake_model)
-        return run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                        optimizer=optimizer, optimizer_options=optimizer_options,
-                        loss=loss or default_loss(name),
-                        resized=(lambda: unsharded_storages(fake_model))
-                        if layout.fsdp > 1 else None)
-
-
 def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
                    layout: Layout, rank: int, **options) -> MemoryReport:
     from .pipeline.stage_memory import pipeline_memory
@@ -142,19 +113,6 @@ def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | Non
     built, args, kwargs = built_model(model, args, kwargs)
     return expert_rank_memory(built, args, kwargs, ep=layout.ep, rank=rank,
                               world_size=layout.world_size, **options)
-
-
-def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The tensors on FSDP2's all-gather outputs of ``model`` (each parameter's unsharded
-    storage, which FSDP2 allocates and frees by resizing it in place: ``alloc_storage`` and
-    ``free_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py); none without
-    FSDP2."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from ..torch_internals import fsdp_all_gather_outputs
-
-    return [tensor for module in model.modules() if isinstance(module, FSDPModule)
-            for tensor in fsdp_all_gather_outputs(module)]
 
 
 def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:

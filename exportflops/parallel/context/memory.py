@@ -55,7 +55,7 @@ def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None
     attention call runs the ring again, and holds its blocks again."""
     from ...footprint import ALLOCATORS
     from ...footprint.report import memory_report
-    from ..rank_memory import split_step
+    from ..rank_step import split_step
     from .ranks import split_group
 
     name = type(model).__name__
