@@ -17,16 +17,20 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checkpointing import Blocks, wrap_plan
+from ..checkpointing import Blocks
 from ..errors import LayoutError
 from ..records.memory import MemoryReport, RanksMemory
 from .checks import DEFAULT_SCHEDULE, check_call
 from .layout import Layout
 from .per_rank import Builder, built_model
-from .parallelize import parallelize
+from .rank_step import split_step
 
 if TYPE_CHECKING:
     from ..records.fit import FitPlan
+
+#: The splits each family's step composes with: a ring's ranks are split by tp and fsdp as
+#: `analyze_ranks` splits them (`exportflops.parallel.context.memory`).
+_COMPOSED = {"cp": ("fsdp", "tp")}
 
 
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
@@ -37,7 +41,7 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  routing: list[int] | None = None, experts: str = "experts",
                  checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
+    ``tp``, ``pp`` pipeline ranks, or rings of ``cp`` ranks, with ``fsdp`` and ``tp`` too:
     `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
     `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
     takes them); without ``rank``, every rank's, naming the rank with the
@@ -75,23 +79,13 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
           rank: int, *, mode: str, optimizer: str, allocator: str,
           optimizer_options: dict | None, loss, checkpoint: Blocks | FitPlan | None
           ) -> MemoryReport:
-    from ..count.ranks import fake_copy
-    from ..footprint import ALLOCATORS, default_loss, run_fake
+    from ..footprint import ALLOCATORS
     from ..footprint.report import memory_report
 
-    dims = tuple(name for name in ("fsdp", "tp") if getattr(layout, name) > 1)
-    with layout.mesh(*dims, rank=rank) as mesh:
-        built, args, kwargs = built_model(model, args, kwargs)
-        name = type(built).__name__
-        fake_model, fake_args, fake_kwargs = fake_copy(built, args, dict(kwargs or {}))
-        parallelize(fake_model, mesh, checkpoint=functools.partial(
-            wrap_plan, plan=checkpoint, name=name) if checkpoint is not None else None)
-        train = mode == "train"
-        run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                       optimizer=optimizer, optimizer_options=optimizer_options,
-                       loss=loss or default_loss(name),
-                       resized=(lambda: unsharded_storages(fake_model))
-                       if layout.fsdp > 1 else None)
+    built, args, kwargs = built_model(model, args, kwargs)
+    train = mode == "train"
+    run = split_step(built, args, kwargs, layout, rank, train=train, optimizer=optimizer,
+                     optimizer_options=optimizer_options, loss=loss, checkpoint=checkpoint)
     return memory_report(run, built, mode=mode, optimizer=optimizer if train else "",
                          allocator=allocator, size=ALLOCATORS[allocator],
                          world_size=layout.world_size, rank=rank)
@@ -109,7 +103,7 @@ def _context_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | No
     from .context.memory import context_rank_memory
 
     built, args, kwargs = built_model(model, args, kwargs)
-    return context_rank_memory(built, args, kwargs, cp=layout.cp, rank=rank, **options)
+    return context_rank_memory(built, args, kwargs, layout=layout, rank=rank, **options)
 
 
 def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
@@ -121,32 +115,21 @@ def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | Non
                               world_size=layout.world_size, **options)
 
 
-def unsharded_storages(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The tensors on FSDP2's all-gather outputs of ``model`` (each parameter's unsharded
-    storage, which FSDP2 allocates and frees by resizing it in place: ``alloc_storage`` and
-    ``free_storage`` in torch/distributed/fsdp/_fully_shard/_fsdp_param.py); none without
-    FSDP2."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from ..torch_internals import fsdp_all_gather_outputs
-
-    return [tensor for module in model.modules() if isinstance(module, FSDPModule)
-            for tensor in fsdp_all_gather_outputs(module)]
-
-
 def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
     """The checks of every per-rank analysis (`check_call`), then the splits a step's memory is
     modelled for."""
     check_call(layout, rank=rank, **options)
     alone = next((name for name in ("pp", "cp", "ep") if getattr(layout, name) > 1), None)
+    composed = (alone, *_COMPOSED.get(alone, ()))
     others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
-              if alone and name != alone and getattr(layout, name) > 1}
+              if alone and name not in composed and getattr(layout, name) > 1}
     if layout.dp > 1 and alone != "ep":  # expert groups sit in the dp ranks: Layout(dp=E, ep=E)
         others["dp"] = layout.dp
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
                           f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
-                          f"(Layout(pp=P)), of a context-parallel ring (Layout(cp=C)) or of expert "
+                          f"(Layout(pp=P)), of a context-parallel ring inside FSDP2 and over "
+                          f"tensor parallelism (Layout(fsdp=F, cp=C, tp=T)) or of expert "
                           f"parallelism (Layout(dp=E, ep=E)); "
                           f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
                           f"are not modelled yet.")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from exportflops.cli import main
-from tests.footprint.models import MIXTRAL_PARAMS
+from tests.footprint.models import MIXTRAL_PARAMS, llama_rank_params
 
 FP32 = 4
 PARAMS = (4 * 8 + 8 + 8 * 2 + 2) * FP32  # 232 B
@@ -108,14 +108,15 @@ def test_pp_gives_the_step_of_the_stage_asked_with_its_microbatches_in_flight(ca
     assert record["max_by_kind"]["activations"] == 4 * (2 + 16 + 64) * tokens * FP32
 
 
-def _rank_record(capsys, factory: str, *flags: str) -> dict:
-    """The JSON record of rank 1 of MODEL ``factory`` split by ``flags``."""
-    code = main([f"tests.footprint.models:{factory}", "--memory", *flags, "--rank", "1",
+def _rank_record(capsys, factory: str, *flags: str, world: int = 2, rank: int = 1) -> dict:
+    """The JSON record of rank ``rank`` of MODEL ``factory`` split by ``flags`` over ``world``
+    ranks."""
+    code = main([f"tests.footprint.models:{factory}", "--memory", *flags, "--rank", str(rank),
                  "--format", "json"])
     out, err = capsys.readouterr()
     assert code == 0, err
     record = json.loads(out)
-    assert (record["world_size"], record["rank"]) == (2, 1)
+    assert (record["world_size"], record["rank"]) == (world, rank)
     return record
 
 
@@ -132,6 +133,14 @@ def test_cp_gives_the_step_of_the_rank_asked_on_its_sequence_shard(capsys):
     # tests/footprint/models.py's Llama on (2, 32) token ids: a ring of 2 runs 16 positions of
     # each row, int64 ids.
     record = _rank_record(capsys, "llama_ids", "--cp", "2")
+    assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
+
+
+def test_cp_with_tp_gives_the_step_of_a_ring_rank_on_its_tensor_parallel_shards(capsys):
+    # tests/footprint/models.py's Llama over a ring of 2 x tp 2: rank 3 holds its tp rank's
+    # shards of every parameter (cp shards none) and 16 positions of each row of int64 ids.
+    record = _rank_record(capsys, "llama_ids", "--cp", "2", "--tp", "2", world=4, rank=3)
+    assert record["max_by_kind"]["parameters"] == llama_rank_params(2) * FP32
     assert record["max_by_kind"]["inputs"] == 2 * 16 * 8
 
 

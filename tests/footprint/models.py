@@ -74,6 +74,27 @@ def llama() -> tuple[nn.Module, tuple, dict]:
     return LlamaForCausalLM(config), (), {"input_ids": ids, "labels": ids}
 
 
+def llama_root_params(tp: int) -> int:
+    """The Llama's parameters outside its layers on one tensor-parallel rank of ``tp``:
+    transformers 5 shards the input embedding on the vocabulary (``embedding_rowwise``,
+    transformers/distributed/mixin.py) and the head by its outputs (``colwise_gather_output``),
+    the final norm whole."""
+    return _V // tp * _H + _H + _V // tp * _H
+
+
+def llama_layer_params(tp: int) -> int:
+    """One Llama layer's parameters on one tensor-parallel rank of ``tp``, by the config's
+    ``base_model_tp_plan``: q, k, v, gate and up split by their output rows (colwise), o and
+    down by their input columns (rowwise), the two norms whole."""
+    return (_H // tp * _H + 2 * (_KV // tp) * _H + _H * (_H // tp)
+            + 2 * (_I // tp) * _H + _H * (_I // tp) + 2 * _H)
+
+
+def llama_rank_params(tp: int) -> int:
+    """The Llama's parameters on one tensor-parallel rank of ``tp``."""
+    return llama_root_params(tp) + 4 * llama_layer_params(tp)
+
+
 # A 2-layer Mixtral (transformers), the Llama's attention, 4 experts of MLP 128, top-2 routing;
 # transformers' default grouped_mm experts (their weights fused: gate_up_proj, down_proj).
 _E = 4

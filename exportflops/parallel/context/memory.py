@@ -1,12 +1,16 @@
-"""The memory of one step of a context-parallel rank (``memory_ranks`` with ``Layout(cp=C)``).
+"""The memory of one step of a context-parallel rank (``memory_ranks`` with ``Layout(cp=C)``,
+inside FSDP2 and over tensor parallelism: ``Layout(fsdp=F, cp=C, tp=T)``).
 
-A rank holds every parameter (context parallelism alone shards none), their gradients and
-optimizer states, and runs its own ``seq / cp`` positions of each row: the step of
-`exportflops.memory` runs on the example's inputs cut to that shard, so the activations and
-temporaries are the shard's as the model's own code makes them. What that step lacks is the
-ring: torch's ring attention (``_templated_ring_attention`` and its backward in
-torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the default
-``rotate_method`` all-gather) holds, while one attention call runs,
+Context parallelism alone shards no parameter: a ring rank holds every parameter, or with
+``tp`` its tensor-parallel rank's shards, and with ``fsdp`` FSDP2's shards of those over the
+fsdp x cp ranks, as `analyze_ranks` splits the rank (`split_group`); their gradients and
+optimizer states. It runs its own ``seq / cp`` positions of each row: the step of
+`exportflops.memory` runs on the example's inputs cut to that shard, on a fake copy of the
+model split on the rank's group under a fake process group (`split_step`), so the activations
+and temporaries are the shard's as the model's own code makes them, at the rank's own heads.
+What that step lacks is the ring: torch's ring attention (``_templated_ring_attention`` and
+its backward in torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the
+default ``rotate_method`` all-gather) holds, while one attention call runs,
 
 1. forward: ``torch.cat`` of the call's key and value (one K/V block, the rank's own) and its
    all-gather over the ring (``cp`` blocks): ``cp + 1`` blocks;
@@ -14,49 +18,56 @@ torch/distributed/tensor/experimental/_context_parallel/_attention.py, with the 
    around the ring (``dkv_rotater``, all-to-all): their ``torch.cat`` and the block received,
    two blocks at the accumulation dtype (float32: ``convert_to_f32`` defaults to True).
 
-Those are added as temporaries living over each attention op of the shard's step. Not counted:
+Those are added as temporaries living over each attention op of the shard's step, at the
+sizes of that op's key and value: with ``tp``, the rank's own heads. Not counted:
 the float32 copies `_SDPAMerger` keeps of the partial outputs, and the float32 gradient
 accumulators of the backward (docs/memory.md).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ...capture.held import copied
-from ...checkpointing import Blocks, wrap_plan
+from ...checkpointing import Blocks
 from ...errors import InputError
 from ...footprint.step import Storage, StepRun
 from ...records.memory import MemoryReport
+from ..layout import Layout
+
+if TYPE_CHECKING:
+    from ...records.fit import FitPlan
 
 #: Bytes of the accumulation dtype of ring attention's backward (float32).
 _ACCUMULATED = 4
 
 
 def context_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *,
-                        cp: int, rank: int, mode: str, optimizer: str, allocator: str,
+                        layout: Layout, rank: int, mode: str, optimizer: str, allocator: str,
                         optimizer_options: dict | None, loss,
-                        checkpoint: Blocks | None = None) -> MemoryReport:
-    """Rank ``rank`` of a ring of ``cp``: the step on its sequence shard with the ring's K/V
-    blocks (module docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped. A
-    recomputed attention call runs the ring again, and holds its blocks again."""
-    from ...count.ranks import fake_copy
-    from ...footprint import ALLOCATORS, default_loss, run_fake
+                        checkpoint: Blocks | FitPlan | None = None) -> MemoryReport:
+    """Global rank ``rank`` of ``layout`` (rings of ``cp``, with ``fsdp`` and ``tp``): the step
+    on its sequence shard, of the model split on its `split_group` (the tensor-parallel plan,
+    FSDP2 over the fsdp x cp ranks), with the ring's K/V blocks at its own heads (module
+    docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped. A recomputed
+    attention call runs the ring again, and holds its blocks again."""
+    from ...footprint import ALLOCATORS
     from ...footprint.report import memory_report
+    from ..rank_step import split_step
+    from .ranks import split_group
 
     name = type(model).__name__
-    args, kwargs = sequence_shard(name, args, dict(kwargs or {}), cp)
+    args, kwargs = sequence_shard(name, args, dict(kwargs or {}), layout.cp)
+    group, group_rank = split_group(layout, rank)
     train = mode == "train"
-    fake_model, fake_args, fake_kwargs = fake_copy(model, args, kwargs)
-    if checkpoint is not None:
-        wrap_plan(fake_model, checkpoint, name=name)
-    run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                   optimizer=optimizer, optimizer_options=optimizer_options,
-                   loss=loss or default_loss(name))
-    with_ring_buffers(run, cp, name)
+    run = split_step(model, args, kwargs, group, group_rank, train=train, optimizer=optimizer,
+                     optimizer_options=optimizer_options, loss=loss, checkpoint=checkpoint)
+    with_ring_buffers(run, layout.cp, name)
     return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                         allocator=allocator, size=ALLOCATORS[allocator], world_size=cp,
-                         rank=rank)
+                         allocator=allocator, size=ALLOCATORS[allocator],
+                         world_size=layout.world_size, rank=rank)
 
 
 def sequence_shard(name: str, args: tuple, kwargs: dict, cp: int) -> tuple[tuple, dict]:

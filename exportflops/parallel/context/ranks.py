@@ -69,17 +69,23 @@ def context_rank_report(record: ContextParallelReport, fpb: FlopsPerBatch,
         world_size=record.world_size(), rank=rank, collectives=record.collectives(rank)))
 
 
+def split_group(layout: Layout, rank: int) -> tuple[Layout, int]:
+    """(the layout of the ranks global ``rank`` splits the model with, its rank there): with
+    ``fsdp``, the mesh (fsdp x cp, tp), FSDP2 sharding over the fsdp x cp ranks as torchtitan's
+    does (``dp_shard_cp``), where the global rank is the rank (tp innermost on both); else its
+    tp group alone (``Layout(tp=1)`` for a ring alone: one device's model)."""
+    if layout.fsdp > 1:
+        return Layout(fsdp=layout.fsdp * layout.cp, tp=layout.tp), rank
+    return Layout(tp=layout.tp), rank % layout.tp
+
+
 def _tensor_parallel_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
                           layout: Layout, rank: int, fpb: FlopsPerBatch, mode: str,
                           options: dict, length: int) -> Report:
-    """``rank``'s tensor-parallel rank on ``length`` positions of each row: alone on its tp
-    group, or on the mesh (fsdp x cp, tp), FSDP2 sharding over the fsdp x cp ranks as
-    torchtitan's does (FSDP2 changes no FLOPs, and its trace is the quicker capture). On fake
+    """``rank``'s tensor-parallel rank on ``length`` positions of each row, on its
+    `split_group` (FSDP2 changes no FLOPs, and its trace is the quicker capture). On fake
     cpu tensors, where each attention call stays one kernel call, whose key and value the ring
     sends."""
-    if layout.fsdp > 1:
-        group, group_rank = Layout(fsdp=layout.fsdp * layout.cp, tp=layout.tp), rank
-    else:
-        group, group_rank = Layout(tp=layout.tp), rank % layout.tp
+    group, group_rank = split_group(layout, rank)
     return rank_of(model, args, kwargs, group, rank=group_rank, fake=True, mode=mode,
                    inputs=partial(fpb.resized, **{fpb.seq: length}), **options)[1]
