@@ -6,6 +6,7 @@ arguments are named by the op's schema, and symbolic sizes pass through as sympy
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import operator
@@ -104,7 +105,10 @@ def read_graph(graph: torch.fx.Graph, signature=None) -> GraphRead:
     renames = _symbol_names(env) if env is not None else {}
     read: dict[torch.fx.Node, Any] = {}  # each node's value, read once for all its consumers
     kinds = tensor_kinds(graph, signature)
-    nodes = list(_calls(graph, renames, read, kinds, _Scope(), _function_forwards()))
+    # The Functions' lines are read only for a graph whose nodes keep their tracebacks (train
+    # mode's export): a forward-only export keeps none (`capture.export.capture`).
+    forwards = functools.cache(_function_forwards)
+    nodes = list(_calls(graph, renames, read, kinds, _Scope(), forwards))
     return GraphRead(nodes, _symbols(env, renames) if env is not None else [],
                      renames, kinds, env)
 
@@ -122,7 +126,7 @@ class _Scope:
 
 
 def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope: _Scope,
-           forwards: dict[tuple[str, int], str]) -> Iterator[NodeCall]:
+           forwards: Callable[[], dict[tuple[str, int], str]]) -> Iterator[NodeCall]:
     vmap = VmapLevels(lambda size: _size(size, renames))
     for node in graph.nodes:
         if node.op != "call_function":
@@ -156,12 +160,13 @@ def _calls(graph: torch.fx.Graph, renames: dict, read: dict, kinds: dict, scope:
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in forward\b')
 
 
-def _autograd_function(stack_trace: str | None, forwards: dict[tuple[str, int], str]) -> str:
+def _autograd_function(stack_trace: str | None,
+                       forwards: Callable[[], dict[tuple[str, int], str]]) -> str:
     """The custom autograd.Function whose forward ran this op, from the frames export keeps
     (those named ``forward``: the modules' and the Functions'). Export records no other trace of
     the Function, strict or not. The outermost one counts: autograd records nothing inside it."""
     for frame in _FRAME.finditer(stack_trace or ""):
-        name = forwards.get((frame["file"], int(frame["line"])))
+        name = forwards().get((frame["file"], int(frame["line"])))
         if name:
             return name
     return ""
