@@ -67,8 +67,10 @@ def test_an_expert_rank_inside_fsdp2_holds_its_shards_and_the_units_in_flight():
     sharded = (dense // fsdp + experts) * FP32
     assert sharded == (58176 // 2 + 98304) * 4 == 509568
     # 2. in flight at once: the root's all-gathered parameters (embedding, head, final norm:
-    #    FSDP2 keeps the root unsharded after its forward), one block's, and its experts' (an
-    #    all-gather output even over one rank).
+    #    FSDP2 keeps the root unsharded after its forward), one block's, and its experts': over
+    #    one rank FSDP2 gathers nothing but still copies the shard into the all-gather output
+    #    it allocates (FSDPParamGroup.wait_for_unshard, world_size == 1,
+    #    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py).
     in_flight = (VOCABULARY + H + ATTENTION + REPLICATED + EXPERTS_LAYER // ep) * FP32
     # 3. each gradient is reduce-scattered into its shard's; AdamW's states are the shards'.
     assert (report.max_by_kind.parameters, report.max_by_kind.gradients,
@@ -133,6 +135,21 @@ def test_replicas_of_a_tensor_parallel_group_run_its_step():
     replica = _rank(Layout(dp=2, tp=2, ep=2), rank=2)
     assert (replica.world_size, replica.rank) == (4, 2)
     assert replica.peak_bytes == _rank(Layout(tp=2, ep=2), rank=0).peak_bytes
+
+
+def test_a_checkpointed_block_of_a_rank_inside_fsdp2_over_tp_runs_its_all_to_alls_again():
+    from exportflops.checkpointing import Blocks
+
+    layout, both = Layout(fsdp=2, tp=2, ep=2), Blocks(checkpointed=["model.layers.0",
+                                                                    "model.layers.1"])
+    plain, wrapped = _rank(layout), _rank(layout, checkpoint=both)
+    # Per MoE layer: the dispatch and the combine forward, their two gradients backward, and
+    # with the block checkpointed (wrapped after the tp plan, before FSDP2) its forward again.
+    all_to_alls = [sum(point.op == "_c10d_functional.all_to_all_single.default"
+                       for point in report.timeline) for report in (plain, wrapped)]
+    assert all_to_alls == [LAYERS * (2 + 2), LAYERS * (2 + 2 + 2)]
+    assert wrapped.max_by_kind.parameters == plain.max_by_kind.parameters
+    assert wrapped.max_by_kind.activations < plain.max_by_kind.activations
 
 
 def _odd_batch():
