@@ -94,6 +94,9 @@ _feature("get_proxy_mode", "torch.fx.experimental.proxy_tensor:get_proxy_mode",
          "the fast path's stubs without an op (one op per stub without it)")
 _feature("fake_store", "torch.testing._internal.distributed.fake_pg:FakeStore",
          "fake_process_group (per-rank analyses in one process)")
+_feature("clear_sharding_prop_cache",
+         "torch.distributed.tensor.debug:_clear_sharding_prop_cache",
+         "fake_process_group (per-rank analyses in one process)")
 _feature("dynamo_graph_capture_for_export",
          "torch._dynamo.functional_export:dynamo_graph_capture_for_export",
          "per-rank capture of a tensor-parallel (DTensor) model")

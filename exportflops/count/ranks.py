@@ -54,6 +54,10 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
+            # DTensor caches each op's output specs by its inputs' specs, whose meshes compare
+            # equal by shape and names, not groups (DeviceMesh.__eq__): a later rank in another
+            # tp group would be handed this rank's meshes, whose groups are destroyed here.
+            require("clear_sharding_prop_cache")()
     finally:
         sys.excepthook = excepthook
 

@@ -28,9 +28,10 @@ from .rank_step import split_step
 if TYPE_CHECKING:
     from ..records.fit import FitPlan
 
-#: The splits each family's step composes with: a ring's ranks are split by tp and fsdp as
-#: `analyze_ranks` splits them (`exportflops.parallel.context.memory`).
-_COMPOSED = {"cp": ("fsdp", "tp")}
+#: The splits each family's step composes with: a ring's ranks, and an expert group's, are split
+#: by tp and fsdp as `analyze_ranks` splits them (`exportflops.parallel.context.memory`,
+#: `exportflops.parallel.experts.memory`).
+_COMPOSED = {"cp": ("fsdp", "tp"), "ep": ("fsdp", "tp")}
 
 
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
@@ -42,7 +43,8 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
     ``tp``, ``pp`` pipeline ranks, or rings of ``cp`` ranks, with ``fsdp`` and ``tp`` too:
-    `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
+    `exportflops.parallel.context.memory`, or expert-parallel ranks, alone, over tp or inside
+    fsdp (``Layout(dp=E, ep=E)``, ``Layout(fsdp=F, tp=T, ep=E)``):
     `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
     takes them); without ``rank``, every rank's, naming the rank with the
     highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
@@ -111,8 +113,7 @@ def _expert_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | Non
     from .experts.memory import expert_rank_memory
 
     built, args, kwargs = built_model(model, args, kwargs)
-    return expert_rank_memory(built, args, kwargs, ep=layout.ep, rank=rank,
-                              world_size=layout.world_size, **options)
+    return expert_rank_memory(built, args, kwargs, layout=layout, rank=rank, **options)
 
 
 def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
@@ -123,13 +124,15 @@ def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
     composed = (alone, *_COMPOSED.get(alone, ()))
     others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
               if alone and name not in composed and getattr(layout, name) > 1}
-    if layout.dp > 1 and alone != "ep":  # expert groups sit in the dp ranks: Layout(dp=E, ep=E)
+    # expert groups sit in the dp ranks (Layout(dp=E, ep=E)), or beside the tp groups' replicas
+    if layout.dp > 1 and (alone != "ep" or layout.fsdp > 1):
         others["dp"] = layout.dp
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
                           f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
                           f"(Layout(pp=P)), of a context-parallel ring inside FSDP2 and over "
                           f"tensor parallelism (Layout(fsdp=F, cp=C, tp=T)) or of expert "
-                          f"parallelism (Layout(dp=E, ep=E)); "
+                          f"parallelism alone, over tp or inside FSDP2 (Layout(dp=E, ep=E), "
+                          f"Layout(tp=T, ep=T), Layout(fsdp=F, tp=T, ep=E)); "
                           f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
                           f"are not modelled yet.")

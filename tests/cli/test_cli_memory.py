@@ -129,6 +129,15 @@ def test_ep_gives_the_step_of_the_rank_asked_with_its_experts_only(capsys):
     assert record["max_by_kind"]["parameters"] == (MIXTRAL_PARAMS - dropped) * FP32
 
 
+def test_ep_over_tp_gives_the_step_of_the_rank_asked_with_its_experts_and_tp_shards(capsys):
+    # The same Mixtral over ep 2 laid on tp 2: its experts as above, and transformers' plan
+    # halves attention (q, k + v, o: 64 x 64 + 2 x 32 x 64 + 64 x 64 a layer) and the embedding
+    # and head (256 x 64 each) on their vocabulary.
+    record = _rank_record(capsys, "mixtral_ids", "--ep", "2", "--tp", "2", "--mode", "train")
+    dropped = 2 * 2 * 3 * 128 * 64 + 2 * 12288 // 2 + 2 * 256 * 64 // 2
+    assert record["max_by_kind"]["parameters"] == (MIXTRAL_PARAMS - dropped) * FP32
+
+
 def test_cp_gives_the_step_of_the_rank_asked_on_its_sequence_shard(capsys):
     # tests/footprint/models.py's Llama on (2, 32) token ids: a ring of 2 runs 16 positions of
     # each row, int64 ids.

@@ -55,12 +55,12 @@ def test_the_view_names_the_rank_its_routing_sends_the_most_tokens(view):
 
 
 @pytest.mark.parametrize("layout, options, error, words", [
-    (Layout(dp=2, ep=2, tp=2), {}, LayoutError, r"tp with ep are not modelled"),
-    (Layout(fsdp=2, ep=2), {}, LayoutError, r"Layout\(fsdp=2, ep=2\).*fsdp with ep are not"),
+    (Layout(dp=2, fsdp=2, ep=2), {}, LayoutError,
+     r"Layout\(dp=2, fsdp=2, ep=2\).*dp with ep are not modelled"),
     (Layout(dp=3, ep=3), {}, InputError, r"4 experts per layer, which 3 ranks cannot hold"),
     (Layout(dp=2, ep=2), {"routing": [1, 2, 3]}, InputError,
      r"routing must give 4 counts >= 0 .* summing to 256"),
-], ids=["ep-with-tp", "ep-with-fsdp", "ep-not-dividing-experts", "routing-of-wrong-length"])
+], ids=["ep-with-fsdp-replicas", "ep-not-dividing-experts", "routing-of-wrong-length"])
 def test_what_an_expert_rank_does_not_model_is_refused_by_name(layout, options, error, words):
     model, args, kwargs = mixtral()
     with pytest.raises(error, match=words):

@@ -14,6 +14,7 @@ import torch
 from exportflops.errors import LayoutError
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.records import RanksMemory
+from tests.footprint.models import llama
 from tests.footprint.rank_models import MODELS, WIDE_BATCH, WIDE_FFN, WIDE_HIDDEN, WIDE_SEQ
 from tests.parallel_models import FFN, HIDDEN
 from tests.torchrun import torchrun
@@ -73,6 +74,16 @@ def test_every_rank_is_reported_and_the_view_names_the_rank_with_the_highest_pea
     highest = max(view.ranks, key=lambda report: report.peak_bytes)
     assert (view.peak_rank, view.peak_bytes) == (highest.rank, highest.peak_bytes)
     assert RanksMemory.model_validate_json(view.model_dump_json()) == view
+
+
+def test_ranks_of_different_tensor_parallel_groups_each_run_their_own_step():
+    # Layout(fsdp=2, tp=2) of a Llama split by transformers' plan: ranks 2 and 3 form the
+    # second tp group; every rank holds the same shapes (its tp rank's shards halved by
+    # FSDP2), so every rank peaks alike.
+    model, args, kwargs = llama()
+    view = memory_ranks(model, args, kwargs, layout=Layout(fsdp=2, tp=2))
+    assert [report.rank for report in view.ranks] == [0, 1, 2, 3]
+    assert len({report.peak_bytes for report in view.ranks}) == 1
 
 
 def test_a_layout_it_does_not_model_is_refused_by_name():

@@ -73,8 +73,8 @@ def fsdp_collectives(model: torch.nn.Module, args: tuple = (), kwargs: dict | No
 
     def shard_experts(fake: torch.nn.Module) -> None:
         sparse = layout.device_mesh("efsdp", "ep")
-        _shard_experts(fake, sparse["efsdp"], experts=experts,
-                       experts_dim=1 if world > num_experts else 0)
+        fully_shard_experts(fake, sparse["efsdp"], experts=experts,
+                            experts_dim=experts_dim(world, num_experts))
 
     return traced_fsdp_collectives(
         model, args, kwargs, world=world, mode=mode, local_shape=local_shape,
@@ -102,7 +102,14 @@ def _local_experts(model: torch.nn.Module, *, experts: str, ep: int,
     return {id(p) for p in stacked}
 
 
-def _shard_experts(model: torch.nn.Module, efsdp, *, experts: str, experts_dim: int) -> None:
+def experts_dim(world: int, num_experts: int) -> int:
+    """The dim FSDP2 shards the rank's experts on: 1 where the ``efsdp x ep`` ranks (``world``,
+    the ranks of a data-parallel place) outnumber the experts, else 0 (module docstring)."""
+    return 1 if world > num_experts else 0
+
+
+def fully_shard_experts(model: torch.nn.Module, efsdp, *, experts: str,
+                        experts_dim: int) -> None:
     """Each outermost experts module on ``efsdp`` (dim ``experts_dim``): torchtitan's inner
     units, sharded before the blocks and the root."""
     from torch.distributed.fsdp import fully_shard

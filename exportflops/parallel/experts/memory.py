@@ -1,27 +1,44 @@
-"""The memory of one step of an expert-parallel rank (``memory_ranks`` with
-``Layout(dp=E, ep=E)``), as `exportflops.parallel.experts.analysis` models the rank: its own
-batch, each MoE layer's experts sharded over the ``ep`` ranks on dim 0 (torchtitan's
-``ExpertParallel``), token copies dispatched to the rank holding their expert and combined back
-by all-to-alls.
+"""The memory of one step of an expert-parallel rank (``memory_ranks`` with ``ep``), as
+`exportflops.parallel.experts` counts the rank: alone (``Layout(dp=E, ep=E)``: its own batch),
+over the tensor-parallel ranks (``Layout(tp=T, ep=T)``, replicated ``dp`` times), inside FSDP2
+(``Layout(fsdp=F, ep=E)``) or both (``Layout(fsdp=F, tp=T, ep=E)``). Each MoE layer's experts
+are sharded over the ``ep`` ranks on dim 0 (torchtitan's ``ExpertParallel``), token copies
+dispatched to the rank holding their expert and combined back by all-to-alls.
 
 The step of `exportflops.memory` runs on a rank-shaped fake copy, under a fake process group of
-``ep`` ranks: each experts module is replaced by `ExpertShard`, which holds the rank's
-``E / ep`` experts (the module's parameters cut on dim 0; its other parameters, gradients and
-optimizer states are the rank's only) and, in the forward,
+the layout's ranks (`Layout.mesh`; the expert groups from its sparse mesh ``(efsdp, ep)``, ep
+innermost), split in torchtitan's order (``parallelize_llama``: expert parallelism with the
+tensor-parallel plan, activation checkpointing, then FSDP2):
 
-1. copies each of the batch's tokens ``top_k`` times and sends them out (the dispatch's
-   ``all_to_all_single_autograd``, torch/distributed/_functional_collectives.py), receiving the
-   copies routed to its experts (``routing=``, balanced by default: `_histogram`);
-2. runs its experts on those copies (the experts module's own forward, every copy sent to one
-   local expert);
-3. sends the outputs back (the combine's all-to-all) and sums each token's ``top_k`` outputs by
-   its routing weights.
+- each experts module is replaced by `ExpertShard`, which holds the rank's ``E / ep`` experts
+  (the module's parameters cut on dim 0) and, in the forward,
 
-The backward runs the two all-to-alls in reverse as autograd makes them. Collectives move no
-data under the fake process group; each allocates its output as on a real rank.
+  1. copies each token it routes ``top_k`` times and sends them out (the dispatch's
+     ``all_to_all_single_autograd``, torch/distributed/_functional_collectives.py) over its
+     expert group, receiving the copies routed to its experts (``routing=``, balanced by
+     default: `_histogram`);
+  2. runs its experts on those copies (the experts module's own forward, every copy sent to one
+     local expert);
+  3. sends the outputs back (the combine's all-to-all) and sums each token's ``top_k`` outputs
+     by its routing weights;
+
+  the backward runs the two all-to-alls in reverse as autograd makes them;
+- with ``tp``, the model's own plan without its entries for the experts, each MoE layer
+  routing the rank's ``1 / tp`` share of the tokens (`exportflops.parallel.token_shares`);
+- with ``fsdp``, FSDP2 as `exportflops.parallel.experts.fsdp` lays it out: each `ExpertShard`
+  over the ``efsdp = fsdp x tp / ep`` ranks holding the same experts (dim 1 where
+  ``efsdp x ep`` outnumbers the experts), then the blocks and the root over ``fsdp``.
+
+Collectives move no data under the fake process group; each allocates its output as on a real
+rank. Replicated ranks (``dp`` beside ``tp``) run the same step; the gradient sums over the
+ranks holding the same parameters (data parallelism's all-reduce) are not run, nor their buffers
+counted.
 """
 
 from __future__ import annotations
+
+import functools
+import warnings
 
 import torch
 
@@ -29,75 +46,107 @@ from ...checkpointing import Blocks, wrap_plan
 from ...errors import InputError
 from ...records.memory import MemoryReport
 from ...torch_internals import require
+from ..layout import Layout
+from ..parallelize import fully_shard_blocks, parallelize
+from ..rank_step import unsharded_storages
 from .analysis import _histogram, moe_sizes
+from .fsdp import experts_dim, fully_shard_experts
 
 
 class ExpertShard(torch.nn.Module):
     """One rank's experts of an MoE layer with its dispatch and combine (module docstring);
     ``experts`` takes transformers 5's ``(hidden_states, top_k_index, top_k_weights)``."""
 
-    def __init__(self, experts: torch.nn.Module, *, received: int, ep: int) -> None:
+    def __init__(self, experts: torch.nn.Module, *, received: int, group) -> None:
         super().__init__()
         self.experts = experts
         self.received = received
-        self.ep = ep
+        self.group = group
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        all_to_all_single_autograd = require("all_to_all_single_autograd")
+        all_to_all = require("all_to_all_single_autograd")
         tokens, top_k = top_k_index.shape
         copies = hidden_states.repeat_interleave(top_k, dim=0)  # (tokens x top_k, hidden)
-        sent, received = _splits(tokens * top_k, self.ep), _splits(self.received, self.ep)
-        group = torch.distributed.group.WORLD
-        mine = all_to_all_single_autograd(copies, received, sent, group)  # (received, hidden)
+        ep = torch.distributed.get_world_size(self.group)
+        sent, received = _splits(tokens * top_k, ep), _splits(self.received, ep)
+        mine = all_to_all(copies, received, sent, self.group)  # (received, hidden)
         local = torch.zeros(self.received, 1, dtype=top_k_index.dtype)  # one local expert each
         out = self.experts(mine, local, torch.ones(self.received, 1, dtype=top_k_weights.dtype))
-        back = all_to_all_single_autograd(out, sent, received, group)  # (tokens x top_k, hidden)
+        back = all_to_all(out, sent, received, self.group)  # (tokens x top_k, hidden)
         weighted = back.view(tokens, top_k, -1) * top_k_weights.unsqueeze(-1)
         return weighted.sum(dim=1)
 
 
-def expert_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *, ep: int,
-                       rank: int, world_size: int, routing: list[int] | None, experts: str,
+def expert_rank_memory(model: torch.nn.Module, args: tuple, kwargs: dict | None, *,
+                       layout: Layout, rank: int, routing: list[int] | None, experts: str,
                        mode: str, optimizer: str, allocator: str,
                        optimizer_options: dict | None, loss,
                        checkpoint: Blocks | None = None) -> MemoryReport:
-    """Rank ``rank`` of ``world_size`` (rank ``rank mod ep`` of its expert group): the step of
-    its rank-shaped copy (module docstring), ``checkpoint``'s blocks (`Blocks` or a `FitPlan`)
-    wrapped once its experts are sharded (torchtitan's order: expert parallelism, then
-    activation checkpointing); a recomputed block runs its all-to-alls again."""
-    from ...count.ranks import fake_copy, fake_process_group
+    """Rank ``rank`` of ``layout`` (rank ``coordinates(rank)["ep"]`` of its expert group): the
+    step of its rank-shaped copy (module docstring) under a fake process group of the
+    layout's ranks, split in torchtitan's order: its experts sharded, then the tensor-parallel
+    plan, ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) and FSDP2 (`parallelize`); a
+    recomputed block runs its all-to-alls again."""
+    from ...count.ranks import fake_copy
     from ...footprint import ALLOCATORS, default_loss, run_fake
     from ...footprint.report import memory_report
 
     name = type(model).__name__
+    held, received = _rank_experts(model, args, kwargs, layout, rank, routing, experts)
+    dims = tuple(dim for dim in ("dp", "fsdp", "tp") if getattr(layout, dim) > 1)
+    train = mode == "train"
+    with layout.mesh(*dims, rank=rank) as mesh:
+        sparse = layout.device_mesh("efsdp", "ep")
+        fake_model, fake_args, fake_kwargs = fake_copy(model, args, dict(kwargs or {}))
+        _shard_experts(fake_model, experts, held, received=received,
+                       group=sparse["ep"].get_group())
+        parallelize(fake_model, mesh, experts=experts if layout.tp > 1 else None,
+                    shard=functools.partial(
+                        _fully_shard, efsdp=sparse["efsdp"], experts=experts,
+                        dim=experts_dim(sparse.size(), (held.stop - held.start) * layout.ep)),
+                    checkpoint=functools.partial(wrap_plan, plan=checkpoint, name=name)
+                    if checkpoint is not None else None)
+        with warnings.catch_warnings():
+            # FSDP2 warns of a unit returning a view (`TokenSum`'s output, a logits slice):
+            # advice to the model's author that changes no byte of this step.
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
+            run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
+                           optimizer=optimizer, optimizer_options=optimizer_options,
+                           loss=loss or default_loss(name),
+                           resized=(lambda: unsharded_storages(fake_model))
+                           if layout.fsdp > 1 else None)
+    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
+                         allocator=allocator, size=ALLOCATORS[allocator],
+                         world_size=layout.world_size, rank=rank)
+
+
+def _rank_experts(model: torch.nn.Module, args: tuple, kwargs: dict | None, layout: Layout,
+                  rank: int, routing: list[int] | None, experts: str) -> tuple[slice, int]:
+    """(the experts rank ``rank`` holds, the token copies routed to them): each rank of an
+    expert group routes its batch's tokens, with ``tp`` its tensor-parallel share of them
+    (`exportflops.parallel.token_shares`), ``top_k`` copies each; ``routing`` counts the
+    group's copies per expert (`_histogram`)."""
+    name = type(model).__name__
     sizes = moe_sizes(model, args, kwargs, experts=experts)
-    num_experts, routed = sizes["num_experts"], sizes["tokens"] * sizes["top_k"]
+    num_experts, ep, tp = sizes["num_experts"], layout.ep, layout.tp
     if num_experts % ep:
         raise InputError(f"{name} has {num_experts} experts per layer, which {ep} ranks cannot "
                          f"hold equally: pass an ep that divides {num_experts}.")
-    histogram = _histogram(name, routing, ep, num_experts, routed)
-    ep_rank, per_rank = rank % ep, num_experts // ep
-    first = ep_rank * per_rank
-    train = mode == "train"
-    with fake_process_group(ep, rank=ep_rank):
-        fake_model, fake_args, fake_kwargs = fake_copy(model, args, dict(kwargs or {}))
-        _shard_experts(fake_model, experts, slice(first, first + per_rank),
-                       received=sum(histogram[first:first + per_rank]), ep=ep)
-        if checkpoint is not None:
-            wrap_plan(fake_model, checkpoint, name=name)
-        run = run_fake(fake_model, fake_args, fake_kwargs, name=name, train=train,
-                       optimizer=optimizer, optimizer_options=optimizer_options,
-                       loss=loss or default_loss(name))
-    return memory_report(run, model, mode=mode, optimizer=optimizer if train else "",
-                         allocator=allocator, size=ALLOCATORS[allocator],
-                         world_size=world_size, rank=rank)
+    if sizes["tokens"] % tp:
+        raise InputError(f"{name}: a batch of {sizes['tokens']} tokens does not split over "
+                         f"{tp} tensor-parallel ranks: pass a batch x sequence that is a "
+                         f"multiple of tp.")
+    histogram = _histogram(name, routing, ep, num_experts, sizes["tokens"] // tp * sizes["top_k"])
+    per_rank = num_experts // ep
+    first = layout.coordinates(rank)["ep"] * per_rank
+    return slice(first, first + per_rank), sum(histogram[first:first + per_rank])
 
 
 def _shard_experts(model: torch.nn.Module, experts: str, held: slice, *, received: int,
-                   ep: int) -> None:
+                   group) -> None:
     """Each module of ``model`` (a fake copy) named ``experts`` replaced by its `ExpertShard`
-    holding experts ``held``."""
+    holding experts ``held``, exchanging tokens over ``group``."""
     found = [(path, module) for path, module in model.named_modules()
              if path.rpartition(".")[2] == experts]
     for path, module in found:
@@ -108,7 +157,15 @@ def _shard_experts(model: torch.nn.Module, experts: str, held: slice, *, receive
             module.num_experts = held.stop - held.start
         parent, _, leaf = path.rpartition(".")
         setattr(model.get_submodule(parent), leaf, ExpertShard(module, received=received,
-                                                                ep=ep))
+                                                                group=group))
+
+
+def _fully_shard(model: torch.nn.Module, fsdp, *, efsdp, experts: str, dim: int) -> None:
+    """FSDP2 as torchtitan applies it with expert parallelism: each `ExpertShard` over the
+    ``efsdp`` ranks holding the same experts (on ``dim``), then the blocks and the root over
+    ``fsdp`` (`exportflops.parallel.experts.fsdp`)."""
+    fully_shard_experts(model, efsdp, experts=experts, experts_dim=dim)
+    fully_shard_blocks(model, fsdp)
 
 
 def _splits(total: int, ranks: int) -> list[int]:
