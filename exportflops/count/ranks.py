@@ -54,6 +54,10 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
             yield
         finally:
             dist.destroy_process_group()
+            # DTensor's sharding propagation caches hold the meshes of the groups just
+            # destroyed, and a DeviceMesh compares equal to another rank's of the same layout:
+            # a later rank in this process would run its collectives on the stale groups.
+            require("clear_sharding_prop_cache")()
     finally:
         sys.excepthook = excepthook
 

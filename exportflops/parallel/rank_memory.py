@@ -37,7 +37,8 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  routing: list[int] | None = None, experts: str = "experts",
                  checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``, ``pp`` pipeline ranks, or a ring of ``cp`` context-parallel ranks:
+    ``tp``, ``pp`` pipeline ranks, each stage on ``fsdp x tp`` ranks:
+    `exportflops.parallel.pipeline.composed_memory`, or a ring of ``cp`` context-parallel ranks:
     `exportflops.parallel.context.memory`, or ``Layout(dp=E, ep=E)`` expert-parallel ranks:
     `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
     takes them); without ``rank``, every rank's, naming the rank with the
@@ -99,9 +100,12 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
 
 def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
                    layout: Layout, rank: int, **options) -> MemoryReport:
+    from .pipeline.composed_memory import composed_pipeline_memory
     from .pipeline.stage_memory import pipeline_memory
 
-    return pipeline_memory(model, args, kwargs, layout=layout, rank=rank, **options)
+    composed = layout.fsdp > 1 or layout.tp > 1  # stages of the model's own modules
+    return (composed_pipeline_memory if composed else pipeline_memory)(
+        model, args, kwargs, layout=layout, rank=rank, **options)
 
 
 def _context_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
@@ -139,14 +143,16 @@ def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
     modelled for."""
     check_call(layout, rank=rank, **options)
     alone = next((name for name in ("pp", "cp", "ep") if getattr(layout, name) > 1), None)
+    composes = ("fsdp", "tp") if alone == "pp" else ()  # a pipeline's stages on (fsdp, tp)
     others = {name: getattr(layout, name) for name in ("fsdp", "tp", "pp", "cp", "ep")
-              if alone and name != alone and getattr(layout, name) > 1}
+              if alone and name != alone and name not in composes and getattr(layout, name) > 1}
     if layout.dp > 1 and alone != "ep":  # expert groups sit in the dp ranks: Layout(dp=E, ep=E)
         others["dp"] = layout.dp
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
                           f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
-                          f"(Layout(pp=P)), of a context-parallel ring (Layout(cp=C)) or of expert "
+                          f"(Layout(pp=P), its stages on Layout(fsdp=F, tp=T) ranks), of "
+                          f"a context-parallel ring (Layout(cp=C)) or of expert "
                           f"parallelism (Layout(dp=E, ep=E)); "
                           f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
                           f"are not modelled yet.")

@@ -36,7 +36,7 @@ from ...capture.pipeline_split import Stage, split_stages
 from ...checkpointing import Blocks, held_blocks, wrap_plan
 from ...errors import InputError, LayoutError
 from ...records.memory import MemoryReport
-from ...torch_internals import pytree
+from ...torch_internals import fsdp_reduce_gradients, pytree
 from ..layout import Layout
 from ..per_rank import Builder, built_model
 from .analysis import layer_split_points
@@ -45,26 +45,18 @@ from .schedules import SCHEDULES, pipeline_order, stages_per_rank
 
 def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, *,
                     layout: Layout, rank: int, schedule: str, microbatches: int | None,
-                    mode: str, optimizer: str, allocator: str,
-                    optimizer_options: dict | None, loss,
-                    checkpoint: Blocks | None = None) -> MemoryReport:
+                    mode: str, checkpoint: Blocks | None = None, **options) -> MemoryReport:
     """The `MemoryReport` of pipeline rank ``rank`` of ``model`` split into ``layout.pp``
     stages of whole layers (two per rank under a looped schedule), ``args``/``kwargs`` one
     microbatch, one step of ``microbatches`` (default ``layout.pp``) under ``schedule``;
     ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped in the stages that hold them
-    (`_checkpoint_stages`)."""
+    (`_checkpoint_stages`); ``options``: `replayed`'s (the optimizer, the allocator, the
+    loss)."""
     from ...count.ranks import fake_copy
-    from ...footprint import ALLOCATORS, default_loss, run_fake
-    from ...footprint.report import memory_report
 
     built, args, kwargs = built_model(model, args, kwargs)
     name = type(built).__name__
-    per_rank = _stages_per_rank(schedule, name)
-    m = layout.pp if microbatches is None else microbatches
-    order = (one_f_one_b(layout.pp, rank, m) if schedule == "1f1b"
-             else pipeline_order(schedule, layout.pp, m, per_rank)[rank])
-    if mode == "forward":  # torch's eval(): the schedule's forwards, in its order
-        order = [(s, "F", mb) for s, kind, mb in order if kind == "F"]
+    per_rank, order = rank_order(layout, rank, schedule, microbatches, mode, name)
     points = layer_split_points(built, layout.pp * per_rank)
     split = split_stages(built, tuple(args), kwargs, points, grad=mode == "train")
     held = sorted({s for s, _, _ in order})
@@ -77,10 +69,42 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
                            name=name)
     stages = {s: Stage(fake_model[f"stage{s}"], fake_args[i], fake_kwargs.get(s),
                        split[s].sources) for i, s in enumerate(held)}
-    runtime = _Runtime(stages, m, last=len(split) - 1, loss=loss or default_loss(name),
+    return replayed(fake_model, stages, order, last=len(split) - 1, name=name, layout=layout,
+                    rank=rank, schedule=schedule, mode=mode, **options)
+
+
+def rank_order(layout: Layout, rank: int, schedule: str, microbatches: int | None, mode: str,
+               name: str) -> tuple[int, list[tuple[int, str, int]]]:
+    """(stages per rank, [(stage, action, microbatch), ...]) of pipeline rank ``rank``'s step
+    of ``microbatches`` (default ``layout.pp``) under ``schedule`` (of model ``name``): its
+    forwards only for ``mode="forward"`` (torch's eval(), in the schedule's order)."""
+    per_rank = _stages_per_rank(schedule, name)
+    m = layout.pp if microbatches is None else microbatches
+    order = (one_f_one_b(layout.pp, rank, m) if schedule == "1f1b"
+             else pipeline_order(schedule, layout.pp, m, per_rank)[rank])
+    if mode == "forward":
+        order = [(s, "F", mb) for s, kind, mb in order if kind == "F"]
+    return per_rank, order
+
+
+def replayed(fake_model: torch.nn.ModuleDict, stages: dict[int, Stage],
+             order: list[tuple[int, str, int]], *, last: int, name: str, layout: Layout,
+             rank: int, schedule: str, mode: str, optimizer: str, allocator: str,
+             optimizer_options: dict | None, loss,
+             resized: Callable[[], list[torch.Tensor]] | None = None) -> MemoryReport:
+    """The `MemoryReport` of rank ``rank``'s step: ``order`` run on its ``stages`` (those of
+    ``fake_model``, the rank's fake stage modules; ``last`` the pipeline's last stage) as
+    torch's runtime holds them (`_Runtime`), under `exportflops.memory`'s step (``mode``,
+    ``optimizer``, ``allocator``, ``optimizer_options``, ``loss``; ``resized``: as
+    `run_fake` takes it)."""
+    from ...footprint import ALLOCATORS, default_loss, run_fake
+    from ...footprint.report import memory_report
+
+    microbatches = len({mb for _, _, mb in order})
+    runtime = _Runtime(stages, microbatches, last=last, loss=loss or default_loss(name),
                        schedule=schedule)
     run = run_fake(fake_model, (), {}, name=name, train=mode == "train", optimizer=optimizer,
-                   optimizer_options=optimizer_options, loss=runtime.loss,
+                   optimizer_options=optimizer_options, loss=runtime.loss, resized=resized,
                    replay=lambda storages: runtime.step(storages, order))
     return memory_report(run, fake_model, mode=mode,
                          optimizer=optimizer if mode == "train" else "",
@@ -187,10 +211,16 @@ class _Runtime:
                 sends.forward(in_flight[s, mb][0] if s != self.last else ())
             else:
                 sends.backward(self._backward(s, mb, in_flight.pop((s, mb)), losses))
+                if storages is not None and _sharded(self.stages[s].module):
+                    _unsharded_gradients(storages, self.stages[s].module)
         del sends  # the schedule's _step_microbatches returns
         if self.outputs:  # the last stage's step() returns every output, concatenated
             merged = torch.cat(self.outputs)
             del merged
+        if any(kind == "B" for _, kind, _ in order):
+            for stage in self.stages.values():  # perform_reduce_grad, before scale_grads
+                if _sharded(stage.module):
+                    fsdp_reduce_gradients(stage.module)
         for stage in self.stages.values():  # scale_grads: the sum over microbatches / M
             for parameter in stage.module.parameters():
                 if parameter.grad is not None:
@@ -211,6 +241,11 @@ class _Runtime:
 
     def _backward(self, s: int, mb: int, cached: tuple, losses: dict) -> tuple:
         outputs, inputs = cached
+        module = self.stages[s].module
+        if _sharded(module):  # backward_maybe_with_nosync: reduced at the end
+            module.set_is_last_backward(False)
+            module.set_reshard_after_backward(False)
+            module.set_requires_gradient_sync(False)
         if s == self.last:
             torch.autograd.backward([losses[mb]])
         else:
@@ -261,6 +296,23 @@ class _Sends:
             self.kept["backward"] = [gradients]
             if self.backwards == self.loop_backwards:
                 self.kept["warmup"] = []
+
+
+def _unsharded_gradients(storages, module: torch.nn.Module) -> None:
+    """The gradients FSDP2 ``module`` accumulates unsharded over the microbatches, recorded as
+    gradients: between its backwards (not resharded, ``set_reshard_after_backward(False)``)
+    the module's parameters are its unsharded ones, their ``grad`` summed by autograd until
+    the step's reduce-scatter frees them (`fsdp_reduce_gradients`)."""
+    for parameter in module.parameters():
+        if parameter.grad is not None:
+            storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2 unit (a stage torch's runtime syncs at the step's end)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def _like(args: tuple) -> tuple:
