@@ -70,9 +70,9 @@ def test_every_pipeline_rank_is_reported_and_the_view_names_the_highest():
 
 
 @pytest.mark.parametrize(("layout", "options", "error", "words"), [
-    (Layout(pp=2, tp=2), {}, LayoutError, r"Layout\(pp=2, tp=2\).*tp with pp are not modelled"),
+    (Layout(pp=2, cp=2), {}, LayoutError, r"Layout\(pp=2, cp=2\).*cp with pp are not modelled"),
     (Layout(pp=2), {"schedule": "zbvzerobubble"}, InputError, r"split backward is not"),
-], ids=["pp-with-tp", "zero-bubble"])
+], ids=["pp-with-cp", "zero-bubble"])
 def test_a_pipeline_it_does_not_model_is_refused_by_name(layout, options, error, words):
     model, args = pipeline_model()
     with pytest.raises(error, match=words):
