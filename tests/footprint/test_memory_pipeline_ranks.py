@@ -14,11 +14,9 @@ import torch
 
 import exportflops
 from exportflops.cli import main
-from exportflops.errors import LayoutError
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.records import RanksMemory
-from tests.footprint.rank_models import pipeline_model
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch built without torch.distributed")
@@ -142,13 +140,6 @@ def test_every_rank_of_pp_by_tp_is_reported_and_the_view_names_the_highest():
     peaks = [report.peak_bytes for report in view.ranks]
     assert (peaks[0], peaks[2]) == (peaks[1], peaks[3])
     assert RanksMemory.model_validate_json(view.model_dump_json()) == view
-
-
-def test_a_model_without_stages_of_its_own_modules_is_refused_by_name():
-    model, args = pipeline_model()
-    with pytest.raises(LayoutError, match=r"Layout\(pp=2, tp=2\).*TwoBlocks .*is not modelled "
-                                          r"yet: pass Layout\(pp=P\) alone"):
-        memory_ranks(model, args, layout=Layout(pp=2, tp=2), rank=0)
 
 
 def test_the_command_gives_a_pp_by_tp_rank(tmp_path, capsys):

@@ -78,8 +78,8 @@ def test_every_rank_is_reported_and_the_view_names_the_rank_with_the_highest_pea
 def test_a_layout_it_does_not_model_is_refused_by_name():
     model, args = MODELS["tp"]()
     # a composition the FLOPs per rank count (analyze_ranks) and the memory does not model
-    with pytest.raises(LayoutError, match=r"Layout\(pp=2, cp=2\).*cp with pp are not modelled"):
-        memory_ranks(model, args, layout=Layout(pp=2, cp=2))
+    with pytest.raises(LayoutError, match=r"Layout\(cp=2, tp=2\).*tp with cp are not modelled"):
+        memory_ranks(model, args, layout=Layout(cp=2, tp=2))
 
 
 @pytest.mark.parametrize("dimension", ["tp", "fsdp"])
