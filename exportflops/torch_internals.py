@@ -151,15 +151,26 @@ def sequence_nr(node: Any) -> int:
 
 def fsdp_all_gather_outputs(module: Any) -> list[torch.Tensor]:
     """The tensors on FSDP2's all-gather outputs of FSDP2 module ``module``'s own parameters
-    (its private ``_get_fsdp_state()._fsdp_param_group``, each ``FSDPParam``'s
-    ``all_gather_outputs``, torch/distributed/fsdp/_fully_shard/): the unsharded storage FSDP2
+    (each ``FSDPParam``'s ``all_gather_outputs``, `_fsdp_params`): the unsharded storage FSDP2
     resizes in place; none for a module whose unit holds no parameters."""
+    return [tensor for fsdp_param in _fsdp_params(module)
+            for tensor in fsdp_param.all_gather_outputs]
+
+
+def fsdp_shards(module: Any) -> list[torch.Tensor]:
+    """The shards of FSDP2 module ``module``'s own parameters (each ``FSDPParam``'s
+    ``sharded_param``, `_fsdp_params`), held while its unsharded parameters are registered."""
+    return [fsdp_param.sharded_param for fsdp_param in _fsdp_params(module)]
+
+
+def _fsdp_params(module: Any) -> list[Any]:
+    """The ``FSDPParam``s of FSDP2 module ``module``'s unit (its private
+    ``_get_fsdp_state()._fsdp_param_group``, torch/distributed/fsdp/_fully_shard/)."""
     try:
         group = module._get_fsdp_state()._fsdp_param_group
-        return [tensor for fsdp_param in (group.fsdp_params if group is not None else ())
-                for tensor in fsdp_param.all_gather_outputs]
+        return list(group.fsdp_params) if group is not None else []
     except AttributeError as error:
-        raise TorchFeatureError("fsdp_all_gather_outputs",
+        raise TorchFeatureError("fsdp_params",
                                 "FSDPModule._get_fsdp_state()._fsdp_param_group",
                                 "memory_ranks under FSDP2", torch.__version__,
                                 TESTED_TORCH) from error

@@ -105,6 +105,16 @@ def test_a_pp_by_fsdp_rank_holds_its_shards_and_keeps_the_whole_stage_gathered(l
     assert report.max_by_kind.optimizer == 2 * sharded + LAST_PARAMETERS * STEP
 
 
+def test_a_pp_by_fsdp_ranks_forwards_hold_its_shards_and_the_whole_stage_gathered():
+    report = memory_ranks(_build, layout=Layout(pp=2, fsdp=2), rank=2, mode="forward",
+                          schedule="gpipe", microbatches=MICROBATCHES)
+    # torch's eval() keeps each unit gathered from the first step on (nothing reshards it
+    # without a backward): the shards, half of the last stage, and the whole stage.
+    stage = _last_stage(1) * F32
+    assert (report.max_by_kind.parameters, report.max_by_kind.gradients) == \
+        (stage // 2 + stage, 0)
+
+
 CONFIG = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
           "vocab_size": 256, "max_position_embeddings": 64}

@@ -36,7 +36,7 @@ from ...capture.pipeline_split import Stage, split_stages
 from ...checkpointing import Blocks, held_blocks, wrap_plan
 from ...errors import InputError, LayoutError
 from ...records.memory import MemoryReport
-from ...torch_internals import fsdp_reduce_gradients, pytree
+from ...torch_internals import fsdp_reduce_gradients, fsdp_shards, pytree
 from ..layout import Layout
 from ..per_rank import Builder, built_model
 from .analysis import layer_split_points
@@ -200,6 +200,8 @@ class _Runtime:
         self.outputs = []  # clear_runtime_states: the last step's outputs go at its start
         for tensor in self.held() if storages is not None else ():
             storages.hold(tensor, "inputs", BEFORE)
+        if storages is not None and not any(kind == "B" for _, kind, _ in order):
+            self._hold_shards(storages)
         in_flight: dict[tuple[int, int], tuple] = {}
         losses: dict[int, torch.Tensor] = {}
         sends = _Sends(self.schedule, order)
@@ -217,14 +219,25 @@ class _Runtime:
         if self.outputs:  # the last stage's step() returns every output, concatenated
             merged = torch.cat(self.outputs)
             del merged
-        if any(kind == "B" for _, kind, _ in order):
-            for stage in self.stages.values():  # perform_reduce_grad, before scale_grads
-                if _sharded(stage.module):
-                    fsdp_reduce_gradients(stage.module)
+        backwards = any(kind == "B" for _, kind, _ in order)
+        for stage in self.stages.values() if backwards else ():  # perform_reduce_grad
+            if _sharded(stage.module):
+                fsdp_reduce_gradients(stage.module)
         for stage in self.stages.values():  # scale_grads: the sum over microbatches / M
             for parameter in stage.module.parameters():
                 if parameter.grad is not None:
                     parameter.grad.div_(self.microbatches)
+
+    def _hold_shards(self, storages) -> None:
+        """The FSDP2 shards of a step of forwards alone: each unit stays gathered from the
+        first step on (nothing reshards it), its unsharded parameters the module's, and its
+        shards held by FSDP2 (``sharded_param``)."""
+        from ...footprint.step import BEFORE
+
+        for stage in self.stages.values():
+            for unit in filter(_sharded, stage.module.modules()):
+                for shard in fsdp_shards(unit):
+                    storages.hold(shard, "parameters", BEFORE)
 
     def _forward(self, s: int, mb: int, losses: dict) -> tuple:
         stage = self.stages[s]
@@ -233,7 +246,8 @@ class _Runtime:
         outputs = output if isinstance(output, tuple) else (output,)
         if s == self.last:
             self.outputs.append(output)
-            losses[mb] = self.loss(output)
+            if torch.is_grad_enabled():  # mode="forward" runs torch's eval(): no loss
+                losses[mb] = self.loss(output)
         elif (s, mb) not in self.gradients:  # 2. made before the first step in torch
             self.gradients[s, mb] = tuple(torch.empty_like(t) for t in outputs
                                           if isinstance(t, torch.Tensor) and t.requires_grad)
