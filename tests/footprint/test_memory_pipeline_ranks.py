@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import exportflops
+from exportflops.checkpointing import Blocks
 from exportflops.cli import main
 from exportflops.examples.llama import LlamaConfig, llama
 from exportflops.parallel import Layout, memory_ranks
@@ -80,6 +81,18 @@ def test_a_pp_by_tp_rank_holds_its_stages_shards_and_its_microbatches_sharded_ac
     # 4. a buffer per microbatch for what the stage receives, whole on every tp rank: the
     #    hidden state (B, T, D) and the rotary tables (T, hd) each.
     assert report.max_by_kind.inputs == MICROBATCHES * (TOKENS * D + 2 * SEQ * SMALL.head_dim) * F32
+
+
+def test_a_pp_by_tp_rank_with_its_layers_checkpointed_keeps_their_inputs_only():
+    report = memory_ranks(_build, layout=Layout(pp=2, tp=2), rank=2, schedule="gpipe",
+                          microbatches=MICROBATCHES,
+                          checkpoint=Blocks(["layers.2", "layers.3"], []))
+    # Each checkpointed layer keeps its input (layer 2's is the received buffer, an input)
+    # and the generator's state its recompute replays (torch.get_rng_state(): 5056 bytes on
+    # cpu); the final norm keeps its input, rstd and x * rstd, and the output its input.
+    n, rng = TOKENS, torch.get_rng_state().nbytes
+    kept = n * D * F32 + 2 * rng + (3 * n * D + n) * F32
+    assert report.max_by_kind.activations == MICROBATCHES * kept
 
 
 @pytest.mark.parametrize(("layout", "rank", "tp"), [
