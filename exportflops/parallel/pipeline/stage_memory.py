@@ -15,7 +15,11 @@ copy, their microbatches run in the order torch's schedule gives the rank
    (``output_chunks``) and concatenates them there (``_merge_outputs``), and each loss;
 4. a backward's input gradients go to the stage before (its ``val.grad`` set to None once
    read, ``stage_backward``): held by the send until the schedule waits on it (GPipe: after
-   every backward; 1F1B: after the next backward).
+   every backward; 1F1B: after the next backward);
+5. a stage under FSDP2 (`exportflops.parallel.pipeline.composed_memory`) runs each backward
+   without gradient sync or reshard (``backward_maybe_with_nosync``): its unsharded
+   gradients accumulate to the step's end, where each unit reduce-scatters them
+   (``perform_reduce_grad``), before ``scale_grads``.
 
 So with ``A`` the bytes a microbatch keeps from its forward to its backward, a rank's peak is
 its state, its buffers, and ``k A`` plus one microbatch's own peak above what it keeps, where
@@ -176,7 +180,7 @@ def _stages_per_rank(schedule: str, name: str) -> int:
 
 
 class _Runtime:
-    """What torch's stages and schedule hold of a rank's step (module docstring, 1-4)."""
+    """What torch's stages and schedule hold of a rank's step (module docstring, 1-5)."""
 
     def __init__(self, stages: dict[int, Stage], microbatches: int, *, last: int,
                  loss: Callable[[Any], torch.Tensor], schedule: str) -> None:
@@ -200,7 +204,8 @@ class _Runtime:
         self.outputs = []  # clear_runtime_states: the last step's outputs go at its start
         for tensor in self.held() if storages is not None else ():
             storages.hold(tensor, "inputs", BEFORE)
-        if storages is not None and not any(kind == "B" for _, kind, _ in order):
+        backwards = any(kind == "B" for _, kind, _ in order)
+        if storages is not None and not backwards:
             self._hold_shards(storages)
         in_flight: dict[tuple[int, int], tuple] = {}
         losses: dict[int, torch.Tensor] = {}
@@ -219,7 +224,6 @@ class _Runtime:
         if self.outputs:  # the last stage's step() returns every output, concatenated
             merged = torch.cat(self.outputs)
             del merged
-        backwards = any(kind == "B" for _, kind, _ in order)
         for stage in self.stages.values() if backwards else ():  # perform_reduce_grad
             if _sharded(stage.module):
                 fsdp_reduce_gradients(stage.module)
