@@ -92,6 +92,9 @@ _feature("dynamo_config", "torch._dynamo:config", _CORE)
 _feature("dynamo_reset", "torch._dynamo:reset", "the fast path")
 _feature("get_proxy_mode", "torch.fx.experimental.proxy_tensor:get_proxy_mode",
          "the fast path's stubs without an op (one op per stub without it)")
+_feature("clear_sharding_prop_cache",
+         "torch.distributed.tensor.debug:_clear_sharding_prop_cache",
+         "fake_process_group (per-rank analyses of several ranks in one process)")
 _feature("fake_store", "torch.testing._internal.distributed.fake_pg:FakeStore",
          "fake_process_group (per-rank analyses in one process)")
 _feature("clear_sharding_prop_cache",
@@ -151,17 +154,52 @@ def sequence_nr(node: Any) -> int:
 
 def fsdp_all_gather_outputs(module: Any) -> list[torch.Tensor]:
     """The tensors on FSDP2's all-gather outputs of FSDP2 module ``module``'s own parameters
-    (its private ``_get_fsdp_state()._fsdp_param_group``, each ``FSDPParam``'s
-    ``all_gather_outputs``, torch/distributed/fsdp/_fully_shard/): the unsharded storage FSDP2
+    (each ``FSDPParam``'s ``all_gather_outputs``, `_fsdp_params`): the unsharded storage FSDP2
     resizes in place; none for a module whose unit holds no parameters."""
+    return [tensor for fsdp_param in _fsdp_params(module)
+            for tensor in fsdp_param.all_gather_outputs]
+
+
+def fsdp_shards(module: Any) -> list[torch.Tensor]:
+    """The shards of FSDP2 module ``module``'s own parameters (each ``FSDPParam``'s
+    ``sharded_param``, `_fsdp_params`), held while its unsharded parameters are registered."""
+    return [fsdp_param.sharded_param for fsdp_param in _fsdp_params(module)]
+
+
+def _fsdp_params(module: Any) -> list[Any]:
+    """The ``FSDPParam``s of FSDP2 module ``module``'s unit (its private
+    ``_get_fsdp_state()._fsdp_param_group``, torch/distributed/fsdp/_fully_shard/)."""
     try:
         group = module._get_fsdp_state()._fsdp_param_group
-        return [tensor for fsdp_param in (group.fsdp_params if group is not None else ())
-                for tensor in fsdp_param.all_gather_outputs]
+        return list(group.fsdp_params) if group is not None else []
     except AttributeError as error:
-        raise TorchFeatureError("fsdp_all_gather_outputs",
+        raise TorchFeatureError("fsdp_params",
                                 "FSDPModule._get_fsdp_state()._fsdp_param_group",
                                 "memory_ranks under FSDP2", torch.__version__,
+                                TESTED_TORCH) from error
+
+
+def fsdp_reduce_gradients(module: Any) -> None:
+    """What torch's pipeline stage runs after a step's last backward on an FSDP2 ``module``
+    (``perform_reduce_grad`` in torch/distributed/pipelining/stage.py): its gradients synced
+    again, each of its param groups' ``post_backward`` (the reduce-scatter of the gradients
+    accumulated unsharded over the microbatches, then the reshard), and the root's final
+    callback; private FSDP2 state (``fully_shard.state(module)._state_ctx.all_states``)."""
+    from torch.distributed.fsdp import fully_shard
+
+    module.set_is_last_backward(True)
+    module.set_reshard_after_backward(True)
+    module.set_requires_gradient_sync(True)
+    try:
+        state = fully_shard.state(module)
+        for inner in state._state_ctx.all_states:
+            for group in inner._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+    except AttributeError as error:
+        raise TorchFeatureError("fsdp_reduce_gradients",
+                                "fully_shard.state(module)._state_ctx.all_states",
+                                "memory_ranks of a pipeline under FSDP2", torch.__version__,
                                 TESTED_TORCH) from error
 
 

@@ -1,8 +1,9 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
 ``--optimizer`` and ``--precision``, and with ``--device-model KEY`` whether its peak fits that
-device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``),
-``--ep`` (``--routing``) or ``--cp`` (with ``--fsdp`` and ``--tp``), of the step of rank
-``--rank`` (`exportflops.parallel.memory_ranks`)."""
+device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``;
+its stages on ``--fsdp`` x ``--tp`` ranks where given), ``--ep`` (``--routing``) or ``--cp``
+(with ``--fsdp`` and ``--tp``), of the step of rank ``--rank``
+(`exportflops.parallel.memory_ranks`)."""
 
 from __future__ import annotations
 
@@ -97,8 +98,8 @@ def _symbolic_memory(ns: argparse.Namespace):
 
 def _rank_memory(ns: argparse.Namespace):
     """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
-    microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp (with
-    --fsdp and --tp)."""
+    microbatch of --microbatches, under --schedule; with --tp and --fsdp on each stage), by
+    --ep (--routing) or by --cp (with --fsdp and --tp)."""
     from ..parallel.rank_memory import memory_ranks
     from .splits import flag_error, split_options
 

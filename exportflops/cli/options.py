@@ -121,8 +121,8 @@ OPTIONS = {
         "--memory": dict(action="store_true",
                          help="the memory of one step instead of its counts: the peak, what holds "
                               "it, per module (exportflops.memory); --device-model KEY says "
-                              "whether it fits that device; with --tp/--fsdp, the step of rank "
-                              "--rank"),
+                              "whether it fits that device; with --tp/--fsdp, --pp (alone or "
+                              "with them), --ep or --cp, the step of rank --rank"),
         "--fit": dict(metavar="BUDGET", default=None,
                       help="the blocks to checkpoint so a training step fits BUDGET (bytes, 80GiB, "
                            "40GB or a device key such as h100-sxm), its peak, its recompute and "

@@ -241,7 +241,10 @@ def run_step(model: torch.nn.Module, args: tuple, kwargs: dict, *, train: bool,
         optimizer.zero_grad(set_to_none=True)
     elif resized is not None:  # FSDP2 makes the storages it resizes on its first all-gather
         with torch.no_grad():
-            model(*first_args, **first_kwargs)
+            if replay is not None:
+                replay(None)
+            else:
+                model(*first_args, **first_kwargs)
     del first_args, first_kwargs
     run = StepRun()
     with _module_paths(model) as running:

@@ -28,10 +28,11 @@ from .rank_step import split_step
 if TYPE_CHECKING:
     from ..records.fit import FitPlan
 
-#: The splits each family's step composes with: a ring's ranks, and an expert group's, are split
-#: by tp and fsdp as `analyze_ranks` splits them (`exportflops.parallel.context.memory`,
+#: The splits each family's step composes with: a pipeline's stages, a ring's ranks and an expert
+#: group's are split by tp and fsdp as `analyze_ranks` splits them
+#: (`exportflops.parallel.pipeline.composed_memory`, `exportflops.parallel.context.memory`,
 #: `exportflops.parallel.experts.memory`).
-_COMPOSED = {"cp": ("fsdp", "tp"), "ep": ("fsdp", "tp")}
+_COMPOSED = {"pp": ("fsdp", "tp"), "cp": ("fsdp", "tp"), "ep": ("fsdp", "tp")}
 
 
 def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict | None = None,
@@ -42,9 +43,10 @@ def memory_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict 
                  routing: list[int] | None = None, experts: str = "experts",
                  checkpoint: Blocks | FitPlan | None = None) -> MemoryReport | RanksMemory:
     """The `MemoryReport` of rank ``rank`` of ``model`` split by ``layout`` (``fsdp`` and
-    ``tp``, ``pp`` pipeline ranks, or rings of ``cp`` ranks, with ``fsdp`` and ``tp`` too:
-    `exportflops.parallel.context.memory`, or expert-parallel ranks, alone, over tp or inside
-    fsdp (``Layout(dp=E, ep=E)``, ``Layout(fsdp=F, tp=T, ep=E)``):
+    ``tp``, ``pp`` pipeline ranks, each stage on ``fsdp x tp`` ranks:
+    `exportflops.parallel.pipeline.composed_memory`, or rings of ``cp`` ranks, with ``fsdp``
+    and ``tp`` too: `exportflops.parallel.context.memory`, or expert-parallel ranks, alone,
+    over tp or inside fsdp (``Layout(dp=E, ep=E)``, ``Layout(fsdp=F, tp=T, ep=E)``):
     `exportflops.parallel.experts.memory`, ``routing`` and ``experts`` as `analyze_ranks`
     takes them); without ``rank``, every rank's, naming the rank with the
     highest peak. ``model``, ``args``, ``kwargs``: as `analyze_ranks` takes them (with ``pp``,
@@ -95,9 +97,12 @@ def _rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, layo
 
 def _pipeline_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
                    layout: Layout, rank: int, **options) -> MemoryReport:
+    from .pipeline.composed_memory import composed_pipeline_memory
     from .pipeline.stage_memory import pipeline_memory
 
-    return pipeline_memory(model, args, kwargs, layout=layout, rank=rank, **options)
+    composed = layout.fsdp > 1 or layout.tp > 1  # stages of the model's own modules
+    return (composed_pipeline_memory if composed else pipeline_memory)(
+        model, args, kwargs, layout=layout, rank=rank, **options)
 
 
 def _context_rank(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None,
@@ -130,9 +135,10 @@ def _check_layout(layout: Layout, rank: int | None, **options: Any) -> None:
     if others:
         raise LayoutError(f"{layout}: memory_ranks runs the step of a rank of tensor "
                           f"parallelism and FSDP2 (Layout(fsdp=F, tp=T)), of a pipeline "
-                          f"(Layout(pp=P)), of a context-parallel ring inside FSDP2 and over "
-                          f"tensor parallelism (Layout(fsdp=F, cp=C, tp=T)) or of expert "
-                          f"parallelism alone, over tp or inside FSDP2 (Layout(dp=E, ep=E), "
-                          f"Layout(tp=T, ep=T), Layout(fsdp=F, tp=T, ep=E)); "
+                          f"(Layout(pp=P), its stages on Layout(fsdp=F, tp=T) ranks), of a "
+                          f"context-parallel ring inside FSDP2 and over tensor parallelism "
+                          f"(Layout(fsdp=F, cp=C, tp=T)) or of expert parallelism alone, over "
+                          f"tp or inside FSDP2 (Layout(dp=E, ep=E), Layout(tp=T, ep=T), "
+                          f"Layout(fsdp=F, tp=T, ep=E)); "
                           f"{', '.join(others)} {f'with {alone} ' if alone else ''}"
                           f"are not modelled yet.")

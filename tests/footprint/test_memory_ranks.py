@@ -89,8 +89,8 @@ def test_ranks_of_different_tensor_parallel_groups_each_run_their_own_step():
 def test_a_layout_it_does_not_model_is_refused_by_name():
     model, args = MODELS["tp"]()
     # a composition the FLOPs per rank count (analyze_ranks) and the memory does not model
-    with pytest.raises(LayoutError, match=r"Layout\(pp=2, tp=2\).*tp with pp are not modelled"):
-        memory_ranks(model, args, layout=Layout(pp=2, tp=2))
+    with pytest.raises(LayoutError, match=r"Layout\(cp=2, tp=2\).*tp with cp are not modelled"):
+        memory_ranks(model, args, layout=Layout(cp=2, tp=2))
 
 
 @pytest.mark.parametrize("dimension", ["tp", "fsdp"])

@@ -4,7 +4,9 @@ schedule orders and the step's timeline, ``mesh`` a pipeline on the (pp, fsdp, t
 stage's rank standing for its group, the built-in Llama's stages), ``slices`` a whole model's
 rank cut into the stages, and ``ranks`` the public `analyze_pipeline` (the stages given, or a
 `Layout`: the pipeline composed with tp and fsdp, what `analyze_ranks` calls);
-``stage_memory`` a pipeline rank's step memory (what `memory_ranks` calls with ``pp``).
+``stage_memory`` a pipeline rank's step memory (what `memory_ranks` calls with ``pp``),
+``composed_memory`` the same with tp and fsdp on stages of the model's own modules (the
+built-in Llama's, ``decoder_stage``'s for a transformers decoder).
 
 The public names load on first use (PEP 562): ``parallel.checks`` reads the schedule table
 below, and ``ranks`` runs those checks, so importing ``ranks`` with the package would close

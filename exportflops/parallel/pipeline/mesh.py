@@ -37,20 +37,26 @@ def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
 def llama_stages(model: torch.nn.Module, tokens: torch.Tensor, stages: int,
                  mode: str = "train") -> list[Stage]:
     """The built-in Llama split into ``stages`` `LlamaStage`s of whole layers, with what each
-    receives on one microbatch of ``tokens`` as torch's split passes it (`split_stages`): the
-    hidden state from the stage before, the rotary tables from stage 0 (their gradients in
-    ``mode="train"``: the hidden state's)."""
+    receives on one microbatch of ``tokens`` (`received_stages`)."""
     held = stage_layers(len(model.layers), stages, model)
-    modules = [LlamaStage(model, layers, first=s == 0, last=s == stages - 1)
-               for s, layers in enumerate(held)]
+    return received_stages([LlamaStage(model, layers, first=s == 0, last=s == stages - 1)
+                            for s, layers in enumerate(held)], tokens, mode)
+
+
+def received_stages(modules: list[torch.nn.Module], tokens: torch.Tensor, mode: str,
+                    ) -> list[Stage]:
+    """``modules``, a decoder's stages of its own modules in order, with what each receives
+    on one microbatch of ``tokens`` as torch's split passes it (`split_stages`): the hidden
+    state from the stage before, the rotary tables from stage 0, which returns (hidden, cos,
+    sin) (their gradients in ``mode="train"``: the hidden state's)."""
     split = [Stage(modules[0], (tokens,), None, [None])]
     grad = mode == "train"
     with torch.enable_grad() if grad else torch.no_grad():
-        hidden, cos, sin = (as_received(t, grad) for t in modules[0](tokens)) if stages > 1 \
-            else (None, None, None)
+        hidden, cos, sin = (as_received(t, grad) for t in modules[0](tokens)) \
+            if len(modules) > 1 else (None, None, None)
         for s, module in enumerate(modules[1:], start=1):
             split.append(Stage(module, (hidden, cos, sin), None, [s - 1, 0, 0]))
-            if s < stages - 1:
+            if s < len(modules) - 1:
                 hidden = as_received(module(hidden, cos, sin), grad)
     return split
 

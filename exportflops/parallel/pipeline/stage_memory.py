@@ -15,7 +15,11 @@ copy, their microbatches run in the order torch's schedule gives the rank
    (``output_chunks``) and concatenates them there (``_merge_outputs``), and each loss;
 4. a backward's input gradients go to the stage before (its ``val.grad`` set to None once
    read, ``stage_backward``): held by the send until the schedule waits on it (GPipe: after
-   every backward; 1F1B: after the next backward).
+   every backward; 1F1B: after the next backward);
+5. a stage under FSDP2 (`exportflops.parallel.pipeline.composed_memory`) runs each backward
+   without gradient sync or reshard (``backward_maybe_with_nosync``): its unsharded
+   gradients accumulate to the step's end, where each unit reduce-scatters them
+   (``perform_reduce_grad``), before ``scale_grads``.
 
 So with ``A`` the bytes a microbatch keeps from its forward to its backward, a rank's peak is
 its state, its buffers, and ``k A`` plus one microbatch's own peak above what it keeps, where
@@ -36,7 +40,7 @@ from ...capture.pipeline_split import Stage, split_stages
 from ...checkpointing import Blocks, held_blocks, wrap_plan
 from ...errors import InputError, LayoutError
 from ...records.memory import MemoryReport
-from ...torch_internals import pytree
+from ...torch_internals import fsdp_reduce_gradients, fsdp_shards, pytree
 from ..layout import Layout
 from ..per_rank import Builder, built_model
 from .analysis import layer_split_points
@@ -45,26 +49,18 @@ from .schedules import SCHEDULES, pipeline_order, stages_per_rank
 
 def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | None, *,
                     layout: Layout, rank: int, schedule: str, microbatches: int | None,
-                    mode: str, optimizer: str, allocator: str,
-                    optimizer_options: dict | None, loss,
-                    checkpoint: Blocks | None = None) -> MemoryReport:
+                    mode: str, checkpoint: Blocks | None = None, **options) -> MemoryReport:
     """The `MemoryReport` of pipeline rank ``rank`` of ``model`` split into ``layout.pp``
     stages of whole layers (two per rank under a looped schedule), ``args``/``kwargs`` one
     microbatch, one step of ``microbatches`` (default ``layout.pp``) under ``schedule``;
     ``checkpoint``'s blocks (`Blocks` or a `FitPlan`) wrapped in the stages that hold them
-    (`_checkpoint_stages`)."""
+    (`_checkpoint_stages`); ``options``: `replayed`'s (the optimizer, the allocator, the
+    loss)."""
     from ...count.ranks import fake_copy
-    from ...footprint import ALLOCATORS, default_loss, run_fake
-    from ...footprint.report import memory_report
 
     built, args, kwargs = built_model(model, args, kwargs)
     name = type(built).__name__
-    per_rank = _stages_per_rank(schedule, name)
-    m = layout.pp if microbatches is None else microbatches
-    order = (one_f_one_b(layout.pp, rank, m) if schedule == "1f1b"
-             else pipeline_order(schedule, layout.pp, m, per_rank)[rank])
-    if mode == "forward":  # torch's eval(): the schedule's forwards, in its order
-        order = [(s, "F", mb) for s, kind, mb in order if kind == "F"]
+    per_rank, order = rank_order(layout, rank, schedule, microbatches, mode, name)
     points = layer_split_points(built, layout.pp * per_rank)
     split = split_stages(built, tuple(args), kwargs, points, grad=mode == "train")
     held = sorted({s for s, _, _ in order})
@@ -77,10 +73,42 @@ def pipeline_memory(model: torch.nn.Module | Builder, args: Any, kwargs: dict | 
                            name=name)
     stages = {s: Stage(fake_model[f"stage{s}"], fake_args[i], fake_kwargs.get(s),
                        split[s].sources) for i, s in enumerate(held)}
-    runtime = _Runtime(stages, m, last=len(split) - 1, loss=loss or default_loss(name),
+    return replayed(fake_model, stages, order, last=len(split) - 1, name=name, layout=layout,
+                    rank=rank, schedule=schedule, mode=mode, **options)
+
+
+def rank_order(layout: Layout, rank: int, schedule: str, microbatches: int | None, mode: str,
+               name: str) -> tuple[int, list[tuple[int, str, int]]]:
+    """(stages per rank, [(stage, action, microbatch), ...]) of pipeline rank ``rank``'s step
+    of ``microbatches`` (default ``layout.pp``) under ``schedule`` (of model ``name``): its
+    forwards only for ``mode="forward"`` (torch's eval(), in the schedule's order)."""
+    per_rank = _stages_per_rank(schedule, name)
+    m = layout.pp if microbatches is None else microbatches
+    order = (one_f_one_b(layout.pp, rank, m) if schedule == "1f1b"
+             else pipeline_order(schedule, layout.pp, m, per_rank)[rank])
+    if mode == "forward":
+        order = [(s, "F", mb) for s, kind, mb in order if kind == "F"]
+    return per_rank, order
+
+
+def replayed(fake_model: torch.nn.ModuleDict, stages: dict[int, Stage],
+             order: list[tuple[int, str, int]], *, last: int, name: str, layout: Layout,
+             rank: int, schedule: str, mode: str, optimizer: str, allocator: str,
+             optimizer_options: dict | None, loss,
+             resized: Callable[[], list[torch.Tensor]] | None = None) -> MemoryReport:
+    """The `MemoryReport` of rank ``rank``'s step: ``order`` run on its ``stages`` (those of
+    ``fake_model``, the rank's fake stage modules; ``last`` the pipeline's last stage) as
+    torch's runtime holds them (`_Runtime`), under `exportflops.memory`'s step (``mode``,
+    ``optimizer``, ``allocator``, ``optimizer_options``, ``loss``; ``resized``: as
+    `run_fake` takes it)."""
+    from ...footprint import ALLOCATORS, default_loss, run_fake
+    from ...footprint.report import memory_report
+
+    microbatches = len({mb for _, _, mb in order})
+    runtime = _Runtime(stages, microbatches, last=last, loss=loss or default_loss(name),
                        schedule=schedule)
     run = run_fake(fake_model, (), {}, name=name, train=mode == "train", optimizer=optimizer,
-                   optimizer_options=optimizer_options, loss=runtime.loss,
+                   optimizer_options=optimizer_options, loss=runtime.loss, resized=resized,
                    replay=lambda storages: runtime.step(storages, order))
     return memory_report(run, fake_model, mode=mode,
                          optimizer=optimizer if mode == "train" else "",
@@ -152,7 +180,7 @@ def _stages_per_rank(schedule: str, name: str) -> int:
 
 
 class _Runtime:
-    """What torch's stages and schedule hold of a rank's step (module docstring, 1-4)."""
+    """What torch's stages and schedule hold of a rank's step (module docstring, 1-5)."""
 
     def __init__(self, stages: dict[int, Stage], microbatches: int, *, last: int,
                  loss: Callable[[Any], torch.Tensor], schedule: str) -> None:
@@ -176,6 +204,9 @@ class _Runtime:
         self.outputs = []  # clear_runtime_states: the last step's outputs go at its start
         for tensor in self.held() if storages is not None else ():
             storages.hold(tensor, "inputs", BEFORE)
+        backwards = any(kind == "B" for _, kind, _ in order)
+        if storages is not None and not backwards:
+            self._hold_shards(storages)
         in_flight: dict[tuple[int, int], tuple] = {}
         losses: dict[int, torch.Tensor] = {}
         sends = _Sends(self.schedule, order)
@@ -187,14 +218,30 @@ class _Runtime:
                 sends.forward(in_flight[s, mb][0] if s != self.last else ())
             else:
                 sends.backward(self._backward(s, mb, in_flight.pop((s, mb)), losses))
+                if storages is not None and _sharded(self.stages[s].module):
+                    _unsharded_gradients(storages, self.stages[s].module)
         del sends  # the schedule's _step_microbatches returns
         if self.outputs:  # the last stage's step() returns every output, concatenated
             merged = torch.cat(self.outputs)
             del merged
+        for stage in self.stages.values() if backwards else ():  # perform_reduce_grad
+            if _sharded(stage.module):
+                fsdp_reduce_gradients(stage.module)
         for stage in self.stages.values():  # scale_grads: the sum over microbatches / M
             for parameter in stage.module.parameters():
                 if parameter.grad is not None:
                     parameter.grad.div_(self.microbatches)
+
+    def _hold_shards(self, storages) -> None:
+        """The FSDP2 shards of a step of forwards alone: each unit stays gathered from the
+        first step on (nothing reshards it), its unsharded parameters the module's, and its
+        shards held by FSDP2 (``sharded_param``)."""
+        from ...footprint.step import BEFORE
+
+        for stage in self.stages.values():
+            for unit in filter(_sharded, stage.module.modules()):
+                for shard in fsdp_shards(unit):
+                    storages.hold(shard, "parameters", BEFORE)
 
     def _forward(self, s: int, mb: int, losses: dict) -> tuple:
         stage = self.stages[s]
@@ -203,7 +250,8 @@ class _Runtime:
         outputs = output if isinstance(output, tuple) else (output,)
         if s == self.last:
             self.outputs.append(output)
-            losses[mb] = self.loss(output)
+            if torch.is_grad_enabled():  # mode="forward" runs torch's eval(): no loss
+                losses[mb] = self.loss(output)
         elif (s, mb) not in self.gradients:  # 2. made before the first step in torch
             self.gradients[s, mb] = tuple(torch.empty_like(t) for t in outputs
                                           if isinstance(t, torch.Tensor) and t.requires_grad)
@@ -211,6 +259,11 @@ class _Runtime:
 
     def _backward(self, s: int, mb: int, cached: tuple, losses: dict) -> tuple:
         outputs, inputs = cached
+        module = self.stages[s].module
+        if _sharded(module):  # backward_maybe_with_nosync: reduced at the end
+            module.set_is_last_backward(False)
+            module.set_reshard_after_backward(False)
+            module.set_requires_gradient_sync(False)
         if s == self.last:
             torch.autograd.backward([losses[mb]])
         else:
@@ -261,6 +314,23 @@ class _Sends:
             self.kept["backward"] = [gradients]
             if self.backwards == self.loop_backwards:
                 self.kept["warmup"] = []
+
+
+def _unsharded_gradients(storages, module: torch.nn.Module) -> None:
+    """The gradients FSDP2 ``module`` accumulates unsharded over the microbatches, recorded as
+    gradients: between its backwards (not resharded, ``set_reshard_after_backward(False)``)
+    the module's parameters are its unsharded ones, their ``grad`` summed by autograd until
+    the step's reduce-scatter frees them (`fsdp_reduce_gradients`)."""
+    for parameter in module.parameters():
+        if parameter.grad is not None:
+            storages.hold(parameter.grad, "gradients", len(storages.run.ops)).kind = "gradients"
+
+
+def _sharded(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2 unit (a stage torch's runtime syncs at the step's end)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def _like(args: tuple) -> tuple:
