@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from exportflops.errors import LayoutError
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.records import RanksMemory
 from tests.footprint.models import llama
@@ -84,13 +83,6 @@ def test_ranks_of_different_tensor_parallel_groups_each_run_their_own_step():
     view = memory_ranks(model, args, kwargs, layout=Layout(fsdp=2, tp=2))
     assert [report.rank for report in view.ranks] == [0, 1, 2, 3]
     assert len({report.peak_bytes for report in view.ranks}) == 1
-
-
-def test_a_layout_it_does_not_model_is_refused_by_name():
-    model, args = MODELS["tp"]()
-    # a composition the FLOPs per rank count (analyze_ranks) and the memory does not model
-    with pytest.raises(LayoutError, match=r"Layout\(cp=2, tp=2\).*tp with cp are not modelled"):
-        memory_ranks(model, args, layout=Layout(cp=2, tp=2))
 
 
 @pytest.mark.parametrize("dimension", ["tp", "fsdp"])
