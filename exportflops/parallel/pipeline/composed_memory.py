@@ -48,7 +48,7 @@ def composed_pipeline_memory(model: torch.nn.Module | Builder, args: Any,
     wrapped in the stages holding them; ``options``: `replayed`'s."""
     from ...count.ranks import fake_copy
     from ..parallelize import fully_shard_blocks, tensor_parallel
-    from ..rank_memory import unsharded_storages
+    from ..rank_step import unsharded_storages
 
     built, args, kwargs = built_model(model, args, kwargs)
     name = type(built).__name__
