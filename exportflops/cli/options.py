@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from functools import partial
 
 from ..errors import UnknownDeviceError, UsageError
@@ -12,13 +10,10 @@ from .footprint import check_memory
 from .planner import check_fit
 from .splits import check_splits, refuse
 from .targets import flagged
+from .values import counts, dynamic_dim, input_shape, keyword_inputs, sweep_points
 from ..version import versions_text
 
 FORMATS = ("table", "json", "csv", "md", "html")
-# torch holds a size, an element count and a storage's bytes as int64: a larger size fails to
-# unpack ("Overflow when unpacking long long"), larger bytes fail in ATen's computeStorageNbytes
-# (aten/src/ATen/EmptyTensor.cpp: "Storage size calculation overflowed"), even on meta.
-INT64_MAX = 2**63 - 1
 # The command prints less than flops_report's DEFAULT_VIEWS (which add top): its --help and
 # examples promise "summary and module tree", and on a terminal the top view repeats the
 # tree's largest rows; --view top (or all) adds it.
@@ -59,18 +54,6 @@ examples:
 exit status: 0 success; 2 the command cannot run as written (arguments, MODEL, missing file or
 package); 1 building or analyzing the model failed. --debug adds the traceback.
 """
-
-
-def _counts(text: str, *, least: int, example: str) -> list[int]:
-    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < least:
-        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
-                                         f"({example}), got {text!r}")
-    return counts
 
 
 #: Every option but MODEL: (flags, `add_argument`'s keywords) under the help's group of what it
@@ -172,7 +155,7 @@ OPTIONS = {
                                    "runs it with logits_to_keep=1)"),
     },
     "training steps": {
-        "--seqlens": dict(type=partial(_counts, least=1, example="100,250,40"), default=None,
+        "--seqlens": dict(type=partial(counts, least=1, example="100,250,40"), default=None,
                           metavar="L1,L2,...",
                           help="one row packing documents of these lengths: the step's FLOPs per "
                                "document and in total (exportflops.flops_per_batch; with --mode "
@@ -300,16 +283,9 @@ def check(ns: argparse.Namespace) -> None:
     if ns.format == "html" and (views or not ns.output):
         raise UsageError("--format html writes one page with every picture and table to a "
                          "file: pass --output report.html, and no --view.")
-    ns.shapes = [_parse_input(text) for text in ns.input]
+    ns.shapes = [input_shape(text) for text in ns.input]
     if ns.kwargs is not None:
-        try:
-            ns.kwargs = json.loads(ns.kwargs)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"--kwargs is not valid JSON ({error}): pass an object such as "
-                             f"'{{\"use_cache\": false}}'.") from None
-        if not isinstance(ns.kwargs, dict):
-            raise UsageError(f"--kwargs must be a JSON object of keyword arguments, got "
-                             f"{type(ns.kwargs).__name__}.")
+        ns.kwargs = keyword_inputs(ns.kwargs)
     _check_analyses(ns)
     _check_hf(ns)
     if ns.model.endswith(".pt2") and (ns.input or ns.kwargs is not None or ns.device
@@ -390,14 +366,8 @@ _ANALYSES = (
 def _check_analyses(ns: argparse.Namespace) -> None:
     """--dynamic, --sweep, --profile and --budget parsed; each analysis refused with what it
     does not combine with (`_ANALYSES`) or without what it needs."""
-    ns.dims = dict(_parse_dynamic(text) for arg in ns.dynamic for text in arg.split(","))
-    sweeps = [_parse_sweep(text) for text in ns.sweep]
-    ns.points = dict(sweeps)
-    if len(ns.points) < len(sweeps):
-        raise UsageError("a size is swept twice: give each NAME one --sweep NAME=V[,V...].")
-    if ns.points and len({len(v) for v in ns.points.values()}) > 1:
-        raise UsageError("several --sweep move together, element by element: give each as "
-                         "many values.")
+    ns.dims = dict(dynamic_dim(text) for arg in ns.dynamic for text in arg.split(","))
+    ns.points = sweep_points(ns.sweep)
     unknown = sorted(set(ns.points) - set(ns.dims))
     if unknown and not ns.model.endswith(".pt2"):
         raise UsageError(f"--sweep {unknown[0]} needs --dynamic {unknown[0]}: the size must be "
@@ -434,7 +404,7 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "it needs --mode train.")
     if ns.routing is not None:  # parsed here: argparse's own error would end the process
         try:
-            ns.routing = _counts(ns.routing, least=0, example="10,30,20,4")
+            ns.routing = counts(ns.routing, least=0, example="10,30,20,4")
         except argparse.ArgumentTypeError as error:
             raise UsageError(f"--routing {error}.") from None
     check_splits(ns)
@@ -455,59 +425,3 @@ def _check_cache(ns: argparse.Namespace) -> None:
             else "--cache needs"
         raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
                          f"tokens generated after the prompt.")
-
-
-def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
-    from ..capture.dims import NAMED_DIMS
-
-    name, _, where = text.strip().partition("=")
-    if not where:
-        if name not in NAMED_DIMS:
-            raise UsageError(f"--dynamic {name}: name batch or seq, or give the place as "
-                             f"NAME=ARG:DIM (positional input ARG, its dim DIM).")
-        return name, NAMED_DIMS[name]
-    arg, _, dim = where.partition(":")
-    if not (name.isidentifier() and arg.isdigit() and dim.lstrip("-").isdigit()):
-        raise UsageError(f"--dynamic {text!r}: write NAME=ARG:DIM, e.g. tokens=0:1.")
-    return name, (int(arg), int(dim))
-
-
-def _parse_sweep(text: str) -> tuple[str, list[int]]:
-    name, _, values = text.partition("=")
-    try:
-        points = [int(v) for v in values.split(",")]
-    except ValueError:
-        points = []
-    if not name.isidentifier() or not points or min(points) < 1:
-        raise UsageError(f"--sweep {text!r}: write NAME=V[,V...] with positive integers, e.g. "
-                         f"seq=512,1024,2048.")
-    return name, points
-
-
-def _parse_input(text: str):
-    """``1,3,224,224`` or ``1,1024:int64`` -> (sizes, torch dtype)."""
-    import torch
-
-    shape, _, dtype_name = text.partition(":")
-    try:
-        sizes = [int(s) for s in shape.split(",")]
-    except ValueError:
-        raise UsageError(f"--input {text!r}: sizes must be integers separated by commas, "
-                         f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64."
-                         ) from None
-    if any(s < 1 for s in sizes):
-        raise UsageError(f"--input {text!r}: sizes must be at least 1, got {min(sizes)}.")
-    if max(sizes) > INT64_MAX:
-        raise UsageError(f"--input {text!r}: size {max(sizes)} is past {INT64_MAX} "
-                         f"(2**63 - 1), the largest a size can be: torch holds sizes as "
-                         f"signed 64-bit integers.")
-    dtype = getattr(torch, dtype_name or "float32", None)
-    if not isinstance(dtype, torch.dtype):
-        raise UsageError(f"--input {text!r}: unknown dtype {dtype_name!r}; use a torch dtype "
-                         f"name such as float32, bfloat16, float16 or int64.")
-    nbytes = math.prod(sizes) * dtype.itemsize
-    if nbytes > INT64_MAX:
-        raise UsageError(f"--input {text!r}: {nbytes:,} bytes, past {INT64_MAX:,} (2**63 - 1), "
-                         f"the most a tensor can hold even on meta: torch counts a tensor's "
-                         f"bytes as a signed 64-bit integer.")
-    return sizes, dtype
