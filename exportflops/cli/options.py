@@ -413,15 +413,15 @@ def _check_analyses(ns: argparse.Namespace) -> None:
 
 
 def _check_cache(ns: argparse.Namespace) -> None:
-    """--max-cache-len needs --cache static, which needs --generate N: each refusal names the
-    flag and the one it needs."""
-    if ns.max_cache_len is not None and ns.cache != "static":
-        needs = "" if ns.generate is not None else ", and --cache needs --generate N"
-        raise UsageError(f"--max-cache-len sizes a static cache: it needs --cache static{needs}; "
-                         f"pass --generate {ns.generate or 'N'} --cache static --max-cache-len "
-                         f"{ns.max_cache_len}.")
-    if ns.cache != "dynamic" and ns.generate is None:
-        flags = "--cache and --max-cache-len need" if ns.max_cache_len is not None \
-            else "--cache needs"
-        raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
-                         f"tokens generated after the prompt.")
+    """--cache and --max-cache-len need --generate N, each refusal naming the flags it needs;
+    with it, what each needs of the other is `generation.limits.check_options`'."""
+    if ns.generate is not None or (ns.cache == "dynamic" and ns.max_cache_len is None):
+        return
+    if ns.cache == "dynamic":
+        raise UsageError(f"--max-cache-len sizes a static cache: it needs --cache static, and "
+                         f"--cache needs --generate N; pass --generate N --cache static "
+                         f"--max-cache-len {ns.max_cache_len}.")
+    flags = "--cache and --max-cache-len need" if ns.max_cache_len is not None \
+        else "--cache needs"
+    raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
+                     f"tokens generated after the prompt.")
