@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..outputs import Results
+from .splits import split_flagged, split_given, split_options
 from .targets import built
 
-#: The splits --memory gives one rank's step of.
-SPLITS = ("tp", "fsdp", "pp", "ep", "cp")
 #: What --memory does not combine with: the flags of other analyses, by their dest.
 _OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "trace",
                    "split_backward")
@@ -26,8 +25,8 @@ def check_memory(ns: argparse.Namespace) -> None:
                                          or ns.fit is not None):
         raise UsageError("--optimizer picks the optimizer of --memory --mode train's step, "
                          "or of the step --fit plans.")
-    if ns.precision is not None and not (ns.memory and ns.mode == "train" and not any(
-            getattr(ns, name) is not None for name in SPLITS)):
+    if ns.precision is not None and not (ns.memory and ns.mode == "train"
+                                         and not split_given(ns)):
         raise UsageError("--precision sets the dtypes of --memory --mode train's step on one "
                          "device: not without --memory --mode train, nor with --tp, --fsdp, "
                          "--pp, --ep or --cp.")
@@ -42,7 +41,7 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "not with --view, and not with --profile, --trace, --sweep, "
                          "--budget, --generate, --seqlens or --split-backward (--tp and "
                          "--fsdp, --pp, --ep or --cp: one rank's step).")
-    if ns.dims and any(getattr(ns, name) is not None for name in SPLITS):
+    if ns.dims and split_given(ns):
         raise UsageError("--memory --dynamic gives one device's step in dynamic sizes: not "
                          "with --tp, --fsdp, --pp, --ep or --cp.")
     if ns.device_model is not None:
@@ -60,8 +59,7 @@ def analyze_memory(ns: argparse.Namespace) -> Results:
 
     if ns.dims:
         return _symbolic_memory(ns)
-    split = any(getattr(ns, name) is not None for name in SPLITS)
-    record = _rank_memory(ns) if split else _memory(ns)
+    record = _rank_memory(ns) if split_given(ns) else _memory(ns)
     if ns.device_model is not None:
         record = MemoryOnDevice(memory=record, fit=record.fits(ns.device_model))
     return Results(record=record)
@@ -99,10 +97,8 @@ def _rank_memory(ns: argparse.Namespace):
     """The step of rank --rank of MODEL split by --tp and --fsdp, by --pp (its input one
     microbatch of --microbatches, under --schedule), by --ep (--routing) or by --cp."""
     from ..parallel.rank_memory import memory_ranks
-    from .splits import flag_error, split_options
 
-    try:
+    # A model without a plan, an example the layout cannot split: errors naming the flags.
+    with split_flagged(ns):
         return memory_ranks(partial(built, ns), rank=ns.rank, mode=ns.mode,
                             optimizer=ns.optimizer or "adamw", **split_options(ns))
-    except InputError as error:  # a model without a plan, an example the layout cannot split
-        raise flag_error(ns, error) from error

@@ -31,13 +31,11 @@ def analyze_fit(ns: argparse.Namespace):
     """The `FitPlan` of MODEL as the flags build it."""
     from ..errors import LayoutError
     from ..planner import fit
-    from .splits import SPLITS, split_flags, split_layout
+    from .splits import split_flags, split_given, split_options
 
     model, args, kwargs = built(ns)
     budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
-    split = any(getattr(ns, name) is not None for name in SPLITS)
-    options = dict(layout=split_layout(ns), schedule=ns.schedule,
-                   microbatches=ns.microbatches, routing=ns.routing) if split else {}
+    options = split_options(ns) if split_given(ns) else {}
     try:  # --routing is the example's histogram: no other batch or length has it
         plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
                    device_model=ns.device_model, search_batch=ns.routing is None, **options)
