@@ -33,7 +33,7 @@ from ..hf.models import import_transformers  # noqa: E402
 from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import analyzed, built, dynamic_shapes, flagged, in_flags  # noqa: E402
+from .targets import analyzed, built, dynamic_shapes, flagged  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +105,7 @@ def _analyze(ns: argparse.Namespace) -> Results:
     (`hf.memory.within_free_memory`), its refusal naming the flags."""
     if ns.device != "cpu":
         return _analysis(ns)
-    with in_flags(), within_free_memory(ns.model):
+    with flagged(), within_free_memory(ns.model):
         return _analysis(ns)
 
 
@@ -125,7 +125,7 @@ def _analysis(ns: argparse.Namespace) -> Results:
         from .ranks import analyze_split
         return analyze_split(ns)
     if ns.fit is not None:
-        from .planner import analyze_fit
+        from .footprint import analyze_fit
         return Results(record=analyze_fit(ns))
     if ns.memory:
         from .footprint import analyze_memory

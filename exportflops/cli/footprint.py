@@ -1,17 +1,17 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
 ``--optimizer`` and ``--precision``, and with ``--device-model KEY`` whether its peak fits that
-device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``),
-``--ep`` (``--routing``) or ``--cp``, of the step of rank ``--rank``
-(`exportflops.parallel.memory_ranks`)."""
+device's memory; with split flags, of the step of rank ``--rank``
+(`exportflops.parallel.memory_ranks`). ``--fit BUDGET``: the checkpointing plan that fits the
+training step into BUDGET (`exportflops.fit`), per rank with split flags."""
 
 from __future__ import annotations
 
 import argparse
 from functools import partial
 
-from ..errors import UsageError
+from ..errors import LayoutError, UsageError
 from ..outputs import Results
-from .splits import split_flagged, split_given, split_options
+from .splits import split_flagged, split_flags, split_given, split_options
 from .targets import built
 
 #: What --memory does not combine with: the flags of other analyses, by their dest.
@@ -102,3 +102,18 @@ def _rank_memory(ns: argparse.Namespace):
     with split_flagged(ns):
         return memory_ranks(partial(built, ns), rank=ns.rank, mode=ns.mode,
                             optimizer=ns.optimizer or "adamw", **split_options(ns))
+
+
+def analyze_fit(ns: argparse.Namespace):
+    """The `FitPlan` of MODEL as the flags build it."""
+    from ..planner import fit
+
+    model, args, kwargs = built(ns)
+    budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
+    options = split_options(ns) if split_given(ns) else {}
+    try:  # --routing is the example's histogram: no other batch or length has it
+        plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
+                   device_model=ns.device_model, search_batch=ns.routing is None, **options)
+    except LayoutError as error:  # a layout, or a block, a per-rank step does not model
+        raise UsageError(f"--fit {split_flags(ns)}: {error}") from error
+    return plan

@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 from functools import partial
 
-from ..errors import UnknownDeviceError, UsageError
+from ..errors import UsageError
 from ..outputs import FORMATS
 from .footprint import check_memory
-from .planner import check_fit
 from .splits import check_splits, refuse
 from .targets import flagged
 from .values import counts, dynamic_dim, input_shape, keyword_inputs, sweep_points
@@ -300,6 +299,10 @@ _ANALYSES = (
     (lambda ns: ns.budget is not None,
      "--budget compares one forward at fixed sizes, as a table, Markdown or JSON",
      ("--sweep", "--mode train", "--format csv")),
+    (lambda ns: ns.fit is not None,
+     "--fit BUDGET plans a training step of a model built here, printed as a table or JSON",
+     ("a saved .pt2", "--view", "--memory", "--profile", "--trace", "--dynamic", "--sweep",
+      "--budget", "--generate", "--seqlens", "--split-backward", "--format csv, md or html")),
     (lambda ns: ns.split_backward,
      "--split-backward splits the backward of one model's training step (with --pp, a "
      "zero-bubble --schedule splits each stage's backward itself)",
@@ -328,10 +331,8 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.device_model not in (None, "cpu"):
         from ..device_table import device_row
 
-        try:
+        with flagged("--device-model"):  # an unknown key: the error names the table's keys
             device_row(ns.device_model)
-        except UnknownDeviceError as error:  # it names the table's keys
-            raise UsageError(f"--device-model: {error}") from None
     if ns.trace and not ns.profile:
         raise UsageError("--trace writes the measured timeline: add --profile (and --device cpu "
                          "or cuda).")
@@ -353,7 +354,6 @@ def _check_analyses(ns: argparse.Namespace) -> None:
             raise UsageError(f"--routing {error}.") from None
     check_splits(ns)
     check_memory(ns)
-    check_fit(ns)
 
 
 def _check_cache(ns: argparse.Namespace) -> None:

@@ -10,7 +10,7 @@ import argparse
 
 from ..errors import UsageError
 from ..parallel.layout import Layout
-from .targets import flagged, in_flags
+from .targets import flagged
 
 #: The flags giving a split's degree, each a field of `Layout`.
 SPLITS = ("pp", "fsdp", "cp", "tp", "ep")
@@ -31,6 +31,9 @@ GIVEN = {
     "--mode train": lambda ns: ns.mode == "train",
     "--mode train without --pp": lambda ns: ns.mode == "train" and ns.pp is None,
     "--kwargs": lambda ns: bool(ns.kwargs),
+    "--view": lambda ns: ns.view is not None,
+    "--memory": lambda ns: ns.memory,
+    "--split-backward": lambda ns: ns.split_backward,
     "--format csv, md or html": lambda ns: ns.format not in ("table", "json"),
     "--format csv or html": lambda ns: ns.format in ("csv", "html"),
     **{f"--{name}": (lambda ns, name=name: getattr(ns, name) is not None) for name in SPLITS},
@@ -130,7 +133,7 @@ def check_split_sizes(ns: argparse.Namespace) -> None:
 
     if not ns.model.startswith("hf:"):
         return
-    with split_flagged(ns), in_flags():
+    with split_flagged(ns):
         hf.check_layout(ns.model, split_layout(ns), layers=ns.layers, seq=ns.seq,
                         schedule=ns.schedule, load_balance=not ns.no_load_balance,
                         example=not ns.shapes)

@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from .. import hf
-from ..errors import BuildError, ExportError, InputError, UsageError
+from ..errors import BuildError, ExportError, InputError, UnknownDeviceError, UsageError
 from ..hf.models import CpuRunError
 from ..hf.needs import innermost
 
@@ -45,7 +45,7 @@ def analyzed(ns, model, args, kwargs, **options):
     if not ns.model.startswith("hf:"):
         return analyze(model, args, kwargs, **options)
     on_cpu = partial(built, ns, device_named("cpu")) if ns.device is None else None
-    with in_flags():
+    with flagged():
         return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
 
 
@@ -97,23 +97,17 @@ def flags(text: str) -> str:
 
 @contextlib.contextmanager
 def flagged(lead: str = ""):
-    """The library's `InputError` raised in the block as a usage error: the arguments it names
-    written as flags (`flags`), led by ``lead`` (the flag given) where it names none first."""
+    """The library's errors raised in the block, with the arguments they name as flags
+    (`flags`): an `InputError` (or an unknown device key) as a usage error led by ``lead`` (the
+    flag given) where it names none first; the hf library's UsageErrors; the hint of its run
+    on cpu past its cap (`CpuRunError`); an export failure that quotes a UsageError of its own
+    (raised in a forward it wraps)."""
     try:
         yield
-    except InputError as error:
+    except (InputError, UnknownDeviceError) as error:
         text = flags(str(error))
         raise UsageError(text if text.startswith("--") or not lead else f"{lead}: {text}"
                          ) from error
-
-
-@contextlib.contextmanager
-def in_flags():
-    """The hf library's errors raised in the block, with the arguments they name as flags
-    (`flags`): its UsageErrors, the hint of its run on cpu past its cap (`CpuRunError`), and an
-    export failure that quotes a UsageError of its own (raised in a forward it wraps)."""
-    try:
-        yield
     except UsageError as error:
         raise UsageError(flags(str(error))) from error
     except CpuRunError as error:  # its hint is the library's
@@ -138,7 +132,7 @@ def build_target(spec: str, device, *, shapes=None, kwargs: dict | None = None,
     if spec in EXAMPLES:
         model, args = EXAMPLES[spec](device=device)
     elif spec.startswith("hf:"):
-        with in_flags():
+        with flagged():
             model, args, kwargs = hf.build(spec, device=device, kwargs=kwargs,
                                            **(hf_options or {}))
     elif ":" in spec:
