@@ -1,12 +1,7 @@
-"""The ``exportflops`` command: parse arguments, build the model, analyze, render.
-
-The flags mapped to the library's analyses, their `Results` written by
-`exportflops.outputs.to_format`; counting is `analyze`'s. Exit status 0 on success,
-2 when the command cannot run as written (bad arguments, a MODEL that does not resolve, a missing
-file or package, a --device cpu run past the memory the machine has free), 1 when building or
-analyzing the model fails; each failure prints one paragraph on stderr, and the traceback only
-with ``--debug``.
-"""
+"""The ``exportflops`` command: parse the flags (`options`), build MODEL (`targets`), call the
+library's analyses, write their `Results` with `exportflops.outputs.to_format`. Exit status and
+errors as docs/command.md says: 0, 2 (cannot run as written), 1 (building or analyzing failed),
+each failure one paragraph on stderr (the traceback with ``--debug``)."""
 
 from __future__ import annotations
 

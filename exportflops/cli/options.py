@@ -19,31 +19,24 @@ from ..version import versions_text
 CLI_DEFAULT_VIEWS = ("summary", "tree")
 
 EXAMPLES_HELP = """\
-MODEL is one of:
-  a built-in example      gpt2 (GPT-2 124M, nanoGPT), llama, resnet50 (torchvision's ResNet-50)
-  pkg.module:factory      a callable in an importable module (the current directory is on the path)
-  path/to/file.py:factory a callable defined in a Python file
-  path/to/program.pt2     a program saved with torch.export.save (analyzed with its example inputs)
-  hf:<model_type>         a Hugging Face model from its default config (needs transformers)
-  hf:path/config.json     ... from a local config.json, or hf:path/to/dir that holds one
-  hf:org/name             ... from the config in the local Hugging Face cache (never downloads)
-  hf: makes the inputs of each modality from the config (docs/hf.md); --layers caps each stack,
-  --batch and --seq size the inputs.
-
-A factory returns a model (then --input gives its inputs) or (model, args). If it takes a
-`device` argument it is called with --device; otherwise the model is moved there.
+MODEL is one of (docs/command.md):
+  gpt2, llama, resnet50       a built-in example (GPT-2 124M, Llama 3 8B, ResNet-50)
+  pkg.module:factory          a callable in an importable module (or the current directory)
+  path/to/file.py:factory     a callable defined in a Python file
+  path/to/program.pt2         a program saved with torch.export.save, with its example inputs
+  hf:<model_type>             a Hugging Face model from its default config, offline (docs/hf.md)
+  hf:path/config.json, hf:org/name   ... from a config file, folder or the local cache
+A factory returns a model (--input gives its inputs) or (model, args); one taking `device` is
+called with --device, otherwise the model is moved there.
 
 examples:
   exportflops gpt2                                   summary and module tree of GPT-2 124M
   exportflops resnet50 --view top,tree --depth 2     top module types and the tree to depth 2
   exportflops mypkg.models:build --input 1,3,224,224 --format csv --output resnet.csv
   exportflops ./net.py:Net --input 8,32 --input 8,32:float16 --kwargs '{"scale": 0.5}'
-  exportflops saved/model.pt2 --format json --output report.json
   exportflops gpt2 --device cpu --profile --trace gpt2.trace.json --format html --output gpt2.html
-  exportflops hf:llama --input 1,512:int64 --strict
   exportflops gpt2 --input 1,1:int64 --device-model h100-sxm   decode step: memory-bound
   exportflops hf:llama --input 1,512:int64 --generate 128   prefill, per-token decode, request
-  exportflops hf:llama --tp 4 --mode train     rank 0 of its own tensor-parallel plan, 4 ways
   exportflops llama --fsdp 8 --mode train --rank 3   rank 3 of FSDP2 over 8 ranks, per block
   exportflops hf:whisper --layers 2                  whisper's 80 x 3000 features + decoder ids
 
