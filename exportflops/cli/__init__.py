@@ -9,7 +9,6 @@ import argparse
 import contextlib
 import io
 import logging
-import os
 import sys
 import traceback
 import warnings
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = _analyze(ns)
             stage("render")
             text, unrendered = _rendered(ns, outcome)
-    except UsageError as error:
+    except (UsageError, FileNotFoundError) as error:  # a MODEL .pt2 that is not there
         return _fail(ns, f"exportflops: error: {error}", 2)
     except BuildError as error:
         return _fail(ns, f"exportflops: could not build {ns.model}: {error}", 1)
@@ -107,10 +106,7 @@ def _analyze(ns: argparse.Namespace) -> Results:
 def _analysis(ns: argparse.Namespace) -> Results:
     from ..api import analyze
 
-    if ns.model.endswith(".pt2"):
-        if not os.path.isfile(ns.model):
-            raise UsageError(f"no saved program at {ns.model!r}: pass the path of a file written "
-                             f"by torch.export.save(program, path).")
+    if ns.model.endswith(".pt2"):  # a missing file: capture.saved.load's FileNotFoundError
         return _beside(ns, analyze(ns.model, strict=ns.strict, mode=ns.mode,
                                    split_backward=ns.split_backward))
     if ns.pp is not None or ns.cp is not None:
