@@ -27,7 +27,7 @@ from ..hf.models import import_transformers  # noqa: E402
 from ..outputs import Results, to_format  # noqa: E402
 from .options import check, parser  # noqa: E402
 from .splits import check_split_sizes  # noqa: E402
-from .targets import analyzed, built, dynamic_shapes, flagged  # noqa: E402
+from .targets import analyzed, built, dynamic_shapes, flagged, in_flags  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +99,7 @@ def _analyze(ns: argparse.Namespace) -> Results:
     (`hf.memory.within_free_memory`), its refusal naming the flags."""
     if ns.device != "cpu":
         return _analysis(ns)
-    with flagged(), within_free_memory(ns.model):
+    with in_flags(), within_free_memory(ns.model):
         return _analysis(ns)
 
 

@@ -45,7 +45,7 @@ def analyzed(ns, model, args, kwargs, **options):
     if not ns.model.startswith("hf:"):
         return analyze(model, args, kwargs, **options)
     on_cpu = partial(built, ns, device_named("cpu")) if ns.device is None else None
-    with flagged():
+    with in_flags():
         return hf.analyze_built(hf.Built(model, args, kwargs), on_cpu=on_cpu, **options)
 
 
@@ -97,17 +97,25 @@ def flags(text: str) -> str:
 
 @contextlib.contextmanager
 def flagged(lead: str = ""):
-    """The library's errors raised in the block, with the arguments they name as flags
-    (`flags`): an `InputError` (or an unknown device key) as a usage error led by ``lead`` (the
-    flag given) where it names none first; the hf library's UsageErrors; the hint of its run
-    on cpu past its cap (`CpuRunError`); an export failure that quotes a UsageError of its own
-    (raised in a forward it wraps)."""
+    """The library's `InputError` (or an unknown device key) raised in the block as a usage
+    error, the arguments it names written as flags (`flags`), led by ``lead`` (the flag given)
+    where it names none first; and what `in_flags` maps."""
     try:
-        yield
+        with in_flags():
+            yield
     except (InputError, UnknownDeviceError) as error:
         text = flags(str(error))
         raise UsageError(text if text.startswith("--") or not lead else f"{lead}: {text}"
                          ) from error
+
+
+@contextlib.contextmanager
+def in_flags():
+    """The hf library's errors raised in the block, with the arguments they name as flags
+    (`flags`): its UsageErrors, the hint of its run on cpu past its cap (`CpuRunError`), and an
+    export failure that quotes a UsageError of its own (raised in a forward it wraps)."""
+    try:
+        yield
     except UsageError as error:
         raise UsageError(flags(str(error))) from error
     except CpuRunError as error:  # its hint is the library's
@@ -132,7 +140,7 @@ def build_target(spec: str, device, *, shapes=None, kwargs: dict | None = None,
     if spec in EXAMPLES:
         model, args = EXAMPLES[spec](device=device)
     elif spec.startswith("hf:"):
-        with flagged():
+        with in_flags():
             model, args, kwargs = hf.build(spec, device=device, kwargs=kwargs,
                                            **(hf_options or {}))
     elif ":" in spec:
