@@ -32,8 +32,9 @@ def _layers() -> torch.nn.Module:
     (dict(new_tokens=2, cache="paged"), r"cache='paged': .* \('dynamic'\) .* \('static'\)"),
     (dict(new_tokens=2, cache="static", max_cache_len=0),
      r"max_cache_len=0: a static cache holds a count of entries >= 1; pass max_cache_len=N"),
-    (dict(new_tokens=2, max_cache_len=8), r"max_cache_len sizes a static cache: pass "
-                                          r"cache='static'"),
+    (dict(new_tokens=2, max_cache_len=8), r"max_cache_len= sizes a static cache: it needs "
+                                          r"cache='static'; pass new_tokens=2 cache='static' "
+                                          r"max_cache_len=8\."),
 ], ids=["zero-tokens", "float-tokens", "bool-tokens", "unknown-cache", "zero-cache-entries",
         "length-of-a-dynamic-cache"])
 def test_generation_refuses_an_argument_out_of_range_before_looking_at_the_model(options,

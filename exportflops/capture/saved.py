@@ -18,8 +18,8 @@ def load(path: str | os.PathLike) -> torch.export.ExportedProgram:
     if not os.path.isfile(path):
         what = "is a directory" if os.path.isdir(path) else "does not exist"
         raise FileNotFoundError(
-            f"{os.fspath(path)!r} {what}: pass the path of a file written by "
-            f"torch.export.save(program, path), or the model itself."
+            f"no saved program at {os.fspath(path)!r}, which {what}: pass the path of a file "
+            f"written by torch.export.save(program, path), or the model itself."
         )
     # torch logs the real cause of a failed load as a warning and raises "check the warnings
     # above", which a command that hides torch's log never shows: the cause is kept here.

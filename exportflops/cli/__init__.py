@@ -1,12 +1,7 @@
-"""The ``exportflops`` command: parse arguments, build the model, analyze, render.
-
-The flags mapped to the library's analyses, their `Results` written by
-`exportflops.outputs.to_format`; counting is `analyze`'s. Exit status 0 on success,
-2 when the command cannot run as written (bad arguments, a MODEL that does not resolve, a missing
-file or package, a --device cpu run past the memory the machine has free), 1 when building or
-analyzing the model fails; each failure prints one paragraph on stderr, and the traceback only
-with ``--debug``.
-"""
+"""The ``exportflops`` command: parse the flags (`options`), build MODEL (`targets`), call the
+library's analyses, write their `Results` with `exportflops.outputs.to_format`. Exit status and
+errors as docs/command.md says: 0, 2 (cannot run as written), 1 (building or analyzing failed),
+each failure one paragraph on stderr (the traceback with ``--debug``)."""
 
 from __future__ import annotations
 
@@ -14,7 +9,6 @@ import argparse
 import contextlib
 import io
 import logging
-import os
 import sys
 import traceback
 import warnings
@@ -51,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
             outcome = _analyze(ns)
             stage("render")
             text, unrendered = _rendered(ns, outcome)
-    except UsageError as error:
+    except (UsageError, FileNotFoundError) as error:  # a MODEL .pt2 that is not there
         return _fail(ns, f"exportflops: error: {error}", 2)
     except BuildError as error:
         return _fail(ns, f"exportflops: could not build {ns.model}: {error}", 1)
@@ -112,10 +106,7 @@ def _analyze(ns: argparse.Namespace) -> Results:
 def _analysis(ns: argparse.Namespace) -> Results:
     from ..api import analyze
 
-    if ns.model.endswith(".pt2"):
-        if not os.path.isfile(ns.model):
-            raise UsageError(f"no saved program at {ns.model!r}: pass the path of a file written "
-                             f"by torch.export.save(program, path).")
+    if ns.model.endswith(".pt2"):  # a missing file: capture.saved.load's FileNotFoundError
         return _beside(ns, analyze(ns.model, strict=ns.strict, mode=ns.mode,
                                    split_backward=ns.split_backward))
     if ns.pp is not None or ns.cp is not None:
@@ -125,7 +116,7 @@ def _analysis(ns: argparse.Namespace) -> Results:
         from .ranks import analyze_split
         return analyze_split(ns)
     if ns.fit is not None:
-        from .planner import analyze_fit
+        from .footprint import analyze_fit
         return Results(record=analyze_fit(ns))
     if ns.memory:
         from .footprint import analyze_memory

@@ -1,21 +1,19 @@
 """``--memory``: the memory of one step of MODEL (`exportflops.memory`), ``--mode train`` with
 ``--optimizer`` and ``--precision``, and with ``--device-model KEY`` whether its peak fits that
-device's memory; with ``--tp``/``--fsdp``, ``--pp`` (``--schedule``, ``--microbatches``;
-its stages on ``--fsdp`` x ``--tp`` ranks where given), ``--ep`` (``--routing``) or ``--cp``
-(with ``--fsdp`` and ``--tp``), of the step of rank ``--rank``
-(`exportflops.parallel.memory_ranks`)."""
+device's memory; with split flags, of the step of rank ``--rank``
+(`exportflops.parallel.memory_ranks`). ``--fit BUDGET``: the checkpointing plan that fits the
+training step into BUDGET (`exportflops.fit`), per rank with split flags."""
 
 from __future__ import annotations
 
 import argparse
 from functools import partial
 
-from ..errors import InputError, UsageError
+from ..errors import LayoutError, UsageError
 from ..outputs import Results
+from .splits import split_flagged, split_flags, split_given, split_options
 from .targets import built
 
-#: The splits --memory gives one rank's step of.
-SPLITS = ("tp", "fsdp", "pp", "ep", "cp")
 #: What --memory does not combine with: the flags of other analyses, by their dest.
 _OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "trace",
                    "split_backward")
@@ -27,8 +25,8 @@ def check_memory(ns: argparse.Namespace) -> None:
                                          or ns.fit is not None):
         raise UsageError("--optimizer picks the optimizer of --memory --mode train's step, "
                          "or of the step --fit plans.")
-    if ns.precision is not None and not (ns.memory and ns.mode == "train" and not any(
-            getattr(ns, name) is not None for name in SPLITS)):
+    if ns.precision is not None and not (ns.memory and ns.mode == "train"
+                                         and not split_given(ns)):
         raise UsageError("--precision sets the dtypes of --memory --mode train's step on one "
                          "device: not without --memory --mode train, nor with --tp, --fsdp, "
                          "--pp, --ep or --cp.")
@@ -43,7 +41,7 @@ def check_memory(ns: argparse.Namespace) -> None:
                          "not with --view, and not with --profile, --trace, --sweep, "
                          "--budget, --generate, --seqlens or --split-backward (--tp and "
                          "--fsdp, --pp, --ep or --cp: one rank's step).")
-    if ns.dims and any(getattr(ns, name) is not None for name in SPLITS):
+    if ns.dims and split_given(ns):
         raise UsageError("--memory --dynamic gives one device's step in dynamic sizes: not "
                          "with --tp, --fsdp, --pp, --ep or --cp.")
     if ns.device_model is not None:
@@ -61,8 +59,7 @@ def analyze_memory(ns: argparse.Namespace) -> Results:
 
     if ns.dims:
         return _symbolic_memory(ns)
-    split = any(getattr(ns, name) is not None for name in SPLITS)
-    record = _rank_memory(ns) if split else _memory(ns)
+    record = _rank_memory(ns) if split_given(ns) else _memory(ns)
     if ns.device_model is not None:
         record = MemoryOnDevice(memory=record, fit=record.fits(ns.device_model))
     return Results(record=record)
@@ -101,10 +98,23 @@ def _rank_memory(ns: argparse.Namespace):
     microbatch of --microbatches, under --schedule; with --tp and --fsdp on each stage), by
     --ep (--routing) or by --cp (with --fsdp and --tp)."""
     from ..parallel.rank_memory import memory_ranks
-    from .splits import flag_error, split_options
 
-    try:
+    # A model without a plan, an example the layout cannot split: errors naming the flags.
+    with split_flagged(ns):
         return memory_ranks(partial(built, ns), rank=ns.rank, mode=ns.mode,
                             optimizer=ns.optimizer or "adamw", **split_options(ns))
-    except InputError as error:  # a model without a plan, an example the layout cannot split
-        raise flag_error(ns, error) from error
+
+
+def analyze_fit(ns: argparse.Namespace):
+    """The `FitPlan` of MODEL as the flags build it."""
+    from ..planner import fit
+
+    model, args, kwargs = built(ns)
+    budget = int(ns.fit) if ns.fit.isdigit() else ns.fit
+    options = split_options(ns) if split_given(ns) else {}
+    try:  # --routing is the example's histogram: no other batch or length has it
+        plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
+                   device_model=ns.device_model, search_batch=ns.routing is None, **options)
+    except LayoutError as error:  # a layout, or a block, a per-rank step does not model
+        raise UsageError(f"--fit {split_flags(ns)}: {error}") from error
+    return plan

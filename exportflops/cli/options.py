@@ -3,260 +3,179 @@
 from __future__ import annotations
 
 import argparse
-import json
-import math
 from functools import partial
 
-from ..errors import UnknownDeviceError, UsageError
+from ..errors import UsageError
+from ..outputs import FORMATS
 from .footprint import check_memory
-from .planner import check_fit
 from .splits import check_splits, refuse
 from .targets import flagged
+from .values import counts, dynamic_dim, input_shape, keyword_inputs, sweep_points
 from ..version import versions_text
 
-FORMATS = ("table", "json", "csv", "md", "html")
-# torch holds a size, an element count and a storage's bytes as int64: a larger size fails to
-# unpack ("Overflow when unpacking long long"), larger bytes fail in ATen's computeStorageNbytes
-# (aten/src/ATen/EmptyTensor.cpp: "Storage size calculation overflowed"), even on meta.
-INT64_MAX = 2**63 - 1
 # The command prints less than flops_report's DEFAULT_VIEWS (which add top): its --help and
 # examples promise "summary and module tree", and on a terminal the top view repeats the
 # tree's largest rows; --view top (or all) adds it.
 CLI_DEFAULT_VIEWS = ("summary", "tree")
 
 EXAMPLES_HELP = """\
-MODEL is one of:
-  a built-in example      gpt2 (GPT-2 124M, nanoGPT), llama, resnet50 (torchvision's ResNet-50)
-  pkg.module:factory      a callable in an importable module (the current directory is on the path)
-  path/to/file.py:factory a callable defined in a Python file
-  path/to/program.pt2     a program saved with torch.export.save (analyzed with its example inputs)
-  hf:<model_type>         a Hugging Face model from its default config (needs transformers)
-  hf:path/config.json     ... from a local config.json, or hf:path/to/dir that holds one
-  hf:org/name             ... from the config in the local Hugging Face cache (never downloads)
-  hf: picks the model class from transformers' auto tables and makes inputs for each modality
-  from the config (token ids, images, audio features; decoder tokens of an encoder-decoder);
-  --layers caps each stack, --batch and --seq size the inputs.
-
-A factory returns a model (then --input gives its inputs) or (model, args). If it takes a
-`device` argument it is called with --device; otherwise the model is moved there.
+MODEL is one of (docs/command.md):
+  gpt2, llama, resnet50       a built-in example (GPT-2 124M, Llama 3 8B, ResNet-50)
+  pkg.module:factory          a callable in an importable module (or the current directory)
+  path/to/file.py:factory     a callable defined in a Python file
+  path/to/program.pt2         a program saved with torch.export.save, with its example inputs
+  hf:<model_type>             a Hugging Face model from its default config, offline (docs/hf.md)
+  hf:path/config.json, hf:org/name   ... from a config file, folder or the local cache
+A factory returns a model (--input gives its inputs) or (model, args); one taking `device` is
+called with --device, otherwise the model is moved there.
 
 examples:
   exportflops gpt2                                   summary and module tree of GPT-2 124M
   exportflops resnet50 --view top,tree --depth 2     top module types and the tree to depth 2
-  exportflops gpt2 --input 4,256:int64 --view operators
   exportflops mypkg.models:build --input 1,3,224,224 --format csv --output resnet.csv
   exportflops ./net.py:Net --input 8,32 --input 8,32:float16 --kwargs '{"scale": 0.5}'
-  exportflops saved/model.pt2 --format json --output report.json
   exportflops gpt2 --device cpu --profile --trace gpt2.trace.json --format html --output gpt2.html
-  exportflops hf:llama --input 1,512:int64 --strict
   exportflops gpt2 --input 1,1:int64 --device-model h100-sxm   decode step: memory-bound
   exportflops hf:llama --input 1,512:int64 --generate 128   prefill, per-token decode, request
-  exportflops hf:llama --tp 4 --mode train     rank 0 of its own tensor-parallel plan, 4 ways
   exportflops llama --fsdp 8 --mode train --rank 3   rank 3 of FSDP2 over 8 ranks, per block
   exportflops hf:whisper --layers 2                  whisper's 80 x 3000 features + decoder ids
-  exportflops hf:./my-model/config.json --batch 8 --seq 2048 --view summary
 
 exit status: 0 success; 2 the command cannot run as written (arguments, MODEL, missing file or
 package); 1 building or analyzing the model failed. --debug adds the traceback.
 """
 
 
-def _counts(text: str, *, least: int, example: str) -> list[int]:
-    """--seqlens' lengths, --routing's token copies per expert: counts >= ``least``."""
-    try:
-        counts = [int(part) for part in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < least:
-        raise argparse.ArgumentTypeError(f"takes counts >= {least} separated by commas "
-                                         f"({example}), got {text!r}")
-    return counts
-
-
 #: Every option but MODEL: (flags, `add_argument`'s keywords) under the help's group of what it
 #: does, the groups in the order a run goes (what is built, what is counted, the analyses beside
 #: the counts, what is printed). A new option joins the group of its topic;
 #: tests/cli/test_cli_options.py checks that none is left in argparse's ungrouped "options".
+#: Each help is one or two lines; docs/command.md and the page it links say the rest.
 OPTIONS = {
     "model and inputs": {
         "--input": dict(action="append", default=[], metavar="SHAPE[:DTYPE]",
-                        help="one positional input of forward(), e.g. 1,3,224,224 or 1,1024:int64 "
-                             "(dtype default float32); repeat for several inputs"),
+                        help="a positional input of forward(), e.g. 1,3,224,224 or 1,1024:int64 "
+                             "(default float32); repeat for each"),
         "--kwargs": dict(metavar="JSON", default=None,
-                         help="keyword arguments of forward() as a JSON object, e.g. "
-                              "'{\"use_cache\": false}'"),
+                         help="forward()'s keyword arguments, e.g. '{\"use_cache\": false}'"),
         "--layers": dict(type=int, default=None, metavar="N",
-                         help="hf: at most N layers in each stack (default: the config's own)"),
+                         help="hf: at most N layers in each stack"),
         "--batch": dict(type=int, default=None, metavar="N",
-                        help="hf: batch size of the example inputs (default 1)"),
+                        help="hf: the example inputs' batch (default 1)"),
         "--seq": dict(type=int, default=None, metavar="N",
-                      help="hf: tokens per example sequence (default 128, or the model's positions "
-                           "when fewer), or audio frames / waveform samples"),
+                      help="hf: the example inputs' tokens, frames or samples (default 128)"),
         "--device": dict(choices=("meta", "cpu", "cuda"), default=None,
-                         help="where the model and inputs are built (default meta: nothing is "
-                              "allocated, the counts are the same; cpu: capped at the memory the "
-                              "machine has free)"),
+                         help="where the model is built (default meta: nothing allocated, the "
+                              "same counts; cpu: capped at the free memory)"),
     },
     "analysis": {
         "--mode": dict(choices=("forward", "train"), default="forward",
-                       help="train also counts the backward autograd runs (default forward)"),
+                       help="train also counts the backward (default forward)"),
         "--split-backward": dict(action="store_true",
-                                 help="--mode train: count the backward as the two passes torch's "
-                                      "zero-bubble pipeline schedules run, input then weight "
-                                      "gradients (analyze(split_backward=True)); the summary "
-                                      "shows each"),
+                                 help="--mode train: the backward as its input and weight "
+                                      "gradient passes (docs/training.md)"),
         "--strict": dict(action="store_true",
                          help="fail (exit 1) on an op with no formula instead of listing it"),
         "--full-export": dict(action="store_true",
-                              help="trace every block (analyze(fast=False)) instead of tracing "
-                                   "each repeated block once and copying its counts; the same "
+                              help="trace every block, not each repeated block once; the same "
                                    "report"),
         "--dynamic": dict(action="append", default=[], metavar="NAME[=ARG:DIM]",
-                          help="export with a dynamic size: batch (dim 0 of the first input), seq "
-                               "(its dim 1), or NAME=ARG:DIM for dim DIM of positional input "
-                               "ARG; the counts become formulas of NAME"),
+                          help="export with a dynamic size: batch, seq, or dim DIM of positional "
+                               "input ARG (docs/dynamic-sizes.md)"),
         "--sweep": dict(action="append", default=[], metavar="NAME=V[,V...]",
-                        help="evaluate the dynamic size NAME at each value (one export), e.g. "
-                             "seq=512,1024,2048; several --sweep move together"),
+                        help="evaluate dynamic size NAME at each value, e.g. seq=512,1024"),
         "--memory": dict(action="store_true",
-                         help="the memory of one step instead of its counts: the peak, what holds "
-                              "it, per module (exportflops.memory); --device-model KEY says "
-                              "whether it fits that device; with --tp/--fsdp, --pp (alone or "
-                              "with them), --ep or --cp, the step of rank --rank"),
+                         help="one step's memory instead of its counts (docs/memory.md)"),
         "--fit": dict(metavar="BUDGET", default=None,
-                      help="the blocks to checkpoint so a training step fits BUDGET (bytes, 80GiB, "
-                           "40GB or a device key such as h100-sxm), its peak, its recompute and "
-                           "the largest batch (exportflops.fit)"),
+                      help="the blocks to checkpoint so a training step fits BUDGET: bytes, "
+                           "80GiB, 40GB or a device key (docs/fit.md)"),
         "--optimizer": dict(choices=("adamw", "adam", "sgd", "adagrad", "rmsprop"), default=None,
-                            help="--memory --mode train, --fit: the step's optimizer (default "
-                                 "adamw)"),
+                            help="--memory --mode train, --fit: the optimizer (default adamw)"),
         "--precision": dict(choices=("32-true", "bf16-mixed", "bf16-true", "bf16-master"),
                             default=None,
-                            help="--memory --mode train: the step's dtypes (default 32-true; "
-                                 "bf16-master: bf16 parameters, fp32 master copy and states)"),
+                            help="--memory --mode train: the step's dtypes (default 32-true)"),
         "--budget": dict(choices=("karpathy", "kaplan", "chinchilla", "palm"), default=None,
-                         help="set a published transformer budget beside the graph, component by "
-                              "component (GPT-2, Llama, Mistral, Qwen2 layouts)"),
+                         help="a published transformer budget beside the graph (docs/budgets.md)"),
     },
     "runtime and roofline": {
         "--profile": dict(action="store_true",
-                          help="also time the graph node by node (needs --device cpu or cuda): "
-                               "latency, achieved FLOP/s and MFU"),
-        "--warmup": dict(type=int, default=10,
-                         help="--profile: untimed iterations"),
-        "--repeat": dict(type=int, default=50,
-                         help="--profile: timed iterations"),
+                          help="time the graph node by node on --device cpu or cuda: latency, "
+                               "FLOP/s, MFU"),
+        "--warmup": dict(type=int, default=10, help="--profile: untimed iterations"),
+        "--repeat": dict(type=int, default=50, help="--profile: timed iterations"),
         "--trace": dict(metavar="FILE", default=None,
-                        help="--profile: also write the timeline as a Chrome/Perfetto trace JSON "
-                             "(open it in ui.perfetto.dev or chrome://tracing)"),
+                        help="--profile: write the timeline as a Chrome/Perfetto trace"),
         "--device-model": dict(metavar="NAME", default=None,
-                               help="add the roofline on this device: each node's time predicted "
-                                    "from its FLOPs and bytes, and its bound (a device table key "
-                                    "such as h100-sxm or a100-sxm-80gb, or cpu: measured here); "
-                                    "with --profile, predicted beside measured"),
+                               help="the roofline on this device (a table key such as h100-sxm, "
+                                    "or cpu) (docs/roofline.md)"),
     },
     "generation": {
         "--generate": dict(type=int, default=None, metavar="N",
-                           help="the cost of generating N tokens after the prompt (--input, token "
-                                "ids) with a KV cache: prefill, decode step per token, request "
-                                "(Hugging Face models)"),
+                           help="generating N tokens after the prompt (--input's token ids) "
+                                "with a KV cache (docs/generation.md)"),
         "--cache": dict(choices=("dynamic", "static"), default="dynamic",
-                        help="--generate: a growing cache (useful work) or a static one (executed "
-                             "work over --max-cache-len entries)"),
+                        help="--generate: a growing cache or a static one"),
         "--max-cache-len": dict(type=int, default=None, metavar="N",
-                                help="--generate --cache static: entries of the cache (default: "
-                                     "prompt + N)"),
+                                help="--cache static: its entries (default prompt + N)"),
         "--full-logits": dict(action="store_true",
-                              help="--generate: count the prefill's LM head on every prompt "
-                                   "position (default: the last only, as transformers' generate "
-                                   "runs it with logits_to_keep=1)"),
+                              help="--generate: the prefill's LM head on every prompt position"),
     },
     "training steps": {
-        "--seqlens": dict(type=partial(_counts, least=1, example="100,250,40"), default=None,
+        "--seqlens": dict(type=partial(counts, least=1, example="100,250,40"), default=None,
                           metavar="L1,L2,...",
-                          help="one row packing documents of these lengths: the step's FLOPs per "
-                               "document and in total (exportflops.flops_per_batch; with --mode "
-                               "train, the training step's)"),
+                          help="a step on one row packing documents of these lengths "
+                               "(docs/flops-per-batch.md)"),
         "--conventions": dict(action="store_true",
                               help="--mode train, hf: models: the step's FLOPs by each stack's "
-                                   "convention beside the graph's (exportflops.conventions)"),
+                                   "convention (docs/stacks.md)"),
     },
     "parallelism": {
         "--tp": dict(type=int, default=None, metavar="N",
-                     help="split the model N ways by its own tensor-parallel plan (built-in llama, "
-                          "hf: models with a tp_plan, a model's tp_plan attribute) in a fake "
-                          "process group, and analyze one rank: its local shards and its "
-                          "collectives (view collectives)"),
+                     help="one rank of the model split N ways by its tensor-parallel plan "
+                          "(docs/parallel.md)"),
         "--fsdp": dict(type=int, default=None, metavar="N",
-                       help="FSDP2 (fully_shard) over N ranks: each transformer block (a Hugging "
-                            "Face model's decoder layer, or each entry of a ModuleList), then "
-                            "the root, in a fake process group on fake tensors; analyze one rank "
-                            "(view collectives). With --tp M: a 2-D mesh (N, M), the plan on the "
-                            "inner dimension, as torchtitan does"),
+                       help="one rank of FSDP2 over N ranks; with --tp M, a 2-D mesh (N, M)"),
         "--pp": dict(type=int, default=None, metavar="N",
-                     help="pipeline parallelism: the model split by layer into N stages, each "
-                          "stage's work, sends and receives, and the schedule's timeline and "
-                          "bubble (docs/pipeline.md)"),
-        "--schedule": dict(default=None, metavar="NAME",
-                           help="--pp: the pipeline schedule (torch.distributed.pipelining's; "
-                                "docs/pipeline.md lists them)"),
+                     help="pipeline parallelism over N stages (docs/pipeline.md)"),
+        "--schedule": dict(default=None, metavar="NAME", help="--pp: the pipeline schedule"),
         "--microbatches": dict(type=int, default=None, metavar="M",
                                help="--pp: microbatches per step"),
         "--ep": dict(type=int, default=None, metavar="N",
-                     help="expert parallelism: a mixture of experts' experts sharded over N ranks, "
-                          "each rank's expert work and its all-to-alls; with --fsdp F, inside F "
-                          "FSDP2 ranks (docs/expert-parallel.md)"),
+                     help="expert parallelism over N ranks (docs/expert-parallel.md)"),
         "--routing": dict(default=None, metavar="N1,N2,...",
-                          help="--ep: token copies per expert over all ranks' batches, to see skew "
-                               "(default: balanced routing)"),
+                          help="--ep: token copies per expert (default: balanced)"),
         "--cp": dict(type=int, default=None, metavar="N",
-                     help="context parallelism: the sequence split over N ranks, ring attention's "
-                          "work per rank and its key/value traffic; with --fsdp F, F rings "
-                          "inside F x N FSDP2 ranks; with --tp T, T tensor-parallel ranks at "
-                          "each place of a ring (docs/context-parallel.md)"),
+                     help="context parallelism over N ranks (docs/context-parallel.md)"),
         "--no-load-balance": dict(action="store_true",
-                                  help="--cp: contiguous blocks of the sequence instead of torch's "
-                                       "round-robin in 2 x N chunks"),
+                                  help="--cp: contiguous blocks, not torch's round-robin"),
         "--rank": dict(type=int, default=0,
-                       help="--tp/--fsdp/--pp/--ep/--cp: the rank analyzed (default 0); with "
-                            "--fsdp N and --tp M, rank r is FSDP index r // M, tensor-parallel "
-                            "index r %% M"),
+                       help="the rank analyzed (default 0); with --fsdp N --tp M, rank r is "
+                            "FSDP index r // M, tensor-parallel index r %% M"),
         "--link-gbps": dict(type=float, default=None, metavar="GB/S",
-                            help="the collectives view adds each one's time at this bus bandwidth "
-                                 "between ranks, in GB/s (1e9 bytes/s)"),
+                            help="time each collective at this bus bandwidth between ranks"),
     },
     "output": {
         "--view": dict(action="append", default=None, metavar="VIEW[,VIEW]",
                        help="summary, top, tree, operators, module_operators, collectives or "
                             f"all (default {','.join(CLI_DEFAULT_VIEWS)}, and collectives "
-                            f"with --tp); with --format csv: tree "
-                            "(one row per module, the default) or operators (one row per op)"),
+                            f"with --tp/--fsdp; csv: tree or operators)"),
         "--depth": dict(type=int, default=-1,
-                        help="deepest module level shown in the tree and top views (-1: all)"),
+                        help="deepest module level in the tree and top views (-1: all)"),
         "--top": dict(type=int, default=3,
                       help="module types per depth in the top view (-1: all; default 3)"),
         "--group-by": dict(choices=("type", "path"), default="type",
-                           help="the top view ranks module types (default) or module paths"),
+                           help="the top view ranks module types (default) or paths"),
         "--format": dict(choices=FORMATS, default="table",
-                         help="table (text), json (the whole report, reloadable with "
-                              "Report.model_validate_json), csv, md (Markdown) or html (one page "
-                              "with the pictures and tables, needs --output and "
-                              "exportflops[html])"),
-        "--output": dict(metavar="FILE", default=None,
-                         help="write there instead of stdout"),
+                         help="table, json (the whole report), csv, md, or html (a page, with "
+                              "--output)"),
+        "--output": dict(metavar="FILE", default=None, help="write there instead of stdout"),
     },
     "general": {
-        "-h --help": dict(action="help",
-                          help="show this help message and exit"),
-        "--debug": dict(action="store_true",
-                        help="print tracebacks"),
+        "-h --help": dict(action="help", help="show this help message and exit"),
+        "--debug": dict(action="store_true", help="print tracebacks"),
         "--progress": dict(action="store_true",
-                           help="write each stage (imports, build, export, count, render) and the "
-                                "seconds since the start to stderr, one line each, also in a "
-                                "pipe or CI (on a terminal it is one line, shown by default)"),
+                           help="each stage and its seconds on stderr, also in a pipe or CI"),
         "--version": dict(action="version", version=versions_text(),
-                          help="print the versions of exportflops, torch and transformers, and "
-                               "whether the suite runs on this torch"),
+                          help="the versions of exportflops, torch and transformers"),
     },
 }
 
@@ -300,16 +219,9 @@ def check(ns: argparse.Namespace) -> None:
     if ns.format == "html" and (views or not ns.output):
         raise UsageError("--format html writes one page with every picture and table to a "
                          "file: pass --output report.html, and no --view.")
-    ns.shapes = [_parse_input(text) for text in ns.input]
+    ns.shapes = [input_shape(text) for text in ns.input]
     if ns.kwargs is not None:
-        try:
-            ns.kwargs = json.loads(ns.kwargs)
-        except json.JSONDecodeError as error:
-            raise UsageError(f"--kwargs is not valid JSON ({error}): pass an object such as "
-                             f"'{{\"use_cache\": false}}'.") from None
-        if not isinstance(ns.kwargs, dict):
-            raise UsageError(f"--kwargs must be a JSON object of keyword arguments, got "
-                             f"{type(ns.kwargs).__name__}.")
+        ns.kwargs = keyword_inputs(ns.kwargs)
     _check_analyses(ns)
     _check_hf(ns)
     if ns.model.endswith(".pt2") and (ns.input or ns.kwargs is not None or ns.device
@@ -380,6 +292,10 @@ _ANALYSES = (
     (lambda ns: ns.budget is not None,
      "--budget compares one forward at fixed sizes, as a table, Markdown or JSON",
      ("--sweep", "--mode train", "--format csv")),
+    (lambda ns: ns.fit is not None,
+     "--fit BUDGET plans a training step of a model built here, printed as a table or JSON",
+     ("a saved .pt2", "--view", "--memory", "--profile", "--trace", "--dynamic", "--sweep",
+      "--budget", "--generate", "--seqlens", "--split-backward", "--format csv, md or html")),
     (lambda ns: ns.split_backward,
      "--split-backward splits the backward of one model's training step (with --pp, a "
      "zero-bubble --schedule splits each stage's backward itself)",
@@ -390,14 +306,8 @@ _ANALYSES = (
 def _check_analyses(ns: argparse.Namespace) -> None:
     """--dynamic, --sweep, --profile and --budget parsed; each analysis refused with what it
     does not combine with (`_ANALYSES`) or without what it needs."""
-    ns.dims = dict(_parse_dynamic(text) for arg in ns.dynamic for text in arg.split(","))
-    sweeps = [_parse_sweep(text) for text in ns.sweep]
-    ns.points = dict(sweeps)
-    if len(ns.points) < len(sweeps):
-        raise UsageError("a size is swept twice: give each NAME one --sweep NAME=V[,V...].")
-    if ns.points and len({len(v) for v in ns.points.values()}) > 1:
-        raise UsageError("several --sweep move together, element by element: give each as "
-                         "many values.")
+    ns.dims = dict(dynamic_dim(text) for arg in ns.dynamic for text in arg.split(","))
+    ns.points = sweep_points(ns.sweep)
     unknown = sorted(set(ns.points) - set(ns.dims))
     if unknown and not ns.model.endswith(".pt2"):
         raise UsageError(f"--sweep {unknown[0]} needs --dynamic {unknown[0]}: the size must be "
@@ -414,10 +324,8 @@ def _check_analyses(ns: argparse.Namespace) -> None:
     if ns.device_model not in (None, "cpu"):
         from ..device_table import device_row
 
-        try:
+        with flagged("--device-model"):  # an unknown key: the error names the table's keys
             device_row(ns.device_model)
-        except UnknownDeviceError as error:  # it names the table's keys
-            raise UsageError(f"--device-model: {error}") from None
     if ns.trace and not ns.profile:
         raise UsageError("--trace writes the measured timeline: add --profile (and --device cpu "
                          "or cuda).")
@@ -434,80 +342,23 @@ def _check_analyses(ns: argparse.Namespace) -> None:
                          "it needs --mode train.")
     if ns.routing is not None:  # parsed here: argparse's own error would end the process
         try:
-            ns.routing = _counts(ns.routing, least=0, example="10,30,20,4")
+            ns.routing = counts(ns.routing, least=0, example="10,30,20,4")
         except argparse.ArgumentTypeError as error:
             raise UsageError(f"--routing {error}.") from None
     check_splits(ns)
     check_memory(ns)
-    check_fit(ns)
 
 
 def _check_cache(ns: argparse.Namespace) -> None:
-    """--max-cache-len needs --cache static, which needs --generate N: each refusal names the
-    flag and the one it needs."""
-    if ns.max_cache_len is not None and ns.cache != "static":
-        needs = "" if ns.generate is not None else ", and --cache needs --generate N"
-        raise UsageError(f"--max-cache-len sizes a static cache: it needs --cache static{needs}; "
-                         f"pass --generate {ns.generate or 'N'} --cache static --max-cache-len "
-                         f"{ns.max_cache_len}.")
-    if ns.cache != "dynamic" and ns.generate is None:
-        flags = "--cache and --max-cache-len need" if ns.max_cache_len is not None \
-            else "--cache needs"
-        raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
-                         f"tokens generated after the prompt.")
-
-
-def _parse_dynamic(text: str) -> tuple[str, tuple[int, int]]:
-    from ..capture.dims import NAMED_DIMS
-
-    name, _, where = text.strip().partition("=")
-    if not where:
-        if name not in NAMED_DIMS:
-            raise UsageError(f"--dynamic {name}: name batch or seq, or give the place as "
-                             f"NAME=ARG:DIM (positional input ARG, its dim DIM).")
-        return name, NAMED_DIMS[name]
-    arg, _, dim = where.partition(":")
-    if not (name.isidentifier() and arg.isdigit() and dim.lstrip("-").isdigit()):
-        raise UsageError(f"--dynamic {text!r}: write NAME=ARG:DIM, e.g. tokens=0:1.")
-    return name, (int(arg), int(dim))
-
-
-def _parse_sweep(text: str) -> tuple[str, list[int]]:
-    name, _, values = text.partition("=")
-    try:
-        points = [int(v) for v in values.split(",")]
-    except ValueError:
-        points = []
-    if not name.isidentifier() or not points or min(points) < 1:
-        raise UsageError(f"--sweep {text!r}: write NAME=V[,V...] with positive integers, e.g. "
-                         f"seq=512,1024,2048.")
-    return name, points
-
-
-def _parse_input(text: str):
-    """``1,3,224,224`` or ``1,1024:int64`` -> (sizes, torch dtype)."""
-    import torch
-
-    shape, _, dtype_name = text.partition(":")
-    try:
-        sizes = [int(s) for s in shape.split(",")]
-    except ValueError:
-        raise UsageError(f"--input {text!r}: sizes must be integers separated by commas, "
-                         f"optionally followed by :dtype, e.g. 1,3,224,224 or 1,1024:int64."
-                         ) from None
-    if any(s < 1 for s in sizes):
-        raise UsageError(f"--input {text!r}: sizes must be at least 1, got {min(sizes)}.")
-    if max(sizes) > INT64_MAX:
-        raise UsageError(f"--input {text!r}: size {max(sizes)} is past {INT64_MAX} "
-                         f"(2**63 - 1), the largest a size can be: torch holds sizes as "
-                         f"signed 64-bit integers.")
-    dtype = getattr(torch, dtype_name or "float32", None)
-    if not isinstance(dtype, torch.dtype):
-        raise UsageError(f"--input {text!r}: unknown dtype {dtype_name!r}; use a torch dtype "
-                         f"name such as float32, bfloat16, float16 or int64.")
-    nbytes = math.prod(sizes) * dtype.itemsize
-    if nbytes > INT64_MAX:
-        raise UsageError(f"--input {text!r}: {nbytes:,} bytes, past {INT64_MAX:,} (2**63 - 1), "
-                         f"the most a tensor can hold even on meta: torch counts a tensor's "
-                         f"bytes as a signed 64-bit integer.")
-    return sizes, dtype
+    """--cache and --max-cache-len need --generate N, each refusal naming the flags it needs;
+    with it, what each needs of the other is `generation.limits.check_options`'."""
+    if ns.generate is not None or (ns.cache == "dynamic" and ns.max_cache_len is None):
+        return
+    if ns.cache == "dynamic":
+        raise UsageError(f"--max-cache-len sizes a static cache: it needs --cache static, and "
+                         f"--cache needs --generate N; pass --generate N --cache static "
+                         f"--max-cache-len {ns.max_cache_len}.")
+    flags = "--cache and --max-cache-len need" if ns.max_cache_len is not None \
+        else "--cache needs"
+    raise UsageError(f"{flags} --generate N: the cache holds the keys and values of the "
+                     f"tokens generated after the prompt.")

@@ -1,31 +1,16 @@
-"""The split flags' analyses, each `exportflops.parallel.analyze_ranks` on the flags' `Layout`
-(`splits.split_layout`), its errors naming the flags (`splits.flag_error`):
-
-- ``--tp N``, ``--fsdp N``: the report of rank ``--rank`` of MODEL split by its own
-  tensor-parallel plan, sharded with FSDP2, or both on a 2-D mesh, MODEL built for the rank
-  on meta (and copied onto fake tensors: FSDP2 refuses meta parameters);
-- ``--pp N``: the `PipelineReport`, each stage counted on one microbatch (the example inputs),
-  one step under ``--schedule`` (default 1f1b) of ``--microbatches`` (default N) timed by the
-  roofline on ``--device-model`` (default h100-sxm) or measured with ``--profile``
-  (``--warmup``, ``--repeat``), ``--link-gbps`` delaying each received tensor
-  (docs/pipeline.md);
-- ``--ep N``: the `ExpertParallelReport`, ``--routing`` a histogram of token copies per expert
-  instead of balanced routing (docs/expert-parallel.md);
-- ``--cp N``: the `ContextParallelReport`, ``--no-load-balance`` contiguous blocks instead of
-  torch's round-robin (docs/context-parallel.md).
-
+"""The split flags' analyses (--tp, --fsdp, --pp, --ep, --cp; their options' help and
+docs/parallel.md say what each gives), each `exportflops.parallel.analyze_ranks` on the flags'
+`Layout` (`splits.split_layout`), its errors naming the flags (`splits.split_flagged`).
 ``--rank R`` is a global rank of the layout: the one reported, or whose collectives the view
-lists.
-"""
+lists."""
 
 from __future__ import annotations
 
 import argparse
 from functools import partial
 
-from ..errors import InputError
 from ..outputs import Results
-from .splits import flag_error, split_layout, split_options
+from .splits import split_flagged, split_layout, split_options
 from .targets import analyzed, built
 
 
@@ -63,11 +48,9 @@ def _ranks(ns: argparse.Namespace, model, args=(), kwargs=None, **options):
     or an example the layout cannot split) naming the flags."""
     from ..parallel.entry import analyze_ranks
 
-    try:
+    with split_flagged(ns):
         return analyze_ranks(model, args, kwargs, mode=ns.mode, strict=ns.strict,
                              **split_options(ns), **options)
-    except InputError as error:
-        raise flag_error(ns, error) from error
 
 
 def _build(ns: argparse.Namespace, reprs: dict, device):

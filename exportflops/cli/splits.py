@@ -2,15 +2,15 @@
 options of each): the `Layout` they give, what each does not combine with, and their sizes
 against the model's config, all before it is built. What a layout can count is the library's
 (`exportflops.parallel.checks`): its errors name arguments (``pp=``, ``schedule=``), written
-here as the flags (`targets.flags`)."""
+here as the flags (`targets.flagged`)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..errors import InputError, UsageError
+from ..errors import UsageError
 from ..parallel.layout import Layout
-from .targets import flags, in_flags
+from .targets import flagged
 
 #: The flags giving a split's degree, each a field of `Layout`.
 SPLITS = ("pp", "fsdp", "cp", "tp", "ep")
@@ -31,6 +31,9 @@ GIVEN = {
     "--mode train": lambda ns: ns.mode == "train",
     "--mode train without --pp": lambda ns: ns.mode == "train" and ns.pp is None,
     "--kwargs": lambda ns: bool(ns.kwargs),
+    "--view": lambda ns: ns.view is not None,
+    "--memory": lambda ns: ns.memory,
+    "--split-backward": lambda ns: ns.split_backward,
     "--format csv, md or html": lambda ns: ns.format not in ("table", "json"),
     "--format csv or html": lambda ns: ns.format in ("csv", "html"),
     **{f"--{name}": (lambda ns, name=name: getattr(ns, name) is not None) for name in SPLITS},
@@ -70,16 +73,19 @@ def refuse(ns: argparse.Namespace, asked, what: str, refused: tuple[str, ...]) -
         raise UsageError(f"{what}: not with {', '.join(given)}.")
 
 
+def split_given(ns: argparse.Namespace) -> bool:
+    """Whether a split flag is given."""
+    return any(getattr(ns, name) is not None for name in SPLITS)
+
+
 def split_layout(ns: argparse.Namespace) -> Layout:
     """The `Layout` the flags give (--ep alone: that many data-parallel ranks), its error a
     usage error naming the flags."""
     degrees = {name: getattr(ns, name) for name in SPLITS if getattr(ns, name) is not None}
     if ns.ep is not None and ns.fsdp is None and ns.tp is None:
         degrees["dp"] = ns.ep
-    try:
+    with split_flagged(ns):
         return Layout(**degrees)
-    except InputError as error:
-        raise flag_error(ns, error) from error
 
 
 def split_options(ns: argparse.Namespace) -> dict:
@@ -89,12 +95,10 @@ def split_options(ns: argparse.Namespace) -> dict:
                 routing=ns.routing)
 
 
-def flag_error(ns: argparse.Namespace, error: InputError) -> UsageError:
-    """The library's ``error`` about the split flags' layout as a usage error naming the
-    flags: its arguments as flags, led by the split flags given (and --schedule and
-    --microbatches) where it names none first."""
-    text, given = flags(str(error)), split_flags(ns)
-    return UsageError(text if text.startswith("--") or not given else f"{given}: {text}")
+def split_flagged(ns: argparse.Namespace):
+    """The library's `InputError` about the split flags' layout, raised in the block, as a
+    usage error naming the flags (`targets.flagged`), led by the split flags given."""
+    return flagged(split_flags(ns))
 
 
 def split_flags(ns: argparse.Namespace) -> str:
@@ -117,11 +121,9 @@ def check_splits(ns: argparse.Namespace) -> None:
     if ns.cp is not None and ns.cp < 2:
         raise UsageError(f"--cp {ns.cp}: a ring splits the sequence over 2 ranks or more: pass "
                          f"--cp 2 or more.")
-    try:
+    with split_flagged(ns):
         check_call(layout, rank=ns.rank, schedule=ns.schedule, microbatches=ns.microbatches,
                    routing=ns.routing, load_balance=not ns.no_load_balance)
-    except InputError as error:
-        raise flag_error(ns, error) from error
 
 
 def check_split_sizes(ns: argparse.Namespace) -> None:
@@ -131,10 +133,7 @@ def check_split_sizes(ns: argparse.Namespace) -> None:
 
     if not ns.model.startswith("hf:"):
         return
-    try:
-        with in_flags():
-            hf.check_layout(ns.model, split_layout(ns), layers=ns.layers, seq=ns.seq,
-                            schedule=ns.schedule, load_balance=not ns.no_load_balance,
-                            example=not ns.shapes)
-    except InputError as error:
-        raise flag_error(ns, error) from error
+    with split_flagged(ns):
+        hf.check_layout(ns.model, split_layout(ns), layers=ns.layers, seq=ns.seq,
+                        schedule=ns.schedule, load_balance=not ns.no_load_balance,
+                        example=not ns.shapes)

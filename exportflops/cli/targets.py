@@ -15,7 +15,7 @@ from functools import partial
 from typing import Any
 
 from .. import hf
-from ..errors import BuildError, ExportError, InputError, UsageError
+from ..errors import BuildError, ExportError, InputError, UnknownDeviceError, UsageError
 from ..hf.models import CpuRunError
 from ..hf.needs import innermost
 
@@ -97,11 +97,13 @@ def flags(text: str) -> str:
 
 @contextlib.contextmanager
 def flagged(lead: str = ""):
-    """The library's `InputError` raised in the block as a usage error: the arguments it names
-    written as flags (`flags`), led by ``lead`` (the flag given) where it names none first."""
+    """The library's `InputError` (or an unknown device key) raised in the block as a usage
+    error, the arguments it names written as flags (`flags`), led by ``lead`` (the flag given)
+    where it names none first; and what `in_flags` maps."""
     try:
-        yield
-    except InputError as error:
+        with in_flags():
+            yield
+    except (InputError, UnknownDeviceError) as error:
         text = flags(str(error))
         raise UsageError(text if text.startswith("--") or not lead else f"{lead}: {text}"
                          ) from error

@@ -64,7 +64,8 @@ def check_options(new_tokens: Any, cache: Any, max_cache_len: Any) -> None:
     if max_cache_len is None:
         return
     if cache == "dynamic":
-        raise InputError("max_cache_len sizes a static cache: pass cache='static' with it.")
+        raise InputError(f"max_cache_len= sizes a static cache: it needs cache='static'; pass "
+                         f"new_tokens={new_tokens} cache='static' max_cache_len={max_cache_len}.")
     if not _is_count(max_cache_len):
         raise InputError(f"max_cache_len={max_cache_len!r}: a static cache holds a count of "
                          f"entries >= 1; pass max_cache_len=N with N >= 1, or leave it out for "
