@@ -118,7 +118,8 @@ def test_the_router_and_the_experts_do_only_their_own_work_on_the_ranks_share():
     the weight's gradients, each as many MACs. The experts' module holds no collective and none
     of the sharing's ops: those are token_share's and token_sum's."""
     from exportflops.cli.options import check, parser
-    from exportflops.cli.targets import build_target, hf_options
+    from exportflops.cli.targets import hf_options
+    from exportflops.targets import build_target
     from exportflops.parallel import Layout
     from exportflops.parallel.per_rank import rank_of
 
