@@ -22,6 +22,7 @@ import torch
 
 from ..errors import BuildError, LayoutError
 from .fsdp_blocks import blocks_of
+from .shard_sizes import check_shard_sizes
 
 
 def parallelize(model: torch.nn.Module, mesh, *, experts: str | None = None,
@@ -73,7 +74,8 @@ def fully_shard_blocks(model: torch.nn.Module, mesh,
 
 def _apply_plan(model: torch.nn.Module, mesh, skip: str | None = None) -> None:
     """The model's own tensor-parallel plan applied on ``mesh``, without its entries for the
-    modules named ``skip`` and what they hold (a built-in example's plan holds none)."""
+    modules named ``skip`` and what they hold (a built-in example's plan holds none); a split
+    of part of a head, or an uneven one, refused (`check_shard_sizes`)."""
     from ..examples.parallel import PARALLELIZE
 
     builtin = PARALLELIZE.get(type(model))
@@ -99,6 +101,7 @@ def _apply_plan(model: torch.nn.Module, mesh, skip: str | None = None) -> None:
         raise BuildError(f"splitting {type(model).__name__} {mesh.size()} ways by its "
                          f"tensor-parallel plan failed: {type(error).__name__}: "
                          f"{error}") from error
+    check_shard_sizes(model, mesh.size())
 
 
 def _is_hf(model: torch.nn.Module) -> bool:
