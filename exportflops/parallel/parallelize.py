@@ -97,6 +97,8 @@ def _apply_plan(model: torch.nn.Module, mesh, skip: str | None = None) -> None:
             from torch.distributed.tensor.parallel import parallelize_module
             parallelize_module(model, mesh, {path: style for path, style in plan.items()
                                              if not _under(path, skip)})
+    except LayoutError:  # a degree a built-in plan refuses by name
+        raise
     except Exception as error:  # the plan does not fit the model at this degree
         raise BuildError(f"splitting {type(model).__name__} {mesh.size()} ways by its "
                          f"tensor-parallel plan failed: {type(error).__name__}: "

@@ -77,3 +77,12 @@ def test_the_command_refuses_the_degree_by_its_flag(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("exportflops: error: --tp 4: LlamaForCausalLM's tensor-parallel")
     assert error.rstrip().endswith("--tp 1 or --tp 2.")
+
+
+def test_the_built_in_llamas_plan_refuses_a_degree_its_heads_do_not_take_by_its_flag(capsys):
+    # The built-in llama is Llama 3 8B: 32 query heads and 8 key/value heads (LLAMA3_8B,
+    # exportflops/examples/llama.py); 3 divides neither.
+    assert main(["llama", "--tp", "3"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "exportflops: error: --tp 3: the Llama plan gives each rank whole heads, and 3 does not "
+        "divide n_heads (32) and n_kv_heads (8): pass --tp a divisor of 8.")
