@@ -60,7 +60,7 @@ def _split_sizes(model: torch.nn.Module) -> tuple[list[tuple[ShardedDim, int]],
     """(each split dimension of an attention module's parameter that is whole heads, with
     its head count; every other split dimension). An attention module is one with an int
     ``head_dim`` (transformers' attention classes set it); a dimension of ``k x head_dim``
-    under it is ``k`` heads (q/k/v's outputs, o's inputs)."""
+    of a module under it is ``k`` heads (q/k/v's outputs, o's inputs)."""
     head_dims = {path: module.head_dim for path, module in model.named_modules()
                  if isinstance(getattr(module, "head_dim", None), int)}
     heads, widths = [], []
@@ -74,14 +74,15 @@ def _split_sizes(model: torch.nn.Module) -> tuple[list[tuple[ShardedDim, int]],
 
 
 def _owner_head_dim(parameter: str, head_dims: dict[str, int]) -> int | None:
-    """The ``head_dim`` of the innermost attention module holding ``parameter``, or None."""
+    """The ``head_dim`` of the innermost attention module above the module holding
+    ``parameter`` (a projection's weight or bias); None outside attention, and for an
+    attention module's own parameters (a vector per head, as gpt-oss's ``sinks``)."""
     path = parameter.rpartition(".")[0]
-    while True:
+    while path:
+        path = path.rpartition(".")[0]
         if path in head_dims:
             return head_dims[path]
-        if not path:
-            return None
-        path = path.rpartition(".")[0]
+    return None
 
 
 def _layers_as_star(name: str) -> str:

@@ -86,3 +86,33 @@ def test_the_built_in_llamas_plan_refuses_a_degree_its_heads_do_not_take_by_its_
     assert capsys.readouterr().err.startswith(
         "exportflops: error: --tp 3: the Llama plan gives each rank whole heads, and 3 does not "
         "divide n_heads (32) and n_kv_heads (8): pass --tp a divisor of 8.")
+
+
+class _Attention(torch.nn.Module):
+    """Three heads of head_dim 4 (q: 8 -> 12 features), as a model with its own plan has them."""
+
+    head_dim = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(8, 3 * self.head_dim)
+        self.o = torch.nn.Linear(3 * self.head_dim, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = self.q(x).view(*x.shape[:-1], -1, self.head_dim)  # (B, heads, head_dim)
+        return self.o(heads.flatten(-2))
+
+
+def test_a_models_own_plan_that_splits_three_heads_two_ways_is_refused_too():
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    model = torch.nn.Sequential(_Attention()).to("meta")
+    model.tp_plan = {"0.q": ColwiseParallel(), "0.o": RowwiseParallel()}
+    with pytest.raises(LayoutError) as caught:
+        analyze_ranks(model, (torch.randn(2, 8, device="meta"),), layout=Layout(tp=2))
+    # q's 12 output features and o's 12 input features are 3 heads of 4: 3 is odd.
+    for weight, dim in (("0.q.weight", 0), ("0.o.weight", 1)):
+        assert f"{weight}: dimension {dim} (12) holds 3 heads of head_dim 4" in str(caught.value)
+    assert "0.q.bias: dimension 0 (12) holds 3 heads" in str(caught.value)
+    # The degrees dividing 3 heads (o's bias is replicated, no other size is split): 1 and 3.
+    assert str(caught.value).endswith(": tp=1 or tp=3.")
