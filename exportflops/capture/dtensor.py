@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import torch
 import torch.fx
@@ -130,22 +131,35 @@ def _capture_error(model: torch.nn.Module, error: Exception) -> Exception:
                        "not trace its joint graph; see torch's message below.")
 
 
+class ShardedDim(NamedTuple):
+    """One dimension of a DTensor parameter that a mesh dimension shards."""
+
+    parameter: str  #: its name, as ``named_parameters()`` gives it
+    dim: int  #: the dimension the placement shards
+    size: int  #: that dimension's global size
+    ranks: int  #: the ranks of the mesh dimension sharding it
+
+
+def sharded_dims(model: torch.nn.Module) -> list[ShardedDim]:
+    """Each dimension of ``model``'s DTensor parameters that a ``Shard`` placement splits."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    return [ShardedDim(name, placement.dim, parameter.shape[placement.dim],
+                       parameter.device_mesh.size(mesh_dim))
+            for name, parameter in model.named_parameters() if isinstance(parameter, DTensor)
+            for mesh_dim, placement in enumerate(parameter.placements)
+            if isinstance(placement, Shard)]
+
+
 def _uneven_shards(model: torch.nn.Module) -> list[str]:
     """Each parameter sharded over ranks that do not divide its size: module, parameter,
     dimension, size and rank count, as the error names them."""
-    from torch.distributed.tensor import DTensor, Shard
-
     uneven = []
-    for name, parameter in model.named_parameters():
-        if not isinstance(parameter, DTensor):
-            continue
-        for mesh_dim, placement in enumerate(parameter.placements):
-            ranks = parameter.device_mesh.size(mesh_dim)
-            if isinstance(placement, Shard) and parameter.shape[placement.dim] % ranks:
-                module, _, leaf = name.rpartition(".")
-                uneven.append(f"dimension {placement.dim} of {leaf} of module "
-                              f"{module or '<root>'!r} ({parameter.shape[placement.dim]}) over "
-                              f"{ranks} ranks")
+    for shard in sharded_dims(model):
+        if shard.size % shard.ranks:
+            module, _, leaf = shard.parameter.rpartition(".")
+            uneven.append(f"dimension {shard.dim} of {leaf} of module {module or '<root>'!r} "
+                          f"({shard.size}) over {shard.ranks} ranks")
     return uneven
 
 

@@ -10,10 +10,12 @@ norms replicated. As torchtitan does, each attention then counts its local heads
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch.nn as nn
 
+from ..errors import LayoutError
 from .llama import Llama
 
 
@@ -28,8 +30,10 @@ def parallelize_llama(model: Llama, mesh) -> Llama:
         raise ValueError("the Llama plan splits the embedding by rows and the output by "
                          "columns: it cannot shard one tied weight both ways; untie them")
     if config.n_heads % tp or config.n_kv_heads % tp:
-        raise ValueError(f"tensor parallel degree {tp} must divide n_heads ({config.n_heads}) "
-                         f"and n_kv_heads ({config.n_kv_heads}): each rank holds whole heads")
+        heads = math.gcd(config.n_heads, config.n_kv_heads)
+        raise LayoutError(f"tp={tp}: the Llama plan gives each rank whole heads, and {tp} does "
+                          f"not divide n_heads ({config.n_heads}) and n_kv_heads "
+                          f"({config.n_kv_heads}): pass tp= a divisor of {heads}.")
     layer = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(),
              "attention.wv": ColwiseParallel(), "attention.wo": RowwiseParallel(),
              "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),

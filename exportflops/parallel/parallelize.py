@@ -22,6 +22,7 @@ import torch
 
 from ..errors import BuildError, LayoutError
 from .fsdp_blocks import blocks_of
+from .shard_sizes import check_shard_sizes
 
 
 def parallelize(model: torch.nn.Module, mesh, *, experts: str | None = None,
@@ -73,7 +74,8 @@ def fully_shard_blocks(model: torch.nn.Module, mesh,
 
 def _apply_plan(model: torch.nn.Module, mesh, skip: str | None = None) -> None:
     """The model's own tensor-parallel plan applied on ``mesh``, without its entries for the
-    modules named ``skip`` and what they hold (a built-in example's plan holds none)."""
+    modules named ``skip`` and what they hold (a built-in example's plan holds none); a split
+    of part of a head, or an uneven one, refused (`check_shard_sizes`)."""
     from ..examples.parallel import PARALLELIZE
 
     builtin = PARALLELIZE.get(type(model))
@@ -95,10 +97,13 @@ def _apply_plan(model: torch.nn.Module, mesh, skip: str | None = None) -> None:
             from torch.distributed.tensor.parallel import parallelize_module
             parallelize_module(model, mesh, {path: style for path, style in plan.items()
                                              if not _under(path, skip)})
+    except LayoutError:  # a degree a built-in plan refuses by name
+        raise
     except Exception as error:  # the plan does not fit the model at this degree
         raise BuildError(f"splitting {type(model).__name__} {mesh.size()} ways by its "
                          f"tensor-parallel plan failed: {type(error).__name__}: "
                          f"{error}") from error
+    check_shard_sizes(model, mesh.size())
 
 
 def _is_hf(model: torch.nn.Module) -> bool:
