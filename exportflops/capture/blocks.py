@@ -107,8 +107,9 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,
         # Under fake tensors a real buffer written in place (a running count) is still written:
         # it is put back, from a copy taken before the fake mode.
         # Attributes kept from before the hooks: the hooks' own entries are then no copy.
-        with buffers_kept(model), quiet_fake_tensor_log(), cheap, attributes_kept(model), \
-                trace.hooks(model), torch.random.fork_rng(devices=[]), ops:
+        with buffers_kept(model), quiet_fake_tensor_log(), cheap, \
+                attributes_kept(model.modules()), trace.hooks(model), \
+                torch.random.fork_rng(devices=[]), ops:
             model(*args, **kwargs)
         failed = False
     except Exception:  # the full export reports the model's own errors with their hints
@@ -199,14 +200,16 @@ class _Trace:
 
     @contextlib.contextmanager
     def hooks(self, model: torch.nn.Module) -> Iterator[None]:
+        """A pre-hook on each module (a global one is given no keyword arguments), and one
+        global forward hook for all: registering a hook costs more than running one, and
+        Llama-3-70B has 965 modules."""
         handles = []
         try:
             for module in model.modules():
-                path = self.paths.get(id(module))
                 handles.append(module.register_forward_pre_hook(
-                    self._enter(path), with_kwargs=True))
-                handles.append(module.register_forward_hook(
-                    self._exit(path), with_kwargs=True, always_call=True))
+                    self._enter(self.paths.get(id(module))), with_kwargs=True))
+            handles.append(torch.nn.modules.module.register_module_forward_hook(
+                self._exit, with_kwargs=True, always_call=True))
             yield
         finally:
             for handle in handles:
@@ -233,16 +236,23 @@ class _Trace:
             self.open.append(call)
         return hook
 
-    def _exit(self, path: str | None):
-        def hook(module, args, kwargs, output):
-            call = self.open.pop()
-            self.events.append(("exit", path))
-            call.end = len(self.events)
-            try:
-                call.out_key = flat_key(*flattened_output(output))
-            except Unique:
-                call.path = None
-        return hook
+    def _exit(self, module: torch.nn.Module, args: tuple, *kwargs_output: Any) -> None:
+        """Every module's forward hook: ``(kwargs, output)`` after a call, ``(output,)`` after
+        a call that raised (torch passes a global hook no keyword arguments then)."""
+        path = self.paths.get(id(module), _OUTSIDE)
+        if path is _OUTSIDE:  # a module of no model's tree (one the forward made): no pre-hook
+            return
+        call = self.open.pop()
+        self.events.append(("exit", path))
+        call.end = len(self.events)
+        try:
+            call.out_key = flat_key(*flattened_output(kwargs_output[-1]))
+        except Unique:
+            call.path = None
+
+
+#: The path of a module outside the model (None is a shared module's).
+_OUTSIDE = object()
 
 
 class _Ops(TorchDispatchMode):
