@@ -288,18 +288,17 @@ class Expansion:
     def _copied(self, originals: list[NodeCall], repeat: Repeat,
                 outer: tuple[ModuleFrame, ...]) -> list[NodeCall]:
         copies = []
+        # A block's nodes share a few module stacks: each is moved once per repeat.
+        stacks: dict[tuple[ModuleFrame, ...], tuple[ModuleFrame, ...]] = {}
         for original in originals:
-            moved = self._moved(original, repeat, outer)
+            stack = stacks.get(original.stack)
+            if stack is None:
+                stack = stacks[original.stack] = _moved_stack(original.stack, repeat, outer)
+            moved = replace(original, name=f"{repeat.path}:{original.name}", stack=stack,
+                            node=None)
             self.copies[moved.name] = (original, repeat)
             copies.append(moved)
         return copies
-
-    def _moved(self, node: NodeCall, repeat: Repeat, outer: tuple[ModuleFrame, ...]) -> NodeCall:
-        index = next(i for i, f in enumerate(node.stack) if f.path == repeat.model)
-        inner = tuple(ModuleFrame(_rebased(f.path, repeat), f.type_name,
-                                  f.call_key.replace(repeat.model, repeat.path, 1))
-                      for f in node.stack[index + 1:])
-        return replace(node, name=f"{repeat.path}:{node.name}", stack=outer + inner, node=None)
 
     def backward(self, forward: list[NodeCall], records: list[NodeRecord],
                  received: dict[torch.fx.Node, bool]) -> list[NodeRecord]:
@@ -344,6 +343,16 @@ def _stub_sizes(nodes: list[NodeCall], repeats: dict[str, Repeat]) -> set[torch.
         if read.users and all(user in in_stubs or user in feeding for user in read.users):
             feeding.add(read)
     return feeding
+
+
+def _moved_stack(stack: tuple[ModuleFrame, ...], repeat: Repeat,
+                 outer: tuple[ModuleFrame, ...]) -> tuple[ModuleFrame, ...]:
+    """A model node's module stack as its copy in ``repeat`` has it: ``outer`` (the repeat's
+    frames), then the frames inside the model, moved to the repeat's paths."""
+    index = next(i for i, f in enumerate(stack) if f.path == repeat.model)
+    return outer + tuple(ModuleFrame(_rebased(f.path, repeat), f.type_name,
+                                     f.call_key.replace(repeat.model, repeat.path, 1))
+                         for f in stack[index + 1:])
 
 
 def _rebased(path: str, repeat: Repeat) -> str:
