@@ -2,7 +2,8 @@
 
 Deep models are stacks of identical blocks, and ``torch.export`` traces every one of them. The
 cheap pass runs the model once eagerly on meta (or fake) tensors, as ``FlopCounterMode`` does,
-with hooks on every module and a dispatch mode that records every ATen op. A module call is a
+with hooks around every module call and a dispatch mode that records every ATen op (`cheap_ops`,
+which on meta also reuses results seen before). A module call is a
 *repeat* of an earlier call (its *model*) when all of these are equal:
 
 1. the module trees: class of every submodule at every relative path, training flags, and the

@@ -84,11 +84,13 @@ class Functions(TorchFunctionMode):
     but its arguments' keys: without grad or autocast (autograd records no backward for a made
     tensor; autocast casts below this), outside functorch's transforms (whose tensors are
     wrapped), on meta tensors only, where the call ran keyed ops alone (no module call, no
-    unique op), wrote none of its arguments, and returned new meta tensors that share no
-    storage with them and need no gradient. The key holds the default dtype, and inference
-    mode. What else could make a call run other ops, the SDPA backend flags, leaves meta alone
-    (its attention is always the math one). A function that returned no tensor (``size``,
-    ``shape``) is passed through from then on, unkeyed."""
+    unique op), wrote none of its arguments in place as its ops' schemas declare writes (a meta
+    tensor holds its sizes alone, and an op that changes them, ``unsqueeze_``, declares it),
+    and returned new meta tensors that share no storage with them and need no gradient. The
+    key holds the default dtype and inference mode. What else could make a call run other ops,
+    the SDPA backend flags, leaves meta alone (its attention is always the math one). A
+    function that returned no tensor (``size``, ``shape``) is passed through from then on,
+    unkeyed."""
 
     def __init__(self, ops: Ops) -> None:
         super().__init__()
