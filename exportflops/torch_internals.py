@@ -63,6 +63,11 @@ _feature("compare_tensor_meta", "torch._prims_common:compare_tensor_meta",
          "deciding branches by values")
 _feature("TorchDispatchMode", "torch.utils._python_dispatch:TorchDispatchMode",
          "the fast path and runtime replay")
+_feature("DisableTorchDispatch", "torch._C:_DisableTorchDispatch", "the fast path")
+_feature("DisableTorchFunction", "torch._C:DisableTorchFunction", "the fast path")
+_feature("any_autocast_enabled", "torch._C:_is_any_autocast_enabled", "the fast path")
+_feature("functorch_transforms_active", "torch._C:_are_functorch_transforms_active",
+         "the fast path")
 _feature("top_saved_tensors_hooks", "torch._C._autograd:_top_saved_tensors_default_hooks",
          "flops_per_batch's recompute under non-reentrant activation checkpointing")
 _feature("enable_python_dispatcher", "torch._dispatch.python:enable_python_dispatcher",

@@ -2,7 +2,8 @@
 
 Deep models are stacks of identical blocks, and ``torch.export`` traces every one of them. The
 cheap pass runs the model once eagerly on meta (or fake) tensors, as ``FlopCounterMode`` does,
-with hooks on every module and a dispatch mode that records every ATen op. A module call is a
+with hooks around every module call and a dispatch mode that records every ATen op (`cheap_ops`,
+which on meta also reuses results seen before). A module call is a
 *repeat* of an earlier call (its *model*) when all of these are equal:
 
 1. the module trees: class of every submodule at every relative path, training flags, and the
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -40,11 +40,12 @@ from typing import Any
 import torch
 
 from ..records.names import ancestors, qualified_name
-from .call_keys import Unique, flat_key, flattened_call, flattened_output, leaf_key, op_key
+from .call_keys import Unique, flat_key, flattened_call, flattened_output, leaf_key
+from .cheap_ops import Functions, Ops
 from .cheap_run import attributes_kept, cheap_mode
 from .export import buffers_kept
 from .quiet import quiet_fake_tensor_log
-from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
+from ..torch_internals import pytree, require
 
 @dataclass(frozen=True)
 class TensorSlot:
@@ -101,14 +102,16 @@ def _traced(model: torch.nn.Module, args: tuple, kwargs: dict,
         return None
     trace = _Trace(paths)
     cheap = cheap_mode(model, args, kwargs)
-    ops = _Ops(trace, reuse=isinstance(cheap, contextlib.nullcontext))
+    ops = Ops(trace.events, reuse=isinstance(cheap, contextlib.nullcontext))
+    functions = Functions(ops) if ops.reuse else contextlib.nullcontext()
     failed = True
     try:
         # Under fake tensors a real buffer written in place (a running count) is still written:
         # it is put back, from a copy taken before the fake mode.
         # Attributes kept from before the hooks: the hooks' own entries are then no copy.
-        with buffers_kept(model), quiet_fake_tensor_log(), cheap, attributes_kept(model), \
-                trace.hooks(model), torch.random.fork_rng(devices=[]), ops:
+        with buffers_kept(model), quiet_fake_tensor_log(), cheap, \
+                attributes_kept(model.modules()), trace.hooks(model), \
+                torch.random.fork_rng(devices=[]), ops, functions:
             model(*args, **kwargs)
         failed = False
     except Exception:  # the full export reports the model's own errors with their hints
@@ -196,17 +199,21 @@ class _Trace:
         self.open: list[_Call] = []
         self.escaped: set[str] = set()
         """Paths some module below ran outside of: its calls do not hold all their work."""
+        # The keys read tensors' sizes through torch functions, which `Functions` would see.
+        self.unmoded = require("DisableTorchFunction")
 
     @contextlib.contextmanager
     def hooks(self, model: torch.nn.Module) -> Iterator[None]:
+        """A pre-hook on each module (a global one is given no keyword arguments), and one
+        global forward hook for all: registering a hook costs more than running one, and
+        Llama-3-70B has 965 modules."""
         handles = []
         try:
             for module in model.modules():
-                path = self.paths.get(id(module))
                 handles.append(module.register_forward_pre_hook(
-                    self._enter(path), with_kwargs=True))
-                handles.append(module.register_forward_hook(
-                    self._exit(path), with_kwargs=True, always_call=True))
+                    self._enter(self.paths.get(id(module))), with_kwargs=True))
+            handles.append(torch.nn.modules.module.register_module_forward_hook(
+                self._exit, with_kwargs=True, always_call=True))
             yield
         finally:
             for handle in handles:
@@ -216,109 +223,48 @@ class _Trace:
         above = ancestors(path)[:-1] if path is not None else []
 
         def hook(module, args, kwargs):
-            call = _Call(path, len(self.events))
-            try:
-                leaves, spec = flattened_call(args, kwargs)
-                call.inputs = (flat_key(leaves, spec), torch.is_grad_enabled(),
-                               torch.is_inference_mode_enabled(), _autocast())
-                call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
-                                       for t in leaves)
-            except Unique:
-                call.path = None
-            self.events.append(("enter", path))
-            if above:
-                running = {c.path for c in self.open}
-                self.escaped.update(a for a in above if a not in running)
-            self.calls.append(call)
-            self.open.append(call)
+            with self.unmoded():
+                self._entered(path, above, args, kwargs)
         return hook
 
-    def _exit(self, path: str | None):
-        def hook(module, args, kwargs, output):
-            call = self.open.pop()
-            self.events.append(("exit", path))
-            call.end = len(self.events)
-            try:
-                call.out_key = flat_key(*flattened_output(output))
-            except Unique:
-                call.path = None
-        return hook
-
-
-class _Ops(TorchDispatchMode):
-    """Records each ATen op with what its result depends on. A higher-order op (``cond``,
-    ``map``) is run, and makes the calls around it unique: its subgraphs are not compared.
-
-    With ``reuse`` (every tensor on meta), a functional op seen before with equal arguments is
-    not run again: its result is new empty meta tensors of the recorded shapes and strides.
-    A meta kernel's result depends on nothing else (meta tensors hold no values), and a
-    functional op's result aliases nothing; this makes the pass over a stack of identical
-    blocks cost little more than its first block (many meta kernels are Python references)."""
-
-    supports_higher_order_operators = True
-
-    def __init__(self, trace: _Trace, reuse: bool) -> None:
-        super().__init__()
-        self.events = trace.events
-        self.higher_order = False
-        self.reuse = reuse
-        self.results: dict[tuple, tuple] = {}
-        """(op, args key, kwargs key, default dtype) -> (result maker, the op's event)."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if isinstance(func, HigherOrderOperator):
-            self.higher_order = True
-            self.events.append((func, object()))
-            return func(*args, **kwargs)
+    def _entered(self, path: str | None, above: list[str], args: tuple, kwargs: dict) -> None:
+        call = _Call(path, len(self.events))
         try:
-            key = (func, op_key(args), op_key(kwargs), torch.get_default_dtype())
+            leaves, spec = flattened_call(args, kwargs)
+            call.inputs = (flat_key(leaves, spec), torch.is_grad_enabled(),
+                           torch.is_inference_mode_enabled(), _autocast())
+            call.grad_inputs = any(isinstance(t, torch.Tensor) and t.requires_grad
+                                   for t in leaves)
         except Unique:
-            self.events.append((func, object()))  # never equal to another op
-            return func(*args, **kwargs)
-        reused = self.results.get(key)
-        if reused is not None:
-            make, event = reused
-            self.events.append(event)
-            return make()
-        out = func(*args, **kwargs)
+            call.path = None
+        self.events.append(("enter", path))
+        if above:
+            running = {c.path for c in self.open}
+            self.escaped.update(a for a in above if a not in running)
+        self.calls.append(call)
+        self.open.append(call)
+
+    def _exit(self, module: torch.nn.Module, args: tuple, *kwargs_output: Any) -> None:
+        """Every module's forward hook: ``(kwargs, output)`` after a call, ``(output,)`` after
+        a call that raised (torch passes a global hook no keyword arguments then)."""
+        with self.unmoded():
+            self._exited(module, kwargs_output[-1])
+
+    def _exited(self, module: torch.nn.Module, output: Any) -> None:
+        path = self.paths.get(id(module), _OUTSIDE)
+        if path is _OUTSIDE:  # a module of no model's tree (one the forward made): no pre-hook
+            return
+        call = self.open.pop()
+        self.events.append(("exit", path))
+        call.end = len(self.events)
         try:
-            event = (*key[:3], op_key(out))
+            call.out_key = flat_key(*flattened_output(output))
         except Unique:
-            self.events.append((func, object()))
-            return out
-        self.events.append(event)
-        if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
-            # The event itself, not an equal copy: bodies of repeated blocks then hold the
-            # same objects, which `_choose` compares by identity before their contents.
-            self.results[key] = (_maker(out), event)
-        return out
+            call.path = None
 
 
-@functools.cache
-def _functional(func) -> bool:
-    """The op writes none of its arguments and its results alias none of them."""
-    schema = func._schema
-    return not schema.is_mutable and all(r.alias_info is None for r in schema.returns)
-
-
-def _all_meta(inputs: Any, out: Any) -> bool:
-    """Every tensor argument is on meta and the result is one or more meta tensors."""
-    results = pytree.tree_leaves(out)
-    return bool(results) and all(isinstance(t, torch.Tensor) and t.is_meta for t in results) \
-        and all(t.is_meta for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor))
-
-
-def _maker(out: Any):
-    """A function returning new empty meta tensors shaped like the tensors of ``out``."""
-    if isinstance(out, torch.Tensor):  # most ops: no pytree
-        shape, stride, dtype = out.shape, out.stride(), out.dtype
-        return lambda: torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-    leaves, spec = pytree.tree_flatten(out)
-    layouts = [(t.shape, t.stride(), t.dtype) for t in leaves]
-    return lambda: pytree.tree_unflatten(
-        [torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-         for shape, stride, dtype in layouts], spec)
+#: The path of a module outside the model (None is a shared module's).
+_OUTSIDE = object()
 
 
 def _autocast() -> tuple:

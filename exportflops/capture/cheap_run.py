@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -39,13 +39,14 @@ def _holds_tensors(container: dict | list | set) -> bool:
 
 
 @contextlib.contextmanager
-def attributes_kept(model: torch.nn.Module) -> Iterator[None]:
-    """Each module's attributes as they were before the block: one its forward sets (a call
-    counter, a tensor cached on the first call) is put back, one it adds removed. The cheap
+def attributes_kept(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """Each module's attributes as they were before the block (of a model's ``modules()``, or
+    the originals of the fast path's copies): one its forward sets (a call counter, a tensor
+    cached on the first call) is put back, one it adds removed. The cheap
     pass's tensors are meta or fake and must not stay on the user's modules; torch.export puts
     back what its own run assigns too (``_detect_attribute_assignment``), so the fast path
     leaves the model as the full export does."""
-    kept = [(module, dict(module.__dict__)) for module in model.modules()]
+    kept = [(module, dict(module.__dict__)) for module in modules]
     # A container the forward fills in place keeps its identity, so its contents are put back
     # where the pass left its tensors in it (LeViT's attention-bias cache, a dict), and a
     # module's hooks always: transformers installs hooks on a first call and sets a flag that

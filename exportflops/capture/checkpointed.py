@@ -39,7 +39,8 @@ def checkpointed_modules(model: torch.nn.Module, args: tuple,
     handles = [module.register_forward_pre_hook(inside) for module in model.modules()]
     try:
         with quiet_fake_tensor_log(), cheap_mode(model, args, kwargs), \
-                attributes_kept(model), torch.random.fork_rng(devices=[]), torch.enable_grad():
+                attributes_kept(model.modules()), torch.random.fork_rng(devices=[]), \
+                torch.enable_grad():
             model(*args, **kwargs)
     except Exception:  # noqa: BLE001 - unknown, not none: the caller asks the trace
         return None

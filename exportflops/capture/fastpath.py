@@ -15,6 +15,7 @@ built as for a full export.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import operator
@@ -25,9 +26,10 @@ from typing import Any
 import torch
 
 from .blocks import Plan, Repeat, TensorSlot, plan_blocks
+from .cheap_run import attributes_kept
 from .export import Captured, by_example, capture, value_sizes
 from ..records import NodeRecord
-from ..records.names import parent
+from ..records.names import ancestors, parent
 from ..graph.stacks import ModuleFrame
 from ..torch_internals import has, pytree, require
 from ..graph.walk import NodeCall
@@ -70,6 +72,12 @@ def stubbed(model: torch.nn.Module, plan: Plan, train: bool,
         # An instance attribute of the copy; ``nn.Module.__call__`` calls it as ``forward``.
         module.forward = _stub(module, repeat, train, seen[repeat.model], chains)
     return copied("")
+
+
+def _copied_paths(plan: Plan) -> set[str]:
+    """The modules `stubbed` copies: each repeat and model, and every module above one."""
+    return {above for repeat in plan.repeats.values() for path in (repeat.path, repeat.model)
+            for above in ancestors(path)}
 
 
 def _recording(module: torch.nn.Module, seen: list):
@@ -280,18 +288,17 @@ class Expansion:
     def _copied(self, originals: list[NodeCall], repeat: Repeat,
                 outer: tuple[ModuleFrame, ...]) -> list[NodeCall]:
         copies = []
+        # A block's nodes share a few module stacks: each is moved once per repeat.
+        stacks: dict[tuple[ModuleFrame, ...], tuple[ModuleFrame, ...]] = {}
         for original in originals:
-            moved = self._moved(original, repeat, outer)
+            stack = stacks.get(original.stack)
+            if stack is None:
+                stack = stacks[original.stack] = _moved_stack(original.stack, repeat, outer)
+            moved = replace(original, name=f"{repeat.path}:{original.name}", stack=stack,
+                            node=None)
             self.copies[moved.name] = (original, repeat)
             copies.append(moved)
         return copies
-
-    def _moved(self, node: NodeCall, repeat: Repeat, outer: tuple[ModuleFrame, ...]) -> NodeCall:
-        index = next(i for i, f in enumerate(node.stack) if f.path == repeat.model)
-        inner = tuple(ModuleFrame(_rebased(f.path, repeat), f.type_name,
-                                  f.call_key.replace(repeat.model, repeat.path, 1))
-                      for f in node.stack[index + 1:])
-        return replace(node, name=f"{repeat.path}:{node.name}", stack=outer + inner, node=None)
 
     def backward(self, forward: list[NodeCall], records: list[NodeRecord],
                  received: dict[torch.fx.Node, bool]) -> list[NodeRecord]:
@@ -338,6 +345,16 @@ def _stub_sizes(nodes: list[NodeCall], repeats: dict[str, Repeat]) -> set[torch.
     return feeding
 
 
+def _moved_stack(stack: tuple[ModuleFrame, ...], repeat: Repeat,
+                 outer: tuple[ModuleFrame, ...]) -> tuple[ModuleFrame, ...]:
+    """A model node's module stack as its copy in ``repeat`` has it: ``outer`` (the repeat's
+    frames), then the frames inside the model, moved to the repeat's paths."""
+    index = next(i for i, f in enumerate(stack) if f.path == repeat.model)
+    return outer + tuple(ModuleFrame(_rebased(f.path, repeat), f.type_name,
+                                     f.call_key.replace(repeat.model, repeat.path, 1))
+                         for f in stack[index + 1:])
+
+
 def _rebased(path: str, repeat: Repeat) -> str:
     return repeat.path + path[len(repeat.model):]
 
@@ -349,21 +366,28 @@ def fast_capture(model: torch.nn.Module, args: Any, kwargs: dict | None, train: 
     inputs (the full export then runs, and measures those on the example)."""
     if not isinstance(args, tuple) or not (kwargs is None or isinstance(kwargs, dict)):
         return None, None
-    plan = plan_blocks(model, args, kwargs or {})
+    # In the grad mode the export runs in (forward only: without grad, `export._forward_only`),
+    # so that the pass sees the calls the export traces; without grad it records no autograd.
+    with torch.no_grad() if not train else contextlib.nullcontext():
+        plan = plan_blocks(model, args, kwargs or {})
     if not plan.repeats:
         return None, None
     # The stubs' zeros are no example to decide a branch on values by: the full export's.
     export = functools.partial(capture, args=args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                forward_only=not train, by_values=False)
+    # A copy shares its original's containers: what the export's forward puts in one (a cache
+    # dict) is taken out of the original, as export does on the modules it runs itself.
+    originals = [model.get_submodule(path) for path in _copied_paths(plan)]
     try:
         captured, chains = None, Chains()
-        # Forward only, stubs of one op at most, unless the program writes in place a tensor a
-        # stub may have returned (then fresh zeros for every output).
-        if not train:
-            captured = export(stubbed(model, plan, train, chains))
-            captured = None if _writes_across(captured.program) else captured
-        if captured is None:
-            captured, chains = export(stubbed(model, plan, train)), Chains()
+        with attributes_kept(originals):
+            # Forward only, stubs of one op at most, unless the program writes in place a
+            # tensor a stub may have returned (then fresh zeros for every output).
+            if not train:
+                captured = export(stubbed(model, plan, train, chains))
+                captured = None if _writes_across(captured.program) else captured
+            if captured is None:
+                captured, chains = export(stubbed(model, plan, train)), Chains()
     except Exception:  # the full export fails the same way and says why
         return None, None
     if by_example(model, args, kwargs or {}, dynamic_shapes) and value_sizes(

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 
-from exportflops.capture.blocks import _Ops, _Trace, plan_blocks
+from exportflops.capture.blocks import plan_blocks
+from exportflops.capture.cheap_ops import Functions, Ops
 from exportflops.capture.call_keys import flattened_call, flattened_output
 from exportflops.examples.llama import Llama, LlamaConfig
 
 
-def _ops() -> _Ops:
-    return _Ops(_Trace({}), reuse=True)
+def _ops() -> Ops:
+    return Ops([], reuse=True)
 
 
 def test_functional_meta_op_gives_new_tensor_of_recorded_layout():
@@ -71,15 +75,17 @@ def test_equal_scalars_of_other_types_are_other_keys():
     assert ops.events[0] == ops.events[3] != ops.events[1]
 
 
-def test_plan_is_the_same_with_and_without_reuse(monkeypatch):
+@pytest.mark.parametrize("grad", [False, True], ids=["no grad (functions reused)", "grad"])
+def test_plan_is_the_same_with_and_without_reuse(monkeypatch, grad):
     config = LlamaConfig(vocab_size=64, dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
                          head_dim=8, ffn_dim=64, max_seq_len=16)
     with torch.device("meta"):
         model = Llama(config)
     ids = torch.zeros((1, 8), dtype=torch.long, device="meta")
-    with_reuse = plan_blocks(model, (ids,), {})
-    monkeypatch.setattr("exportflops.capture.blocks._all_meta", lambda inputs, out: False)
-    without = plan_blocks(model, (ids,), {})
+    with torch.set_grad_enabled(grad):
+        with_reuse = plan_blocks(model, (ids,), {})
+        monkeypatch.setattr("exportflops.capture.cheap_ops._all_meta", lambda inputs, out: False)
+        without = plan_blocks(model, (ids,), {})
     models = {path: repeat.model for path, repeat in with_reuse.repeats.items()}
     assert all(models[f"layers.{i}"] == "layers.0" for i in (1, 2, 3))
     assert with_reuse.repeats == without.repeats
@@ -100,3 +106,86 @@ def test_module_call_flattens_as_pytree_does(args, kwargs):
     assert all(a is b for a, b in zip(leaves, expected_leaves))
     for output in args:
         assert flattened_output(output)[1] == pytree.tree_flatten(output)[1]
+
+
+class _Dispatched(TorchDispatchMode):
+    """Counts the ops that reach the dispatcher (entered above `Ops`: it sees them first)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_torch_function_seen_before_is_not_run_and_gives_its_events_again():
+    x, weight = torch.empty(4, 3, device="meta"), torch.empty(5, 3, device="meta")
+    ops = Ops([], reuse=True)
+    with torch.no_grad(), ops, _Dispatched() as dispatched, Functions(ops):
+        first = F.linear(x, weight)
+        ran, events = dispatched.ops, list(ops.events)
+        second = F.linear(x, weight)
+    assert ran >= 1 and dispatched.ops == ran  # the second call dispatched nothing
+    assert second is not first
+    assert second.shape == (4, 5) and second.stride() == (5, 1)  # (4, 3) @ (3, 5), contiguous
+    assert ops.events == events + events
+
+
+def test_a_function_returning_its_argument_or_a_view_of_it_runs_each_time():
+    x = torch.empty(4, 3, device="meta")
+    ops = Ops([], reuse=True)
+    with torch.no_grad(), ops, Functions(ops):
+        x.t(), x.contiguous()
+        view, same = x.t(), x.contiguous()
+    assert view._base is x and same is x
+
+
+def test_a_function_writing_its_argument_in_place_runs_each_time():
+    # max_norm renormalizes the rows of the weight it looks up, in place
+    ids = torch.zeros(2, 3, dtype=torch.long, device="meta")
+    weight = torch.empty(10, 4, device="meta")
+    ops = Ops([], reuse=True)
+    with torch.no_grad(), ops, _Dispatched() as dispatched, Functions(ops) as functions:
+        F.embedding(ids, weight, max_norm=1.0)
+        ran = dispatched.ops
+        F.embedding(ids, weight, max_norm=1.0)
+    assert not functions.results and dispatched.ops == 2 * ran
+    assert [str(e[0]) for e in ops.events].count("aten.embedding_renorm_.default") == 2
+
+
+def test_with_grad_a_function_runs_and_records_its_backward():
+    x, weight = torch.empty(4, 3, device="meta"), torch.empty(5, 3, device="meta",
+                                                                   requires_grad=True)
+    ops = Ops([], reuse=True)
+    with torch.enable_grad(), ops, Functions(ops):
+        outputs = [F.linear(x, weight) for _ in range(2)]
+    assert all(out.grad_fn is not None for out in outputs)
+
+
+class _CallsAModuleItMakesAndCatchesAnError(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.fails = _Fails()
+
+    def forward(self, x):
+        try:
+            self.fails(x)
+        except ValueError:
+            pass
+        return nn.Identity()(self.linear(x))  # a module of no model's tree
+
+
+class _Fails(nn.Module):
+    def forward(self, x):
+        raise ValueError("no")
+
+
+def test_calls_around_a_module_outside_the_model_and_a_failed_call_still_pair_up():
+    with torch.device("meta"):
+        model = nn.Sequential(*[_CallsAModuleItMakesAndCatchesAnError() for _ in range(3)])
+    with torch.no_grad():
+        plan = plan_blocks(model, (torch.empty(2, 4, device="meta"),), {})
+    assert {path: repeat.model for path, repeat in plan.repeats.items()} == {"1": "0", "2": "0"}

@@ -154,6 +154,16 @@ def test_a_container_a_forward_fills_in_place_is_emptied_again(fast):
     assert type(model(X)) is torch.Tensor
 
 
+def test_a_container_the_stubbed_exports_model_block_fills_is_emptied_in_the_users_module():
+    # The first block takes X, which needs no gradient, and the others a block's output: with
+    # grad on, block 1 is the model of block 2, and the export runs it through a shallow copy
+    # that shares its dict with the user's block (export puts back the copy's own attribute).
+    model = nn.Sequential(FillsItsDict(), FillsItsDict(), FillsItsDict())
+    with torch.enable_grad():
+        analyze(model, (X,))
+    assert [block.bias_cache for block in model] == [{}, {}, {}]
+
+
 class HooksOnFirstCall(nn.Module):
     """Installs a hook on its first call and sets a flag saying so, as transformers installs
     its output-capturing hooks (``_output_capturing_hooks_installed``)."""
