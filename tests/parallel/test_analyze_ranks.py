@@ -34,9 +34,10 @@ def test_a_tensor_parallel_rank_from_python_counts_its_shard_and_its_all_reduces
     assert up.inclusive.macs - up.backward.macs == BATCH * SEQ * HIDDEN * (FFN // 2)
     # down's output and up's input gradient, B x T x H float32: 2 * 8 * 16 * 4 = 1024 bytes.
     assert BATCH * SEQ * HIDDEN * F32 == 1024
+    # The layout's mesh is one dimension, tp, over the whole world: its group is named tp.
     assert [(c.op, c.phase, c.module, c.bytes, c.mesh_dim) for c in report.collectives] == [
-        ("all_reduce", "forward", "blocks.0.down", 1024, ""),
-        ("all_reduce", "backward", "blocks.0.up", 1024, "")]
+        ("all_reduce", "forward", "blocks.0.down", 1024, "tp"),
+        ("all_reduce", "backward", "blocks.0.up", 1024, "tp")]
 
 
 @pytest.mark.parametrize("degrees, flags", [

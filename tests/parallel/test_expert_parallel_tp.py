@@ -48,10 +48,10 @@ def _split(*, mode: str = "forward", rank: int = 0, routing: list[int] | None = 
     from exportflops.parallel.experts.ranks import analyze_expert_ranks, expert_rank_report
 
     sizes = sizes or {"layers": LAYERS, "seq": SEQ}
-    record, report = analyze_expert_ranks(
+    record, counted = analyze_expert_ranks(
         *hf.build("mixtral", **sizes), layout=Layout(**degrees), mode=mode, routing=routing,
         single_device=hf.analyze("mixtral", mode=mode, **sizes))
-    return expert_rank_report(record, report, rank), record
+    return expert_rank_report(record, counted, rank), record
 
 
 @pytest.fixture(scope="module")
