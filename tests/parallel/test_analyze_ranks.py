@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exportflops.cli import main
-from exportflops.errors import LayoutError
+from exportflops.errors import InputError, LayoutError
 from exportflops.parallel import Layout, analyze_ranks
 from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, planned
 
@@ -114,6 +114,18 @@ def test_the_expert_layout_from_python_is_the_record_the_command_prints(moe_file
     assert (rank.world_size, rank.rank, rank.collectives) == (
         record.world_size(), 1, record.collectives(1))
 
+
+
+def test_an_expert_rank_is_not_built_from_a_finished_single_device_report(moe_file):
+    from exportflops import analyze
+    from tests.parallel.test_expert_parallel import loaded_models
+
+    model, args = loaded_models(moe_file).build(torch.device("meta"))
+    single = analyze(model, args)
+    # The rank's report is built from the count with its world and collectives; a finished
+    # report holds no count to build it from.
+    with pytest.raises(InputError, match="leave single_device out to have the rank's report"):
+        analyze_ranks(model, args, layout=Layout(dp=2, ep=2), rank=1, single_device=single)
 
 CONTEXT_MODELS = """
 import torch
