@@ -46,7 +46,7 @@ def analyze_expert_ranks(model: torch.nn.Module | Builder, args: Any = (),
                 for name in ("fsdp", "tp"))
     if layout.pp > 1 or layout.cp > 1 or layout.ep == 1:
         raise LayoutError(f"{layout}: expert parallelism takes ep > 1 with fsdp and tp, not "
-                         f"with pp or cp.")
+                          f"with pp or cp.")
     counted = None
     if single_device is None:
         counted = count_call(built, args, kwargs, mode=mode, **analyze_options)
