@@ -17,7 +17,7 @@ from .capture.dtensor import rank_graph
 from .capture.eager import eager_calls
 from .capture.export import as_args, capture, counted_eagerly, without_cache
 from .count.ranks import (check_process_group, is_parallelized, local_parameters,
-                             rank_fields, rank_runs)
+                          mesh_dims, rank_fields, rank_runs)
 from .errors import ExportError, InputError
 from .count.backward import RECOMPUTED, trace_backward
 from .count.apply import count_node, outside_torch, untraced_backward
@@ -201,7 +201,7 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
     args, kwargs = as_args(args, model), dict(kwargs or {})
     # Read before the capture runs the model: FSDP2 leaves the root's parameters unsharded
     # after a forward (the root does not reshard, its backward gathers them next).
-    parameters = local_parameters(model)
+    parameters, dims = local_parameters(model), mesh_dims(model)
     with rank_graph(model, args, kwargs, train=mode == "train") as graph:
         read = read_graph(graph)
         runs = rank_runs(graph, read.nodes, train=mode == "train", split=split)
@@ -211,7 +211,7 @@ def _parallel(model, args, kwargs, table: FormulaTable, *, strict: bool, mode: s
                  .model_copy(update={"gradient": run.gradient}) for run in runs]
         tree, tied = module_tree([run.call for run in runs], parameters, model,
                                  qualified_name(type(model)))
-        fields = rank_fields(runs)
+        fields = rank_fields(runs, dims)
     return Counted(nodes, tree, tied, model=type(model).__name__,
                    inputs=_input_specs(args, kwargs), mode=mode, **fields)
 

@@ -168,14 +168,31 @@ def rank_runs(graph: torch.fx.Graph, calls: list[NodeCall], train: bool,
                            differentiates=call.name, rerun=True) for call in rerun]
 
 
-def rank_fields(runs: list[RankRun]) -> dict:
+def rank_fields(runs: list[RankRun], dims: dict[str, str]) -> dict:
     """The fields a rank's report adds: the world, this rank, and the collectives it issues
-    (``runs``: `rank_runs`)."""
+    (``runs``: `rank_runs`; ``dims``: `mesh_dims`)."""
     import torch.distributed as dist
 
     return {"world_size": dist.get_world_size(), "rank": dist.get_rank(),
-            "collectives": [collective(run.call, run.phase, run.gradient)
+            "collectives": [collective(run.call, run.phase, run.gradient, dims)
                             for run in runs if _kind(run.call) is not None]}
+
+
+def mesh_dims(model: torch.nn.Module) -> dict[str, str]:
+    """{process group name: mesh dimension name} of the meshes ``model``'s DTensor parameters
+    and buffers live on (FSDP2's sharded ones too). A dimension spanning the whole world gets
+    the default group, which torch describes as no mesh dimension (``_init_one_process_group``
+    in torch/distributed/device_mesh.py): the mesh names it here. A group two meshes name
+    differently is left out (no one dimension)."""
+    from torch.distributed.tensor import DTensor
+
+    meshes = {id(t.device_mesh): t.device_mesh for t in (*model.parameters(), *model.buffers())
+              if isinstance(t, DTensor)}
+    names: dict[str, set[str]] = {}
+    for mesh in meshes.values():
+        for dim, name in enumerate(mesh.mesh_dim_names or ()):
+            names.setdefault(mesh.get_group(dim).group_name, set()).add(name)
+    return {group: dim for group, (dim, *others) in names.items() if not others}
 
 
 def _kind(call: NodeCall):
@@ -185,7 +202,10 @@ def _kind(call: NodeCall):
     return None
 
 
-def collective(call: NodeCall, phase: str, gradient: str = "") -> Collective:
+def collective(call: NodeCall, phase: str, gradient: str = "",
+               dims: dict[str, str] | None = None) -> Collective:
+    """``call``'s `Collective`, its mesh dimension ``dims``' name of its group (`mesh_dims`),
+    else torch's description of a mesh's group (``mesh_<name>``), else none."""
     _resolve_process_group = require("resolve_process_group")
 
     kind = _kind(call)
@@ -198,7 +218,8 @@ def collective(call: NodeCall, phase: str, gradient: str = "") -> Collective:
     if process_group is not None:
         group, size = process_group.group_name, process_group.size()
         described = getattr(process_group, "group_desc", "") or ""
-        mesh_dim = described.removeprefix("mesh_") if described.startswith("mesh_") else ""
+        mesh_dim = (dims or {}).get(group) or (
+            described.removeprefix("mesh_") if described.startswith("mesh_") else "")
     else:  # the size is the shards'
         group, size, mesh_dim = "unknown", kind.group_size(call.call), ""
     return Collective(op=kind.name, bytes=message_bytes(kind, call.call),

@@ -59,9 +59,9 @@ def analyze_ranks(model: torch.nn.Module | Builder, args: Any = (), kwargs: dict
                                             rank=rank or 0, **analyze_options)
         return record if rank is None else context_rank_report(record, fpb, rank)
     if layout.ep > 1:
-        record, report = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
-                                              routing=routing, **analyze_options)
-        return record if rank is None else expert_rank_report(record, report, rank)
+        record, counted = analyze_expert_ranks(model, args, kwargs, layout=layout, mode=mode,
+                                               routing=routing, **analyze_options)
+        return record if rank is None else expert_rank_report(record, counted, rank)
     if layout.world_size == 1:  # one rank holds the whole model: the single-device count
         built, args, kwargs = built_model(model, args, kwargs)
         report = analyze(built, args, kwargs, mode=mode, **analyze_options)

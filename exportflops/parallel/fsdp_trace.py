@@ -26,7 +26,7 @@ from ..records import Collective
 from .fsdp_blocks import blocks_of
 from .layout import Layout
 
-#: The mesh dimension FSDP2's world-spanning collectives are labelled with: torchtitan's name
+#: The dimension of the mesh FSDP2 shards over, which its collectives carry: torchtitan's name
 #: for the flattened data-parallel shard ranks (``dp_shard x cp``, ``ParallelDims``).
 FSDP_DIM = "fsdp"
 
@@ -82,8 +82,4 @@ def traced_fsdp_collectives(model: torch.nn.Module, args: tuple = (),
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
             # The collectives alone are kept: the count, not built into a report.
             counted = count_call(fake, fake_args, fake_kwargs, mode=mode)
-        # The dense mesh spans the world, whose group torch describes as no mesh dimension.
-        everyone = dense.get_group().group_name
-    collectives = [c.model_copy(update={"mesh_dim": FSDP_DIM})
-                   if c.group == everyone and not c.mesh_dim else c for c in counted.collectives]
-    return [c for c in collectives if not tp or c.mesh_dim != "tp"]
+    return [c for c in counted.collectives if not tp or c.mesh_dim != "tp"]

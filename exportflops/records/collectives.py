@@ -38,8 +38,10 @@ class Collective(Record):
     group: str
     """The process group's name, as torch's functional collectives name it."""
     mesh_dim: str = ""
-    """The device mesh dimension the group spans (``tp``, ``dp``, ...), from torch's
-    description of the groups a ``DeviceMesh`` makes; empty for any other group."""
+    """The device mesh dimension the group spans (``tp``, ``dp``, ...), as the mesh names it:
+    the meshes the rank's DTensors live on (one dimension spanning the world gets torch's
+    default group), else torch's description of the groups a ``DeviceMesh`` makes; empty for
+    any other group."""
     module: str
     """Path of the module that issued it; in the backward, the forward module it
     differentiates (``""`` for the root)."""

@@ -113,6 +113,7 @@ def _profile(target, args, kwargs, device, warmup, repeat, peak_flop_per_s, prog
              f"{'on' if torch.is_grad_enabled() else 'off'}")
     runtime = measured.runtime_profile(call.report, samples, peak, device=device_label(run_on),
                               timer=timer, warmup=warmup)
+    # A new record, the count measured: the report it times may be the caller's, left as given.
     return call.report.model_copy(update={"runtime": runtime})
 
 

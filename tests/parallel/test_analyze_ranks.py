@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from exportflops.cli import main
-from exportflops.errors import LayoutError
+from exportflops.errors import InputError, LayoutError
 from exportflops.parallel import Layout, analyze_ranks
 from tests.parallel_models import BATCH, FFN, HIDDEN, SEQ, Net, planned
 
@@ -34,9 +34,10 @@ def test_a_tensor_parallel_rank_from_python_counts_its_shard_and_its_all_reduces
     assert up.inclusive.macs - up.backward.macs == BATCH * SEQ * HIDDEN * (FFN // 2)
     # down's output and up's input gradient, B x T x H float32: 2 * 8 * 16 * 4 = 1024 bytes.
     assert BATCH * SEQ * HIDDEN * F32 == 1024
+    # The layout's mesh is one dimension, tp, over the whole world: its group is named tp.
     assert [(c.op, c.phase, c.module, c.bytes, c.mesh_dim) for c in report.collectives] == [
-        ("all_reduce", "forward", "blocks.0.down", 1024, ""),
-        ("all_reduce", "backward", "blocks.0.up", 1024, "")]
+        ("all_reduce", "forward", "blocks.0.down", 1024, "tp"),
+        ("all_reduce", "backward", "blocks.0.up", 1024, "tp")]
 
 
 @pytest.mark.parametrize("degrees, flags", [
@@ -113,6 +114,18 @@ def test_the_expert_layout_from_python_is_the_record_the_command_prints(moe_file
     assert (rank.world_size, rank.rank, rank.collectives) == (
         record.world_size(), 1, record.collectives(1))
 
+
+
+def test_an_expert_rank_is_not_built_from_a_finished_single_device_report(moe_file):
+    from exportflops import analyze
+    from tests.parallel.test_expert_parallel import loaded_models
+
+    model, args = loaded_models(moe_file).build(torch.device("meta"))
+    single = analyze(model, args)
+    # The rank's report is built from the count with its world and collectives; a finished
+    # report holds no count to build it from.
+    with pytest.raises(InputError, match="leave single_device out to have the rank's report"):
+        analyze_ranks(model, args, layout=Layout(dp=2, ep=2), rank=1, single_device=single)
 
 CONTEXT_MODELS = """
 import torch

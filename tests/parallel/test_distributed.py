@@ -81,6 +81,23 @@ def test_each_rank_does_its_shard_of_each_linear_and_one_all_reduce_per_row_para
     assert [c.bandwidth_factor for c in report.collectives] == [2 * (tp - 1) / tp] * 2
 
 
+@pytest.mark.parametrize("names, mesh_dim", [(("tp",), "tp"), (None, "")],
+                         ids=["named", "unnamed"])
+def test_a_one_dimensional_mesh_names_its_collectives_by_its_dimension(names, mesh_dim):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    # A mesh dimension spanning the world gets torch's default group, which its description
+    # does not name ("default_pg", not "mesh_tp"); the mesh the parameters live on names it.
+    with fake_process_group(2, rank=1):
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=names)
+        with torch.device("meta"):
+            model = tensor_parallel(Net(), mesh)
+        x = torch.randn(BATCH, SEQ, HIDDEN, device="meta")
+        report = exportflops.analyze(model, (x,))
+    assert [(c.op, c.module, c.mesh_dim) for c in report.collectives] == [
+        ("all_reduce", "blocks.0.down", mesh_dim)]
+
+
 def test_matmul_work_summed_over_ranks_is_the_single_device_work(single):
     ranks = [_rank_report(2, rank) for rank in range(2)]
     assert sum(r.total.macs for r in ranks) == single.total.macs

@@ -48,10 +48,10 @@ def _split(*, mode: str = "forward", rank: int = 0, routing: list[int] | None = 
     from exportflops.parallel.experts.ranks import analyze_expert_ranks, expert_rank_report
 
     sizes = sizes or {"layers": LAYERS, "seq": SEQ}
-    record, report = analyze_expert_ranks(
+    record, counted = analyze_expert_ranks(
         *hf.build("mixtral", **sizes), layout=Layout(**degrees), mode=mode, routing=routing,
         single_device=hf.analyze("mixtral", mode=mode, **sizes))
-    return expert_rank_report(record, report, rank), record
+    return expert_rank_report(record, counted, rank), record
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +200,10 @@ def test_a_token_count_the_ranks_cannot_share_is_refused(capsys):
 
 
 def test_expert_parallel_needs_tp_equal_to_ep_and_the_single_device_report():
+    from exportflops import hf
     from exportflops.parallel.experts.analysis import expert_parallel
 
-    report = _split(dp=2, ep=2)[0]  # the command's --ep 2 alone
+    report = hf.analyze("mixtral", layers=LAYERS, seq=SEQ)  # the batch's single-device count
     sizes = dict(top_k=TOP_K, num_experts=EXPERTS, hidden=HIDDEN, tokens=SEQ,
                  dtype=torch.float32)
     with pytest.raises(InputError, match="ep equal to tp"):

@@ -35,7 +35,7 @@ real FSDP2 on a fake copy of the model (`exportflops.parallel.fsdp_trace`).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -90,12 +90,28 @@ def fsdp_collectives(model: torch.nn.Module, args: Any = (), kwargs: dict | None
                                    world=fsdp * cp, mode=mode)
 
 
+class RingWork(NamedTuple):
+    """What each place of a ring does: per (field, phase) (``("flops", "forward")``), the cost
+    of one (query, key) pair of one row, which it pays for the causal pairs of its chunks
+    (``per_pair``), and the rest of its work on its share of the sequence (``other``); and
+    the key/value shards it sends round the ring (``sends``, peers as rank 0's)."""
+
+    per_pair: dict[tuple[str, str], int]
+    other: dict[tuple[str, str], int]
+    sends: list[RingSend]
+
+
 def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None, *, cp: int,
                   load_balance: bool = True, fsdp: int | None = None,
-                  fsdp_collectives: list[Collective] = ()) -> ContextParallelReport:
+                  fsdp_collectives: list[Collective] = (), tp: int | None = None,
+                  tp_collectives: list[Collective] = (),
+                  work: RingWork | None = None) -> ContextParallelReport:
     """`analyze_context` from an analysis already made (``flops_per_batch``, symbolic in the
     batch and sequence), for the batch ``args``/``kwargs``: no export. With ``fsdp``, the
-    FSDP2 collectives of one rank (`fsdp_collectives`), the same sizes on every rank."""
+    FSDP2 collectives of one rank (`fsdp_collectives`), the same sizes on every rank. With
+    ``tp``, each place of the ring runs its tensor-parallel rank: ``work`` is that rank's
+    (`exportflops.parallel.context.tp.tensor_parallel_work`), ``tp_collectives`` its
+    collectives over the tp ranks; without ``work``, the place's share of the symbolic count."""
     _check_degree(cp, fsdp)
     report, batch, seq = fpb.report, fpb.batch, fpb.seq
     name, mode = report.model, report.mode
@@ -117,21 +133,31 @@ def context_split(fpb: FlopsPerBatch, args: Any = (), kwargs: dict | None = None
     if not calls:
         raise InputError(f"{name} makes no scaled_dot_product_attention call: ring attention "
                          f"replaces those calls, so there is nothing to split the sequence of.")
-    counts = _phase_counts(report, batch, seq)
-    per_pair = {key: _per_pair(count, sizes, batch, seq, name) for key, count in counts.items()}
-    other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
-    ring = ring_ranks(per_pair, other, ring_sends(calls, local, mode, cp), rows=rows, cp=cp,
-                      seq_len=seq_len, load_balance=load_balance)
-    ranks = mesh_ranks(ring, Layout(fsdp=fsdp or 1, cp=cp))
+    if work is None:
+        work = _symbolic_work(report, calls, sizes, local, batch, seq, cp)
+    ring = ring_ranks(work, rows=rows, cp=cp, seq_len=seq_len, load_balance=load_balance)
+    ranks = mesh_ranks(ring, Layout(fsdp=fsdp or 1, cp=cp, tp=tp or 1))
     whole = Evaluator(sizes)
     return ContextParallelReport(
         model=name, mode=mode, cp=cp, fsdp=fsdp, fsdp_collectives=list(fsdp_collectives),
+        tp=tp, tp_collectives=list(tp_collectives),
         load_balanced=load_balance, batch=rows, seq_len=seq_len,
-        attention_layers=len(calls), flops_per_pair=_both(per_pair, "flops"),
-        macs_per_pair=_both(per_pair, "macs"),
+        attention_layers=len(calls), flops_per_pair=_both(work.per_pair, "flops"),
+        macs_per_pair=_both(work.per_pair, "macs"),
         single_device_flops=whole.value(parse_count(report.total.flops)
                                         - parse_count(report.total.masked_flops)),
         single_device_causal=parse_count(report.total.masked_flops) != 0, ranks=ranks)
+
+
+def _symbolic_work(report: Report, calls: list, sizes: dict[str, int], local: dict[str, int],
+                   batch: str, seq: str, cp: int) -> RingWork:
+    """A ring place's work from the symbolic count: its attention terms' cost per pair, the
+    rest at its share of the sequence (``local``), its key/value shards at that share."""
+    counts = _phase_counts(report, batch, seq)
+    per_pair = {key: _per_pair(count, sizes, batch, seq, report.model)
+                for key, count in counts.items()}
+    other = {key: count.at(local) - _attention_at(count, local) for key, count in counts.items()}
+    return RingWork(per_pair, other, ring_sends(calls, local, report.mode, cp))
 
 
 def _check_degree(cp: int, fsdp: int | None = None) -> None:
@@ -143,13 +169,12 @@ def _check_degree(cp: int, fsdp: int | None = None) -> None:
                          f"(each running its own batch), as an int >= 1, got fsdp={fsdp!r}.")
 
 
-def ring_ranks(per_pair: dict[tuple[str, str], int], other: dict[tuple[str, str], int],
-               sends: list[RingSend], *, rows: int, cp: int, seq_len: int,
+def ring_ranks(work: RingWork, *, rows: int, cp: int, seq_len: int,
                load_balance: bool) -> list[ContextRank]:
-    """The ranks of one ring, 0 .. cp - 1: each pays ``per_pair`` ((field, phase) -> the cost
-    of one (query, key) pair of one row) for the causal pairs of its chunks, and ``other`` (the
-    rest at its share of the sequence), and sends ``sends`` (peers set by `mesh_ranks`)."""
+    """The ranks of one ring, 0 .. cp - 1, each doing ``work`` (`RingWork`) on the ``rows``
+    rows of its chunks (peers set by `mesh_ranks`)."""
     ring = []
+    per_pair, other, sends = work
     for rank in range(cp):
         chunks = _chunks(rank, cp, seq_len, load_balance)
         pairs = sum(_causal_pairs(c.start, c.stop) for c in chunks)
@@ -176,6 +201,7 @@ def _placed(ring: list[ContextRank], rank: int, layout: Layout) -> ContextRank:
     ring_rank, cp = ring[place], len(ring)
     peers = {"to_rank": peers_on_ring[(place + 1) % cp],
              "from_rank": peers_on_ring[(place - 1) % cp]}
+    # A rank's view of its ring place's work, shared by the place's ranks: its own rank, peers.
     return ring_rank.model_copy(update={
         "rank": rank, "sends": [s.model_copy(update=peers) for s in ring_rank.sends]})
 
@@ -258,5 +284,5 @@ def _itemsize(dtype: str) -> int:
     return getattr(torch, dtype).itemsize
 
 
-__all__ = ["count_context", "context_split", "fsdp_collectives", "mesh_ranks", "ring_ranks",
-           "ring_sends"]
+__all__ = ["RingWork", "count_context", "context_split", "fsdp_collectives", "mesh_ranks",
+           "ring_ranks", "ring_sends"]

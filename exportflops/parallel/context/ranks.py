@@ -23,7 +23,7 @@ from ...records import Report
 from ...records.context import ContextParallelReport
 from ...training.per_batch import FlopsPerBatch, flops_per_batch
 from .analysis import context_split, fsdp_collectives
-from .tp import with_tensor_parallel
+from .tp import tensor_parallel_work
 from ..layout import Layout
 from ..per_rank import Builder, built_model, rank_of
 
@@ -49,7 +49,10 @@ def analyze_context_ranks(model: torch.nn.Module | Builder, args: Any = (),
     if tp is not None:  # after the split's checks: each rank's count is the costly part
         rank_at = partial(_tensor_parallel_rank, model, args, kwargs, layout, rank, fpb, mode,
                           analyze_options)
-        record = with_tensor_parallel(fpb, record, rank_at, tp=tp, fsdp=fsdp)
+        work, fsdp_on_rank, tp_on_rank = tensor_parallel_work(fpb, record, rank_at, tp=tp)
+        record = context_split(fpb, args, kwargs, cp=layout.cp, load_balance=load_balance,
+                               fsdp=fsdp, fsdp_collectives=fsdp_on_rank, tp=tp,
+                               tp_collectives=tp_on_rank, work=work)
     elif fsdp is not None:
         record = context_split(fpb, args, kwargs, cp=layout.cp, load_balance=load_balance,
                                fsdp=fsdp, fsdp_collectives=fsdp_collectives(

@@ -24,16 +24,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from fractions import Fraction
+from typing import NamedTuple
 
 import sympy
 
 from ...errors import InputError
+from ...records.collectives import Collective
 from ...records.context import ContextParallelReport
 from ...records.report import Report
 from ...records.symbolic import parse_count, size_symbol
 from ...training.per_batch import FlopsPerBatch
-from .analysis import mesh_ranks, ring_ranks, ring_sends
-from ..layout import Layout
+from .analysis import RingWork, ring_sends
 
 #: The lengths of the rank's sequence counted: L - k u for these k.
 _STEPS = range(4)
@@ -56,15 +57,23 @@ def fit_lengths(record: ContextParallelReport, tp: int) -> list[int]:
     return [local - k * tp for k in _STEPS]
 
 
-def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
-                         rank_at: Callable[[int], Report], *, tp: int,
-                         fsdp: int | None = None) -> ContextParallelReport:
-    """``record`` (`context_split` of ``fpb``, the single-device analysis) on the mesh (fsdp,
-    cp, tp): every rank's work and ring traffic as its tensor-parallel rank's,
-    ``rank_at(length)`` being that rank's report on ``length`` positions of each row (with
-    ``fsdp``, also sharded by FSDP2 over ``fsdp x cp`` ranks), read at `fit_lengths`; the
-    collectives are those of the count at ``L``. ``fpb``'s terms are checked to split as the
-    fit needs (module docstring)."""
+class TensorParallelWork(NamedTuple):
+    """A ring place's work as its tensor-parallel rank does it (`tensor_parallel_work`), and
+    that rank's collectives: FSDP2's (mesh dimension ``fsdp``) and the plan's (``tp``)."""
+
+    work: RingWork
+    fsdp_collectives: list[Collective]
+    tp_collectives: list[Collective]
+
+
+def tensor_parallel_work(fpb: FlopsPerBatch, record: ContextParallelReport,
+                         rank_at: Callable[[int], Report], *, tp: int) -> TensorParallelWork:
+    """The work of each place of ``record``'s rings (`context_split` of ``fpb``, the
+    single-device analysis) as its tensor-parallel rank does it, ``rank_at(length)`` being that
+    rank's report on ``length`` positions of each row (sharded by FSDP2 too where the layout
+    has fsdp), read at `fit_lengths`; the collectives are those of the count at ``L``.
+    ``fpb``'s terms are checked to split as the fit needs (module docstring). `context_split`
+    with it, ``tp`` and the collectives gives the record on the mesh (fsdp, cp, tp)."""
     if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
         raise InputError(f"{record.model}: tp must be an int >= 1, got {tp!r}.")
     _check_terms(fpb)
@@ -84,16 +93,8 @@ def with_tensor_parallel(fpb: FlopsPerBatch, record: ContextParallelReport,
                          f"{record.attention_layers}: ring attention replaces each call, whose "
                          f"key and value the rank's count must show; analyze --cp without "
                          f"--tp.")
-    ring = ring_ranks(per_pair, other, ring_sends(calls, {}, record.mode, record.cp),
-                      rows=record.batch, cp=record.cp, seq_len=record.seq_len,
-                      load_balance=record.load_balanced)
-    fsdp_collectives, tp_collectives = _collectives(local, record.model, fsdp)
-    return record.model_copy(update={
-        "tp": tp, "fsdp": fsdp,
-        "fsdp_collectives": fsdp_collectives, "tp_collectives": tp_collectives,
-        "flops_per_pair": per_pair["flops", "forward"] + per_pair["flops", "backward"],
-        "macs_per_pair": per_pair["macs", "forward"] + per_pair["macs", "backward"],
-        "ranks": mesh_ranks(ring, Layout(fsdp=fsdp or 1, cp=record.cp, tp=tp))})
+    work = RingWork(per_pair, other, ring_sends(calls, {}, record.mode, record.cp))
+    return TensorParallelWork(work, *_collectives(local, record.model))
 
 
 def _check_terms(fpb: FlopsPerBatch) -> None:
@@ -113,16 +114,15 @@ def _check_terms(fpb: FlopsPerBatch) -> None:
                                  f"--tp.")
 
 
-def _collectives(report: Report, model: str, fsdp: int | None) -> tuple[list, list]:
+def _collectives(report: Report, model: str) -> tuple[list, list]:
     """(FSDP2's, the plan's) collectives of the rank's count: mesh dimension ``fsdp`` and
-    ``tp``; without FSDP2 the tp group is the count's whole world, which torch names no mesh
-    dimension."""
+    ``tp``."""
     fsdp_collectives, tp_collectives = [], []
     for c in report.collectives:
         if c.mesh_dim == "fsdp":
             fsdp_collectives.append(c)
-        elif c.mesh_dim == "tp" or (not c.mesh_dim and fsdp is None):
-            tp_collectives.append(c.model_copy(update={"mesh_dim": "tp"}))
+        elif c.mesh_dim == "tp":
+            tp_collectives.append(c)
         else:
             raise InputError(f"{model}: its tensor-parallel rank issues {c.op} over mesh "
                              f"dimension {c.mesh_dim!r} ({c.module or 'the root'}), neither "
@@ -158,4 +158,4 @@ def _quadratic(counts: list[int], lengths: list[int], record: ContextParallelRep
     return int(per_pair), int(c0 - quadratic * lengths[0] ** 2)
 
 
-__all__ = ["fit_lengths", "with_tensor_parallel"]
+__all__ = ["TensorParallelWork", "fit_lengths", "tensor_parallel_work"]

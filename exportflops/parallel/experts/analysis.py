@@ -140,27 +140,24 @@ def expert_parallel(report: Report, *, ep: int, top_k: int, num_experts: int, hi
     experts_cost = sum((report.module(path).inclusive for path in layers), Cost())
     rest = report.total - experts_cost
     token_bytes = hidden * dtype.itemsize
-    group = []  # the ranks of one expert-parallel group; each group does the same
-    for rank in range(ep):
-        received = sum(histogram[rank * per_rank:(rank + 1) * per_rank])
+    group = []  # what each rank of one expert-parallel group does; each group does the same
+    for ep_rank in range(ep):
+        received = sum(histogram[ep_rank * per_rank:(ep_rank + 1) * per_rank])
         all_to_alls = _all_to_alls(layers, report.mode, ep, sent=routed * token_bytes,
                                    returned=received * token_bytes,
                                    dtype=str(dtype).removeprefix("torch."))
-        group.append(ExpertRank(rank=rank, ep_rank=rank, first_expert=rank * per_rank,
-                                last_expert=(rank + 1) * per_rank - 1, routed_tokens=received,
-                                expert=_share(experts_cost, received, routed), rest=rest,
-                                all_to_alls=all_to_alls))
+        group.append(dict(ep_rank=ep_rank, first_expert=ep_rank * per_rank,
+                          last_expert=(ep_rank + 1) * per_rank - 1, routed_tokens=received,
+                          expert=_share(experts_cost, received, routed), rest=rest,
+                          all_to_alls=all_to_alls))
     # Inside FSDP2 (and over tp), ep innermost: rank r is rank r mod ep of its group
     # (ParallelDims' sparse mesh).
-    ranks = [group[rank % ep].model_copy(update={"rank": rank})
-             for rank in range(layout.world_size)]
+    ranks = [ExpertRank(rank=rank, **group[rank % ep]) for rank in range(layout.world_size)]
     busiest = max(ranks, key=lambda r: (r.total.flops, -r.rank)).rank
     whole = report if single_device is None else single_device
     return ExpertParallelReport(
         model=report.model, mode=report.mode, ep=ep, fsdp=fsdp, tp=tp,
-        # A one-dimensional mesh's default group names no dimension: it is the tp ranks'.
-        tp_collectives=[c.model_copy(update={"mesh_dim": c.mesh_dim or "tp"})
-                        for c in report.collectives] if tp is not None else [],
+        tp_collectives=list(report.collectives) if tp is not None else [],
         fsdp_collectives=list(fsdp_collectives), num_experts=num_experts, top_k=top_k,
         tokens=tokens, hidden=hidden, dtype=str(dtype).removeprefix("torch."), layers=layers,
         routing=histogram, balanced=routing is None, single_device=whole.total, ranks=ranks,

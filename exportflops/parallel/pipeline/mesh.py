@@ -28,7 +28,8 @@ def rank_report(analysis: PipelineAnalysis, rank: int) -> Report:
     layout = Layout(pp=record.pp, fsdp=record.fsdp, tp=record.tp)
     width = record.fsdp * record.tp
     counted = analysis.stage_counts[record.ranks[layout.coordinates(rank)["pp"]].stages[0]]
-    # A peer is named by its stage's representative: here the rank of this one's index.
+    # A peer is named by its stage's representative: here the rank of this one's index (a
+    # rank's view of the sends its stage's ranks share).
     return build_report(dataclasses.replace(counted, rank=rank, collectives=[
         c.model_copy(update={"peer": c.peer + rank % width}) if c.mesh_dim == "pp" else c
         for c in counted.collectives]))

@@ -14,7 +14,6 @@ the stages of torch's split (`exportflops.parallel.pipeline.slices`).
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -172,9 +171,8 @@ def stage_rank_counter(build: Callable, layers: int, stages: int, *,
             part = LlamaStage(built, held[index], first=index == 0, last=index == stages - 1)
             if fsdp is not None:  # torchtitan's default under pipeline parallelism
                 fully_shard_blocks(part, mesh["fsdp"], reshard_after_forward=False)
-            counted = count_call(part, inputs, None, mode=mode, strict=strict,
-                                 split_backward=split_backward and index > 0)
-        return _dims_named(counted, degrees)
+            return count_call(part, inputs, None, mode=mode, strict=strict,
+                              split_backward=split_backward and index > 0)
 
     return count
 
@@ -224,8 +222,7 @@ def _whole_rank(model: torch.nn.Module | Builder, first: tuple, layout: Layout,
             split_backward=way)
         stage_of = node_stages(counted, split_points)
         _check_units_ran(counted, stage_of, units)
-        degrees = {name: n for name, n in layout.degrees("fsdp", "tp").items() if n > 1}
-        ranks[split_backward] = (split, _dims_named(counted, degrees), stage_of)
+        ranks[split_backward] = (split, counted, stage_of)
     return ranks[split_backward]
 
 
@@ -282,16 +279,6 @@ def _stage_units(split_points: list[str], paths: list[list[str]], model, mesh) -
                          f"{type(model).__name__}'s blocks, then each stage's other modules, "
                          f"then the root, failed: "
                          f"{type(error).__name__}: {error}") from error
-
-
-def _dims_named(counted: Counted, degrees: dict[str, int]) -> Counted:
-    """``counted`` with its collectives' mesh dimension named when the mesh has one dimension:
-    its default group names none."""
-    if len(degrees) > 1:
-        return counted
-    (name,) = degrees
-    return dataclasses.replace(counted, collectives=[
-        c.model_copy(update={"mesh_dim": c.mesh_dim or name}) for c in counted.collectives])
 
 
 def _received(model, tokens, mode: str) -> tuple:
