@@ -12,7 +12,7 @@ from functools import partial
 from ..errors import LayoutError, UsageError
 from ..outputs import Results
 from .splits import split_flagged, split_flags, split_given, split_options
-from .targets import built
+from .targets import built, flags
 
 #: What --memory does not combine with: the flags of other analyses, by their dest.
 _OTHER_ANALYSES = ("profile", "points", "budget", "generate", "seqlens", "trace",
@@ -116,5 +116,5 @@ def analyze_fit(ns: argparse.Namespace):
         plan = fit(model, args, kwargs, budget=budget, optimizer=ns.optimizer or "adamw",
                    device_model=ns.device_model, search_batch=ns.routing is None, **options)
     except LayoutError as error:  # a layout, or a block, a per-rank step does not model
-        raise UsageError(f"--fit {split_flags(ns)}: {error}") from error
+        raise UsageError(f"--fit {split_flags(ns)}: {flags(str(error))}") from error
     return plan
