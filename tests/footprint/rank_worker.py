@@ -33,7 +33,7 @@ def main(layout_name: str, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def peaks_in_step(step, count: int, attempts: int = 10) -> list[int]:
+def peaks_in_step(step, count: int, attempts: int = 30) -> list[int]:
     """The peaks of ``count`` profiled steps. The profiler's data-flow pass now and then sees
     a tensor's version out of order when gloo's thread bumps it (its "version mismatch"
     assertion, and others of torch/profiler/_memory_profiler.py on a loaded machine): the meter

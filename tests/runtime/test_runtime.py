@@ -205,7 +205,14 @@ def test_a_report_with_runtime_round_trips_through_json(profiled):
 
 
 def test_the_counts_are_analyze_s(profiled):
-    assert profiled.model_copy(update={"runtime": None}) == analyze(net(), (torch.randn(B, IN),))
+    # profile times the program of one full export: its report is that export's, node for
+    # node; the fast path (Net's two blocks traced once) names a repeated block's nodes by the
+    # block ("blocks.1:linear") and counts the same, module for module
+    counted = profiled.model_copy(update={"runtime": None})
+    assert counted == analyze(net(), (torch.randn(B, IN),), fast=False)
+    fast = analyze(net(), (torch.randn(B, IN),))
+    assert (counted.total, counted.modules) == (fast.total, fast.modules)
+    assert [n.cost for n in counted.nodes] == [n.cost for n in fast.nodes]
 
 
 def test_a_report_is_timed_on_its_program_without_re_export(monkeypatch):
