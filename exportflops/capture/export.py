@@ -24,7 +24,7 @@ from .placement import check_inputs, flat_inputs, input_name
 from .quiet import quiet, quiet_capture_log, quiet_fake_tensor_log
 from .saved import load
 from ..torch_internals import FakeTensor, pytree, require
-from ..graph.walk import shape_env
+from ..graph.sizes import shape_env
 
 
 @dataclass(frozen=True)

@@ -30,21 +30,23 @@ the walker's shapes and dtypes are not enough to run an op.
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.fx
-from torch.export.graph_signature import OutputKind
 
 from .replay import Tracer
 from ..errors import InputError
 from ..formulas.control_flow import GATHERS
-from ..graph.opcall import ACTIVATION, OpCall, TensorMeta
 from ..torch_internals import HigherOrderOperator, OpOverload, pytree
-from ..graph.walk import example_value, GraphRead, NodeCall, op_name, RUN_ONCE, subgraphs
+from ..graph.walk import example_value, GraphRead, NodeCall, RUN_ONCE, subgraphs
 from ..graph.writes import current_values
+from .backward_calls import (backward_call, CONTROL_FLOW_REASON, custom_function_reason,
+                             flat_apply_reason, flex_backward, gather_backward,
+                             SCORE_MOD_LAYOUT_REASON)
+from .fx_reads import (applied_function, floating, floating_outputs, grad_off, input_nodes,
+                       input_nodes_of, output_values, user_outputs, wrapper_operands)
 
 
 #: Activation checkpointing as export leaves it: the higher-order ops dynamo emits, and
@@ -55,23 +57,8 @@ CHECKPOINT_OPS = frozenset({"tag_activation_checkpoint", "wrap_activation_checkp
 CHECKPOINT_FUNCTIONS = frozenset({"torch.utils.checkpoint.CheckpointFunction"})
 RECOMPUTED = ("recomputed in the backward: activation checkpointing discarded this op's "
               "activations and reruns it before differentiating it")
-CONTROL_FLOW_REASON = "the backward of control flow (torch.cond, map, while_loop) is not traced"
 #: Flex attention's ``score_mod`` takes the score, then batch, head, query and key indices.
 SCORE_MOD_INDICES = 4
-SCORE_MOD_LAYOUT_REASON = (
-    "flex attention's score_mod takes inputs other than (score, b, h, q_idx, kv_idx, "
-    "*score_mod_other_buffers), so which of them need a gradient is not known")
-
-
-def flat_apply_reason(function: str) -> str:
-    return (f"flat_apply calls {function}, a Python function export did not trace into: its "
-            f"backward is not in the graph")
-
-
-def custom_function_reason(function: str) -> str:
-    return (f"it runs inside the forward of the custom torch.autograd.Function {function}, "
-            f"whose backward is user code that torch.export does not capture; autograd runs "
-            f"that backward, not these ops' own")
 
 
 @dataclass(frozen=True)
@@ -109,16 +96,11 @@ def trace_backward(program: torch.export.ExportedProgram, graph: GraphRead,
     signature = program.graph_signature
     flow = _Flow(Tracer(graph.shape_env, graph.renames, graph.kinds, measured), graph.nodes,
                  {*signature.inputs_to_parameters, *signature.inputs_to_buffers}, split)
-    flow.run(program.graph, _user_outputs(program))
+    flow.run(program.graph, user_outputs(program))
     if received is not None:
         received.update({node: needs <= flow.receives.get(node, set())
                          for node, needs in flow.needs.items()})
     return [ops for call in graph.nodes for ops in flow.backward_of(call)]
-
-
-def _user_outputs(program: torch.export.ExportedProgram) -> set[str]:
-    return {spec.arg.name for spec in program.graph_signature.output_specs
-            if spec.kind == OutputKind.USER_OUTPUT and hasattr(spec.arg, "name")}
 
 
 class _Flow:
@@ -162,7 +144,7 @@ class _Flow:
         if self.split:
             self._check_single_uses(graph)
         output = graph.output_node()
-        for arg in _input_nodes(output):
+        for arg in input_nodes(output):
             if arg.name in outputs:
                 self._receive(self._current(output, arg), 0)
         self._backward_pass(graph)
@@ -230,7 +212,7 @@ class _Flow:
                 return self.tracer.outputs_needing(node, self._grad_positions(node), autocast)
             except Exception:  # any op may refuse a fake replay; its backward says why
                 pass
-        return _floating_outputs(example_value(node))
+        return floating_outputs(example_value(node))
 
     def _wrapper_outputs(self, node: torch.fx.Node, autocast: tuple | None) -> frozenset[int]:
         kind = self._kind(node)
@@ -238,9 +220,9 @@ class _Flow:
             return frozenset()
         if kind == "flex":
             self._score_mod_forward(node, autocast)
-            return _floating_outputs(example_value(node))
+            return floating_outputs(example_value(node))
         if kind not in ("through", "checkpoint"):
-            return _floating_outputs(example_value(node))
+            return floating_outputs(example_value(node))
         (subgraph, operands, placeholders) = self.bodies[node]
         for placeholder, operand in zip(placeholders, operands):
             if operand in self.needs:
@@ -250,7 +232,7 @@ class _Flow:
         if node.target.name() == "wrap_with_autocast":
             autocast = tuple(node.args[:4])  # device type, dtype, enabled, cache_enabled
         self._forward_pass(subgraph, autocast)
-        outputs = _output_values(subgraph)
+        outputs = output_values(subgraph)
         self.from_inputs[node] = frozenset(i for i, out in enumerate(outputs)
                                            if self.from_inputs.get(out))
         return frozenset(i for i, out in enumerate(outputs) if out in self.needs)
@@ -269,20 +251,20 @@ class _Flow:
         name = node.target.name()
         if name == "flex_attention":
             return "flex"
-        if name == "flat_apply" and _applied_function(node) in GATHERS:
+        if name == "flat_apply" and applied_function(node) in GATHERS:
             return "gather"
         bodies = list(subgraphs(node))
         if name not in RUN_ONCE or len(bodies) != 1:
             return "opaque"
         subgraph = bodies[0][1]
         placeholders = [n for n in subgraph.nodes if n.op == "placeholder"]
-        operands = [self._current(node, operand) for operand in _operands(node)]
+        operands = [self._current(node, operand) for operand in wrapper_operands(node)]
         if len(placeholders) != len(operands):
             return "opaque"
         function = self._function_in(subgraph)
         if function and function not in CHECKPOINT_FUNCTIONS:
             return "function"
-        if _grad_off(node) and not function and not self._after_function(node):
+        if grad_off(node) and not function and not self._after_function(node):
             return "no_grad"
         if function and not self._checkpoint_tracks(operands):
             return "no_grad"
@@ -295,7 +277,7 @@ class _Flow:
         (a learned bias); its output is the score the softmax reads."""
         score_mod = next(subgraphs(node))[1]
         placeholders = [n for n in score_mod.nodes if n.op == "placeholder"]
-        buffers = list(_input_nodes_of(node.args[7]))
+        buffers = list(input_nodes_of(node.args[7]))
         if len(placeholders) != SCORE_MOD_INDICES + 1 + len(buffers):
             return  # a layout this reading does not know: its ops' backward says so
         if any(arg in self.needs for arg in node.args[:2]):
@@ -326,7 +308,7 @@ class _Flow:
         grad-off mode, but not the grad-on mode ``apply`` restores on return: the ops after
         the Function land in a grad-off wrapper of their own, right after the Function's."""
         previous = node.prev
-        while previous.op != "root" and not _grad_off(previous):
+        while previous.op != "root" and not grad_off(previous):
             previous = previous.prev
         return previous.op != "root" and bool(self._function_in(next(subgraphs(previous))[1]))
 
@@ -348,7 +330,7 @@ class _Flow:
                 self._score_mod_backward(node)
             elif node in self.bodies:
                 subgraph, operands, placeholders = self.bodies[node]
-                outputs = _output_values(subgraph)
+                outputs = output_values(subgraph)
                 for index in self.receives[node]:
                     self._receive(outputs[index], 0)
                 self._backward_pass(subgraph)
@@ -366,7 +348,7 @@ class _Flow:
             self._receive(arg, 0)
         if node in self.bodies:
             score_mod, buffers, placeholders = self.bodies[node]
-            self._receive(_output_values(score_mod)[0], 0)
+            self._receive(output_values(score_mod)[0], 0)
             self._backward_pass(score_mod)
             for placeholder, buffer in zip(placeholders, buffers):
                 if placeholder in self.receives:
@@ -382,12 +364,12 @@ class _Flow:
         return self.current.get((user, read), read)
 
     def _inputs(self, node: torch.fx.Node) -> list[torch.fx.Node]:
-        return [self._current(node, arg) for arg in _input_nodes(node)]
+        return [self._current(node, arg) for arg in input_nodes(node)]
 
     def _grad_positions(self, node: torch.fx.Node) -> set[int]:
         flat = pytree.tree_leaves((node.args, node.kwargs))
         return {i for i, a in enumerate(flat) if isinstance(a, torch.fx.Node)
-                and self._current(node, a) in self.needs and _floating(example_value(a))}
+                and self._current(node, a) in self.needs and floating(example_value(a))}
 
     def backward_of(self, call: NodeCall) -> list[BackwardOps]:
         node = call.node
@@ -442,25 +424,25 @@ class _Flow:
         except Exception as error:  # any op may refuse a fake replay; the report says which
             return BackwardOps(call, [], f"{type(error).__name__}: {error}", gradient=gradient)
         suffix = f".{gradient}" if gradient else ""
-        return BackwardOps(call, [_backward_call(call, i, op, suffix)
+        return BackwardOps(call, [backward_call(call, i, op, suffix)
                                   for i, op in enumerate(ops)], gradient=gradient)
 
     def _wrapper_backward(self, call: NodeCall) -> list[BackwardOps]:
         kind = self._kind(call.node)
         if kind == "flex":
-            kernel = BackwardOps(call, [_flex_backward(call, self.receives[call.node])])
+            kernel = BackwardOps(call, [flex_backward(call, self.receives[call.node])])
             if call.node in self.bodies:
                 return [kernel]
             prefix = f"{call.name}.{next(subgraphs(call.node))[0]}."
             return [kernel, *(BackwardOps(inner, [], SCORE_MOD_LAYOUT_REASON)
                               for inner in self.forward if inner.name.startswith(prefix))]
         if kind == "gather":
-            return [BackwardOps(call, [_gather_backward(call)])]
+            return [BackwardOps(call, [gather_backward(call)])]
         if kind == "function":
             function = self._function_in(next(subgraphs(call.node))[1])
             return [BackwardOps(call, [], custom_function_reason(function))]
         if kind == "opaque" and call.node.target.name() == "flat_apply":
-            return [BackwardOps(call, [], flat_apply_reason(_applied_function(call.node)))]
+            return [BackwardOps(call, [], flat_apply_reason(applied_function(call.node)))]
         if kind == "opaque":
             return [BackwardOps(call, [], CONTROL_FLOW_REASON)]
         if kind == "checkpoint" and self.split:
@@ -476,88 +458,3 @@ class _Flow:
                                 note=RECOMPUTED)
                     for inner in self.forward if inner.name.startswith(prefix)]
         return []
-
-
-def _flex_backward(call: NodeCall, outputs: set[int]) -> NodeCall:
-    """The call autograd makes for a flex attention call: ``FlexAttentionAutogradOp.backward``
-    runs ``flex_attention_backward(query, key, value, out, logsumexp, grad_out,
-    grad_logsumexp, fw_graph, joint_graph, block_mask, scale, kernel_options,
-    score_mod_other_buffers, mask_mod_other_buffers)`` (torch/_higher_order_ops/
-    flex_attention.py), returning the query's, key's and value's gradients. Built from the
-    forward call: a higher-order op's replay records no ops of its own. The gradients of
-    ``out`` and ``logsumexp`` are there when those outputs receive one (``outputs``)."""
-    forward = call.call
-    query, key, value, _, block_mask, scale, options, score_buffers, mask_buffers = (
-        forward[f"arg{i}"] for i in range(9))
-    out, logsumexp = forward.outputs[:2]
-    arguments = (query, key, value, out, logsumexp, out if 0 in outputs else None,
-                 logsumexp if 1 in outputs else None, None, None, block_mask, scale, options,
-                 score_buffers, mask_buffers)
-    op = torch.ops.higher_order.flex_attention_backward
-    opcall = OpCall(op, {**{f"arg{i}": a for i, a in enumerate(arguments)},
-                         "skipped_pairs": forward.get("skipped_pairs")},
-                    tuple(replace(t, kind=ACTIVATION) for t in (query, key, value)))
-    return _backward_call(call, 0, opcall)
-
-
-def _gather_backward(call: NodeCall) -> NodeCall:
-    """The call autograd makes for ``flat_apply(ModIndex, x, *indices)``, the index inside a
-    flex attention ``score_mod`` (``bias[h]``): ``ModIndex.backward`` runs
-    ``flex_lib.zeros_and_scatter(x.shape, indices, grad)`` (torch/_dynamo/
-    _trace_wrapped_higher_order_op.py), returning x's gradient."""
-    tensors = [a for a in call.call.args.values() if isinstance(a, TensorMeta)]
-    source, indices = tensors[0], tensors[1:]
-    op = torch.ops.flex_lib.zeros_and_scatter.default
-    opcall = OpCall(op, {"shape": source.shape, "indices": indices, "vals": call.call.out},
-                    (replace(source, kind=ACTIVATION),))
-    return _backward_call(call, 0, opcall)
-
-
-def _backward_call(forward: NodeCall, index: int, op: OpCall, half: str = "") -> NodeCall:
-    """The ``index``-th op of ``forward``'s backward (of its ``half``, when split), charged to
-    its module. An op under vmap or in a subgraph run per score was replayed once: its
-    backward runs as often."""
-    return NodeCall(f"{forward.name}.backward{half}.{index}", op.op, op_name(op.op), op,
-                    forward.stack,
-                    *((forward.region, forward.repeat) if forward.repeat != 1 else ()))
-
-
-def _applied_function(node: torch.fx.Node) -> str:
-    """The qualified name of the function a ``flat_apply`` calls, as the graph names it."""
-    return next((a for a in node.args if isinstance(a, str)), "a function")
-
-
-def _grad_off(node: torch.fx.Node) -> bool:
-    return (isinstance(node.target, HigherOrderOperator)
-            and node.target.name() == "wrap_with_set_grad_enabled" and node.args[0] is False)
-
-
-def _operands(node: torch.fx.Node) -> list:
-    """The values a wrapper passes to its subgraph's placeholders: the nodes after the
-    subgraph's own ``get_attr`` argument."""
-    flat = pytree.tree_leaves((node.args, node.kwargs))
-    start = next(i for i, a in enumerate(flat)
-                 if isinstance(a, torch.fx.Node) and a.op == "get_attr") + 1
-    return [a for a in flat[start:] if isinstance(a, torch.fx.Node)]
-
-
-def _output_values(graph: torch.fx.Graph) -> list:
-    return list(pytree.tree_leaves(graph.output_node().args[0]))
-
-
-def _floating_outputs(val: Any) -> frozenset[int]:
-    values = val if isinstance(val, (list, tuple)) else [val]
-    return frozenset(i for i, v in enumerate(values) if _floating(v))
-
-
-def _input_nodes(node: torch.fx.Node) -> Iterator[torch.fx.Node]:
-    return _input_nodes_of((node.args, node.kwargs))
-
-
-def _input_nodes_of(args: Any) -> Iterator[torch.fx.Node]:
-    return (a for a in pytree.tree_leaves(args) if isinstance(a, torch.fx.Node))
-
-
-def _floating(val: Any) -> bool:
-    return any(isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex())
-               for v in pytree.tree_leaves(val))

@@ -23,9 +23,9 @@ from .eager_heads import eager_inputs
 from .flex_blocks import with_skipped_pairs
 from .kinds import subgraph_kinds, tensor_kinds
 from .opcall import ACTIVATION, OpCall, TensorMeta, bind_schema
+from .sizes import shape_env, size_names, SizeSymbol, size_symbols
 from .stacks import Stack, invoked_stacks, module_stack
-from ..records.symbolic import size_symbol
-from ..torch_internals import HigherOrderOperator, int_oo, OpOverload
+from ..torch_internals import HigherOrderOperator, OpOverload
 from .vmap import VmapLevels
 
 #: Higher-order ops that run their subgraph exactly once per call (grad mode, autocast,
@@ -74,17 +74,6 @@ class NodeCall:
 
 
 @dataclass(frozen=True)
-class SizeSymbol:
-    """A dynamic size of the graph, under the user's ``torch.export.Dim`` name."""
-
-    symbol: sympy.Symbol
-    example: int | None
-    """Its value for the example inputs (None for data-dependent sizes)."""
-    min: int | None
-    max: int | None
-
-
-@dataclass(frozen=True)
 class GraphRead:
     nodes: list[NodeCall]
     symbols: list[SizeSymbol]
@@ -102,14 +91,14 @@ def read_graph(graph: torch.fx.Graph, signature=None) -> GraphRead:
     program's graph ``signature``, each tensor knows whether it is a weight, state or an
     activation (`kinds`). Subgraphs' tensors are activations."""
     env = shape_env(graph)
-    renames = _symbol_names(env) if env is not None else {}
+    renames = size_names(env) if env is not None else {}
     read: dict[torch.fx.Node, Any] = {}  # each node's value, read once for all its consumers
     kinds = tensor_kinds(graph, signature)
     # The Functions' lines are read only for a graph whose nodes keep their tracebacks (train
     # mode's export): a forward-only export keeps none (`capture.export.capture`).
     forwards = functools.cache(_function_forwards)
     nodes = list(_calls(graph, renames, read, kinds, _Scope(), forwards))
-    return GraphRead(nodes, _symbols(env, renames) if env is not None else [],
+    return GraphRead(nodes, size_symbols(env, renames) if env is not None else [],
                      renames, kinds, env)
 
 
@@ -290,62 +279,6 @@ def op_name(target: Any) -> str:
     if isinstance(target, HigherOrderOperator):
         return f"higher_order.{target.name()}"
     return getattr(target, "__name__", str(target))
-
-
-def shape_env(graph: torch.fx.Graph):
-    """The shape env of the fake tensors export left in the graph (None without any)."""
-    for node in graph.nodes:
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor) and getattr(val, "fake_mode", None) is not None:
-            return val.fake_mode.shape_env
-    return None
-
-
-def _symbol_names(shape_env) -> dict[sympy.Symbol, sympy.Symbol]:
-    """torch's ``s0``, ``s77`` -> the name of the ``Dim`` the user gave that size."""
-    debug_names = getattr(shape_env, "source_name_to_debug_name", {})
-    renames = {}
-    for symbol, sources in getattr(shape_env, "var_to_sources", {}).items():
-        names = [debug_names.get(source.name) for source in sources]
-        name = next((n for n in names if n), None)
-        renames[symbol] = size_symbol(name or str(symbol))
-    # Sizes with no source keep torch's name: data-dependent ones (u0, ...: a nonzero's count,
-    # a routing), and every size of a program loaded from a .pt2 (saving drops the Dim names).
-    # As a size symbol a u0 reads as positive though it can be 0: that changes no count, a
-    # polynomial evaluated by substitution, and keeps one symbol per name for the JSON round trip.
-    for symbol in getattr(shape_env, "var_to_range", {}):
-        if symbol not in renames and isinstance(symbol, sympy.Symbol):
-            renames[symbol] = size_symbol(str(symbol))
-    return renames
-
-
-def _symbols(shape_env, renames: dict) -> list[SizeSymbol]:
-    # torch >= 2.10 renamed var_to_val (kept as a deprecated alias) to backed_var_to_val.
-    examples = getattr(shape_env, "backed_var_to_val", None)
-    if examples is None:
-        examples = shape_env.var_to_val
-    symbols, named = [], set()
-    for symbol, renamed in renames.items():
-        # Replaced: equal to another size, in no expression. A name already listed: sizes
-        # torch kept apart that were named one size (`program_edits.name_input_sizes`).
-        if symbol in shape_env.replacements or renamed in named:
-            continue
-        named.add(renamed)
-        bounds = shape_env.var_to_range.get(symbol)
-        symbols.append(SizeSymbol(
-            renamed,
-            int(examples[symbol]) if symbol in examples else None,
-            _bound(bounds.lower) if bounds is not None else None,
-            _bound(bounds.upper) if bounds is not None else None,
-        ))
-    return symbols
-
-
-def _bound(value) -> int | None:
-    # torch's int_oo (an unbounded Dim) calls itself finite: compare with it explicitly.
-    if value in (int_oo, -int_oo) or not value.is_number or value.is_finite is False:
-        return None
-    return int(value)
 
 
 def op_call(target: Any, args: tuple, kwargs: dict, result: Any, renames: dict,

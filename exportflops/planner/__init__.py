@@ -48,15 +48,16 @@ def fit(model: torch.nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     largest batch and length that fit, with the plan and without, come from the step's memory
     at symbolic sizes (`sizes.largest_sizes`); a given ``resize(batch) -> (args, kwargs)``
     sizes the example instead, for a search of the batch over steps at each size
-    (``search_batch=False`` skips both). With a ``layout`` (``Layout(fsdp=F, tp=T)``,
-    ``Layout(pp=P)``, ``Layout(dp=E, ep=E)`` or ``Layout(cp=C)``, as `memory_ranks` takes them,
-    its options such as ``schedule=`` in ``**options``), every peak is the highest rank's
-    (`_every_rank`), the plan checkpoints the same blocks on every rank (on a pipeline, each
-    in the stage holding it), and the largest batch and length are a rank's (a pipeline's: one
-    microbatch's; a ring's: the sequence it splits, a multiple of C), searched over steps at
-    each size (no symbolic memory per rank yet); the recompute stays the whole step's. Nothing
-    fits: `DoesNotFitError`. The model is left as it was; ``plan.apply(model)`` wraps the
-    chosen blocks.
+    (``search_batch=False`` skips both). With a ``layout`` (any `memory_ranks` takes:
+    ``Layout(fsdp=F, tp=T)``, a pipeline ``Layout(pp=P)`` with its stages on fsdp and tp ranks
+    or not, a ring ``Layout(cp=C)`` inside fsdp and over tp, expert parallelism alone, over tp
+    or inside fsdp; its options such as ``schedule=`` in ``**options``), every peak is the
+    highest rank's (`_every_rank`), the plan checkpoints the same blocks on every rank (on a
+    pipeline, each in the stage holding it), and the largest batch and length are a rank's
+    (a pipeline's: one microbatch's; a ring's: the sequence it splits, a multiple of C),
+    searched over steps at each size (no symbolic memory per rank yet); the recompute stays
+    the whole step's. Nothing fits: `DoesNotFitError`. The model is left as it was;
+    ``plan.apply(model)`` wraps the chosen blocks.
     """
     name = type(model).__name__
     if mode != "train":
