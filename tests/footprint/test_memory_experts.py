@@ -1,8 +1,13 @@
 """The memory of an expert-parallel rank (`memory_ranks` with ``Layout(dp=E, ep=E)``): its
 share of each MoE layer's experts with every other parameter, and the token copies routed to
-it, derived from the tiny Mixtral's shapes (tests/footprint/models.py)."""
+it, derived from the tiny Mixtral's shapes (tests/footprint/models.py); and a real two-process
+gloo run (tests/footprint/rank_worker.py) measured per rank by torch's profiler memory
+timeline."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,14 +15,13 @@ import torch
 from exportflops.errors import InputError, LayoutError
 from exportflops.parallel import Layout, memory_ranks
 from tests.footprint.models import FP32, MIXTRAL_PARAMS, MIXTRAL_TENSORS, mixtral
+from tests.footprint.rank_models import SKEWED
+from tests.torchrun import torchrun
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(),
                                 reason="torch built without torch.distributed")
 EP, EXPERTS, LAYERS, HIDDEN, FFN = 2, 4, 2, 64, 128  # tests.footprint.models.mixtral
 TOKENS, TOP_K = 2 * 32, 2
-#: Token copies per expert over both ranks' batches (2 x 64 tokens x top-2 = 256): rank 0's
-#: experts (0, 1) receive 64, rank 1's (2, 3) 192.
-SKEWED = [32, 32, 96, 96]
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +69,21 @@ def test_what_an_expert_rank_does_not_model_is_refused_by_name(layout, options, 
     model, args, kwargs = mixtral()
     with pytest.raises(error, match=words):
         memory_ranks(model, args, kwargs, layout=layout, rank=0, **options)
+
+
+def test_two_real_gloo_expert_ranks_peak_as_the_fake_process_group_predicts(tmp_path):
+    # Routing SKEWED: each rank sends 32 of its 128 token copies to rank 0 and 96 to rank 1
+    # (the group's copies dealt out in turn), so the ranks' splits pair up on real ranks and
+    # gloo runs each all_to_all_single; rank 1 receives 192 copies, rank 0 64.
+    done = torchrun(Path(__file__).with_name("rank_worker.py"), "ep", str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    model, args, kwargs = mixtral()
+    view = memory_ranks(model, args, kwargs, layout=Layout(dp=EP, ep=EP), routing=SKEWED)
+    measured = [min(json.loads((tmp_path / f"rank{rank}.json").read_text())["peak_bytes"])
+                for rank in range(EP)]
+    # the least of five steps, as tests/footprint/test_memory_ranks.py takes it: gloo's
+    # thread may free a collective's buffers after the step's next allocations
+    for report in view.ranks:
+        assert abs(measured[report.rank] - report.peak_bytes) <= 0.03 * measured[report.rank], (
+            report.rank, measured, report.peak_bytes)
+    assert measured[1] > measured[0]  # the rank receiving more copies holds more

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import exportflops
+from exportflops.count.ranks import fake_process_group
 from exportflops.parallel import Layout, memory_ranks
 from exportflops.records import RanksMemory
 from tests.footprint.models import llama
@@ -83,6 +85,28 @@ def test_ranks_of_different_tensor_parallel_groups_each_run_their_own_step():
     view = memory_ranks(model, args, kwargs, layout=Layout(fsdp=2, tp=2))
     assert [report.rank for report in view.ranks] == [0, 1, 2, 3]
     assert len({report.peak_bytes for report in view.ranks}) == 1
+
+
+class GatherLastDim(torch.nn.Module):
+    """Doubles its input and all-gathers it on its last dim, as DTensor's Shard(-1) to
+    Replicate does (a column-parallel head returning replicated logits)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.distributed import _functional_collectives as funcol
+
+        return funcol.all_gather_tensor(x * 2, gather_dim=-1,
+                                        group=torch.distributed.group.WORLD)
+
+
+def test_a_collectives_wait_hands_back_its_output_without_a_copy():
+    x = torch.randn(4, 8)  # 128 bytes
+    with fake_process_group(2):
+        report = exportflops.memory(GatherLastDim(), (x,), mode="forward")
+    # all_gather_tensor gathers on dim 0 (8 x 8), waits, and cats the two halves on the last
+    # dim; it holds the gathered tensor through the cat. The wait hands back the gathered
+    # tensor itself (c10d's wait_tensor: ``return tensor``), so at the cat: x, x * 2, the
+    # gathered tensor and the cat's output, 4 x 8, 4 x 8, 8 x 8 and 4 x 16 float32.
+    assert report.peak_bytes == (32 + 32 + 64 + 64) * F32
 
 
 @pytest.mark.parametrize("dimension", ["tp", "fsdp"])

@@ -24,6 +24,7 @@ hidden state and the rotary tables, whole on every rank of the group.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ def composed_pipeline_memory(model: torch.nn.Module | Builder, args: Any,
     of ``microbatches`` (default ``layout.pp``) under ``schedule``; ``checkpoint``'s blocks
     wrapped in the stages holding them; ``options``: `replayed`'s."""
     from ...count.ranks import fake_copy
-    from ..parallelize import fully_shard_blocks, tensor_parallel
+    from ..parallelize import fully_shard_blocks
     from ..rank_step import unsharded_storages
 
     built, args, kwargs = built_model(model, args, kwargs)
@@ -63,12 +64,8 @@ def composed_pipeline_memory(model: torch.nn.Module | Builder, args: Any,
     group = Layout(fsdp=layout.fsdp, tp=layout.tp)  # the stage's ranks
     with group.mesh(*dims, rank=at["fsdp"] * layout.tp + at["tp"]) as mesh:
         fake, fake_args, _ = fake_copy(built, tuple(args), {})
-        # What each stage receives, from the stages before the plan splits them (module
-        # docstring); the stages hold the model's modules, which the plan splits in place.
-        with require("detect_fake_mode")(fake_args):  # what a stage makes (the rope) is fake
-            split = _own_stages(fake, fake_args[0], layout.pp * per_rank, mode, layout)
-        if layout.tp > 1:
-            tensor_parallel(fake, mesh["tp"])
+        split = split_stages_over_tp(fake, fake_args[0], layout=layout,
+                                     stages=layout.pp * per_rank, mode=mode, mesh=mesh)
         rank_model = torch.nn.ModuleDict({f"stage{s}": split[s].module for s in held})
         if checkpoint is not None:
             _checkpoint(rank_model, [stage.module for stage in split], checkpoint,
@@ -80,6 +77,24 @@ def composed_pipeline_memory(model: torch.nn.Module | Builder, args: Any,
                         name=name, layout=layout, rank=rank, schedule=schedule, mode=mode,
                         resized=(lambda: unsharded_storages(rank_model))
                         if layout.fsdp > 1 else None, **options)
+
+
+def split_stages_over_tp(model: torch.nn.Module, tokens: torch.Tensor, *, layout: Layout,
+                         stages: int, mode: str, mesh) -> list:
+    """``model`` (its input one microbatch of ``tokens``) in ``stages`` stages of its own
+    modules (module docstring, 1) with what each receives, then split in place by its
+    tensor-parallel plan on ``mesh["tp"]`` where ``layout.tp`` is more than 1: a real mesh
+    (tests/footprint/pipeline_worker.py builds torch's stages from it on gloo) or a fake one.
+    What each stage receives is what the stages pass before the plan splits them (module
+    docstring); the stages hold the model's modules, which the plan splits in place."""
+    from ..parallelize import tensor_parallel
+
+    fake_mode = require("detect_fake_mode")(tokens)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        split = _own_stages(model, tokens, stages, mode, layout)  # the rope they make: fake
+    if layout.tp > 1:
+        tensor_parallel(model, mesh["tp"])
+    return split
 
 
 def _own_stages(model: torch.nn.Module, tokens: torch.Tensor, stages: int, mode: str,
