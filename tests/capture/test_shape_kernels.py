@@ -74,60 +74,99 @@ def _on(device, dtype=torch.float32, *shapes):
     return tuple(torch.zeros(*shape, device=device, dtype=dtype) for shape in shapes)
 
 
-# (model, inputs, dynamic_shapes, what each kernel call should do: True made, False torch's).
+class Elementwise(nn.Module):
+    """GELU, then sums, products and a quotient with a broadcast (T, C) and a (B, 1, C)
+    tensor, a Python scalar (a 0-dim tensor: torch's), and the input's transpose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("position", torch.zeros(1, 16))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        y = F.gelu(x, approximate="tanh") + self.position.expand(T, C).contiguous()
+        y = (y * x[:, :1].contiguous() - x) / (x * 2.0)
+        return y.transpose(0, 1).transpose(-1, -2)
+
+
+class Counts(nn.Module):
+    """Integer sums: torch's."""
+
+    def forward(self, ids):
+        return ids + ids
+
+
+SDPA = "scaled_dot_product_attention"
+BATCH = Dim("batch", max=8)
+FLOAT = torch.float32
+
+# (model, inputs, dynamic_shapes, kernel -> what its calls did: True made, False torch's).
 CASES = {
-    "linear, 3-d input": (Linear(), _on("meta", torch.float32, (2, 5, 16)),
-                          ({1: SEQ},), [True]),
-    "linear, 2-d input, no bias": (Linear(bias=False), _on("meta", torch.float32, (5, 16)),
-                                   ({0: SEQ},), [True]),
+    "linear, 3-d input": (Linear(), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},),
+                          {"linear": {True}}),
+    "linear, 2-d input, no bias": (Linear(bias=False), _on("meta", FLOAT, (5, 16)),
+                                   ({0: SEQ},), {"linear": {True}}),
     "linear on cpu, batch and length dynamic": (
-        Linear(), _on("cpu", torch.float32, (2, 5, 16)),
-        ({0: Dim("batch", max=8), 1: SEQ},), [True]),
+        Linear(), _on("cpu", FLOAT, (2, 5, 16)), ({0: BATCH, 1: SEQ},), {"linear": {True}}),
     "linear of a transposed input (torch's)": (
-        Linear(transposed=True), _on("meta", torch.float32, (5, 2, 16)), ({0: SEQ},), [False]),
-    "layer norm of the last dim": (LayerNorm((16,)), _on("meta", torch.float32, (2, 5, 16)),
-                                   ({1: SEQ},), [True]),
+        Linear(transposed=True), _on("meta", FLOAT, (5, 2, 16)), ({0: SEQ},),
+        {"linear": {False}, "transpose": {True}}),
+    "layer norm of the last dim": (LayerNorm((16,)), _on("meta", FLOAT, (2, 5, 16)),
+                                   ({1: SEQ},), {"layer_norm": {True}}),
     "layer norm of two dims, no affine": (
-        LayerNorm((5, 16), affine=False), _on("meta", torch.float32, (2, 5, 16)),
-        ({0: Dim("batch", max=8)},), [True]),
+        LayerNorm((5, 16), affine=False), _on("meta", FLOAT, (2, 5, 16)), ({0: BATCH},),
+        {"layer_norm": {True}}),
     "layer norm of a permuted input (torch's)": (
-        LayerNorm((16,), permuted=True), _on("meta", torch.float32, (5, 2, 16)),
-        ({0: SEQ},), [False]),
-    "causal self-attention": (Attention(causal=True), _on("meta", torch.float32, (2, 5, 32)),
-                              ({1: SEQ},), [True]),
+        LayerNorm((16,), permuted=True), _on("meta", FLOAT, (5, 2, 16)), ({0: SEQ},),
+        {"layer_norm": {False}}),
+    "causal self-attention": (Attention(causal=True), _on("meta", FLOAT, (2, 5, 32)),
+                              ({1: SEQ},), {SDPA: {True}, "transpose": {True}}),
     "causal self-attention in bfloat16": (
-        Attention(causal=True), _on("meta", torch.bfloat16, (2, 5, 32)), ({1: SEQ},), [True]),
+        Attention(causal=True), _on("meta", torch.bfloat16, (2, 5, 32)), ({1: SEQ},),
+        {SDPA: {True}}),
     "cross-attention, two lengths, other value width": (
-        Attention(value_dim=4), _on("meta", torch.float32, (2, 5, 32), (2, 7, 32)),
-        ({1: SEQ}, {1: MEMORY}), [True]),
+        Attention(value_dim=4), _on("meta", FLOAT, (2, 5, 32), (2, 7, 32)),
+        ({1: SEQ}, {1: MEMORY}), {SDPA: {True}}),
     "attention with a boolean (T, S) mask": (
-        Attention(mask="bool"), _on("meta", torch.float32, (2, 5, 32)), ({1: SEQ},), [True]),
+        Attention(mask="bool"), _on("meta", FLOAT, (2, 5, 32)), ({1: SEQ},), {SDPA: {True}}),
     "attention with a float (B, 1, T, S) mask": (
-        Attention(mask="float"), _on("meta", torch.float32, (2, 5, 32)), ({1: SEQ},), [True]),
+        Attention(mask="float"), _on("meta", FLOAT, (2, 5, 32)), ({1: SEQ},), {SDPA: {True}}),
     "attention with grouped heads (torch's)": (
-        Attention(gqa=True), _on("meta", torch.float32, (2, 5, 32)), ({1: SEQ},), [False]),
+        Attention(gqa=True), _on("meta", FLOAT, (2, 5, 32)), ({1: SEQ},), {SDPA: {False}}),
     "attention on cpu (torch's: its flash kernel has other strides)": (
-        Attention(causal=True), _on("cpu", torch.float32, (2, 5, 32)), ({1: SEQ},), [False]),
+        Attention(causal=True), _on("cpu", FLOAT, (2, 5, 32)), ({1: SEQ},), {SDPA: {False}}),
+    "gelu, broadcast sums and products, a scalar, transposes": (
+        Elementwise(), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},),
+        {"gelu": {True}, "add": {True}, "sub": {True}, "mul": {True, False}, "div": {True},
+         "transpose": {True}}),
+    "elementwise on cpu": (Elementwise(), _on("cpu", FLOAT, (2, 5, 16)), ({1: SEQ},),
+                           {"gelu": {True}, "add": {True}}),
+    "integer sums (torch's)": (Counts(), (torch.zeros(2, 5, dtype=torch.long,
+                                                      device="meta"),),
+                               ({1: SEQ},), {"add": {False}}),
 }
 
 
 def _nodes(program: torch.export.ExportedProgram) -> list:
     """Each node's op, its arguments (nodes by their place: export numbers the size reads it
-    drops, which the kernels do not make), and each value's metadata."""
+    drops, which the kernels do not make), and each value's metadata with the place of the
+    first value sharing its storage (a view's base)."""
     place = {node: i for i, node in enumerate(program.graph.nodes)}
+    storages: dict[int, int] = {}
 
     def argument(a):
         return ("node", place[a]) if isinstance(a, torch.fx.Node) else str(a)
 
-    def meta(value):
+    def meta(value, at):
         if isinstance(value, torch.Tensor):
+            base = storages.setdefault(value.untyped_storage()._cdata, at)
             return (tuple(map(str, value.shape)), tuple(map(str, value.stride())),
-                    str(value.storage_offset()), value.dtype, value.device)
+                    str(value.storage_offset()), value.dtype, value.device, base)
         return str(value)
 
     return [(node.op, str(node.target),
              torch.fx.node.map_aggregate((node.args, node.kwargs), argument),
-             [meta(v) for v in torch.utils._pytree.tree_leaves(node.meta.get("val"))])
+             [meta(v, place[node]) for v in torch.utils._pytree.tree_leaves(node.meta.get("val"))])
             for node in program.graph.nodes]
 
 
@@ -149,17 +188,17 @@ def test_the_program_is_torchs_own_whether_the_kernel_made_the_output_or_not(nam
     model, inputs, shapes, made = CASES[name]
     model = model.to(inputs[0].device)
     calls = []
-    for op, shape_of in list(kernels._KERNELS.items()):
-        def spy(*args, shape_of=shape_of, **kwargs):
-            output = shape_of(*args, **kwargs)
-            calls.append(output is not None)
+    for op, (made_by, keys) in list(kernels._KERNELS.items()):
+        def spy(*args, made_by=made_by, **kwargs):
+            output = made_by(*args, **kwargs)
+            calls.append((made_by.__name__, output is not None))
             return output
-        monkeypatch.setitem(kernels._KERNELS, op, spy)
+        monkeypatch.setitem(kernels._KERNELS, op, (spy, keys))
     torchs = _export(model, inputs, shapes)
     assert calls == []  # off outside the block
     with kernels.shape_kernels():
         ours = _export(model, inputs, shapes)
-    assert calls == made
+    assert {name: {m for n, m in calls if n == name} for name in made} == made
     assert _nodes(ours) == _nodes(torchs)
     assert _shapes(ours) == _shapes(torchs)
 
@@ -193,8 +232,13 @@ def test_a_symbolic_analysis_of_gpt2_counts_as_with_torchs_composites(mode, monk
     assert ours.evaluate(seq=1024).total == torchs.evaluate(seq=1024).total
 
 
+def _installed() -> dict:
+    return {(op, key): op.py_kernels.get(key) for op, (_, keys) in kernels._KERNELS.items()
+            for key in keys}
+
+
 def test_the_kernels_are_removed_when_the_export_fails():
-    before = {op: dict(op.py_kernels) for op in kernels._KERNELS}
+    before = _installed()
 
     class Fails(nn.Module):
         def forward(self, x):
@@ -203,18 +247,18 @@ def test_the_kernels_are_removed_when_the_export_fails():
 
     with pytest.raises(RuntimeError, match="the model's own error"):
         with kernels.shape_kernels():
-            assert all(kernels._COMPOSITE in op.py_kernels for op in kernels._KERNELS)
+            assert all(kernel is not None for kernel in _installed().values())
             _export(Fails(), (torch.zeros(2, 5, 16, device="meta"),), ({1: SEQ},))
-    assert {op: dict(op.py_kernels) for op in kernels._KERNELS} == before
+    assert _installed() == before
 
 
 def test_a_nested_block_leaves_the_outer_ones_kernels_in_place():
     with kernels.shape_kernels():
-        outer = {op: op.py_kernels[kernels._COMPOSITE] for op in kernels._KERNELS}
+        outer = _installed()
         with kernels.shape_kernels():
             pass
-        assert {op: op.py_kernels.get(kernels._COMPOSITE) for op in kernels._KERNELS} == outer
-    assert not any(kernels._COMPOSITE in op.py_kernels for op in kernels._KERNELS)
+        assert _installed() == outer
+    assert not any(_installed().values())
 
 
 def test_an_op_registered_twice_is_refused():
