@@ -4,12 +4,13 @@ one FlopCounterMode run, and the floor torch.export sets: its symbolic export of
 Issue 53 asks one symbolic analysis to cost at most one FlopCounterMode run. The fast path
 exports the model once with blocks 1-11 stubbed, so the export traces one block with a
 symbolic length; this times that block's export alone (one ``Block`` exported as the fast
-path exports, `exportflops.capture.export.capture_forward`), and the same with a
-static length, and one causal SDPA on meta against the same on cpu (on meta SDPA's fake
-kernel is its math decomposition, a tril mask, two matmuls and a softmax with symbolic sizes;
-on cpu the flash kernel's meta function, with other output strides). Each case alternates
-with the others ``--repeat`` times; the process's CPU time is taken (other processes share
-the machine), medians and the fastest run printed.
+path exports, `exportflops.capture.export.capture_forward`, with the shape kernels of
+`exportflops.capture.shape_kernels`), and the same with a static length, and one causal SDPA
+on meta against the same on cpu (on meta the shape kernel makes SDPA's output; torch's own
+fake kernel there is its math decomposition with symbolic sizes, which made this export four
+times as dear; on cpu torch runs the flash kernel's meta function, with other output strides). Each case
+alternates with the others ``--repeat`` times; the process's CPU time is taken (other
+processes share the machine), medians and the fastest run printed.
 
     python benchmarks/symbolic_floor.py [--repeat 7]
 """

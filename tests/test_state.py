@@ -14,6 +14,7 @@ from torch import nn
 
 import exportflops
 import exportflops.aggregate
+from exportflops.capture.shape_kernels import _KERNELS
 from exportflops.errors import ExportFlopsError
 
 
@@ -21,7 +22,9 @@ def _state() -> dict:
     state = {"excepthook": sys.excepthook, "grad": torch.is_grad_enabled(),
              "dtype": torch.get_default_dtype(),
              "device": torch.empty(0).device, "cpu_rng": torch.get_rng_state(),
-             "process_group": dist.is_available() and dist.is_initialized()}
+             "process_group": dist.is_available() and dist.is_initialized(),
+             # Python kernels on torch's ops: the shape kernels of an export with dynamic sizes
+             "op_kernels": {str(op): dict(op.py_kernels) for op in _KERNELS}}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda_rng"] = torch.cuda.get_rng_state_all()
     return state
@@ -49,13 +52,15 @@ class BranchOnValue(nn.Module):
         return self.proj(x) if x.sum() > 0 else x
 
 
-def _analyze(mode: str, *, fails: bool):
-    """The call, its model and inputs built first (building draws random numbers)."""
+def _analyze(mode: str, *, fails: bool, dynamic: bool = False):
+    """The call, its model and inputs built first (building draws random numbers); with a
+    dynamic batch size the export runs the shape kernels."""
     if fails:
         model, args = BranchOnValue().to("meta"), (torch.randn(2, 8, device="meta"),)
     else:
         model, args = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), (torch.randn(2, 8),)
-    return lambda: exportflops.analyze(model, args, mode=mode)
+    shapes = ({0: torch.export.Dim("batch")},) if dynamic else None
+    return lambda: exportflops.analyze(model, args, mode=mode, dynamic_shapes=shapes)
 
 
 def _process_group(*, fails: bool):
@@ -191,6 +196,8 @@ def _conventions(*, fails: bool):
     (lambda: _analyze("train", fails=False), False),
     (lambda: _analyze("forward", fails=True), True),
     (lambda: _analyze("train", fails=True), True),
+    (lambda: _analyze("forward", fails=False, dynamic=True), False),
+    (lambda: _analyze("forward", fails=True, dynamic=True), True),
     (lambda: _process_group(fails=False), False),
     (lambda: _process_group(fails=True), True),
     (lambda: _flops_per_batch(fails=False), False),
@@ -215,7 +222,8 @@ def _conventions(*, fails: bool):
     (lambda: _expert_memory(fails=True), True),
     (lambda: _conventions(fails=False), False),
     (lambda: _conventions(fails=True), True),
-], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "process-group",
+], ids=["analyze", "analyze-train", "analyze-fails", "analyze-train-fails", "analyze-dynamic",
+        "analyze-dynamic-fails", "process-group",
         "process-group-fails", "flops-per-batch", "flops-per-batch-fails", "profile",
         "profile-fails", "generation", "generation-fails",
         "generation-memory", "generation-memory-fails", "memory", "memory-fails", "fit",

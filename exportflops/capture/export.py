@@ -23,6 +23,7 @@ from .hints import data_dependent, first_lines, hint, undecided_hint
 from .placement import check_inputs, flat_inputs, input_name
 from .quiet import quiet, quiet_capture_log, quiet_fake_tensor_log
 from .saved import load
+from .shape_kernels import shape_kernels
 from ..torch_internals import FakeTensor, pytree, require
 from ..graph.sizes import shape_env
 
@@ -190,9 +191,10 @@ def _sized_by_the_example(captured: Captured, shaped: set) -> Captured:
 def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
     # Export runs the forward on fake tensors; a failure halfway must not leave the caller's
     # random stream advanced (dropout draws), so it runs on a fork of it.
+    static = dynamic_shapes is None
     with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
-            quiet_fake_tensor_log(), _lazy_graph_code(), \
-            _fake_dispatch_cache(dynamic_shapes is None):
+            quiet_fake_tensor_log(), _lazy_graph_code(), _fake_dispatch_cache(static), \
+            contextlib.nullcontext() if static else shape_kernels():
         yield
 
 

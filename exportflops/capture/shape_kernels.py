@@ -1,0 +1,258 @@
+"""Kernels that make an op's output from its inputs' shapes while a model is exported with
+dynamic sizes: torch's program, without most of the work torch does to find those shapes.
+
+torch.export records each op in the graph, then runs it on fake tensors for its output's
+shape. With symbolic sizes every size and stride check of that run goes through sympy, and an
+op that is a composite of others runs them all: ``linear`` a transpose, an addmm and two
+views; ``layer_norm`` some ten prims; ``scaled_dot_product_attention`` on meta its math path
+(a causal mask, two matmuls, a softmax); ``gelu`` and a broadcast ``add`` their Python
+decompositions. These were two thirds of the export of a GPT-2 block with a dynamic length,
+and that export most of a symbolic analysis (`benchmarks/symbolic_floor.py`). None of the
+inner ops reaches the graph.
+
+While `shape_kernels` is on, each op here first looks at its inputs. Where its output is
+plainly a fresh contiguous tensor of a shape read off them (or, for ``transpose``, a view
+with two sizes and strides swapped), it makes that tensor, once: every tensor fake, on meta
+or cpu (``scaled_dot_product_attention``: meta, where the math path runs), one dtype, some
+size symbolic and none read from values, no gradient asked for, and the sizes that must
+match equal as expressions, so that torch's checks of them are true and install no guard.
+Anything else runs torch's own kernel. The program's nodes, each value's shape, strides,
+dtype, device and storage, and its guards and ranges are then torch's own
+(tests/capture/test_shape_kernels.py compares both on each case and each fallback); only the
+numbers export gives the size reads it drops afterwards (``sym_size_int_1``) can differ.
+
+Each kernel is a function of the op's arguments that returns the output, or None for
+torch's kernel; `kernel` registers one, at the dispatch keys where it runs: a composite's
+``CompositeImplicitAutograd`` (the Python dispatcher, on during export, takes a Python kernel
+there before torch's decomposition), any other op's autograd key of meta and cpu tensors
+(before fake tensors see the op). They are removed again after the export, also when it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..torch_internals import FakeTensor, free_unbacked_symbols, require
+
+_KEYS = torch._C.DispatchKey
+_COMPOSITE = (_KEYS.CompositeImplicitAutograd,)
+"""Where a composite op's decomposition runs (the Python dispatcher's table takes a kernel)."""
+_AUTOGRAD = (_KEYS.AutogradMeta, _KEYS.AutogradCPU)
+"""Where any other op on a meta or cpu tensor first runs: above autograd, before fake tensors."""
+_ATEN = torch.ops.aten
+
+Kernel = Callable[..., torch.Tensor | None]
+"""The op's output made from its arguments, or None: torch's kernel runs."""
+_KERNELS: dict[Any, tuple[Kernel, tuple[Any, ...]]] = {}
+"""Op overload -> its kernel and the dispatch keys it is installed at."""
+
+
+def kernel(op: Any, keys: tuple[Any, ...] = _COMPOSITE) -> Callable[[Kernel], Kernel]:
+    """Registers the kernel of ``op`` at ``keys``; one per op."""
+    def register(made: Kernel) -> Kernel:
+        if op in _KERNELS:
+            raise ValueError(f"{op} has a shape kernel already: {_KERNELS[op][0].__name__}")
+        _KERNELS[op] = made, keys
+        return made
+    return register
+
+
+@contextlib.contextmanager
+def shape_kernels() -> Iterator[None]:
+    """The kernels installed for the block, and torch's ops as they were after it. An op that
+    has a Python kernel at that key already (torch's own, or this block's when nested) keeps
+    it; a torch without Python kernels on its ops runs its own throughout."""
+    installed = []
+    try:
+        for op, (made, keys) in _KERNELS.items():
+            for key in keys:
+                if _installable(op, key):
+                    op.py_kernels[key] = _fast(op, key, made)
+                    op._dispatch_cache.clear()
+                    installed.append((op, key))
+        yield
+    finally:
+        for op, key in installed:
+            del op.py_kernels[key]
+            op._dispatch_cache.clear()
+
+
+def _installable(op: Any, key: Any) -> bool:
+    return all(hasattr(op, name) for name in ("py_kernels", "_dispatch_cache", "_op_dk")) \
+        and key not in op.py_kernels
+
+
+def _fast(op: Any, key: Any, made: Kernel) -> Callable[..., Any]:
+    def run(*args: Any, **kwargs: Any) -> Any:
+        output = made(*args, **kwargs)
+        return op._op_dk(key, *args, **kwargs) if output is None else output
+    run.__name__ = f"fast_{made.__name__}"
+    return run
+
+
+@kernel(_ATEN.linear.default)
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+           ) -> torch.Tensor | None:
+    """``(*, in) x (out, in) -> (*, out)``: the addmm of the flattened input, viewed back."""
+    tensors = [input, weight] if bias is None else [input, weight, bias]
+    if not _plain(tensors, ("meta", "cpu")) or input.dim() < 2 or weight.dim() != 2 \
+            or not _contiguous(input) or not _same(input.shape[-1:], weight.shape[1:]):
+        return None
+    if bias is not None and (bias.dim() != 1 or not _same(bias.shape, weight.shape[:1])):
+        return None
+    return _fresh(input, (*input.shape[:-1], weight.shape[0]))
+
+
+@kernel(_ATEN.layer_norm.default)
+def layer_norm(input: torch.Tensor, normalized_shape: Sequence[Any],
+               weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               eps: float = 1e-5, cudnn_enable: bool = True) -> torch.Tensor | None:
+    """The input's shape: an elementwise result, contiguous as the input is."""
+    affine = [t for t in (weight, bias) if t is not None]
+    count = len(normalized_shape)
+    if not _plain([input, *affine], ("meta", "cpu")) or not 0 < count <= input.dim() \
+            or not _contiguous(input) \
+            or not _same(input.shape[input.dim() - count:], normalized_shape) \
+            or not all(_same(t.shape, normalized_shape) for t in affine):
+        return None
+    return _fresh(input, input.shape)
+
+
+@kernel(_ATEN.scaled_dot_product_attention.default)
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor | None:
+    """``(*, L, E), (*, S, E), (*, S, Ev) -> (*, L, Ev)``, the second matmul of the math path
+    (the one meta runs): contiguous whatever the inputs' strides. A mask must broadcast to the
+    scores ``(*, L, S)`` with each size equal or 1, and is not given with ``is_causal`` (torch
+    refuses both); no dropout, no grouped heads."""
+    tensors = [query, key, value]
+    if not _plain(tensors, ("meta",)) or dropout_p != 0.0 or enable_gqa \
+            or not query.dim() == key.dim() == value.dim() >= 2 \
+            or not _same(query.shape[:-2], key.shape[:-2]) \
+            or not _same(key.shape[:-1], value.shape[:-1]) \
+            or not _same(query.shape[-1:], key.shape[-1:]):
+        return None
+    if attn_mask is not None:
+        scores = (*query.shape[:-1], key.shape[-2])
+        if is_causal or not _plain([*tensors, attn_mask], ("meta",), dtypes=False) \
+                or attn_mask.dtype not in (torch.bool, query.dtype) \
+                or attn_mask.dim() > len(scores) or not all(
+                    _expr(size) == 1 or _same((size,), (want,))
+                    for size, want in zip(attn_mask.shape[::-1], scores[::-1])):
+            return None
+    return _fresh(query, (*query.shape[:-1], value.shape[-1]))
+
+
+@kernel(_ATEN.gelu.default, _AUTOGRAD)
+def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor | None:
+    """Elementwise: the input's shape, contiguous as the input is (its Python decomposition,
+    some eight elementwise prims, otherwise)."""
+    if not _plain([input], ("meta", "cpu")) or not _contiguous(input):
+        return None
+    return _fresh(input, input.shape)
+
+
+def _elementwise(input: Any, other: Any) -> torch.Tensor | None:
+    """Two contiguous tensors of one floating dtype, one of them of the broadcast shape:
+    contiguous, of that shape, as torch's fast binary kernel makes it. Sizes broadcast where
+    equal as expressions or one is 1 (torch's checks of them then install no guard)."""
+    tensors = [input, other]
+    if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors) \
+            or not _plain(tensors, ("meta", "cpu")) or not input.dtype.is_floating_point \
+            or not all(_contiguous(t) for t in tensors):
+        return None
+    shape = []
+    for sizes in itertools.zip_longest(input.shape[::-1], other.shape[::-1], fillvalue=1):
+        exprs = [_expr(size) for size in sizes]
+        if exprs[0] != exprs[1] and 1 not in exprs:
+            return None
+        shape.append(sizes[1] if exprs[0] == 1 else sizes[0])
+    shape.reverse()
+    if not any(_same(t.shape, shape) for t in tensors):
+        return None  # both broadcast: torch's slower kernel decides the strides
+    return _fresh(input, shape)
+
+
+@kernel(_ATEN.add.Tensor, _AUTOGRAD)
+def add(input: Any, other: Any, alpha: Any = 1) -> torch.Tensor | None:
+    return _elementwise(input, other)
+
+
+@kernel(_ATEN.sub.Tensor, _AUTOGRAD)
+def sub(input: Any, other: Any, alpha: Any = 1) -> torch.Tensor | None:
+    return _elementwise(input, other)
+
+
+@kernel(_ATEN.mul.Tensor, _AUTOGRAD)
+def mul(input: Any, other: Any) -> torch.Tensor | None:
+    return _elementwise(input, other)
+
+
+@kernel(_ATEN.div.Tensor, _AUTOGRAD)
+def div(input: Any, other: Any) -> torch.Tensor | None:
+    return _elementwise(input, other)
+
+
+@kernel(_ATEN.transpose.int, _AUTOGRAD)
+def transpose(input: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor | None:
+    """A view of the input with two sizes and their strides swapped (its Python
+    decomposition's result, here one ``as_strided``)."""
+    rank = input.dim()
+    if not _plain([input], ("meta", "cpu")) or not all(-rank <= d < rank for d in (dim0, dim1)):
+        return None
+    sizes, strides = list(input.shape), list(input.stride())
+    first, second = dim0 % rank, dim1 % rank
+    sizes[first], sizes[second] = sizes[second], sizes[first]
+    strides[first], strides[second] = strides[second], strides[first]
+    return input.as_strided(sizes, strides, input.storage_offset())
+
+
+def _fresh(like: torch.Tensor, shape: Sequence[Any]) -> torch.Tensor:
+    """A contiguous fake tensor of ``shape`` with ``like``'s dtype, device and mode, made as
+    torch's fast elementwise kernel makes its outputs (`fake_impls.make_fast_binary_impl`): a
+    meta tensor, wrapped. A ``new_empty`` would dispatch again, at three times the cost."""
+    with require("DisableTorchDispatch")():
+        meta = torch.empty(shape, dtype=like.dtype, device="meta")
+    return FakeTensor(like.fake_mode, meta, like.device)
+
+
+def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool = True) -> bool:
+    """Fake tensors of one dtype (unless ``dtypes`` is False) on one of ``devices``, with no
+    real tensors behind them (``draft_export`` propagates those, a kernel would not), some size
+    symbolic (static sizes cost torch little), none read from values, none needing a gradient
+    (a kernel's output has no autograd history)."""
+    if not all(isinstance(t, FakeTensor) and t.device.type in devices
+               and not t.fake_mode.propagate_real_tensors for t in tensors):
+        return False
+    if dtypes and len({t.dtype for t in tensors}) != 1:
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return any(isinstance(d, torch.SymInt) for t in tensors for d in t.shape) and \
+        not any(free_unbacked_symbols(t) for t in tensors)
+
+
+def _expr(size: Any) -> Any:
+    """A size as its sympy expression (comparing these installs no guard), an int as itself."""
+    return size.node.expr if isinstance(size, torch.SymInt) else size
+
+
+def _same(sizes: Sequence[Any], others: Sequence[Any]) -> bool:
+    return len(sizes) == len(others) and all(_expr(a) == _expr(b) for a, b in zip(sizes, others))
+
+
+def _contiguous(tensor: torch.Tensor) -> bool:
+    """Row-major strides, each equal as an expression to the product of the sizes after it."""
+    expected: Any = 1
+    for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride())):
+        if _expr(stride) != expected:
+            return False
+        expected = expected * _expr(size)
+    return True
