@@ -5,6 +5,7 @@ report. A part of a count (a pipeline stage of a rank) is a `Counted` of its nod
 from __future__ import annotations
 
 import functools
+import operator
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -51,11 +52,15 @@ class _Sum:
                 self._terms()[i].append(value)
 
     def merge(self, other: _Sum) -> None:
+        # A symbolic GPT-2 report's roll-up merges some 2,000 sums: its ints in one map.
         self.calls += other.calls
-        self.ints = [a + b for a, b in zip(self.ints, other.ints)]
+        self.ints = list(map(operator.add, self.ints, other.ints))
         if other.terms is not None:
-            for mine, theirs in zip(self._terms(), other.terms):
-                mine.extend(theirs)
+            if self.terms is None:
+                self.terms = [list(theirs) for theirs in other.terms]
+            else:
+                for mine, theirs in zip(self.terms, other.terms):
+                    mine.extend(theirs)
 
     def _terms(self) -> list[list]:
         if self.terms is None:

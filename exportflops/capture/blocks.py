@@ -413,12 +413,15 @@ def _private(path: str, modules: dict, owners: dict[int, set[str]]) -> bool:
 
 
 def _tree_key(module: torch.nn.Module) -> tuple:
+    """Each submodule's path, class and training flag; each parameter's, then each buffer's,
+    name and `leaf_key`, as ``named_parameters`` and ``named_buffers`` name them (from the one
+    walk of the tree: each of those walks it again)."""
+    named = list(module.named_modules(remove_duplicate=False))
     return (
-        tuple((path, type(sub), sub.training)
-              for path, sub in module.named_modules(remove_duplicate=False)),
-        tuple((name, leaf_key(t), isinstance(t, torch.nn.Parameter))
-              for name, t in [*module.named_parameters(remove_duplicate=False),
-                              *module.named_buffers(remove_duplicate=False)]),
+        tuple((path, type(sub), sub.training) for path, sub in named),
+        tuple((f"{path}.{name}" if path else name, leaf_key(t), isinstance(t, torch.nn.Parameter))
+              for members in ("_parameters", "_buffers") for path, sub in named
+              for name, t in getattr(sub, members).items() if t is not None),
     )
 
 

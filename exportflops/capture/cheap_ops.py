@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .call_keys import Unique, op_key
+from .call_keys import LEAF_TYPES, Unique, op_key
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
 
@@ -72,7 +72,7 @@ class Ops(TorchDispatchMode):
             self.events.append((func, object()))
             return out
         self.events.append(event)
-        if self.reuse and _functional(func) and _all_meta((args, kwargs), out):
+        if self.reuse and _functional(func) and _all_meta((*args, *kwargs.values()), out):
             # The event itself, not an equal copy: bodies of repeated blocks then hold the
             # same objects, which `_choose` compares by identity before their contents.
             self.results[key] = (_maker(out), event)
@@ -89,8 +89,10 @@ class Functions(TorchFunctionMode):
     and returned new meta tensors that share no storage with them and need no gradient. The
     key holds the default dtype and inference mode. What else could make a call run other ops,
     the SDPA backend flags, leaves meta alone (its attention is always the math one). A
-    function that returned no tensor (``size``, ``shape``) is passed through from then on,
-    unkeyed."""
+    function that returned no tensor (``size``, ``shape``) or a view of an argument (``view``,
+    ``transpose``: never reusable) is passed through from then on, unkeyed: keying it is then
+    all the time it costs beyond its run (a function that copies at other times, ``reshape``,
+    then runs those too, to the same events)."""
 
     def __init__(self, ops: Ops) -> None:
         super().__init__()
@@ -98,15 +100,15 @@ class Functions(TorchFunctionMode):
         self.results: dict[tuple, tuple] = {}
         """(function, args key, kwargs key, default dtype, inference mode) -> (result maker,
         the events of the call that ran)."""
-        self.untensored: set = set()
-        """Functions that returned no tensor."""
+        self.passed: set = set()
+        """Functions that returned no tensor or a view of an argument."""
         self.autocast = require("any_autocast_enabled")
         self.transformed = require("functorch_transforms_active")
         self.undispatched = require("DisableTorchDispatch")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.untensored or torch.is_grad_enabled() or self.autocast() or \
+        if func in self.passed or torch.is_grad_enabled() or self.autocast() or \
                 self.transformed() or not _PLAIN.issuperset(types):
             return func(*args, **kwargs)
         try:
@@ -120,7 +122,7 @@ class Functions(TorchFunctionMode):
             self.events.extend(events)
             with self.undispatched():  # new tensors, no ops of the call
                 return make()
-        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = [t for t in (*_leaves(args), *_leaves(kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.layout != torch.strided for t in inputs):  # no storage to tell apart
             return func(*args, **kwargs)
         start = len(self.events)
@@ -129,18 +131,19 @@ class Functions(TorchFunctionMode):
             out = func(*args, **kwargs)
         finally:
             watched, self.ops.watched = self.ops.watched, None
-        results = pytree.tree_leaves(out)
-        if not any(isinstance(t, torch.Tensor) for t in results):
-            self.untensored.add(func)
-        elif self._reusable(inputs, out, watched, self.events[start:]):
+        results = _leaves(out)
+        tensors = [t for t in results if isinstance(t, torch.Tensor)]
+        if not tensors or any(_storage(t) in watched for t in tensors):
+            self.passed.add(func)
+        elif self._reusable(inputs, results, self.events[start:]):
             self.results[key] = (_maker(out), tuple(self.events[start:]))
         return out
 
-    def _reusable(self, inputs: list, out: Any, watched: set[int], events: list[tuple]) -> bool:
+    def _reusable(self, inputs: list, results: list, events: list[tuple]) -> bool:
+        """Whether a call that returned tensors of storages new to it can be reused."""
         return not self.ops.wrote_watched and all(_keyed(event) for event in events) and \
-            _all_meta(inputs, out) and all(
-                type(t) is torch.Tensor and not t.requires_grad and _storage(t) not in watched
-                for t in pytree.tree_leaves(out))
+            _all_meta(inputs, results) and all(
+                type(t) is torch.Tensor and not t.requires_grad for t in results)
 
 
 #: Tensor types whose torch functions are torch's own (a subclass may override them).
@@ -178,9 +181,21 @@ def _functional(func) -> bool:
 
 def _all_meta(inputs: Any, out: Any) -> bool:
     """Every tensor argument is on meta and the result is one or more meta tensors."""
-    results = pytree.tree_leaves(out)
+    results = _leaves(out)
     return bool(results) and all(isinstance(t, torch.Tensor) and t.is_meta for t in results) \
-        and all(t.is_meta for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor))
+        and all(t.is_meta for t in _leaves(inputs) if isinstance(t, torch.Tensor))
+
+
+def _leaves(tree: Any) -> list:
+    """``pytree.tree_leaves(tree)``; a leaf, or a tuple, list or dict of leaves alone (most
+    calls' arguments and results), without pytree's walk (a sixth of the cheap pass over GPT-2 was it)."""
+    kind = type(tree)
+    if kind in LEAF_TYPES:
+        return [tree]
+    values = tree.values() if kind is dict else tree if kind in (tuple, list) else None
+    if values is not None and all(type(v) in LEAF_TYPES for v in values):
+        return list(values)
+    return pytree.tree_leaves(tree)
 
 
 def _maker(out: Any):

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 
 from exportflops.capture.blocks import plan_blocks
-from exportflops.capture.cheap_ops import Functions, Ops
+from exportflops.capture.cheap_ops import Functions, Ops, _leaves
 from exportflops.capture.call_keys import flattened_call, flattened_output
 from exportflops.examples.llama import Llama, LlamaConfig
 
@@ -140,6 +140,25 @@ def test_a_function_returning_its_argument_or_a_view_of_it_runs_each_time():
         x.t(), x.contiguous()
         view, same = x.t(), x.contiguous()
     assert view._base is x and same is x
+
+
+def test_a_view_function_is_passed_through_after_its_first_call_and_its_ops_still_recorded():
+    x = torch.empty(4, 6, device="meta")
+    ops = Ops([], reuse=True)
+    with torch.no_grad(), ops, Functions(ops) as functions:
+        views = [x.view(2, 2, 6) for _ in range(3)]
+    assert torch.Tensor.view in functions.passed and not functions.results
+    assert all(v._base is x and v.shape == (2, 2, 6) for v in views)
+    assert [str(e[0]) for e in ops.events] == ["aten.view.default"] * 3
+
+
+@pytest.mark.parametrize("tree", [
+    (), (torch.empty(1), 2, None), [torch.empty(1), 2.0], {"a": torch.empty(1), "b": "s"},
+    torch.empty(1), (torch.empty(1), [3, 4]), {"a": (torch.empty(1),)},
+], ids=["empty", "a flat tuple", "a flat list", "a flat dict", "a leaf", "nested", "a dict of tuples"])
+def test_leaves_are_pytrees(tree):
+    leaves, expected = _leaves(tree), pytree.tree_leaves(tree)
+    assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))
 
 
 def test_a_function_writing_its_argument_in_place_runs_each_time():
