@@ -266,7 +266,9 @@ def rolled_up(own: Mapping[str, T], add: Callable[[T, T], T],
     returns the sum (it may update ``total`` in place and return it). The one roll-up of the
     module tree: counts here, latencies (`exportflops.runtime.measured`) and predicted times
     (`exportflops.roofline.predict`) alike."""
-    paths = {p for path in own for p in ancestors(path)}
+    # Sorted: a set's order changes with PYTHONHASHSEED, and so would the order in which
+    # each parent merges its children (the keys of a merged per-operator dict).
+    paths = sorted({p for path in own for p in ancestors(path)})
     rolled = {path: zero() for path in paths}
     for path in sorted(paths, key=lambda p: -len(ancestors(p))):
         if path in own:
