@@ -8,8 +8,8 @@ path exports, `exportflops.capture.export.capture_forward`, with the shape kerne
 `exportflops.capture.shape_kernels`), and the same with a static length, and one causal SDPA
 on meta against the same on cpu (on meta the shape kernel makes SDPA's output; torch's own
 fake kernel there is its math decomposition with symbolic sizes, which made this export four
-times as dear; on cpu torch runs the flash kernel's meta function, with other output strides). Each case
-alternates with the others ``--repeat`` times; the process's CPU time is taken (other
+times as dear; on cpu torch runs the flash kernel's meta function, with other output
+strides). Each case alternates with the others ``--repeat`` times; the process's CPU time is taken (other
 processes share the machine), medians and the fastest run printed.
 
     python benchmarks/symbolic_floor.py [--repeat 7]

@@ -188,7 +188,8 @@ def _all_meta(inputs: Any, out: Any) -> bool:
 
 def _leaves(tree: Any) -> list:
     """``pytree.tree_leaves(tree)``; a leaf, or a tuple, list or dict of leaves alone (most
-    calls' arguments and results), without pytree's walk (a sixth of the cheap pass over GPT-2 was it)."""
+    calls' arguments and results), without pytree's walk (a sixth of the cheap pass over
+    GPT-2 was it)."""
     kind = type(tree)
     if kind in LEAF_TYPES:
         return [tree]

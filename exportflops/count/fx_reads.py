@@ -1,5 +1,6 @@
 """What the backward tracer reads of an fx graph's structure: a wrapper's operands, a node's
-input nodes, a graph's outputs and a program's user outputs, which values are floating, a ``flat_apply``'s function.
+input nodes, a graph's outputs and a program's user outputs, which values are floating, a
+``flat_apply``'s function.
 """
 
 from __future__ import annotations

@@ -155,7 +155,8 @@ def test_a_view_function_is_passed_through_after_its_first_call_and_its_ops_stil
 @pytest.mark.parametrize("tree", [
     (), (torch.empty(1), 2, None), [torch.empty(1), 2.0], {"a": torch.empty(1), "b": "s"},
     torch.empty(1), (torch.empty(1), [3, 4]), {"a": (torch.empty(1),)},
-], ids=["empty", "a flat tuple", "a flat list", "a flat dict", "a leaf", "nested", "a dict of tuples"])
+], ids=["empty", "a flat tuple", "a flat list", "a flat dict", "a leaf", "nested",
+        "a dict of tuples"])
 def test_leaves_are_pytrees(tree):
     leaves, expected = _leaves(tree), pytree.tree_leaves(tree)
     assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))

@@ -242,7 +242,7 @@ def test_the_kernels_are_removed_when_the_export_fails():
 
     class Fails(nn.Module):
         def forward(self, x):
-            y = F.linear(x, torch.zeros(4, 16, device="meta"))
+            F.linear(x, torch.zeros(4, 16, device="meta"))
             raise RuntimeError("the model's own error")
 
     with pytest.raises(RuntimeError, match="the model's own error"):
