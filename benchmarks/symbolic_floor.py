@@ -9,8 +9,8 @@ path exports, `exportflops.capture.export.capture_forward`, with the shape kerne
 on meta against the same on cpu (on meta the shape kernel makes SDPA's output; torch's own
 fake kernel there is its math decomposition with symbolic sizes, which made this export four
 times as dear; on cpu torch runs the flash kernel's meta function, with other output
-strides). Each case alternates with the others ``--repeat`` times; the process's CPU time is taken (other
-processes share the machine), medians and the fastest run printed.
+strides). Each case alternates with the others ``--repeat`` times; the process's CPU time is
+taken (other processes share the machine), medians and the fastest run printed.
 
     python benchmarks/symbolic_floor.py [--repeat 7]
 """
