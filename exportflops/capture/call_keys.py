@@ -43,6 +43,19 @@ def flattened_output(output: Any) -> tuple[list, pytree.TreeSpec]:
     return pytree.tree_flatten(output)
 
 
+def leaves(tree: Any) -> list:
+    """``pytree.tree_leaves(tree)``; a leaf, or a tuple, list or dict of leaves alone (most
+    calls' arguments and results), without pytree's walk (a sixth of the cheap pass over
+    GPT-2 was it; `flattened_call` likewise, with the spec)."""
+    kind = type(tree)
+    if kind in LEAF_TYPES:
+        return [tree]
+    values = tree.values() if kind is dict else tree if kind in (tuple, list) else None
+    if values is not None and all(type(v) in LEAF_TYPES for v in values):
+        return list(values)
+    return pytree.tree_leaves(tree)
+
+
 @functools.cache
 def _positional_spec(count: int) -> pytree.TreeSpec:
     return pytree.tree_flatten((tuple(range(count)), {}))[1]

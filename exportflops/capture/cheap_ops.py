@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .call_keys import LEAF_TYPES, Unique, op_key
+from .call_keys import leaves, Unique, op_key
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
 
@@ -122,7 +122,7 @@ class Functions(TorchFunctionMode):
             self.events.extend(events)
             with self.undispatched():  # new tensors, no ops of the call
                 return make()
-        inputs = [t for t in (*_leaves(args), *_leaves(kwargs)) if isinstance(t, torch.Tensor)]
+        inputs = [t for t in (*leaves(args), *leaves(kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.layout != torch.strided for t in inputs):  # no storage to tell apart
             return func(*args, **kwargs)
         start = len(self.events)
@@ -131,7 +131,7 @@ class Functions(TorchFunctionMode):
             out = func(*args, **kwargs)
         finally:
             watched, self.ops.watched = self.ops.watched, None
-        results = _leaves(out)
+        results = leaves(out)
         tensors = [t for t in results if isinstance(t, torch.Tensor)]
         if not tensors or any(_storage(t) in watched for t in tensors):
             self.passed.add(func)
@@ -181,22 +181,9 @@ def _functional(func) -> bool:
 
 def _all_meta(inputs: Any, out: Any) -> bool:
     """Every tensor argument is on meta and the result is one or more meta tensors."""
-    results = _leaves(out)
+    results = leaves(out)
     return bool(results) and all(isinstance(t, torch.Tensor) and t.is_meta for t in results) \
-        and all(t.is_meta for t in _leaves(inputs) if isinstance(t, torch.Tensor))
-
-
-def _leaves(tree: Any) -> list:
-    """``pytree.tree_leaves(tree)``; a leaf, or a tuple, list or dict of leaves alone (most
-    calls' arguments and results), without pytree's walk (a sixth of the cheap pass over
-    GPT-2 was it)."""
-    kind = type(tree)
-    if kind in LEAF_TYPES:
-        return [tree]
-    values = tree.values() if kind is dict else tree if kind in (tuple, list) else None
-    if values is not None and all(type(v) in LEAF_TYPES for v in values):
-        return list(values)
-    return pytree.tree_leaves(tree)
+        and all(t.is_meta for t in leaves(inputs) if isinstance(t, torch.Tensor))
 
 
 def _maker(out: Any):

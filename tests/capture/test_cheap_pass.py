@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils import _pytree as pytree
 
 from exportflops.capture.blocks import plan_blocks
-from exportflops.capture.cheap_ops import Functions, Ops, _leaves
-from exportflops.capture.call_keys import flattened_call, flattened_output
+from exportflops.capture.cheap_ops import Functions, Ops
+from exportflops.capture.call_keys import flattened_call, flattened_output, leaves as flat_leaves
 from exportflops.examples.llama import Llama, LlamaConfig
 
 
@@ -158,7 +158,7 @@ def test_a_view_function_is_passed_through_after_its_first_call_and_its_ops_stil
 ], ids=["empty", "a flat tuple", "a flat list", "a flat dict", "a leaf", "nested",
         "a dict of tuples"])
 def test_leaves_are_pytrees(tree):
-    leaves, expected = _leaves(tree), pytree.tree_leaves(tree)
+    leaves, expected = flat_leaves(tree), pytree.tree_leaves(tree)
     assert len(leaves) == len(expected) and all(a is b for a, b in zip(leaves, expected))
 
 
