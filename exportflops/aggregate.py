@@ -32,15 +32,17 @@ def _values(counts: Cost) -> tuple:
 
 
 class _Sum:
-    """Running sum of counts: ints added as they come, symbolic terms added once at the end
-    (one sympy.Add of many terms is far cheaper than many two-term sums)."""
+    """Running sum of counts: ints added as they come, symbolic terms counted per field and
+    distinct expression and added once at the end (one sympy.Add of many terms is far cheaper
+    than many two-term sums, and a model's repeated layers give the same few expressions)."""
 
     __slots__ = ("calls", "ints", "terms")
 
     def __init__(self) -> None:
         self.calls = 0
         self.ints = [0] * len(_FIELDS)
-        self.terms: list[list] | None = None  # per field, once a symbolic value arrives
+        self.terms: dict[tuple[int, sympy.Expr], int] | None = None
+        """(field's place, expression) -> times, once a symbolic value arrives."""
 
     def add(self, values: tuple) -> None:
         self.calls += 1
@@ -49,7 +51,9 @@ class _Sum:
             if type(value) is int:
                 ints[i] += value
             else:
-                self._terms()[i].append(value)
+                if self.terms is None:
+                    self.terms = {}
+                self.terms[i, value] = self.terms.get((i, value), 0) + 1
 
     def merge(self, other: _Sum) -> None:
         # A symbolic GPT-2 report's roll-up merges some 2,000 sums: its ints in one map.
@@ -57,15 +61,11 @@ class _Sum:
         self.ints = list(map(operator.add, self.ints, other.ints))
         if other.terms is not None:
             if self.terms is None:
-                self.terms = [list(theirs) for theirs in other.terms]
+                self.terms = dict(other.terms)
             else:
-                for mine, theirs in zip(self.terms, other.terms):
-                    mine.extend(theirs)
-
-    def _terms(self) -> list[list]:
-        if self.terms is None:
-            self.terms = [[] for _ in _FIELDS]
-        return self.terms
+                mine = self.terms
+                for term, times in other.terms.items():
+                    mine[term] = mine.get(term, 0) + times
 
     @classmethod
     def of(cls, sums) -> _Sum:
@@ -77,28 +77,27 @@ class _Sum:
     def counts(self) -> Cost:
         if self.terms is None:
             return _int_counts(tuple(self.ints))
-        return _symbolic_counts(tuple(self.ints), tuple(map(tuple, self.terms)))
+        return _symbolic_counts(tuple(self.ints), tuple(self.terms.items()))
 
-    def key(self) -> tuple | None:
-        """What identifies these counts when they are all ints (None when symbolic)."""
-        return None if self.terms is not None else (self.calls, *self.ints)
-
-
-@functools.lru_cache(maxsize=1 << 12)
-def _expanded_sum(terms: tuple) -> sympy.Expr:
-    # Repeated blocks have equal terms: their sums are expanded once.
-    return sympy.expand(sympy.Add(*terms))
+    def key(self) -> tuple:
+        """What identifies these counts."""
+        terms = None if self.terms is None else tuple(self.terms.items())
+        return self.calls, *self.ints, terms
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _symbolic_counts(ints: tuple[int, ...], terms: tuple[tuple, ...]) -> Cost:
+def _symbolic_counts(ints: tuple[int, ...], terms: tuple[tuple[tuple[int, sympy.Expr], int]]
+                     ) -> Cost:
     # Each repeated block's modules and operators sum equal terms: their counts are made once
-    # (a symbolic GPT-2 report sums some 1,100, and each int + expression is a sympy Add).
-    # Values are already ints or sympy expressions: no validation needed.
-    return Cost.model_construct(**{
-        name: (whole + _expanded_sum(summed) if whole else _expanded_sum(summed)) if summed
-        else whole
-        for name, whole, summed in zip(_FIELDS, ints, terms)})
+    # (a symbolic GPT-2 report sums some 1,100). Values are already ints or sympy
+    # expressions: no validation needed.
+    summed: dict[int, list] = defaultdict(list)
+    for (place, term), times in terms:
+        summed[place].append(term * times)
+    values = list(ints)
+    for place, parts in summed.items():
+        values[place] = sympy.expand(sympy.Add(ints[place], *parts))
+    return Cost.model_construct(**dict(zip(_FIELDS, values)))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -129,10 +128,8 @@ class _Phases:
         return total
 
     def stats(self, shared: dict[tuple, OperatorStats]) -> OperatorStats:
-        """The stats; equal int ones are taken from ``shared`` (frozen records)."""
+        """The stats; equal ones are taken from ``shared`` (frozen records)."""
         key = self.all.key(), self.backward.key()
-        if None in key:
-            return self._stats()
         if key not in shared:
             shared[key] = self._stats()
         return shared[key]

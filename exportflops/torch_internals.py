@@ -95,6 +95,8 @@ _feature("dtrace_env_var", "torch._logging._internal:DTRACE_ENV_VAR",
 _feature("use_lazy_graph_module", "torch.fx._lazy_graph_module:_use_lazy_graph_module", _CORE)
 _feature("dynamo_config", "torch._dynamo:config", _CORE)
 _feature("dynamo_reset", "torch._dynamo:reset", "the fast path")
+_feature("proxy_tensor", "torch.fx.experimental.proxy_tensor",
+         "a dynamic export's memory formats asked once per shape (each asked per value without)")
 _feature("get_proxy_mode", "torch.fx.experimental.proxy_tensor:get_proxy_mode",
          "the fast path's stubs without an op (one op per stub without it)")
 _feature("clear_sharding_prop_cache",

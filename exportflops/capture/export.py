@@ -24,6 +24,7 @@ from .placement import check_inputs, flat_inputs, input_name
 from .quiet import quiet, quiet_capture_log, quiet_fake_tensor_log
 from .saved import load
 from .shape_kernels import shape_kernels
+from .tensor_meta import memory_formats_once
 from ..torch_internals import FakeTensor, pytree, require
 from ..graph.sizes import shape_env
 
@@ -194,7 +195,8 @@ def _exporting(forward_only: bool, dynamic_shapes: Any) -> Iterator[None]:
     static = dynamic_shapes is None
     with torch.random.fork_rng(devices=[]), _forward_only(forward_only), \
             quiet_fake_tensor_log(), _lazy_graph_code(), _fake_dispatch_cache(static), \
-            contextlib.nullcontext() if static else shape_kernels():
+            contextlib.nullcontext() if static else shape_kernels(), \
+            contextlib.nullcontext() if static else memory_formats_once():
         yield
 
 

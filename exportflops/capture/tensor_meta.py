@@ -1,0 +1,90 @@
+"""The memory format torch's tracer records on each node, found once per shape while a model is
+exported with dynamic sizes.
+
+For every value it records, torch's tracer writes ``node.meta["tensor_meta"]``, whose memory
+format asks, through sympy, whether the tensor is contiguous, channels-last or
+channels-last-3d (`torch.fx.passes.shape_prop._extract_tensor_metadata`). With symbolic sizes
+that was a tenth of the export of a GPT-2 with a dynamic length (`benchmarks/symbolic_floor.py`),
+and a block's values have a handful of shapes between them.
+
+While `memory_formats_once` is on, the format of each (sizes, strides) pair of expressions is
+asked once per shape environment and taken from that answer afterwards; every other field is
+torch's, of the tensor itself. The answer is the same for the same expressions: torch's check
+reads only the sizes and strides, and the guards its first asking installs decide each later
+asking the same way (a guard is only ever added, and agrees with the example's sizes). Nothing
+changes in the program; the check is torch's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..torch_internals import TorchFeatureError, require
+
+_UNKNOWN = object()
+
+
+@contextlib.contextmanager
+def memory_formats_once() -> Iterator[None]:
+    """torch's tracer asking each shape's memory format once, and as it was after the block; a
+    torch without the function runs as it is."""
+    try:
+        tracer = require("proxy_tensor")
+        torch_extract = tracer._extract_tensor_metadata
+    except (TorchFeatureError, AttributeError):
+        yield
+        return
+    formats: dict[tuple, Any] = {}
+
+    def extract(result: torch.Tensor, include_contiguity: bool = True) -> Any:
+        key = _shape_key(result) if include_contiguity else None
+        if key is None:
+            return torch_extract(result, include_contiguity)
+        found = formats.get(key, _UNKNOWN)
+        if found is _UNKNOWN:
+            meta = torch_extract(result, include_contiguity)
+            formats[key] = meta.memory_format
+            return meta
+        return torch_extract(result, include_contiguity=False)._replace(memory_format=found)
+
+    tracer._extract_tensor_metadata = extract
+    try:
+        yield
+    finally:
+        tracer._extract_tensor_metadata = torch_extract
+
+
+def _shape_key(tensor: torch.Tensor) -> tuple | None:
+    """What the memory format of a dense tensor is a function of: its shape environment and
+    the expressions of its sizes and strides; None for any other tensor (torch's check runs)."""
+    if tensor.layout != torch.strided:
+        return None
+    sizes, strides = _expressions(tensor.shape), _expressions(tensor.stride())
+    if sizes is None or strides is None:
+        return None
+    return _shape_env(tensor.shape, tensor.stride()), sizes, strides
+
+
+def _expressions(values: Any) -> tuple | None:
+    expressions = []
+    for value in values:
+        if type(value) is int:
+            expressions.append(value)
+        else:
+            expression = getattr(getattr(value, "node", None), "expr", None)
+            if expression is None:  # a nested int: no expression to key on
+                return None
+            expressions.append(expression)
+    return tuple(expressions)
+
+
+def _shape_env(*groups: Any) -> Any:
+    for group in groups:
+        for value in group:
+            if type(value) is not int:
+                return value.node.shape_env
+    return None
