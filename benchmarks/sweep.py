@@ -3,11 +3,12 @@
 1. symbolic: one ``analyze(model, args, dynamic_shapes=...)`` with a dynamic ``seq``
    (torch.export.Dim; the fast path traces one of the 12 blocks), then the 64 points, either
    as 64 full ``report.evaluate(seq=...)`` (every module, operator and node) or as the total
-   FLOPs polynomial evaluated 64 times;
+   FLOPs polynomial, compiled once (``sympy.lambdify``) and evaluated 64 times;
 2. 64 concrete ``analyze`` calls (one export each);
 3. 64 runs of ``torch.utils.flop_counter.FlopCounterMode`` over the model's forward.
 
-Target: the symbolic way at least 20x faster than FlopCounterMode. Every way's totals
+Target: the symbolic way (totals) at least as many times faster than FlopCounterMode as there
+are points, that is one symbolic analysis no dearer than one FlopCounterMode run. Every way's totals
 are checked against each other: ours equal each other at every point; FlopCounterMode counts
 matmul FLOPs only (and on meta SDPA runs its math path, two bmm), so it is compared with our
 ``matmul_flops``.
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 
+import sympy
 import torch
 from torch.export import Dim
 from torch.utils.flop_counter import FlopCounterMode
@@ -27,9 +29,6 @@ from torch.utils.flop_counter import FlopCounterMode
 import exportflops
 from exportflops import analyze
 from exportflops.examples.gpt2 import GPT, GPTConfig, gpt2
-
-TARGET = 20.0
-
 
 def seq_lengths(points: int) -> list[int]:
     return [16 * (i + 1) for i in range(points)]  # 16 .. 1024 for 64 points
@@ -44,11 +43,14 @@ def symbolic(lengths: list[int]) -> tuple[dict[str, float], list[int], list[int]
     evaluated = time.perf_counter()
     polynomial = report.total.matmul_flops
     seq = next(iter(polynomial.free_symbols))
-    totals = [int(polynomial.subs(seq, n)) for n in lengths]
+    # Compiled once to Python integer arithmetic (exact: the polynomial's coefficients are
+    # ints), as a sweep of many points would; sympy's subs costs some 0.7 ms a point.
+    total_at = sympy.lambdify(seq, polynomial, modules="math")
+    totals = [int(total_at(n)) for n in lengths]
     done = time.perf_counter()
     times = {"analyze once (export and count)": analyzed - start,
              "64 full evaluate()": evaluated - analyzed,
-             "64 total-polynomial evaluations": done - evaluated}
+             "64 total-polynomial evaluations (compiled once)": done - evaluated}
     return times, full, totals
 
 
@@ -88,7 +90,7 @@ def main() -> int:
     agree = sym_full == sym_totals == concrete_totals == counter_totals
     once = sym_times["analyze once (export and count)"]
     symbolic_full_s = once + sym_times["64 full evaluate()"]
-    symbolic_totals_s = once + sym_times["64 total-polynomial evaluations"]
+    symbolic_totals_s = once + sym_times["64 total-polynomial evaluations (compiled once)"]
     print(f"torch {torch.__version__}, exportflops {exportflops.__version__}, "
           f"{torch.get_num_threads()} threads, GPT-2 124M on meta, {len(lengths)} sequence "
           f"lengths {lengths[0]}..{lengths[-1]}")
@@ -104,11 +106,11 @@ def main() -> int:
         print(f"  {name:<52} {seconds:8.3f} s   FlopCounterMode / this = "
               f"{counter_s / seconds:6.2f}x")
     print(f"  all four ways agree on matmul FLOPs at every length: {agree}")
-    speedup = counter_s / symbolic_totals_s
-    verdict = "PASS" if speedup >= TARGET and agree else "FAIL"
+    speedup, target = counter_s / symbolic_totals_s, len(lengths)
+    verdict = "PASS" if speedup >= target and agree else "FAIL"
     print(f"{verdict}: symbolic (totals) is {speedup:.2f}x FlopCounterMode; "
-          f"target >= {TARGET:.0f}x")
-    print(f"  at most {counter_s / TARGET:.3f} s is allowed for {TARGET:.0f}x")
+          f"target >= {target}x (the number of points)")
+    print(f"  at most {counter_s / target:.3f} s is allowed for {target}x")
     return 0 if verdict == "PASS" else 1
 
 

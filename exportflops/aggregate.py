@@ -93,11 +93,30 @@ def _symbolic_counts(ints: tuple[int, ...], terms: tuple[tuple[tuple[int, sympy.
     # expressions: no validation needed.
     summed: dict[int, list] = defaultdict(list)
     for (place, term), times in terms:
-        summed[place].append(term * times)
+        summed[place].append(_expanded(term) * times)
     values = list(ints)
     for place, parts in summed.items():
-        values[place] = sympy.expand(sympy.Add(ints[place], *parts))
+        # A sum of expanded terms, each times an int, is expanded (sympy distributes a number
+        # over a sum and collects like terms): the expansion of the sum, term by term.
+        values[place] = sympy.Add(ints[place], *parts)
     return Cost.model_construct(**dict(zip(_FIELDS, values)))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _expanded(term: sympy.Expr) -> sympy.Expr:
+    """``sympy.expand(term)``, without the call where the term is plainly expanded already
+    (products and powers of numbers and symbols, and sums of them: nearly every count),
+    which costs as much for an expanded term as for any."""
+    return term if _plainly_expanded(term) else sympy.expand(term)
+
+
+def _plainly_expanded(term: sympy.Expr) -> bool:
+    for part in term.args if term.is_Add else (term,):
+        for factor in part.args if part.is_Mul else (part,):
+            base = factor.base if factor.is_Pow and factor.exp.is_Integer else factor
+            if not (base.is_Number or base.is_Symbol):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=1 << 16)

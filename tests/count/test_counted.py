@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
-from exportflops import analyze
+from exportflops import Cost, analyze
 from exportflops.aggregate import build_report
 from exportflops.api import count_call
 from exportflops.parallel.pipeline import layer_split_points
@@ -64,3 +65,20 @@ def test_a_stage_keeps_what_the_count_says_of_the_rank(stack):
     stage = build_report(stage_counted(counted, 1, stage_of, [], []))
     assert (stage.world_size, stage.rank, stage.capture_notes) == \
         (4, 3, ["a note on the call"])
+
+
+def test_symbolic_counts_are_summed_into_their_expansion(stack):
+    # Layer k's node given flops (s + k)(s + 1) = s^2 + (k + 1)s + k and macs 2(s + k), by
+    # hand: the model's total is 4s^2 + 10s + 6 FLOPs and 8s + 12 MACs, each module's its
+    # own node's, all written expanded (sympy's canonical sum of monomials).
+    model, x = stack
+    s = sympy.Symbol("s", integer=True, positive=True)
+    counted = count_call(model, (x,))
+    nodes = [node.model_copy(update={"cost": Cost(flops=(s + k) * (s + 1), macs=2 * (s + k))})
+             for k, node in enumerate(counted.nodes)]
+    report = build_report(dataclasses.replace(counted, nodes=nodes))
+    assert report.total.flops == 4 * s**2 + 10 * s + 6
+    assert report.total.macs == 8 * s + 12
+    assert [report.module(str(k)).inclusive.flops for k in range(4)] == [
+        s**2 + (k + 1) * s + k for k in range(4)]
+    assert report.operators["aten.linear.default"].cost.flops == 4 * s**2 + 10 * s + 6

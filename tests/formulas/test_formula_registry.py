@@ -56,6 +56,29 @@ def test_a_count_in_the_node_s_own_dynamic_size_is_accepted():
     assert report.evaluate(batch=5).total.macs == 5 * 4 * 3
 
 
+@pytest.mark.parametrize("flops, refused", [
+    (lambda rows: -2 * rows, True),  # negative for every size
+    (lambda rows: -(rows ** 2) - rows, True),
+    (lambda rows: rows - 2, False),  # zero at the smallest size, never negative
+    (lambda rows: rows * (rows - 1), False),
+])
+def test_a_symbolic_count_is_refused_exactly_when_it_is_negative(flops, refused):
+    model, args = linear_model()
+    batch = torch.export.Dim("batch", min=2, max=64)
+
+    def formula(call):
+        return Cost(flops=flops(call["input"].shape[0]))
+
+    def run():
+        return analyze(model, args, dynamic_shapes=({0: batch},), formulas={aten.linear: formula})
+
+    if refused:
+        with pytest.raises(InvalidFormulaError, match="a negative count"):
+            run()
+    else:
+        assert run().evaluate(batch=5).total.flops == flops(5)
+
+
 @pytest.mark.parametrize("key, words", [
     ("mm", "not a qualified op name"),
     (3, "(int) is not an op"),
