@@ -103,7 +103,7 @@ def main() -> int:
         ("FlopCounterMode x64", counter_s),
     ]
     for name, seconds in rows:
-        print(f"  {name:<52} {seconds:8.3f} s   FlopCounterMode / this = "
+        print(f"  {name:<58} {seconds:8.3f} s   FlopCounterMode / this = "
               f"{counter_s / seconds:6.2f}x")
     print(f"  all four ways agree on matmul FLOPs at every length: {agree}")
     speedup, target = counter_s / symbolic_totals_s, len(lengths)

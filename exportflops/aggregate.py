@@ -91,23 +91,30 @@ def _symbolic_counts(ints: tuple[int, ...], terms: tuple[tuple[tuple[int, sympy.
     # Each repeated block's modules and operators sum equal terms: their counts are made once
     # (a symbolic GPT-2 report sums some 1,100). Values are already ints or sympy
     # expressions: no validation needed.
-    summed: dict[int, list] = defaultdict(list)
+    summed: dict[int, dict] = defaultdict(dict)
     for (place, term), times in terms:
-        summed[place].append(_expanded(term) * times)
+        coefficients = summed[place]
+        for monomial, coefficient in _monomials(term):
+            coefficients[monomial] = coefficients.get(monomial, 0) + coefficient * times
     values = list(ints)
-    for place, parts in summed.items():
-        # A sum of expanded terms, each times an int, is expanded (sympy distributes a number
-        # over a sum and collects like terms): the expansion of the sum, term by term.
-        values[place] = sympy.Add(ints[place], *parts)
+    for place, coefficients in summed.items():
+        # Like monomials collected in ints, then one sum of the few distinct ones: the sum's
+        # expansion, as sympy.expand writes it.
+        values[place] = sympy.Add(ints[place], *(coefficient * monomial for monomial, coefficient
+                                                 in coefficients.items() if coefficient))
     return Cost.model_construct(**dict(zip(_FIELDS, values)))
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _expanded(term: sympy.Expr) -> sympy.Expr:
-    """``sympy.expand(term)``, without the call where the term is plainly expanded already
-    (products and powers of numbers and symbols, and sums of them: nearly every count),
-    which costs as much for an expanded term as for any."""
-    return term if _plainly_expanded(term) else sympy.expand(term)
+def _monomials(term: sympy.Expr) -> tuple[tuple[sympy.Expr, int | sympy.Rational], ...]:
+    """The expansion of ``term`` as (monomial, coefficient) pairs (``as_coefficients_dict``;
+    a constant's monomial is 1), each coefficient an int where it is one. ``sympy.expand`` is
+    skipped where the term is plainly expanded already (products and powers of numbers and
+    symbols, and sums of them: nearly every count), as it costs as much for an expanded term
+    as for any."""
+    expanded = term if _plainly_expanded(term) else sympy.expand(term)
+    return tuple((monomial, int(coefficient) if coefficient.is_Integer else coefficient)
+                 for monomial, coefficient in expanded.as_coefficients_dict().items())
 
 
 def _plainly_expanded(term: sympy.Expr) -> bool:
