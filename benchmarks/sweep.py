@@ -11,7 +11,8 @@ Target: the symbolic way (totals) at least as many times faster than FlopCounter
 are points, that is one symbolic analysis no dearer than one FlopCounterMode run. Every way's totals
 are checked against each other: ours equal each other at every point; FlopCounterMode counts
 matmul FLOPs only (and on meta SDPA runs its math path, two bmm), so it is compared with our
-``matmul_flops``.
+``matmul_flops``. Times are this process's CPU seconds (other processes share the machine);
+the symbolic analysis is this model's first, as a sweep's is.
 
     python benchmarks/sweep.py [--points 64]
 """
@@ -35,19 +36,19 @@ def seq_lengths(points: int) -> list[int]:
 
 
 def symbolic(lengths: list[int]) -> tuple[dict[str, float], list[int], list[int]]:
-    start = time.perf_counter()
+    start = time.process_time()
     model, args = gpt2("meta", seq_len=lengths[0])
     report = analyze(model, args, dynamic_shapes=({1: Dim("seq", max=1024)},))
-    analyzed = time.perf_counter()
+    analyzed = time.process_time()
     full = [report.evaluate(seq=n).total.matmul_flops for n in lengths]
-    evaluated = time.perf_counter()
+    evaluated = time.process_time()
     polynomial = report.total.matmul_flops
     seq = next(iter(polynomial.free_symbols))
     # Compiled once to Python integer arithmetic (exact: the polynomial's coefficients are
     # ints), as a sweep of many points would; sympy's subs costs some 0.7 ms a point.
     total_at = sympy.lambdify(seq, polynomial, modules="math")
     totals = [int(total_at(n)) for n in lengths]
-    done = time.perf_counter()
+    done = time.process_time()
     times = {"analyze once (export and count)": analyzed - start,
              "64 full evaluate()": evaluated - analyzed,
              "64 total-polynomial evaluations (compiled once)": done - evaluated}
@@ -55,20 +56,20 @@ def symbolic(lengths: list[int]) -> tuple[dict[str, float], list[int], list[int]
 
 
 def concrete(lengths: list[int]) -> tuple[float, list[int]]:
-    start = time.perf_counter()
+    start = time.process_time()
     totals = [analyze(*gpt2("meta", seq_len=n)).total.matmul_flops for n in lengths]
-    return time.perf_counter() - start, totals
+    return time.process_time() - start, totals
 
 
 def flop_counter(lengths: list[int]) -> tuple[float, list[int]]:
-    start = time.perf_counter()
+    start = time.process_time()
     totals = []
     for n in lengths:
         model, (idx,) = gpt2("meta", seq_len=n)
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model(idx)
         totals.append(counter.get_total_flops())
-    return time.perf_counter() - start, totals
+    return time.process_time() - start, totals
 
 
 def main() -> int:

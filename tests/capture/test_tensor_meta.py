@@ -1,7 +1,7 @@
 """Asking each shape's memory format once changes nothing but the time a dynamic export takes:
-every node's ``tensor_meta`` (memory format included), the guards and the ranges are torch's
-own, for contiguous, channels-last and transposed values, and torch's function is back after
-the block, also when the export fails."""
+every node's ``tensor_meta`` (memory format included) and ``torch_fn``, the guards and the
+ranges are torch's own, for contiguous, channels-last and transposed values, and torch's
+function is back after the block, also when the export fails."""
 
 from __future__ import annotations
 
@@ -50,8 +50,11 @@ CASES = {
 }
 
 
-def _tensor_metas(program: torch.export.ExportedProgram) -> list[str]:
-    return [str(node.meta.get("tensor_meta")) for node in program.graph.nodes]
+def _tensor_metas(program: torch.export.ExportedProgram) -> list[tuple]:
+    """Each node's tensor metadata, and the torch function torch's tracer names it by (which
+    counts the tracer's own reads of sizes and strides)."""
+    return [(str(node.meta.get("tensor_meta")), node.meta.get("torch_fn"))
+            for node in program.graph.nodes]
 
 
 def _export(model, inputs, shapes):
