@@ -18,6 +18,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .call_keys import leaves, Unique, op_key
+from .shape_kernels import on_meta
 from ..torch_internals import HigherOrderOperator, pytree, require, TorchDispatchMode
 
 
@@ -125,6 +126,12 @@ class Functions(TorchFunctionMode):
         inputs = [t for t in (*leaves(args), *leaves(kwargs)) if isinstance(t, torch.Tensor)]
         if any(t.layout != torch.strided for t in inputs):  # no storage to tell apart
             return func(*args, **kwargs)
+        made = self._made(func, args, kwargs)
+        if made is not None:
+            events = ((*key[:3], op_key(made)),)
+            self.events.extend(events)
+            self.results[key] = (_maker(made), events)
+            return made
         start = len(self.events)
         self.ops.watched, self.ops.wrote_watched = {_storage(t) for t in inputs}, False
         try:
@@ -139,12 +146,40 @@ class Functions(TorchFunctionMode):
             self.results[key] = (_maker(out), tuple(self.events[start:]))
         return out
 
+    def _made(self, func, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        """The output of a function that has a shape kernel (`shape_kernels.on_meta`), made
+        from its arguments' shapes, or None (it runs). Its one event, the function's with its
+        arguments' and output's keys, stands for the ops it would have run: equal keys run
+        equal ops (what reusing a result rests on), so the plan is the same."""
+        op = _KERNEL_OPS.get(func)
+        if op is None:
+            return None
+        with self.undispatched():  # the kernel's own tensor is no op of the call
+            return on_meta(op, args, kwargs)
+
     def _reusable(self, inputs: list, results: list, events: list[tuple]) -> bool:
         """Whether a call that returned tensors of storages new to it can be reused."""
         return not self.ops.wrote_watched and all(_keyed(event) for event in events) and \
             _all_meta(inputs, results) and all(
                 type(t) is torch.Tensor and not t.requires_grad for t in results)
 
+
+_ATEN = torch.ops.aten
+#: Torch functions whose ATen op has a shape kernel, by the same arguments: a first call's
+#: output is made from its inputs' shapes (a GPT-2 block's first SDPA on meta ran its math
+#: path, some 4 ms; its first layer norm 2 ms).
+_KERNEL_OPS = {
+    torch.nn.functional.linear: _ATEN.linear.default,
+    torch.nn.functional.layer_norm: _ATEN.layer_norm.default,
+    torch.nn.functional.scaled_dot_product_attention: _ATEN.scaled_dot_product_attention.default,
+    torch.nn.functional.gelu: _ATEN.gelu.default,
+    **{function: op for op, functions in (
+        (_ATEN.add.Tensor, (torch.add, torch.Tensor.add, torch.Tensor.__add__)),
+        (_ATEN.sub.Tensor, (torch.sub, torch.Tensor.sub, torch.Tensor.__sub__)),
+        (_ATEN.mul.Tensor, (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__)),
+        (_ATEN.div.Tensor, (torch.div, torch.Tensor.div, torch.Tensor.__truediv__)))
+       for function in functions},
+}
 
 #: Tensor types whose torch functions are torch's own (a subclass may override them).
 _PLAIN = frozenset({torch.Tensor, torch.nn.Parameter})

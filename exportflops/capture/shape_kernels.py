@@ -31,6 +31,7 @@ there before torch's decomposition), any other op's autograd key of meta and cpu
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -80,6 +81,25 @@ def shape_kernels() -> Iterator[None]:
         for op, key in installed:
             del op.py_kernels[key]
             op._dispatch_cache.clear()
+
+
+_ON_META = contextvars.ContextVar("exportflops_shape_kernels_on_meta", default=False)
+"""Whether a kernel runs on plain meta tensors (`on_meta`), not on an export's fake ones."""
+
+
+def on_meta(op: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """``op``'s output on plain meta tensors made by its kernel, the same tensor torch's meta
+    kernel makes (shape, strides, dtype), without running the ops torch's is made of; None
+    where ``op`` has none or it leaves the case to torch, or any tensor is not on meta. For the
+    fast path's cheap pass (`cheap_ops.Functions`), which runs each distinct call once."""
+    entry = _KERNELS.get(op)
+    if entry is None:
+        return None
+    token = _ON_META.set(True)
+    try:
+        return entry[0](*args, **kwargs)
+    finally:
+        _ON_META.reset(token)
 
 
 def _installable(op: Any, key: Any) -> bool:
@@ -217,17 +237,23 @@ def transpose(input: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor | None:
 def _fresh(like: torch.Tensor, shape: Sequence[Any]) -> torch.Tensor:
     """A contiguous fake tensor of ``shape`` with ``like``'s dtype, device and mode, made as
     torch's fast elementwise kernel makes its outputs (`fake_impls.make_fast_binary_impl`): a
-    meta tensor, wrapped. A ``new_empty`` would dispatch again, at three times the cost."""
+    meta tensor, wrapped (`on_meta`: the meta tensor itself). A ``new_empty`` would dispatch
+    again, at three times the cost."""
     with require("DisableTorchDispatch")():
         meta = torch.empty(shape, dtype=like.dtype, device="meta")
-    return FakeTensor(like.fake_mode, meta, like.device)
+    return meta if _ON_META.get() else FakeTensor(like.fake_mode, meta, like.device)
 
 
 def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool = True) -> bool:
     """Fake tensors of one dtype (unless ``dtypes`` is False) on one of ``devices``, with no
     real tensors behind them (``draft_export`` propagates those, a kernel would not), some size
     symbolic (static sizes cost torch little), none read from values, none needing a gradient
-    (a kernel's output has no autograd history)."""
+    (a kernel's output has no autograd history). With `on_meta`: plain meta tensors of one
+    dtype, any sizes."""
+    if _ON_META.get():
+        return all(type(t) in _PLAIN_TYPES and t.is_meta for t in tensors) and \
+            (not dtypes or len({t.dtype for t in tensors}) == 1) and \
+            not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
     if not all(isinstance(t, FakeTensor) and t.device.type in devices
                and not t.fake_mode.propagate_real_tensors for t in tensors):
         return False
@@ -237,6 +263,10 @@ def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool =
         return False
     return any(isinstance(d, torch.SymInt) for t in tensors for d in t.shape) and \
         not any(free_unbacked_symbols(t) for t in tensors)
+
+
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+"""Tensor types with torch's own kernels (a subclass may override them)."""
 
 
 def _expr(size: Any) -> Any:

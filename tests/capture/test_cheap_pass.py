@@ -121,16 +121,59 @@ class _Dispatched(TorchDispatchMode):
 
 
 def test_a_torch_function_seen_before_is_not_run_and_gives_its_events_again():
-    x, weight = torch.empty(4, 3, device="meta"), torch.empty(5, 3, device="meta")
+    x = torch.empty(4, 3, device="meta")
     ops = Ops([], reuse=True)
     with torch.no_grad(), ops, _Dispatched() as dispatched, Functions(ops):
-        first = F.linear(x, weight)
+        first = F.softmax(x, -1)
         ran, events = dispatched.ops, list(ops.events)
-        second = F.linear(x, weight)
+        second = F.softmax(x, -1)
     assert ran >= 1 and dispatched.ops == ran  # the second call dispatched nothing
     assert second is not first
-    assert second.shape == (4, 5) and second.stride() == (5, 1)  # (4, 3) @ (3, 5), contiguous
+    assert second.shape == (4, 3) and second.stride() == (3, 1)
     assert ops.events == events + events
+
+
+def _meta(*shape, dtype=torch.float32):
+    return torch.empty(*shape, device="meta", dtype=dtype)
+
+
+# A function with a shape kernel, its arguments, and whether the kernel makes the output (else
+# torch's kernel runs): (*, in) x (out, in) linears, layer norms, SDPA on (B, heads, T, E),
+# gelu and broadcast arithmetic; a transposed input, mixed dtypes and grouped heads are torch's.
+KERNEL_CASES = {
+    "linear, 3-d": (F.linear, (_meta(2, 5, 16), _meta(8, 16), _meta(8)), {}, True),
+    "linear of a transposed input": (F.linear, (_meta(16, 5).t(), _meta(8, 16)), {}, False),
+    "layer norm": (F.layer_norm, (_meta(2, 5, 16), (16,), _meta(16), _meta(16)), {}, True),
+    "causal SDPA": (F.scaled_dot_product_attention, (_meta(2, 4, 5, 8),) * 3,
+                    {"is_causal": True}, True),
+    "SDPA of transposed heads": (F.scaled_dot_product_attention,
+                                 (_meta(2, 5, 4, 8).transpose(1, 2),) * 3, {}, True),
+    "SDPA with a boolean mask": (F.scaled_dot_product_attention, (_meta(2, 4, 5, 8),) * 3,
+                                 {"attn_mask": _meta(5, 5, dtype=torch.bool)}, True),
+    "SDPA with grouped heads": (F.scaled_dot_product_attention,
+                                (_meta(2, 4, 5, 8), _meta(2, 2, 5, 8), _meta(2, 2, 5, 8)),
+                                {"enable_gqa": True}, False),
+    "gelu": (F.gelu, (_meta(2, 5, 16),), {"approximate": "tanh"}, True),
+    "broadcast add": (torch.Tensor.__add__, (_meta(2, 5, 16), _meta(16)), {}, True),
+    "broadcast mul": (torch.mul, (_meta(5, 1), _meta(2, 5, 16)), {}, True),
+    "sum of two dtypes": (torch.add, (_meta(2, 5), _meta(2, 5, dtype=torch.bfloat16)), {},
+                          False),
+}
+
+
+@pytest.mark.parametrize("name", list(KERNEL_CASES))
+def test_a_first_call_made_by_its_shape_kernel_is_torchs_tensor(name):
+    function, args, kwargs, made = KERNEL_CASES[name]
+    torchs = function(*args, **kwargs)
+    ops = Ops([], reuse=True)
+    with torch.no_grad(), ops, _Dispatched() as dispatched, Functions(ops):
+        ours = function(*args, **kwargs)
+        again = function(*args, **kwargs)
+    assert (ours.shape, ours.stride(), ours.dtype, ours.is_meta) == \
+        (torchs.shape, torchs.stride(), torchs.dtype, True)
+    assert (again.shape, again.stride()) == (ours.shape, ours.stride())
+    assert (dispatched.ops == 0) == made  # made from the shapes: no op ran
+    assert ops.events[:len(ops.events) // 2] == ops.events[len(ops.events) // 2:]
 
 
 def test_a_function_returning_its_argument_or_a_view_of_it_runs_each_time():
