@@ -6,7 +6,10 @@ result can depend on nothing but those keys; `Functions` does the same one level
 torch function (``F.linear``, ``F.scaled_dot_product_attention``, ``rms_norm``) whose ATen ops
 were seen before: it hands back new tensors and the same events, without running the
 decomposition (each of its ops is one more Python dispatch). The events are those a run would
-have recorded, so the plan is the same.
+have recorded, so the plan is the same. A function with a shape kernel (`shape_kernels.on_meta`:
+``linear``, ``layer_norm``, SDPA, ``gelu``, broadcast arithmetic) is not run even the first
+time: the kernel makes torch's output, and its one event, keyed as the function's, stands for
+the ops it would have run.
 """
 
 from __future__ import annotations

@@ -96,6 +96,20 @@ class Counts(nn.Module):
         return ids + ids
 
 
+class Contiguous(nn.Module):
+    """A (B, T, C) input, transposed or not, then ``contiguous()``, then a sum (the copy is
+    read)."""
+
+    def __init__(self, transposed: bool) -> None:
+        super().__init__()
+        self.transposed = transposed
+
+    def forward(self, x):
+        y = x.view(x.shape[0], x.shape[1], 2, -1)
+        y = y.transpose(1, 2) if self.transposed else y
+        return y.contiguous() + 1
+
+
 SDPA = "scaled_dot_product_attention"
 BATCH = Dim("batch", max=8)
 FLOAT = torch.float32
@@ -141,6 +155,13 @@ CASES = {
          "transpose": {True}}),
     "elementwise on cpu": (Elementwise(), _on("cpu", FLOAT, (2, 5, 16)), ({1: SEQ},),
                            {"gelu": {True}, "add": {True}}),
+    "contiguous of a transposed input": (Contiguous(True), _on("meta", FLOAT, (2, 5, 16)),
+                                         ({1: SEQ},), {"contiguous": {True}}),
+    "contiguous on cpu, batch and length dynamic": (
+        Contiguous(True), _on("cpu", FLOAT, (2, 5, 16)), ({0: BATCH, 1: SEQ},),
+        {"contiguous": {True}}),
+    "contiguous of a contiguous input (torch returns it, before the op)": (
+        Contiguous(False), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},), {"contiguous": set()}),
     "integer sums (torch's)": (Counts(), (torch.zeros(2, 5, dtype=torch.long,
                                                       device="meta"),),
                                ({1: SEQ},), {"add": {False}}),
