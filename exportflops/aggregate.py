@@ -16,6 +16,7 @@ import torch
 
 from .attribution import ModuleInfo
 from .records.names import Moved, ancestors, parent
+from .records.symbolic import factor_bases
 from .records import (Collective, Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 from .version import __version__
@@ -118,12 +119,7 @@ def _monomials(term: sympy.Expr) -> tuple[tuple[sympy.Expr, int | sympy.Rational
 
 
 def _plainly_expanded(term: sympy.Expr) -> bool:
-    for part in term.args if term.is_Add else (term,):
-        for factor in part.args if part.is_Mul else (part,):
-            base = factor.base if factor.is_Pow and factor.exp.is_Integer else factor
-            if not (base.is_Number or base.is_Symbol):
-                return False
-    return True
+    return all(base.is_Number or base.is_Symbol for base in factor_bases(term))
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -155,10 +155,7 @@ class Functions(TorchFunctionMode):
         arguments' and output's keys, stands for the ops it would have run: equal keys run
         equal ops (what reusing a result rests on), so the plan is the same."""
         op = _KERNEL_OPS.get(func)
-        if op is None:
-            return None
-        with self.undispatched():  # the kernel's own tensor is no op of the call
-            return on_meta(op, args, kwargs)
+        return None if op is None else on_meta(op, args, kwargs)
 
     def _reusable(self, inputs: list, results: list, events: list[tuple]) -> bool:
         """Whether a call that returned tensors of storages new to it can be reused."""

@@ -25,9 +25,6 @@ import torch
 
 from ..torch_internals import TorchFeatureError, require
 
-_UNKNOWN = object()
-
-
 @contextlib.contextmanager
 def memory_formats_once() -> Iterator[None]:
     """torch's tracer asking each shape's memory format once, and as it was after the block; a
@@ -44,12 +41,12 @@ def memory_formats_once() -> Iterator[None]:
         key = _shape_key(result) if include_contiguity else None
         if key is None:
             return torch_extract(result, include_contiguity)
-        found = formats.get(key, _UNKNOWN)
-        if found is _UNKNOWN:
-            meta = torch_extract(result, include_contiguity)
-            formats[key] = meta.memory_format
-            return meta
-        return torch_extract(result, include_contiguity=False)._replace(memory_format=found)
+        if key in formats:
+            return torch_extract(result, include_contiguity=False)._replace(
+                memory_format=formats[key])
+        meta = torch_extract(result, include_contiguity)
+        formats[key] = meta.memory_format
+        return meta
 
     tracer._extract_tensor_metadata = extract
     try:

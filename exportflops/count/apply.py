@@ -13,6 +13,7 @@ from ..formulas.registry import FormulaTable, built_in
 from ..graph.eager_heads import NOTE as EAGER_NOTE
 from ..graph.opcall import OpCall, TensorMeta
 from ..records import Cost, NodeRecord, TensorSpec
+from ..records.symbolic import factor_bases
 from ..graph.walk import NodeCall
 
 
@@ -140,16 +141,11 @@ def _count_problem(value, call) -> str | None:
 
 def _plainly_positive(value) -> bool:
     """Whether ``value`` is a sum of products of positive integers and positive symbols (and
-    their powers), so positive: what nearly every count is, read off its terms without
+    their integer powers), so positive: what nearly every count is, read off its terms without
     sympy's assumption system (which a new expression pays for once, a third of the count of a
     symbolic GPT-2)."""
-    for term in value.args if value.is_Add else (value,):
-        for factor in term.args if term.is_Mul else (term,):
-            base = factor.base if factor.is_Pow and factor.exp.is_Integer and factor.exp > 0 \
-                else factor
-            if not ((base.is_Integer and base > 0) or (base.is_Symbol and base.is_positive)):
-                return False
-    return True
+    return all((base.is_Integer and base > 0) or (base.is_Symbol and base.is_positive)
+               for base in factor_bases(value))
 
 
 def _in_region(node: NodeCall, cost: Cost, status: str, note: str) -> tuple[Cost, str, str]:

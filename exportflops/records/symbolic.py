@@ -3,7 +3,7 @@ evaluation of expressions at given sizes. Torch-free, and below the records: the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sympy
@@ -14,6 +14,16 @@ from ..errors import CountError
 def size_symbol(name: str) -> sympy.Symbol:
     """The one symbol a dynamic size named ``name`` becomes: a positive integer."""
     return sympy.Symbol(name, integer=True, positive=True)
+
+
+def factor_bases(value: sympy.Expr) -> Iterator[sympy.Expr]:
+    """The base of each factor of each term of ``value`` read as a sum of products (a power's
+    base where its exponent is an integer, any other factor itself): what tells, without
+    sympy's assumption system, that a count is a plain polynomial (`aggregate`, expanded) or
+    a positive one (`count.apply`)."""
+    for term in value.args if value.is_Add else (value,):
+        for factor in term.args if term.is_Mul else (term,):
+            yield factor.base if factor.is_Pow and factor.exp.is_Integer else factor
 
 
 def parse_count(value: Any) -> int | sympy.Expr:
