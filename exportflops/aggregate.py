@@ -16,7 +16,7 @@ import torch
 
 from .attribution import ModuleInfo
 from .records.names import Moved, ancestors, parent
-from .records.symbolic import factor_bases
+from .records.symbolic import factor_bases, polynomial
 from .records import (Collective, Cost, ModuleRecord, NodeRecord, OperatorStats, Report,
                       SizeSymbolRecord, TensorSpec, TiedParameter, UncountedOp)
 from .version import __version__
@@ -101,8 +101,7 @@ def _symbolic_counts(ints: tuple[int, ...], terms: tuple[tuple[tuple[int, sympy.
     for place, coefficients in summed.items():
         # Like monomials collected in ints, then one sum of the few distinct ones: the sum's
         # expansion, as sympy.expand writes it.
-        values[place] = sympy.Add(ints[place], *(coefficient * monomial for monomial, coefficient
-                                                 in coefficients.items() if coefficient))
+        values[place] = polynomial(ints[place], coefficients)
     return Cost.model_construct(**dict(zip(_FIELDS, values)))
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import sympy
+from sympy.core.add import _addsort
 
 from ..errors import CountError
 
@@ -24,6 +25,37 @@ def factor_bases(value: sympy.Expr) -> Iterator[sympy.Expr]:
     for term in value.args if value.is_Add else (value,):
         for factor in term.args if term.is_Mul else (term,):
             yield factor.base if factor.is_Pow and factor.exp.is_Integer else factor
+
+
+def polynomial(constant: int | sympy.Rational, coefficients: dict) -> sympy.Expr:
+    """``constant + sum(coefficient * monomial)`` for like terms collected already (monomial ->
+    its int or rational coefficient, each monomial free of numbers), the same expression
+    ``sympy.Add`` makes of them: each term a product with its coefficient first, the terms in
+    sympy's order, a constant ahead of them. Made as ``Add.flatten`` makes its result, without
+    the general product machinery it runs for each term of a symbol or a power (sympy's
+    assumptions on each new coefficient: a sixth of a model's first symbolic analysis). A
+    monomial of any other form is multiplied by sympy."""
+    terms = []
+    for monomial, coefficient in coefficients.items():
+        if not coefficient:
+            continue
+        if monomial is sympy.S.One:
+            constant += coefficient
+        elif coefficient == 1:
+            terms.append(monomial)
+        elif all(base.is_Symbol for base in factor_bases(monomial)):
+            factors = monomial.args if monomial.is_Mul else (monomial,)
+            terms.append(sympy.Mul._from_args((sympy.Rational(coefficient), *factors), True))
+        else:
+            terms.append(coefficient * monomial)
+    if not all(term.is_Mul or term.is_Symbol or term.is_Pow for term in terms):
+        return sympy.Add(constant, *terms)
+    _addsort(terms)
+    if constant:
+        terms.insert(0, sympy.Rational(constant))
+    if len(terms) > 1:
+        return sympy.Add._from_args(terms, True)
+    return terms[0] if terms else sympy.Integer(0)
 
 
 def parse_count(value: Any) -> int | sympy.Expr:

@@ -61,6 +61,9 @@ def test_a_count_in_the_node_s_own_dynamic_size_is_accepted():
     (lambda rows: -(rows ** 2) - rows, True),
     (lambda rows: rows - 2, False),  # zero at the smallest size, never negative
     (lambda rows: rows * (rows - 1), False),
+    (lambda rows: -((rows - 1) ** 2) - 1, True),  # negative at 1: sympy's assumptions decide
+    (lambda rows: rows ** 2 - 3 * rows + 3, False),  # 1 at 1, positive for every size
+    (lambda rows: 3 * rows ** 2 - 2 * rows * (rows + 1), False),  # causal attention's shape
 ])
 def test_a_symbolic_count_is_refused_exactly_when_it_is_negative(flops, refused):
     model, args = linear_model()

@@ -7,12 +7,14 @@ equal them per module and per operator), and GPT-2's matmul polynomial derived b
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 from torch.export import Dim
 
 from exportflops import Cost, analyze
 from exportflops.examples.gpt2 import gpt2
 from exportflops.examples.llama import LlamaConfig, llama
+from exportflops.records.symbolic import polynomial, size_symbol
 
 SIZES = [(1, 8), (2, 64), (3, 100), (1, 512), (4, 1024)]  # (batch, seq)
 SMALL_LLAMA = LlamaConfig(vocab_size=1000, dim=256, n_layers=2, n_heads=8, n_kv_heads=2,
@@ -105,3 +107,26 @@ def test_an_unbounded_dim_has_no_maximum():
     assert batch.max is None
     # TwoLayerMLP(32, 64, 10): batch * (32*64 + 64*10) MACs.
     assert report.evaluate(batch=1000).total.macs == 1000 * (32 * 64 + 64 * 10)
+
+
+_S, _T = (size_symbol(name) for name in ("s", "t"))
+
+
+@pytest.mark.parametrize("constant, coefficients", [
+    (0, {_S: 3}),
+    (5, {_S: 3, _S ** 2: -2}),
+    (0, {_S: 1}),
+    (7, {}),
+    (0, {_S * _T: 4, _S: 1, _T ** 3: sympy.Rational(1, 2)}),
+    (-3, {_S ** 2 * _T: 12, sympy.S.One: 4}),
+    (0, {_S: 0}),
+    (0, {sympy.Function("f")(_S): 3, _S: 2}),
+    (1, {sympy.floor(_S / 2): 3, 1 / _S: -1}),
+])
+def test_a_sum_of_like_terms_is_the_expression_sympy_makes(constant, coefficients):
+    """`polynomial` builds the sum without sympy's product machinery: it must be the very
+    expression sympy.Add makes of the same terms (equal, same tree, same hash)."""
+    expected = sympy.Add(constant, *(c * m for m, c in coefficients.items()))
+    made = polynomial(constant, coefficients)
+    assert made == expected and hash(made) == hash(expected)
+    assert sympy.srepr(made) == sympy.srepr(expected)
