@@ -7,7 +7,9 @@ channels-last-3d (`torch.fx.passes.shape_prop._extract_tensor_metadata`). With s
 that was a tenth of the export of a GPT-2 with a dynamic length (`benchmarks/symbolic_floor.py`),
 and a block's values have a handful of shapes between them.
 
-While `memory_formats_once` is on, the format of each (sizes, strides) pair of expressions is
+While `memory_formats_once` is on, a value plainly contiguous (row-major strides of sizes whose
+comparisons with 1 and 2 their ranges decide) is contiguous without asking, as torch's check
+would answer without a guard; the format of each other (sizes, strides) pair of expressions is
 asked once per shape environment and taken from that answer afterwards; every other field is
 torch's, of the tensor itself. The answer is the same for the same expressions: torch's check
 reads only the sizes and strides, and the guards its first asking installs decide each later
@@ -38,6 +40,9 @@ def memory_formats_once() -> Iterator[None]:
     formats: dict[tuple, Any] = {}
 
     def extract(result: torch.Tensor, include_contiguity: bool = True) -> Any:
+        if include_contiguity and _plainly_contiguous(result):
+            return torch_extract(result, include_contiguity=False)._replace(
+                memory_format=torch.contiguous_format)
         key = _shape_key(result) if include_contiguity else None
         if key is None:
             return torch_extract(result, include_contiguity)
@@ -53,6 +58,41 @@ def memory_formats_once() -> Iterator[None]:
         yield
     finally:
         tracer._extract_tensor_metadata = torch_extract
+
+
+def _plainly_contiguous(tensor: torch.Tensor) -> bool:
+    """Whether torch's check answers contiguous with every comparison it makes decided without
+    a guard: a dense tensor whose strides equal, as expressions, the products of the sizes
+    after them, each size an int of at least 1 or a positive multiple of a size symbol whose
+    range starts at 2 or more (export's: 0 and 1 are specialized). torch's comparisons of the
+    sizes with 1 and 2 are then decided by their ranges, and of the strides as expressions.
+    Most of a block's values are such; the others are asked (`memory_formats_once`)."""
+    if tensor.layout != torch.strided or tensor.is_sparse:
+        return False
+    sizes, strides = _expressions(tensor.shape), _expressions(tensor.stride())
+    if sizes is None or strides is None or not all(map(_positive, sizes, tensor.shape)):
+        return False
+    expected: Any = 1
+    for size, stride in zip(reversed(sizes), reversed(strides)):
+        if stride != expected:
+            return False
+        expected = expected * size
+    return True
+
+
+def _positive(expression: Any, size: Any) -> bool:
+    """An int of at least 1, or a size symbol's positive multiple ranging from 2 up."""
+    if type(expression) is int:
+        return expression >= 1
+    symbol = expression
+    if expression.is_Mul and len(expression.args) == 2 and expression.args[0].is_Integer:
+        coefficient, symbol = expression.args
+        if coefficient < 1:
+            return False
+    if not symbol.is_Symbol:
+        return False
+    ranges = getattr(size.node.shape_env, "var_to_range", {})
+    return symbol in ranges and ranges[symbol].lower >= 2
 
 
 def _shape_key(tensor: torch.Tensor) -> tuple | None:

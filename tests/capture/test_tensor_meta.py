@@ -1,4 +1,5 @@
-"""Asking each shape's memory format once changes nothing but the time a dynamic export takes:
+"""Reading a plainly contiguous value's memory format off its strides, and asking each other
+shape's once, change nothing but the time a dynamic export takes:
 every node's ``tensor_meta`` (memory format included) and ``torch_fn``, the guards and the
 ranges are torch's own, for contiguous, channels-last and transposed values, and torch's
 function is back after the block, also when the export fails."""
@@ -33,6 +34,15 @@ class Convolutions(nn.Module):
                 torch.nn.functional.avg_pool3d(volume, 1))
 
 
+class Slices(nn.Module):
+    """Sizes no size symbol's multiple: a slice's (n - 1), a concatenation's (2n - 1); their
+    formats are torch's to ask, not read off the strides."""
+
+    def forward(self, x):
+        tail = x[:, 1:] * 2
+        return torch.cat([x, tail], dim=1) + 1, tail.transpose(0, 1)
+
+
 def _image() -> torch.Tensor:
     return torch.zeros(2, 3, 8, 8).to(memory_format=torch.channels_last)
 
@@ -47,6 +57,8 @@ CASES = {
     "convolutions, dynamic batch, height and width": (
         lambda: (Convolutions(), _image()),
         lambda inputs: ({0: Dim("batch", max=8), 2: Dim("h", max=64), 3: Dim("w", max=64)},)),
+    "a slice and a concatenation, dynamic length": (
+        lambda: (Slices(), torch.zeros(3, 16)), lambda inputs: ({1: Dim("n", min=3, max=64)},)),
 }
 
 
