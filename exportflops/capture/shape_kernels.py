@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -278,7 +279,25 @@ def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool =
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
     return any(isinstance(d, torch.SymInt) for t in tensors for d in t.shape) and \
-        not any(free_unbacked_symbols(t) for t in tensors)
+        not any(_unbacked(t) for t in tensors)
+
+
+def _unbacked(tensor: torch.Tensor) -> bool:
+    """Whether a size, stride or the offset of ``tensor`` reads an unbacked symbol (torch's
+    check, once per expression: a block's values have a handful between them)."""
+    for value in (*tensor.shape, *tensor.stride(), tensor.storage_offset()):
+        if isinstance(value, torch.SymInt):
+            expression = getattr(value.node, "expr", None)
+            if expression is None:  # a nested int: torch's check of the whole tensor
+                return bool(free_unbacked_symbols(tensor))
+            if _reads_unbacked(expression):
+                return True
+    return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _reads_unbacked(expression: Any) -> bool:
+    return bool(free_unbacked_symbols(expression))
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)

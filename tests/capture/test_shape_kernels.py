@@ -110,6 +110,14 @@ class Contiguous(nn.Module):
         return y.contiguous() + 1
 
 
+class Masked(nn.Module):
+    """The rows a mask keeps: their number is read from values (an unbacked size), so the
+    GELU of them is torch's."""
+
+    def forward(self, x):
+        return F.gelu(x[x.sum(-1) > 0])
+
+
 SDPA = "scaled_dot_product_attention"
 BATCH = Dim("batch", max=8)
 FLOAT = torch.float32
@@ -162,6 +170,8 @@ CASES = {
         {"contiguous": {True}}),
     "contiguous of a contiguous input (torch returns it, before the op)": (
         Contiguous(False), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},), {"contiguous": set()}),
+    "gelu of rows a mask keeps (a size read from values: torch's)": (
+        Masked(), _on("cpu", FLOAT, (2, 5, 16)), ({1: SEQ},), {"gelu": {False}}),
     "integer sums (torch's)": (Counts(), (torch.zeros(2, 5, dtype=torch.long,
                                                       device="meta"),),
                                ({1: SEQ},), {"add": {False}}),
