@@ -13,8 +13,8 @@ the export of a GPT-2 block with a dynamic length, and that export most of a sym
 While `shape_kernels` is on, each op here first looks at its inputs. Where its output is
 plainly a fresh contiguous tensor of a shape read off them (or, for ``transpose``, a view
 with two sizes and strides swapped), it makes that tensor, once: every tensor fake, on meta
-or cpu (``scaled_dot_product_attention``: meta, where the math path runs), one dtype, some
-size symbolic and none read from values, no gradient asked for, and the sizes that must
+or cpu (``scaled_dot_product_attention``: meta, where the math path runs), one dtype, no
+size 0 and none read from values, no gradient asked for, and the sizes that must
 match equal as expressions, so that torch's checks of them are true and install no guard.
 Anything else runs torch's own kernel. The program's nodes, each value's shape, strides,
 dtype, device and storage, and its guards and ranges are then torch's own
@@ -263,10 +263,11 @@ def _fresh(like: torch.Tensor, shape: Sequence[Any]) -> torch.Tensor:
 
 def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool = True) -> bool:
     """Fake tensors of one dtype (unless ``dtypes`` is False) on one of ``devices``, with no
-    real tensors behind them (``draft_export`` propagates those, a kernel would not), some size
-    symbolic (static sizes cost torch little), none read from values, none needing a gradient
-    (a kernel's output has no autograd history). With `on_meta`: plain meta tensors of one
-    dtype, any sizes."""
+    real tensors behind them (``draft_export`` propagates those, a kernel would not), no size
+    0 (an empty tensor is torch's), none read from values, none needing a gradient (a kernel's
+    output has no autograd history). Static sizes are made too: a static part of a dynamic
+    export (a head on the last position) costs torch as much per op. With `on_meta`: plain
+    meta tensors of one dtype, any sizes."""
     if _ON_META.get():
         return all(type(t) in _PLAIN_TYPES and t.is_meta for t in tensors) and \
             (not dtypes or len({t.dtype for t in tensors}) == 1) and \
@@ -278,7 +279,7 @@ def _plain(tensors: list[torch.Tensor], devices: tuple[str, ...], dtypes: bool =
         return False
     if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
         return False
-    return any(isinstance(d, torch.SymInt) for t in tensors for d in t.shape) and \
+    return not any(type(d) is int and d == 0 for t in tensors for d in t.shape) and \
         not any(_unbacked(t) for t in tensors)
 
 

@@ -110,6 +110,18 @@ class Contiguous(nn.Module):
         return y.contiguous() + 1
 
 
+class LastPosition(nn.Module):
+    """A norm and a head on the last position of a dynamic length: static sizes inside a
+    dynamic export."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(16), nn.Linear(16, 8, bias=False)
+
+    def forward(self, x):
+        return self.head(self.norm(x[:, [-1]]))
+
+
 class Masked(nn.Module):
     """The rows a mask keeps: their number is read from values (an unbacked size), so the
     GELU of them is torch's."""
@@ -170,6 +182,9 @@ CASES = {
         {"contiguous": {True}}),
     "contiguous of a contiguous input (torch returns it, before the op)": (
         Contiguous(False), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},), {"contiguous": set()}),
+    "a head on the last position (static sizes)": (
+        LastPosition(), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},),
+        {"layer_norm": {True}, "linear": {True}}),
     "gelu of rows a mask keeps (a size read from values: torch's)": (
         Masked(), _on("cpu", FLOAT, (2, 5, 16)), ({1: SEQ},), {"gelu": {False}}),
     "integer sums (torch's)": (Counts(), (torch.zeros(2, 5, dtype=torch.long,
