@@ -125,6 +125,9 @@ _feature("is_traceable_wrapper_subclass",
          "torch.utils._python_dispatch:is_traceable_wrapper_subclass",
          "memory of a parallelized model (DTensor shards)")
 _feature("prims", "torch._prims", "deciding branches by values")
+_VIEWS = "a dynamic export's views made from their shapes (torch's own view kernel without it)"
+_feature("is_contiguous_or_false", "torch._prims_common:is_contiguous_or_false", _VIEWS)
+_feature("fx_experimental_config", "torch.fx.experimental._config", _VIEWS)
 _feature("make_fx", "torch.fx.experimental.proxy_tensor:make_fx", "per-rank capture under FSDP2")
 _feature("select_conv_backend", "torch._C:_select_conv_backend",
          "memory: the workspaces of cpu convolutions")

@@ -6,15 +6,17 @@ shape. With symbolic sizes every size and stride check of that run goes through 
 op that is a composite of others runs them all: ``linear`` a transpose, an addmm and two
 views; ``layer_norm`` some ten prims; ``scaled_dot_product_attention`` on meta its math path
 (a causal mask, two matmuls, a softmax); ``gelu`` and a broadcast ``add`` their Python
-decompositions; ``contiguous`` of a transposed tensor its clone's. These were two thirds of
+decompositions; ``contiguous`` of a transposed tensor its clone's; a ``view`` the prims
+views that split and merge its dims one by one. These were two thirds of
 the export of a GPT-2 block with a dynamic length, and that export most of a symbolic analysis
 (`benchmarks/symbolic_floor.py`). None of the inner ops reaches the graph.
 
 While `shape_kernels` is on, each op here first looks at its inputs. Where its output is
-plainly a fresh contiguous tensor of a shape read off them (or, for ``transpose``, a view
-with two sizes and strides swapped), it makes that tensor, once: every tensor fake, on meta
-or cpu (``scaled_dot_product_attention``: meta, where the math path runs), one dtype, no
-size 0 and none read from values, no gradient asked for, and the sizes that must
+plainly a fresh contiguous tensor of a shape read off them (or, for ``transpose`` and
+``view``, a view of the input with sizes and strides read off it), it makes that tensor,
+once: every tensor fake, on meta or cpu (``scaled_dot_product_attention``: meta, where the
+math path runs), one dtype, no size 0 and none read from values, no gradient asked for, and
+the sizes that must
 match equal as expressions, so that torch's checks of them are true and install no guard.
 Anything else runs torch's own kernel. The program's nodes, each value's shape, strides,
 dtype, device and storage, and its guards and ranges are then torch's own
@@ -249,6 +251,89 @@ def transpose(input: torch.Tensor, dim0: int, dim1: int) -> torch.Tensor | None:
     sizes[first], sizes[second] = sizes[second], sizes[first]
     strides[first], strides[second] = strides[second], strides[first]
     return input.as_strided(sizes, strides, input.storage_offset())
+
+
+@kernel(_ATEN.view.default, _AUTOGRAD)
+def view(input: torch.Tensor, size: Sequence[Any]) -> torch.Tensor | None:
+    """A view of the input with the sizes asked, found as torch's fake view finds it
+    (`torch._refs._reshape_view_helper`, greedily from the left): each size asked is the
+    input's next size, equal as an expression, or the product of its next int sizes, merged
+    (where their strides nest) and split; the strides follow, without the prims views it runs
+    one by one. Every size is an int or a size symbol's multiple, so that torch's checks of
+    them against 0 and 1 are decided by their ranges; the contiguity of an input not plainly
+    contiguous is torch's own check (its guards, if any, the same). A -1, a 1-d side, a
+    squeeze or unsqueeze at the end, and a symbolic size to merge or split are torch's."""
+    if not _plain([input], ("meta", "cpu")) or input.dim() < 2 or len(size) < 2 \
+            or not all(_positive_size(length) for length in (*size, *input.shape)) \
+            or require("fx_experimental_config").backed_size_oblivious:
+        return None
+    if not _contiguous(input) and require("is_contiguous_or_false")(input):
+        return None  # contiguous after all: torch's, as its shortcuts for it are
+    sizes, strides, at = list(input.shape), list(input.stride()), 0
+    for length in size:
+        if at == len(sizes):
+            return None
+        if _expr(length) != _expr(sizes[at]) and not _merged_and_split(sizes, strides, at, length):
+            return None
+        at += 1
+    if at != len(sizes):
+        return None
+    return input.as_strided(sizes, strides, input.storage_offset())
+
+
+def _merged_and_split(sizes: list, strides: list, at: int, length: Any) -> bool:
+    """``sizes[at:]`` (and their strides) with the first dims merged until their product is a
+    multiple of ``length``, then that split into ``length`` and the rest, as
+    `prims.collapse_view` and `prims.split_dim` make them; False where a size or stride is
+    symbolic or the merged dims' strides do not nest (no view: torch raises)."""
+    if type(length) is not int or type(sizes[at]) is not int:
+        return False
+    end, merged = at, sizes[at]
+    while merged % length:
+        end += 1
+        if end == len(sizes) or type(sizes[end]) is not int:
+            return False
+        merged *= sizes[end]
+    if not all(type(stride) is int for stride in strides[at:end + 1]) or not all(
+            1 in (sizes[i], sizes[i + 1]) or strides[i] == strides[i + 1] * sizes[i + 1]
+            for i in range(at, end)):
+        return False
+    stride = min([strides[end], *(strides[i] for i in range(at, end) if sizes[i] != 1)])
+    sizes[at:end + 1], strides[at:end + 1] = [merged], [stride]
+    if merged != length:
+        inner = merged // length
+        sizes[at:at + 1], strides[at:at + 1] = [length, inner], [stride * inner, stride]
+    return True
+
+
+@kernel(_ATEN.embedding.default, _AUTOGRAD)
+def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: Any = -1,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor | None:
+    """``(rows, dim)`` at ``(*)`` integer indices -> ``(*, dim)``, contiguous (torch's
+    ``index_select`` of the flattened indices, viewed back)."""
+    if not _plain([weight, indices], ("meta", "cpu"), dtypes=False) or weight.dim() != 2 \
+            or weight.device != indices.device or not weight.dtype.is_floating_point \
+            or indices.dtype not in (torch.int64, torch.int32):
+        return None
+    return _fresh(weight, (*indices.shape, weight.shape[1]))
+
+
+def _positive_size(size: Any) -> bool:
+    """An int of at least 1, or a size symbol's positive multiple whose range starts at 2 or
+    more (export's: 0 and 1 are specialized), so that torch's checks of it against 0 and 1
+    are decided by its range and install no guard."""
+    if type(size) is int:
+        return size >= 1
+    if not isinstance(size, torch.SymInt):
+        return False
+    expression = getattr(size.node, "expr", None)
+    symbol = expression
+    if expression is not None and expression.is_Mul and len(expression.args) == 2 \
+            and expression.args[0].is_Integer and expression.args[0] > 0:
+        symbol = expression.args[1]
+    ranges = getattr(size.node.shape_env, "var_to_range", {})
+    return symbol is not None and symbol.is_Symbol and symbol in ranges \
+        and ranges[symbol].lower >= 2
 
 
 def _fresh(like: torch.Tensor, shape: Sequence[Any]) -> torch.Tensor:

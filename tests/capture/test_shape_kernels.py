@@ -110,6 +110,34 @@ class Contiguous(nn.Module):
         return y.contiguous() + 1
 
 
+class Views(nn.Module):
+    """Views of a (B, T, 24) input: heads split off a contiguous input and off a split's
+    chunk (not contiguous), merged back, the same sizes; and torch's: a merge of the dynamic
+    length, a -1, a 1-d view, a dim split off the dynamic length."""
+
+    def forward(self, x):
+        B, T, C = x.shape
+        chunk, rest = x.split(12, dim=2)
+        heads = chunk.view(B, T, 3, 4)
+        merged = x.view(B, T, 2, 3, 4).view(B, T, 6, 4).view(B, T, 24)
+        same = rest.view(B, T, 12)
+        flat = x.view(B, T * C)
+        inferred = x.view(B, -1, 4)
+        line = x.contiguous().view(B * T * C)
+        return heads + 1, merged * 2, same - 1, flat, inferred, line
+
+
+class Embeddings(nn.Module):
+    """Rows of a table at int64 and int32 indices."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(10, 8)
+
+    def forward(self, ids):
+        return self.table(ids), self.table(ids.int())
+
+
 class LastPosition(nn.Module):
     """A norm and a head on the last position of a dynamic length: static sizes inside a
     dynamic export."""
@@ -182,6 +210,15 @@ CASES = {
         {"contiguous": {True}}),
     "contiguous of a contiguous input (torch returns it, before the op)": (
         Contiguous(False), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},), {"contiguous": set()}),
+    "views: heads split off and merged back, and torch's": (
+        Views(), _on("meta", FLOAT, (2, 5, 24)), ({1: SEQ},), {"view": {True, False}}),
+    "views on cpu, batch and length dynamic": (
+        Views(), _on("cpu", FLOAT, (2, 5, 24)), ({0: BATCH, 1: SEQ},), {"view": {True, False}}),
+    "embeddings at int64 and int32 indices": (
+        Embeddings(), (torch.zeros(2, 5, dtype=torch.long, device="meta"),), ({1: SEQ},),
+        {"embedding": {True}}),
+    "embeddings on cpu": (Embeddings(), (torch.zeros(2, 5, dtype=torch.long),), ({1: SEQ},),
+                          {"embedding": {True}}),
     "a head on the last position (static sizes)": (
         LastPosition(), _on("meta", FLOAT, (2, 5, 16)), ({1: SEQ},),
         {"layer_norm": {True}, "linear": {True}}),
