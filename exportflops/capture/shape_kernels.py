@@ -16,8 +16,8 @@ plainly a fresh contiguous tensor of a shape read off them (or, for ``transpose`
 ``view``, a view of the input with sizes and strides read off it), it makes that tensor,
 once: every tensor fake, on meta or cpu (``scaled_dot_product_attention``: meta, where the
 math path runs), one dtype, no size 0 and none read from values, no gradient asked for, and
-the sizes that must
-match equal as expressions, so that torch's checks of them are true and install no guard.
+the sizes that must match equal as expressions, so that torch's checks of them are true and
+install no guard.
 Anything else runs torch's own kernel. The program's nodes, each value's shape, strides,
 dtype, device and storage, and its guards and ranges are then torch's own
 (tests/capture/test_shape_kernels.py compares both on each case and each fallback); only the
