@@ -265,8 +265,8 @@ def view(input: torch.Tensor, size: Sequence[Any]) -> torch.Tensor | None:
     squeeze or unsqueeze at the end, and a symbolic size to merge or split are torch's."""
     if not _plain([input], ("meta", "cpu")) or input.dim() < 2 or len(size) < 2 \
             or not all(_positive_size(length) for length in (*size, *input.shape)) \
-            or require("fx_experimental_config").backed_size_oblivious:
-        return None
+            or getattr(require("fx_experimental_config"), "backed_size_oblivious", False):
+        return None  # size-oblivious views: another algorithm (a torch without the flag has none)
     if not _contiguous(input) and require("is_contiguous_or_false")(input):
         return None  # contiguous after all: torch's, as its shortcuts for it are
     sizes, strides, at = list(input.shape), list(input.stride()), 0
