@@ -128,7 +128,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """``(*, in) x (out, in) -> (*, out)``: the addmm of the flattened input, viewed back."""
     tensors = [input, weight] if bias is None else [input, weight, bias]
     if not _plain(tensors, ("meta", "cpu")) or input.dim() < 2 or weight.dim() != 2 \
-            or not _contiguous(input) or not _same(input.shape[-1:], weight.shape[1:]):
+            or not row_major(input) or not _same(input.shape[-1:], weight.shape[1:]):
         return None
     if bias is not None and (bias.dim() != 1 or not _same(bias.shape, weight.shape[:1])):
         return None
@@ -143,7 +143,7 @@ def layer_norm(input: torch.Tensor, normalized_shape: Sequence[Any],
     affine = [t for t in (weight, bias) if t is not None]
     count = len(normalized_shape)
     if not _plain([input, *affine], ("meta", "cpu")) or not 0 < count <= input.dim() \
-            or not _contiguous(input) \
+            or not row_major(input) \
             or not _same(input.shape[input.dim() - count:], normalized_shape) \
             or not all(_same(t.shape, normalized_shape) for t in affine):
         return None
@@ -181,7 +181,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 def gelu(input: torch.Tensor, approximate: str = "none") -> torch.Tensor | None:
     """Elementwise: the input's shape, contiguous as the input is (its Python decomposition,
     some eight elementwise prims, otherwise)."""
-    if not _plain([input], ("meta", "cpu")) or not _contiguous(input):
+    if not _plain([input], ("meta", "cpu")) or not row_major(input):
         return None
     return _fresh(input, input.shape)
 
@@ -193,7 +193,7 @@ def _elementwise(input: Any, other: Any) -> torch.Tensor | None:
     tensors = [input, other]
     if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors) \
             or not _plain(tensors, ("meta", "cpu")) or not input.dtype.is_floating_point \
-            or not all(_contiguous(t) for t in tensors):
+            or not all(row_major(t) for t in tensors):
         return None
     shape = []
     for sizes in itertools.zip_longest(input.shape[::-1], other.shape[::-1], fillvalue=1):
@@ -264,10 +264,10 @@ def view(input: torch.Tensor, size: Sequence[Any]) -> torch.Tensor | None:
     contiguous is torch's own check (its guards, if any, the same). A -1, a 1-d side, a
     squeeze or unsqueeze at the end, and a symbolic size to merge or split are torch's."""
     if not _plain([input], ("meta", "cpu")) or input.dim() < 2 or len(size) < 2 \
-            or not all(_positive_size(length) for length in (*size, *input.shape)) \
+            or not all(positive_size(length) for length in (*size, *input.shape)) \
             or getattr(require("fx_experimental_config"), "backed_size_oblivious", False):
         return None  # size-oblivious views: another algorithm (a torch without the flag has none)
-    if not _contiguous(input) and require("is_contiguous_or_false")(input):
+    if not row_major(input) and require("is_contiguous_or_false")(input):
         return None  # contiguous after all: torch's, as its shortcuts for it are
     sizes, strides, at = list(input.shape), list(input.stride()), 0
     for length in size:
@@ -318,7 +318,7 @@ def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: Any = -1
     return _fresh(weight, (*indices.shape, weight.shape[1]))
 
 
-def _positive_size(size: Any) -> bool:
+def positive_size(size: Any) -> bool:
     """An int of at least 1, or a size symbol's positive multiple whose range starts at 2 or
     more (export's: 0 and 1 are specialized), so that torch's checks of it against 0 and 1
     are decided by its range and install no guard."""
@@ -399,7 +399,7 @@ def _same(sizes: Sequence[Any], others: Sequence[Any]) -> bool:
     return len(sizes) == len(others) and all(_expr(a) == _expr(b) for a, b in zip(sizes, others))
 
 
-def _contiguous(tensor: torch.Tensor) -> bool:
+def row_major(tensor: torch.Tensor) -> bool:
     """Row-major strides, each equal as an expression to the product of the sizes after it."""
     expected: Any = 1
     for size, stride in zip(reversed(tensor.shape), reversed(tensor.stride())):

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from .shape_kernels import positive_size, row_major
 from ..torch_internals import TorchFeatureError, require
 
 @contextlib.contextmanager
@@ -64,35 +65,11 @@ def _plainly_contiguous(tensor: torch.Tensor) -> bool:
     """Whether torch's check answers contiguous with every comparison it makes decided without
     a guard: a dense tensor whose strides equal, as expressions, the products of the sizes
     after them, each size an int of at least 1 or a positive multiple of a size symbol whose
-    range starts at 2 or more (export's: 0 and 1 are specialized). torch's comparisons of the
-    sizes with 1 and 2 are then decided by their ranges, and of the strides as expressions.
-    Most of a block's values are such; the others are asked (`memory_formats_once`)."""
-    if tensor.layout != torch.strided or tensor.is_sparse:
-        return False
-    sizes, strides = _expressions(tensor.shape), _expressions(tensor.stride())
-    if sizes is None or strides is None or not all(map(_positive, sizes, tensor.shape)):
-        return False
-    expected: Any = 1
-    for size, stride in zip(reversed(sizes), reversed(strides)):
-        if stride != expected:
-            return False
-        expected = expected * size
-    return True
-
-
-def _positive(expression: Any, size: Any) -> bool:
-    """An int of at least 1, or a size symbol's positive multiple ranging from 2 up."""
-    if type(expression) is int:
-        return expression >= 1
-    symbol = expression
-    if expression.is_Mul and len(expression.args) == 2 and expression.args[0].is_Integer:
-        coefficient, symbol = expression.args
-        if coefficient < 1:
-            return False
-    if not symbol.is_Symbol:
-        return False
-    ranges = getattr(size.node.shape_env, "var_to_range", {})
-    return symbol in ranges and ranges[symbol].lower >= 2
+    range starts at 2 or more (`shape_kernels.positive_size`). torch's comparisons of the sizes
+    with 1 and 2 are then decided by their ranges, and of the strides as expressions. Most of
+    a block's values are such; the others are asked (`memory_formats_once`)."""
+    return tensor.layout == torch.strided and all(map(positive_size, tensor.shape)) \
+        and row_major(tensor)
 
 
 def _shape_key(tensor: torch.Tensor) -> tuple | None:
